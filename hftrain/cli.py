@@ -1,0 +1,143 @@
+"""`hftrain` command line: a thin front over the same functions the Python API uses.
+
+``key=value`` overrides may stand anywhere after the command, mixed with options:
+``hftrain train recipes/quickstart.yaml --help``, ``hftrain plan RECIPE training.max_steps=10``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+from .errors import HftrainError
+from .recipe_schema import Recipe
+
+SECTIONS = ["model", "tokenizer", "data", "training", "monitor"]
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace("typing.", "").replace("NoneType", "None")
+    return text.replace("<class '", "").replace("'>", "")
+
+
+def _inner_section(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _inner_section(arg)
+        if found:
+            return found
+    return None
+
+
+def explain(section: str | None = None, brief_training: bool = True) -> str:
+    """Every recipe key with its type, default and docstring (the text of `hftrain explain`)."""
+    out: list[str] = []
+    for name in [section] if section else SECTIONS:
+        if name not in Recipe.model_fields:
+            raise HftrainError(f"explain: unknown section {name!r}; sections are {', '.join(SECTIONS)}")
+        model = _inner_section(Recipe.model_fields[name].annotation)
+        assert model is not None
+        out.append(f"{name}:  {Recipe.model_fields[name].description or ''}")
+        if name == "training" and brief_training and section is None:
+            out.append("  Any transformers.TrainingArguments field, with its own name and meaning. hftrain's defaults:")
+            from .recipe import TRAINING_DEFAULTS
+
+            out += [f"    {k}: {v}" for k, v in TRAINING_DEFAULTS.items()]
+            out.append("    output_dir: runs/<recipe file name>")
+            out.append("  `hftrain explain training` lists every field.")
+            continue
+        out += _describe_fields(model, indent="  ")
+    return "\n".join(out)
+
+
+def _describe_fields(model: type[BaseModel], indent: str) -> list[str]:
+    lines = []
+    for key, info in model.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = "{...}"
+        elif isinstance(default, list) and default and isinstance(default[0], BaseModel):
+            default = "[...]"
+        lines.append(f"{indent}{key}: {_type_name(info.annotation)} = {default!r}")
+        doc = " ".join((info.description or "").split())
+        if doc:
+            lines.append(f"{indent}    {doc}")
+        nested = _inner_section(info.annotation)
+        if nested is not None and nested is not model:
+            lines += _describe_fields(nested, indent + "    ")
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hftrain",
+        description="Pretrain and fine-tune GPT-NeoX-style models on the Hugging Face stack.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="train a recipe (resumes an interrupted run in the same output_dir)",
+        description="Train RECIPE. Overrides: section.key=value anywhere after the command, e.g. training.max_steps=50.",
+        epilog="Recipe keys:\n\n" + explain(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
+    plan = sub.add_parser("plan", help="print the model's size, FLOPs and memory; trains nothing")
+    plan.add_argument("recipe")
+    exp = sub.add_parser("explain", help="document every recipe key (or one section's)")
+    exp.add_argument("section", nargs="?", choices=SECTIONS)
+    sub.add_parser("presets", help="list the named model shapes")
+    return parser
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`key=value` words are overrides; everything else goes to argparse."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    return [a for a in argv if a not in overrides], overrides
+
+
+def run(argv: list[str]) -> int:
+    words, overrides = split_overrides(argv)
+    args = _parser().parse_args(words)
+    if args.command == "explain":
+        print(explain(args.section, brief_training=False))
+        return 0
+    if args.command == "presets":
+        from .presets import preset_table
+
+        print(preset_table())
+        return 0
+    from .recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, overrides)
+    if args.command == "plan":
+        from .plan import format_plan, plan
+
+        name = recipe.model.from_pretrained or recipe.model.preset
+        print(format_plan(plan(recipe), str(name)))
+        return 0
+    from .train import train
+
+    train(recipe)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except HftrainError as err:
+        print(f"hftrain: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hftrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

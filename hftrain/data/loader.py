@@ -1,0 +1,169 @@
+"""The torch side of the data pipeline: a packed IterableDataset, a DataLoader that remembers its position,
+and the validation blocks.
+
+Each DataLoader worker of each rank is one logical worker of the BlockStream. Workers hand their position to
+the main process with every sample; the loader keeps the latest per worker, and that is what a checkpoint
+saves. A DataLoader takes batches from its workers in turn, so after n batches the next one comes from worker
+n % W: a resumed loader rotates the worker numbering to keep that order, and the batches after a resume are
+exactly the ones the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ..errors import HftrainError
+from ..recipe_schema import DataSection
+from .sources import BadRecords
+from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
+
+POSITION_KEY = "_hftrain_position"
+
+
+@dataclass
+class DataPlan:
+    """Everything a worker needs to build its stream (picklable: sent to DataLoader worker processes)."""
+
+    section: DataSection
+    train: list[SourcePlan]
+    validation: list[SourcePlan] | None
+    seed: int
+
+
+def plan_data(section: DataSection, seed: int) -> DataPlan:
+    """List every source's shards once (and fail early, naming the source, if one is empty or missing)."""
+    train = plan_sources(section.train, "data.train")
+    validation = plan_sources([section.validation], "data.validation") if section.validation else None
+    return DataPlan(section, train, validation, seed)
+
+
+def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True) -> DocumentStream:
+    section = plan.section
+    return DocumentStream(
+        plans=plan.train,
+        seed=plan.seed,
+        worker=worker,
+        holdout_every=0 if plan.validation else section.holdout_every,
+        split="train",
+        shuffle=section.shuffle_window > 1,
+        loop=loop,
+        bad=BadRecords(section.on_bad_record),
+    )
+
+
+def first_documents(plan: DataPlan, n: int) -> Iterator[str]:
+    """The first n training documents in a fixed order (for learning a tokenizer)."""
+    stream = train_documents(plan, loop=False)
+    stream.shuffle = False
+    for i, text in enumerate(stream.documents(stream.fresh_state())):
+        if i >= n:
+            return
+        yield text
+
+
+class PackedDataset(IterableDataset):
+    """Blocks of seq_len token ids for one rank; each DataLoader worker reads its own part."""
+
+    def __init__(self, plan: DataPlan, tokenizer: Any, rank: int, world_size: int, resume: dict[str, Any] | None):
+        self.plan, self.tokenizer, self.rank, self.world_size = plan, tokenizer, rank, world_size
+        self.resume = resume or {}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        workers = info.num_workers if info else 1
+        local = ((info.id if info else 0) + self.resume.get("rotation", 0)) % workers
+        worker = Worker(index=self.rank * workers + local, count=self.world_size * workers)
+        stream = BlockStream(
+            train_documents(self.plan, worker), self.tokenizer, self.plan.section.seq_len, self.plan.section.shuffle_window
+        )
+        state = self.resume.get("workers", {}).get(str(worker.index)) or stream.fresh_state()
+        for block, position in stream.blocks(state):
+            ids = torch.from_numpy(block.astype("int64"))
+            yield {"input_ids": ids, POSITION_KEY: (worker.index, position)}
+
+
+def collate_blocks(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    ids = torch.stack([s["input_ids"] for s in samples])
+    batch: dict[str, Any] = {"input_ids": ids, "labels": ids.clone()}
+    if POSITION_KEY in samples[0]:
+        batch[POSITION_KEY] = [s[POSITION_KEY] for s in samples]
+    return batch
+
+
+class ResumableLoader:
+    """Wraps a DataLoader over PackedDataset; strips positions from batches and keeps the latest per worker."""
+
+    def __init__(self, dataset: PackedDataset, batch_size: int, num_workers: int, prefetch_factor: int | None = None):
+        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        self.prefetch_factor = prefetch_factor
+        resume = dataset.resume
+        self.batches = int(resume.get("batches", 0))
+        self.positions: dict[str, Any] = dict(resume.get("workers", {}))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            collate_fn=collate_blocks,
+            prefetch_factor=self.prefetch_factor if self.num_workers else None,
+            persistent_workers=False,
+        )
+        for batch in loader:
+            for worker, position in batch.pop(POSITION_KEY):
+                self.positions[str(worker)] = position
+            self.batches += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        workers = max(self.num_workers, 1)
+        return {
+            "version": 1,
+            "batches": self.batches,
+            "rotation": self.batches % workers,
+            "num_workers": workers,
+            "world_size": self.dataset.world_size,
+            "seq_len": self.dataset.plan.section.seq_len,
+            "workers": self.positions,
+        }
+
+
+def check_resumable(saved: dict[str, Any], num_workers: int, world_size: int, where: str) -> None:
+    """A data position is only meaningful for the same worker layout."""
+    now = (max(num_workers, 1), world_size)
+    then = (saved.get("num_workers"), saved.get("world_size"))
+    if now != then:
+        raise HftrainError(
+            f"{where}: the data position was saved with {then[0]} dataloader worker(s) x {then[1]} process(es), "
+            f"this run has {now[0]} x {now[1]}. Resume with the same training.dataloader_num_workers and process "
+            "count, or start a new training.output_dir."
+        )
+
+
+def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
+    """The fixed validation set: the first eval_blocks blocks of the validation source or the held-out documents."""
+    section = plan.section
+    docs = DocumentStream(
+        plans=plan.validation or plan.train,
+        seed=plan.seed,
+        holdout_every=0 if plan.validation else section.holdout_every,
+        split="all" if plan.validation else "holdout",
+        shuffle=False,
+        loop=False,
+        bad=BadRecords(section.on_bad_record),
+    )
+    stream = BlockStream(docs, tokenizer, section.seq_len, window=section.eval_blocks)
+    out = []
+    for block, _ in stream.blocks(stream.fresh_state()):
+        ids = torch.from_numpy(block.astype("int64"))
+        out.append({"input_ids": ids, "labels": ids.clone()})
+        if len(out) >= section.eval_blocks:
+            break
+    if not out:
+        what = "data.validation" if plan.validation else "the held-out training documents (data.holdout_every)"
+        raise HftrainError(f"{what}: less text than one block of data.seq_len={section.seq_len} tokens; give more validation text or lower data.seq_len.")
+    return out

@@ -1,0 +1,213 @@
+"""Sources: turn one recipe `Source` into a resumable stream of documents.
+
+A source is a list of *shards* (files, or one streamed dataset) and a reader per format. Every document comes
+with the position just after it, so a stream can restart there without re-reading what came before: a byte
+offset in plain text/JSONL, a row in parquet, a record count in compressed or streamed data.
+Files are opened through fsspec, so local paths, file://, s3:// and other fsspec URLs share one code path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import fsspec
+
+from ..errors import HftrainError
+from ..recipe_schema import Source
+from .builtin_corpus import module_docstrings, python_docs_files
+
+TEXT_SUFFIXES = (".txt", ".md", ".text")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+
+
+@dataclass
+class Record:
+    """One document and the stream position just after it: (resume offset, records read so far).
+
+    The resume offset is a byte offset for plain text/JSONL, a row for parquet, a record count otherwise.
+    Records read so far is also the 1-based line number of a JSONL record.
+    """
+
+    text: str
+    pos: tuple[int, int]
+
+    @property
+    def index(self) -> int:
+        return self.pos[1] - 1
+
+
+class BadRecords:
+    """Malformed records: raise with file and line (fail), or count them (skip)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.skipped = 0
+
+    def __call__(self, where: str, problem: str, fix: str) -> None:
+        if self.mode == "fail":
+            raise HftrainError(f"{where}: {problem}. {fix}, or set data.on_bad_record=skip to skip and count such records.")
+        self.skipped += 1
+
+
+def _split_compression(path: str) -> tuple[str, str | None]:
+    for suffix, codec in COMPRESSION.items():
+        if path.endswith(suffix):
+            return path[: -len(suffix)], codec
+    return path, None
+
+
+def file_format(path: str, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    stem, _ = _split_compression(path.lower())
+    if stem.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if stem.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "txt"
+
+
+def _readable(path: str, fmt: str) -> bool:
+    stem, _ = _split_compression(path.lower())
+    return stem.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES) or fmt != "auto"
+
+
+def list_shards(source: Source, where: str) -> list[str]:
+    """The files of a path/glob/directory source, sorted (or the stdlib modules for builtin: python-docs)."""
+    if source.builtin == "python-docs":
+        return python_docs_files()
+    if source.dataset is not None:
+        return [source.dataset]
+    path = source.path
+    assert path is not None
+    try:
+        fs, _, _ = fsspec.get_fs_token_paths(path)
+        protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
+        if fs.isdir(path):
+            found = [p for p in fs.find(path) if _readable(p, source.format)]
+        elif any(ch in path for ch in "*?["):
+            found = [p for p in fs.glob(path) if not fs.isdir(p)]
+        else:
+            found = [path] if fs.exists(path) else []
+    except (OSError, ValueError, ImportError) as err:
+        raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path and its credentials.") from None
+    if not found:
+        raise HftrainError(f"{where}.path: no file matches {path!r}. Check the path (relative paths start at the current directory).")
+    return sorted(p if "://" in p or not protocol else protocol + p for p in found)
+
+
+def read_shard(source: Source, shard: str, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
+    """Documents of one shard from `pos` on ((0, 0) for the start, else a previous Record's pos)."""
+    if source.builtin == "python-docs":
+        if pos[1] == 0:
+            yield Record(module_docstrings(shard), (1, 1))
+        return
+    if source.dataset is not None:
+        yield from _read_dataset(source, pos[1])
+        return
+    fmt = file_format(shard, source.format)
+    if fmt == "parquet":
+        yield from _read_parquet(shard, source.text_field, pos[1], bad)
+    elif fmt == "jsonl":
+        yield from _read_jsonl(shard, source.text_field, pos, bad)
+    elif pos[1] == 0:
+        with _open(shard) as f:
+            yield Record(f.read().decode("utf-8", errors="replace"), (1, 1))
+
+
+def _open(shard: str) -> Any:
+    try:
+        return fsspec.open(shard, mode="rb", compression="infer").open()
+    except FileNotFoundError:
+        raise HftrainError(f"{shard}: file not found (it was listed when the run started; was it removed?)") from None
+
+
+def _read_jsonl(shard: str, field: str, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
+    """Plain files seek to the byte offset; compressed ones decompress and skip the lines already read."""
+    _, codec = _split_compression(shard)
+    offset, lineno = pos
+    with _open(shard) as f:
+        if codec is None:
+            f.seek(offset)
+            lines = iter(f)
+        else:
+            lines = _lines(f)
+            for _ in range(lineno):
+                next(lines, None)
+        for raw in lines:
+            lineno += 1
+            offset += len(raw)
+            if not raw.strip():
+                continue
+            where = f"{shard}:{lineno}"
+            try:
+                obj = json.loads(raw)
+            except ValueError as err:
+                bad(where, f"not valid JSON ({getattr(err, 'msg', err)})", "Fix or remove that line")
+                continue
+            text = obj.get(field) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+                bad(where, f"no string field {field!r} (has: {keys})", "Set text_field on this source to the right key")
+                continue
+            yield Record(text, (offset if codec is None else lineno, lineno))
+
+
+def _lines(f: Any) -> Iterator[bytes]:
+    """Lines of a binary stream; decompressing file objects do not all support iteration."""
+    rest = b""
+    while chunk := f.read(1 << 20):
+        *complete, rest = (rest + chunk).split(b"\n")
+        for line in complete:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
+def _read_parquet(shard: str, field: str, offset: int, bad: BadRecords) -> Iterator[Record]:
+    """Offset: the row index of the next row; row groups before it are not read."""
+    import pyarrow.parquet as pq
+
+    with _open(shard) as f:
+        pf = pq.ParquetFile(f)
+        if field not in pf.schema_arrow.names:
+            bad(shard, f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})", "Set text_field on this source to the right column")
+            return
+        start = 0
+        for group in range(pf.num_row_groups):
+            rows = pf.metadata.row_group(group).num_rows
+            if start + rows <= offset:
+                start += rows
+                continue
+            column = pf.read_row_group(group, columns=[field]).column(0).to_pylist()
+            for i, text in enumerate(column):
+                row = start + i
+                if row < offset:
+                    continue
+                if isinstance(text, str):
+                    yield Record(text, (row + 1, row + 1))
+                else:
+                    bad(f"{shard} (row {row})", f"{field!r} is not a string", "Clean that row")
+            start += rows
+
+
+def _read_dataset(source: Source, offset: int) -> Iterator[Record]:
+    """A Hugging Face dataset streamed with `datasets`; offset = records already read (skipped by streaming)."""
+    import datasets
+
+    try:
+        stream = datasets.load_dataset(source.dataset, source.dataset_config, split=source.split, streaming=True)
+    except Exception as err:  # datasets raises many types for "not found / no network"
+        raise HftrainError(f"data: cannot open dataset {source.dataset!r} ({str(err).splitlines()[0]}).") from None
+    for index, row in enumerate(stream.skip(offset) if offset else stream, start=offset):
+        text = row.get(source.text_field)
+        if not isinstance(text, str):
+            raise HftrainError(
+                f"data: dataset {source.dataset!r} row {index} has no string field {source.text_field!r} "
+                f"(has: {', '.join(row)}). Set text_field on this source."
+            )
+        yield Record(text, (index + 1, index + 1))

@@ -1,0 +1,204 @@
+"""Documents -> fixed-length token blocks, as a deterministic, exactly resumable stream.
+
+Two layers, each with a small JSON-able state:
+
+* ``DocumentStream`` mixes the sources of one *logical worker* (a data-parallel rank x DataLoader worker):
+  each worker owns disjoint shards (or, when there are fewer shards than workers, disjoint records), walks
+  them in a seeded order per epoch and loops forever. Every ``holdout_every``-th record is held out for
+  validation by a hash of its identity, so train and validation never overlap whatever the sharding.
+* ``BlockStream`` tokenizes, joins documents with EOS and cuts blocks of exactly seq_len tokens; the tail
+  is carried into the next block, nothing is padded or dropped. Blocks are shuffled within windows of
+  ``shuffle_window`` blocks. A position is (state at the window's start, blocks emitted from the window):
+  resuming re-reads at most one window, never the data consumed before it. (datasets' shuffle buffer cannot
+  resume exactly; this can.)
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal
+
+import numpy as np
+
+from ..errors import HftrainError
+from ..recipe_schema import Source
+from .sources import BadRecords, list_shards, read_shard
+
+Split = Literal["train", "holdout", "all"]
+_TOKENIZE_BATCH = 32
+
+
+def _mix(*values: int) -> int:
+    """A stable 64-bit hash of a few integers (seeds and record identities; Python's hash() is salted)."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = ((h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h
+
+
+@dataclass
+class Worker:
+    """Which slice of the data one reader owns: logical worker `index` of `count` (ranks x loader workers)."""
+
+    index: int = 0
+    count: int = 1
+
+
+@dataclass
+class SourcePlan:
+    """A source with its shard list, resolved once per run so that every worker sees the same list."""
+
+    source: Source
+    shards: list[str]
+    where: str  # recipe path for messages, e.g. data.train[0]
+
+
+def plan_sources(sources: list[Source], where: str) -> list[SourcePlan]:
+    plans = []
+    for i, src in enumerate(sources):
+        name = f"{where}[{i}]" if len(sources) > 1 or where.endswith("train") else where
+        plans.append(SourcePlan(src, list_shards(src, name), name))
+    return plans
+
+
+@dataclass
+class DocumentStream:
+    plans: list[SourcePlan]
+    seed: int
+    worker: Worker = field(default_factory=Worker)
+    holdout_every: int = 0
+    split: Split = "all"
+    shuffle: bool = True
+    loop: bool = True
+    bad: BadRecords = field(default_factory=lambda: BadRecords("fail"))
+
+    def fresh_state(self) -> dict[str, Any]:
+        cursors = [{"epoch": 0, "shard": 0, "pos": [0, 0], "docs": 0} for _ in self.plans]
+        rng = random.Random(_mix(self.seed, self.worker.index, 17))
+        return {"cursors": cursors, "rng": _rng_to_json(rng), "skipped": 0}
+
+    def _my_shards(self, s: int, epoch: int) -> tuple[list[int], bool]:
+        """Shard indices this worker reads in `epoch`, and whether records must be split by example."""
+        n, w = len(self.plans[s].shards), self.worker
+        by_shard = n >= w.count
+        mine = list(range(w.index, n, w.count)) if by_shard else list(range(n))
+        if self.shuffle:
+            random.Random(_mix(self.seed, s, w.index, epoch)).shuffle(mine)
+        return mine, not by_shard
+
+    def _keep(self, s: int, shard: int, index: int, by_example: bool) -> bool:
+        key = _mix(s, shard, index)
+        if by_example and (shard * 1_000_003 + index) % self.worker.count != self.worker.index:
+            return False
+        if self.split == "all" or not self.holdout_every:
+            return True
+        held = key % self.holdout_every == 0
+        return held if self.split == "holdout" else not held
+
+    def documents(self, state: dict[str, Any]) -> Iterator[str]:
+        """Yield documents forever (or one epoch if not loop), advancing `state` in place after each."""
+        rng = _rng_from_json(state["rng"])
+        self.bad.skipped = state.get("skipped", 0)
+        weights = [p.source.weight for p in self.plans]
+        active = list(range(len(self.plans)))
+        readers: dict[int, Iterator[str]] = {}
+        while active:
+            s = rng.choices(active, weights=[weights[i] for i in active])[0] if len(active) > 1 else active[0]
+            reader = readers.get(s) or readers.setdefault(s, self._source_docs(s, state["cursors"][s]))
+            text = next(reader, None)
+            state["rng"] = _rng_to_json(rng)
+            state["skipped"] = self.bad.skipped
+            if text is None:
+                active.remove(s)
+                continue
+            yield text
+
+    def _source_docs(self, s: int, cur: dict[str, Any]) -> Iterator[str]:
+        plan = self.plans[s]
+        while True:
+            mine, by_example = self._my_shards(s, cur["epoch"])
+            while cur["shard"] < len(mine):
+                shard = mine[cur["shard"]]
+                for rec in read_shard(plan.source, plan.shards[shard], tuple(cur["pos"]), self.bad):
+                    cur["pos"] = list(rec.pos)
+                    if rec.text and self._keep(s, shard, rec.index, by_example):
+                        cur["docs"] += 1
+                        yield rec.text
+                cur["shard"] += 1
+                cur["pos"] = [0, 0]
+            if cur["docs"] == 0:
+                what = "held-out documents (lower data.holdout_every or give data.validation)" if self.split == "holdout" else "documents"
+                raise HftrainError(f"{plan.where}: no {what} found in {plan.source.path or plan.source.dataset or plan.source.builtin}.")
+            if not self.loop:
+                return
+            cur.update(epoch=cur["epoch"] + 1, shard=0, pos=[0, 0], docs=0)
+
+
+class BlockStream:
+    """Token blocks of exactly seq_len from a DocumentStream, window-shuffled, with resumable positions."""
+
+    def __init__(self, docs: DocumentStream, tokenizer: Any, seq_len: int, window: int):
+        if tokenizer.eos_token_id is None:
+            raise HftrainError("tokenizer: it has no eos_token; documents are joined with EOS, so it needs one.")
+        self.docs, self.tokenizer, self.seq_len, self.window = docs, tokenizer, seq_len, window
+        self.eos = int(tokenizer.eos_token_id)
+        self.dtype = np.int32 if len(tokenizer) < 2**31 else np.int64
+
+    def fresh_state(self) -> dict[str, Any]:
+        return {"start": {"docs": self.docs.fresh_state(), "carry": []}, "window": 0, "emitted": 0}
+
+    def blocks(self, state: dict[str, Any]) -> Iterator[tuple[np.ndarray, dict[str, Any]]]:
+        """Yield (block, position after it). Positions are full states: pass one back to continue from it."""
+        state = copy.deepcopy(state)
+        while True:
+            start = copy.deepcopy(state["start"])
+            blocks, after = self._fill(state["start"])
+            if not blocks:
+                return
+            order = np.arange(len(blocks))
+            if self.window > 1 and self.docs.shuffle:
+                order = np.random.default_rng(_mix(self.docs.seed, self.docs.worker.index, state["window"])).permutation(len(blocks))
+            for k in range(state["emitted"], len(blocks)):
+                pos = {"start": start, "window": state["window"], "emitted": k + 1}
+                if k + 1 == len(blocks):
+                    pos = {"start": after, "window": state["window"] + 1, "emitted": 0}
+                yield blocks[order[k]], pos
+            state = {"start": after, "window": state["window"] + 1, "emitted": 0}
+
+    def _fill(self, start: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Read documents from `start` until a window of blocks is full; return it and the state after it."""
+        doc_state = copy.deepcopy(start["docs"])
+        carry = np.asarray(start["carry"], dtype=self.dtype)
+        pieces, have, blocks = [carry], len(carry), []
+        docs = self.docs.documents(doc_state)
+        while len(blocks) < self.window:
+            batch = [d for _, d in zip(range(_TOKENIZE_BATCH), docs)]
+            if not batch:
+                break
+            ids = self.tokenizer(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+            for seq in ids:
+                pieces.append(np.asarray(seq, dtype=self.dtype))
+                pieces.append(np.asarray([self.eos], dtype=self.dtype))
+                have += len(seq) + 1
+            if have >= self.seq_len:
+                flat = np.concatenate(pieces)
+                n = len(flat) // self.seq_len
+                blocks.extend(flat[: n * self.seq_len].reshape(n, self.seq_len))
+                pieces, have = [flat[n * self.seq_len :]], len(flat) - n * self.seq_len
+        docs.close()
+        tail = np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
+        return blocks, {"docs": doc_state, "carry": tail.tolist()}
+
+
+def _rng_to_json(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(data: list[Any]) -> random.Random:
+    rng = random.Random()
+    rng.setstate((data[0], tuple(data[1]), data[2]))
+    return rng

@@ -1,0 +1,142 @@
+"""Model section -> transformers' GPTNeoXConfig / GPTNeoXForCausalLM (never a re-implementation).
+
+A preset gives the shape, recipe keys override any field, and the vocabulary is sized so that the tokenizer
+and the embedding always match. `from_pretrained` starts a new run from existing weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
+
+from .errors import HftrainError
+from .presets import PRESETS
+from .recipe_schema import Recipe
+
+
+def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
+    return int(math.ceil(tokenizer_size / multiple) * multiple)
+
+
+def resolve_vocab_size(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> int:
+    """Embedding rows for a model built from a preset (see ModelSection.vocab_size)."""
+    m = recipe.model
+    if m.vocab_size is not None:
+        if m.vocab_size < tokenizer_size:
+            raise HftrainError(
+                f"model.vocab_size: {m.vocab_size} embedding rows cannot hold the tokenizer's {tokenizer_size} tokens. "
+                f"Raise model.vocab_size to at least {tokenizer_size}, or remove it to size the embedding automatically."
+            )
+        return m.vocab_size
+    preset = PRESETS[m.preset]
+    if preset.published and not tokenizer_is_new and tokenizer_size <= preset.vocab_size:
+        return preset.vocab_size
+    return padded_vocab_size(tokenizer_size, m.pad_vocab_multiple)
+
+
+def build_config(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None) -> GPTNeoXConfig:
+    m = recipe.model
+    if m.preset not in PRESETS:
+        import difflib
+
+        close = difflib.get_close_matches(m.preset or "", PRESETS, n=1)
+        hint = f"did you mean {close[0]}?" if close else "see `hftrain presets`"
+        raise HftrainError(f"model.preset: unknown preset {m.preset!r}; {hint}")
+    fields: dict[str, Any] = PRESETS[m.preset].config_fields()
+    overrides = m.architecture_overrides()
+    fields.update(overrides)
+    if "intermediate_size" not in overrides and "hidden_size" in overrides:
+        fields["intermediate_size"] = 4 * fields["hidden_size"]
+    fields["vocab_size"] = resolve_vocab_size(recipe, tokenizer_size, tokenizer_is_new)
+    if fields["hidden_size"] % fields["num_attention_heads"]:
+        raise HftrainError(
+            f"model: hidden_size {fields['hidden_size']} is not divisible by num_attention_heads "
+            f"{fields['num_attention_heads']}; pick a head count that divides it."
+        )
+    rope = {
+        "rope_type": "default",
+        "rope_theta": fields.pop("rotary_emb_base", None) or 10000.0,
+        "partial_rotary_factor": fields.pop("rotary_pct"),
+    }
+    return GPTNeoXConfig(
+        **fields,
+        rope_parameters=rope,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        attn_implementation=m.attn_implementation,
+    )
+
+
+def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool) -> PreTrainedModel:
+    """The model a run starts from: pretrained weights, or a fresh preset model (seeded by training.seed)."""
+    m = recipe.model
+    if m.from_pretrained:
+        model = load_pretrained(recipe)
+        if model.get_input_embeddings().num_embeddings < len(tokenizer):
+            raise HftrainError(
+                f"tokenizer: {len(tokenizer)} tokens but {m.from_pretrained} has only "
+                f"{model.get_input_embeddings().num_embeddings} embedding rows. Use the model's own tokenizer "
+                "(tokenizer.path set to the same directory)."
+            )
+    else:
+        config = build_config(recipe, len(tokenizer), tokenizer_is_new, tokenizer.eos_token_id)
+        torch.manual_seed(recipe.training.seed)
+        model = GPTNeoXForCausalLM(config)
+    check_context(recipe, model.config)
+    return model
+
+
+def load_pretrained(recipe: Recipe) -> PreTrainedModel:
+    m = recipe.model
+    if m.architecture_overrides():
+        raise HftrainError(
+            f"model: {', '.join(m.architecture_overrides())} cannot change the shape of a from_pretrained model; "
+            "remove them, or build from a preset instead."
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            m.from_pretrained,
+            revision=m.revision,
+            trust_remote_code=m.trust_remote_code,
+            attn_implementation=m.attn_implementation,
+            dtype=torch.float32,
+        )
+    except (OSError, ValueError) as err:
+        raise HftrainError(
+            f"model.from_pretrained: cannot load {m.from_pretrained!r} ({str(err).splitlines()[0]}). "
+            "Give a model directory with config.json and weights, or a hub id reachable from here."
+        ) from None
+
+
+def check_context(recipe: Recipe, config: Any) -> None:
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and recipe.data.seq_len > limit:
+        raise HftrainError(
+            f"data.seq_len: {recipe.data.seq_len} is longer than the model's context "
+            f"(max_position_embeddings = {limit}). Lower data.seq_len, or raise model.max_position_embeddings."
+        )
+
+
+def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> PreTrainedModel:
+    """The model with no memory allocated (meta device), for sizing and planning."""
+    if recipe.model.from_pretrained:
+        config = AutoConfig.from_pretrained(
+            recipe.model.from_pretrained, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code
+        )
+    else:
+        config = build_config(recipe, tokenizer_size, tokenizer_is_new, eos_token_id=0)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
+
+
+def parameter_counts(model: PreTrainedModel) -> dict[str, int]:
+    """Total, input-embedding, output-head and non-embedding parameters (Pythia's table convention)."""
+    total = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    head_module = model.get_output_embeddings()
+    tied = head_module is not None and head_module.weight is model.get_input_embeddings().weight
+    head = 0 if head_module is None or tied else head_module.weight.numel()
+    return {"total": total, "embedding": embed, "head": head, "non_embedding": total - embed - head}

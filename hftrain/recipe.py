@@ -1,0 +1,219 @@
+"""Load a recipe: hftrain defaults < YAML file < overrides, validated, with every problem reported at once.
+
+Overrides come from the command line as ``training.max_steps=50`` strings or from Python as nested dicts.
+Validation errors name the dotted key, say what was expected and, for a mistyped key, the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import re
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import HftrainError
+from .recipe_schema import Recipe
+from .yaml_io import dump_yaml, load_yaml
+
+# hftrain's own training defaults: the lowest layer, below the YAML file. Chosen for small-to-medium
+# pretraining; every one is a plain TrainingArguments key that a recipe may change.
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,
+    "per_device_eval_batch_size": 8,
+    "learning_rate": 6e-4,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.05,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.95,
+    "max_grad_norm": 1.0,
+    "logging_steps": 10,
+    "save_steps": 100,
+    "save_total_limit": 2,
+    "report_to": ["tensorboard"],
+    "seed": 1234,
+    "disable_tqdm": False,
+}
+
+# Keys whose values never leave the process: redacted in saved recipes, logs and error messages.
+SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_key|access_key|private_key|credential)", re.I)
+
+
+# ------------------------------------------------------------------------------------------- loading
+def load_recipe(
+    path: str | Path | None = None,
+    overrides: list[str] | Mapping[str, Any] | None = None,
+    **sections: Any,
+) -> Recipe:
+    """Read, merge and validate a recipe.
+
+    ``overrides`` is a list of ``dotted.key=value`` strings (the CLI form) or a nested dict; keyword arguments
+    are per-section dicts (``training={"max_steps": 50}``), the notebook form. Raises HftrainError.
+    """
+    source = str(path) if path else "<defaults>"
+    raw: dict[str, Any] = {"training": dict(TRAINING_DEFAULTS)}
+    stem = Path(path).stem if path else "run"
+    raw["training"]["output_dir"] = f"runs/{stem}"
+    if path is not None:
+        _deep_merge(raw, read_recipe_file(Path(path)))
+    if isinstance(overrides, Mapping):
+        _deep_merge(raw, copy.deepcopy(dict(overrides)))
+    elif overrides:
+        _deep_merge(raw, parse_overrides(overrides))
+    if sections:
+        _deep_merge(raw, copy.deepcopy(sections))
+    return validate_recipe(raw, source)
+
+
+def read_recipe_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise HftrainError(f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml).")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise HftrainError(f"{path}:{where}: not valid YAML ({problem}). Fix the syntax there.") from None
+    if data is None:
+        raise HftrainError(
+            f"{path}: the recipe is empty. A recipe is a mapping of sections, e.g.\n"
+            "  model: {preset: pythia-14m}\n  training: {max_steps: 100}\n(see recipes/quickstart.yaml)"
+        )
+    if not isinstance(data, dict):
+        raise HftrainError(
+            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), "
+            f"got a {type(data).__name__}."
+        )
+    return data
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["training.max_steps=50", "data.seq_len=128"]`` -> nested dict, values typed as YAML."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise HftrainError(f"override {item!r}: write it as section.key=value, e.g. training.max_steps=50")
+        try:
+            value = load_yaml(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise HftrainError(f"override {item!r}: {part} is given both as a value and as a section")
+        node[parts[-1]] = value
+    return tree
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+# ---------------------------------------------------------------------------------------- validation
+def validate_recipe(raw: dict[str, Any], source: str = "<recipe>") -> Recipe:
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems = [_describe(e) for e in err.errors()]
+        listing = "\n".join(f"  - {p}" for p in dict.fromkeys(problems))
+        raise HftrainError(f"{source}: {len(problems)} problem(s) in the recipe:\n{listing}") from None
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    path = _dotted(loc) or "recipe"
+    if error["type"] == "extra_forbidden":
+        siblings = _field_names_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), siblings, n=1, cutoff=0.6)
+        hint = f"did you mean {_dotted(loc[:-1] + (close[0],))}?" if close else f"valid keys here: {', '.join(siblings)}"
+        return f"{path}: unknown key; {hint}"
+    message = str(error["msg"])
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    got = error.get("input")
+    if error["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
+        message += f" (got {redact_value(path, got)!r})"
+    return f"{path}: {message}"
+
+
+def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the section model found by walking ``loc`` down from Recipe."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part))
+        model = _inner_model(field.annotation) if field else None
+    return sorted(model.model_fields) if model else []
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _inner_model(arg)
+        if found:
+            return found
+    return None
+
+
+# ------------------------------------------------------------------------------------- saving, hashing
+def redact_value(key: str, value: Any) -> Any:
+    return "***" if SECRET_KEY.search(key) and value not in (None, "", False) else value
+
+
+def redacted(data: Any, key: str = "") -> Any:
+    """A copy of a nested structure with every secret-looking key's value replaced by ***."""
+    if isinstance(data, Mapping):
+        return {k: redacted(v, str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redacted(v, key) for v in data]
+    return redact_value(key, data)
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    """The resolved recipe as plain data (training: only the keys set), secrets removed."""
+    data = recipe.model_dump(mode="json", exclude={"training"})
+    data["training"] = json.loads(json.dumps(recipe.training_kwargs(), default=str))
+    return redacted(data)
+
+
+def save_recipe(recipe: Recipe, path: Path) -> None:
+    path.write_text(dump_yaml(recipe_to_dict(recipe)), encoding="utf-8")
+
+
+# Keys that may change between the starts of one run without making it a different run.
+_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code"}, "data": {"eval_blocks", "on_bad_record"}}
+
+
+def fingerprint(recipe: Recipe) -> dict[str, str]:
+    """Short hashes of what defines a run's identity: model, tokenizer and data (not training settings)."""
+    dumped = recipe.model_dump(mode="json")
+    out = {}
+    for part, ignored in _NOT_IDENTITY.items():
+        kept = {k: v for k, v in dumped[part].items() if k not in ignored}
+        out[part] = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+    return out

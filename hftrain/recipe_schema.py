@@ -1,0 +1,234 @@
+"""The recipe schema: one pydantic model per section, each field documented right under it.
+
+Those docstrings are what `hftrain explain` and `hftrain train --help` print. The ``training`` section is
+not written out here: it is generated from transformers' ``TrainingArguments``, so its keys, types and help
+texts are exactly Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+
+class Section(BaseModel):
+    """Base of every recipe section: unknown keys are errors, docstrings are field docs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+# ----------------------------------------------------------------------------------------------- model
+class ModelSection(Section):
+    """What network to train: a named GPT-NeoX shape built from scratch, or pretrained weights."""
+
+    preset: str | None = "pythia-14m"
+    """Named GPT-NeoX shape (see `hftrain presets`): the Pythia suite, neox-20b, and small cpu-* shapes.
+    Ignored when from_pretrained is set."""
+    from_pretrained: str | None = None
+    """A local model directory or hub id to start from (continued pretraining or fine-tuning). This is a new
+    run starting from those weights; resuming an interrupted run is automatic (training.resume_from_checkpoint)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) for from_pretrained."""
+    trust_remote_code: bool = False
+    """Allow from_pretrained to run Python code shipped with the checkpoint. Off unless you trust the source."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """Attention kernel, as in transformers. flash_attention_2 needs a CUDA GPU and the flash-attn package."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Embedding rows. Default: the preset's published size when the tokenizer fits in it, else the tokenizer
+    size padded up to pad_vocab_multiple."""
+    pad_vocab_multiple: int = Field(default=128, gt=0)
+    """Round a new tokenizer's vocabulary up to a multiple of this (tensor-core friendly)."""
+    hidden_size: int | None = Field(default=None, gt=0)
+    """Overrides the preset's hidden size."""
+    num_hidden_layers: int | None = Field(default=None, gt=0)
+    """Overrides the preset's number of transformer layers."""
+    num_attention_heads: int | None = Field(default=None, gt=0)
+    """Overrides the preset's number of attention heads (must divide hidden_size)."""
+    intermediate_size: int | None = Field(default=None, gt=0)
+    """Overrides the MLP width (Pythia: 4 x hidden_size)."""
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    """Longest context the model supports (Pythia: 2048). data.seq_len may not exceed it."""
+    rotary_pct: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of each head's dimensions that get rotary embeddings (Pythia: 0.25)."""
+    rotary_emb_base: float | None = Field(default=None, gt=0)
+    """Rotary base frequency theta (Pythia: 10000)."""
+    use_parallel_residual: bool | None = None
+    """Attention and MLP read the same input and are summed (GPT-J/NeoX style). Pythia: true."""
+    tie_word_embeddings: bool | None = None
+    """Share the input embedding with the output head. Pythia: false."""
+    hidden_dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Dropout after attention/MLP. Pythia: 0."""
+    attention_dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Dropout on attention probabilities. Pythia: 0."""
+    layer_norm_eps: float | None = Field(default=None, gt=0)
+    """LayerNorm epsilon (Pythia: 1e-5)."""
+    initializer_range: float | None = Field(default=None, gt=0)
+    """Std of the normal initialisation of new weights (Pythia: 0.02)."""
+
+    def architecture_overrides(self) -> dict[str, Any]:
+        """The GPTNeoXConfig fields this recipe sets explicitly."""
+        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple"}
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
+
+
+# ------------------------------------------------------------------------------------------- tokenizer
+class TrainTokenizer(Section):
+    """Learn a byte-level BPE on the recipe's own training data (saved with the run, reused on resume)."""
+
+    vocab_size: int = Field(default=8192, ge=260)
+    """Target vocabulary size, special tokens included."""
+    min_frequency: int = Field(default=2, ge=1)
+    """A merge must occur this often in the sample to be learnt."""
+    max_documents: int = Field(default=20_000, gt=0)
+    """Documents read from the start of the training data to learn from."""
+    special_tokens: list[str] = ["<|endoftext|>"]
+    """Special tokens to reserve; the first is the end-of-document token."""
+
+
+class TokenizerSection(Section):
+    """Which tokenizer turns text into ids. Give exactly one of builtin, path or train."""
+
+    builtin: Literal["gpt2"] | None = "gpt2"
+    """A tokenizer that ships with hftrain: gpt2 is the 50,257-token GPT-2 BPE the NeoX runs used."""
+    path: str | None = None
+    """A local tokenizer directory or hub id, loaded with AutoTokenizer."""
+    train: TrainTokenizer | None = None
+    """Learn a new BPE tokenizer on the training data."""
+    trust_remote_code: bool = False
+    """Allow a tokenizer from path to run shipped Python code."""
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> TokenizerSection:
+        chosen = [k for k in ("path", "train") if getattr(self, k) is not None]
+        if "builtin" in self.model_fields_set and self.builtin is not None:
+            chosen.insert(0, "builtin")
+        if len(chosen) > 1:
+            raise ValueError(f"give only one of builtin, path or train (got {', '.join(chosen)})")
+        if chosen and chosen[0] != "builtin":
+            self.builtin = None
+        if not chosen and self.builtin is None:
+            raise ValueError("give one of builtin, path or train")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------ data
+class Source(Section):
+    """One stream of documents. Give exactly one of path, dataset or builtin."""
+
+    path: str | None = None
+    """A file, directory or glob (local, file://, s3://, ...): .txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet."""
+    dataset: str | None = None
+    """A Hugging Face datasets name or local dataset script/dir, read with load_dataset(streaming=True)."""
+    dataset_config: str | None = None
+    """The dataset's configuration name (load_dataset's second argument)."""
+    split: str = "train"
+    """The split of `dataset` to read."""
+    builtin: Literal["python-docs"] | None = None
+    """Text that ships with every Python: python-docs is the docstrings of the standard library (PSF license)."""
+    text_field: str = "text"
+    """The column/key holding the text (jsonl, parquet, datasets). Plain .txt files are one document each."""
+    format: Literal["auto", "txt", "jsonl", "parquet"] = "auto"
+    """File format; auto decides by extension (.gz/.zst compression is always detected)."""
+    weight: float = Field(default=1.0, gt=0)
+    """Relative share of this source in a mixture."""
+
+    @model_validator(mode="after")
+    def _exactly_one_origin(self) -> Source:
+        given = [k for k in ("path", "dataset", "builtin") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, dataset or builtin (got {', '.join(given) or 'none'})")
+        return self
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, dict) else value
+
+
+class DataSection(Section):
+    """Where the text comes from and how it becomes fixed-length training blocks."""
+
+    train: list[Source] = [Source(builtin="python-docs")]
+    """Training source, or a list of sources (a mixture)."""
+    validation: Source | None = None
+    """A separate validation source. When given, no training data is held out."""
+    holdout_every: int = Field(default=50, ge=2)
+    """Without a validation source, every N-th training document is held out for validation."""
+    eval_blocks: int = Field(default=32, gt=0)
+    """How many seq_len blocks the validation set holds (read once, kept in memory)."""
+    seq_len: int = Field(default=256, gt=1)
+    """Tokens per training block. Documents are joined with EOS and cut into blocks of exactly this length."""
+    shuffle_window: int = Field(default=256, ge=1)
+    """Blocks shuffled together (deterministic from training.seed). 1 disables shuffling."""
+    on_bad_record: Literal["fail", "skip"] = "fail"
+    """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
+
+    _wrap_train = field_validator("train", mode="before")(_as_list)
+
+
+# --------------------------------------------------------------------------------------------- monitor
+class MonitorSection(Section):
+    """What hftrain reports beyond the loss."""
+
+    peak_tflops: float | None = Field(default=None, gt=0)
+    """Peak TFLOP/s of one device for MFU. Default: measured with a short matmul at start."""
+    price_per_hour: float | None = Field(default=None, gt=0)
+    """Price of the whole job in USD per hour; adds tokens_per_usd to the logs."""
+    sample_prompt: str = "The "
+    """Prompt of the text sample generated at the end of training."""
+    sample_max_new_tokens: int = Field(default=48, ge=0)
+    """Length of the end-of-run sample (0 disables it)."""
+    plot: bool = True
+    """Write a PNG of loss and grad-norm against step into the output directory."""
+
+
+# -------------------------------------------------------------------------------------------- training
+def _training_section() -> type[BaseModel]:
+    """A pydantic model with exactly TrainingArguments' fields, types and help texts."""
+    from transformers import TrainingArguments
+
+    hints = typing.get_type_hints(TrainingArguments)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainingArguments):
+        if not f.init or f.name.startswith("_"):
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        annotation = hints.get(f.name, Any)
+        if f.name == "resume_from_checkpoint":
+            annotation = bool | str  # hftrain: true = latest complete checkpoint, false = never, or a path
+        fields[f.name] = (annotation | None, Field(default=default, description=f.metadata.get("help")))
+    return create_model(
+        "TrainingSection",
+        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),
+        __doc__="Hugging Face TrainingArguments, with their own names and meanings.",
+        **fields,
+    )
+
+
+TrainingSection = _training_section()
+
+
+class Recipe(Section):
+    """One whole run: model, tokenizer, data, training hyper-parameters and reporting."""
+
+    model: ModelSection = ModelSection()
+    """The network."""
+    tokenizer: TokenizerSection = TokenizerSection()
+    """Text to ids."""
+    data: DataSection = DataSection()
+    """Training and validation text."""
+    training: TrainingSection = Field(default_factory=TrainingSection)  # type: ignore[valid-type]
+    """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
+    monitor: MonitorSection = MonitorSection()
+    """Throughput, MFU, cost and end-of-run reporting."""
+
+    def training_kwargs(self) -> dict[str, Any]:
+        """The TrainingArguments keys this recipe sets (hftrain defaults included), for TrainingArguments(**...)."""
+        return self.training.model_dump(exclude_unset=True)

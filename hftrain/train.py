@@ -1,0 +1,198 @@
+"""One training run, start to finish: recipe -> tokenizer -> model -> data -> Trainer -> final checkpoint.
+
+`train()` is the single code path behind `hftrain train`, `accelerate launch -m hftrain train` and the
+Python API. It resumes an interrupted run in the same output_dir on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+
+from . import checkpoint as ckpt
+from .callbacks import MetricsFileCallback, ThroughputClockCallback
+from .data.loader import PackedDataset, collate_blocks, first_documents, plan_data, validation_blocks
+from .errors import HftrainError
+from .model import build_model, parameter_counts
+from .plan import flops_per_token, measure_peak_flops
+from .plot import PLOT_FILE, plot_curves
+from .recipe_schema import Recipe
+from .tokenizer import load_tokenizer
+from .trainer import HftrainTrainer
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class Run:
+    """What a finished run leaves behind, for the CLI summary and for notebooks."""
+
+    recipe: Recipe
+    output_dir: Path
+    final_dir: Path
+    trainer: HftrainTrainer
+    metrics: dict[str, float] = field(default_factory=dict)
+    sample: str = ""
+    plot_path: Path | None = None
+
+    @property
+    def log_history(self) -> list[dict[str, Any]]:
+        return self.trainer.state.log_history
+
+    def generate(self, prompt: str, max_new_tokens: int = 48, seed: int = 0) -> str:
+        """Sample a continuation of `prompt` from the trained model (top-k 40, temperature 0.8)."""
+        tok, model = self.trainer.processing_class, self.trainer.model
+        inputs = tok(prompt, return_tensors="pt").to(model.device)
+        torch.manual_seed(seed)
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(
+                **inputs, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8, pad_token_id=tok.eos_token_id
+            )
+        model.train(was_training)
+        return tok.decode(out[0], skip_special_tokens=True)
+
+
+def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | None]:
+    """TrainingArguments from the recipe's training section, plus the resume setting (handled by hftrain)."""
+    kwargs = recipe.training_kwargs()
+    resume = kwargs.pop("resume_from_checkpoint", None)
+    if not kwargs.get("max_steps") or kwargs["max_steps"] <= 0:
+        raise HftrainError(
+            "training.max_steps: required. hftrain streams its data, so a run is measured in optimizer steps, "
+            "not epochs; set e.g. training.max_steps=1000."
+        )
+    kwargs.setdefault("use_cpu", not torch.cuda.is_available())
+    # hftrain restores the data position itself (replaying batches would re-read the consumed data),
+    # and its batches hold only model inputs.
+    kwargs.update(ignore_data_skip=True, remove_unused_columns=False)
+    try:
+        return TrainingArguments(**kwargs), resume
+    except (ValueError, TypeError) as err:
+        raise HftrainError(f"training: {err}") from None
+
+
+def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
+    """training.resume_from_checkpoint: unset/true = latest complete checkpoint, false = never, or a path."""
+    if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
+        return None
+    if isinstance(setting, str) and setting.lower() != "true":
+        path = Path(setting)
+        if not (path / ckpt.COMPLETE_MARKER).is_file():
+            raise HftrainError(f"training.resume_from_checkpoint: {setting} is not a complete hftrain checkpoint.")
+        return path
+    latest = ckpt.latest_checkpoint(output_dir)
+    if latest is None and setting in (True, "true", "True"):
+        raise HftrainError(f"training.resume_from_checkpoint: true, but {output_dir} holds no complete checkpoint.")
+    return latest
+
+
+def train(recipe: Recipe) -> Run:
+    args, resume_setting = training_arguments(recipe)
+    output_dir = Path(args.output_dir)
+    is_main = args.process_index == 0
+    ckpt.claim_output_dir(output_dir, recipe, is_main)
+    if is_main:
+        for leftover in ckpt.clean_partial(output_dir):
+            print(f"hftrain: removed {leftover} (an interrupted save)")
+    resume = resume_point(resume_setting, output_dir)
+    if resume is not None and is_main:
+        print(f"hftrain: resuming from {resume}")
+
+    data_plan = plan_data(recipe.data, args.seed)
+    tokenizer, tokenizer_is_new = load_tokenizer(recipe, output_dir, lambda n: first_documents(data_plan, n))
+    model = build_model(recipe, tokenizer, tokenizer_is_new)
+    eval_set = validation_blocks(data_plan, tokenizer)
+
+    counts = parameter_counts(model)
+    per_token = flops_per_token(counts, model.config, recipe.data.seq_len)
+    peak_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    peak = recipe.monitor.peak_tflops * 1e12 if recipe.monitor.peak_tflops else measure_peak_flops(args.device, peak_dtype)
+
+    trainer = HftrainTrainer(
+        model=model,
+        args=args,
+        train_dataset=PackedDataset(data_plan, tokenizer, args.process_index, args.world_size, None),
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        data_collator=collate_blocks,
+        callbacks=[MetricsFileCallback()],
+        recipe=recipe,
+        data_plan=data_plan,
+        flops_per_token=per_token,
+        peak_flops=peak,
+    )
+    trainer.add_callback(ThroughputClockCallback(trainer))
+    trainer.set_resume_dir(resume)
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    return finish(trainer, recipe, output_dir, counts)
+
+
+def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: dict[str, int]) -> Run:
+    """Save the final model, evaluate it, write the plot and results, and print the summary."""
+    final_dir = output_dir / ckpt.FINAL
+    staged = output_dir / ckpt.STAGING / ckpt.FINAL
+    trainer.save_model(str(staged))
+    run = Run(recipe, output_dir, final_dir, trainer)
+    metrics = trainer.evaluate()
+    metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
+    run.metrics = metrics
+    if not trainer.args.should_save:
+        return run
+    ckpt.write_extras(staged, recipe)
+    ckpt.publish(staged, final_dir, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
+    rates = [e["tokens_per_s"] for e in run.log_history if "tokens_per_s" in e]
+    mfus = [e["mfu"] for e in run.log_history if "mfu" in e]
+    results = {
+        "step": trainer.state.global_step,
+        "eval_loss": metrics["eval_loss"],
+        "eval_perplexity": metrics["eval_perplexity"],
+        "tokens_per_s_median": _median(rates),
+        "mfu_median": _median(mfus),
+        "parameters": counts,
+        "data_records_skipped": _skipped(trainer),
+    }
+    if recipe.monitor.sample_max_new_tokens:
+        run.sample = run.generate(recipe.monitor.sample_prompt, recipe.monitor.sample_max_new_tokens)
+        results["sample"] = run.sample
+    if recipe.monitor.plot:
+        run.plot_path = plot_curves(run.log_history, output_dir / PLOT_FILE, title=str(output_dir))
+    (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    _print_summary(run, results)
+    return run
+
+
+def _skipped(trainer: HftrainTrainer) -> int:
+    loader = trainer.train_loader
+    if loader is None:
+        return 0
+    return sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _print_summary(run: Run, results: dict[str, Any]) -> None:
+    lines = [
+        "",
+        f"final checkpoint: {run.final_dir}",
+        f"validation loss {results['eval_loss']:.4f}, perplexity {results['eval_perplexity']:.2f}",
+    ]
+    if results["tokens_per_s_median"]:
+        lines.append(f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median), MFU {100 * (results['mfu_median'] or 0):.2f}%")
+    if run.plot_path:
+        lines.append(f"plot: {run.plot_path}")
+    if run.sample:
+        lines.append(f"sample: {run.sample!r}")
+    print("\n".join(lines), flush=True)

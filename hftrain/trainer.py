@@ -1,0 +1,110 @@
+"""The Hugging Face Trainer, changed only where hftrain must:
+
+* the training data comes from hftrain's resumable packed stream (each rank reads its own part), and its
+  position is saved in every checkpoint instead of replaying batches on resume (``ignore_data_skip``);
+* checkpoints are staged and renamed into place when complete (see checkpoint.py);
+* resuming loads weights through transformers' key mapping, strictly (the GPT-NeoX head trap);
+* every training log line gets tokens seen, tokens/s, MFU and tokens per dollar.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer
+
+from . import checkpoint as ckpt
+from .data.loader import DataPlan, PackedDataset, ResumableLoader, check_resumable
+from .recipe_schema import Recipe
+
+
+class HftrainTrainer(Trainer):
+    def __init__(self, *args: Any, recipe: Recipe, data_plan: DataPlan, flops_per_token: float, peak_flops: float, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.recipe, self.data_plan = recipe, data_plan
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.train_loader: ResumableLoader | None = None
+        self._resume_dir: Path | None = None
+        self._last_log: tuple[int, float] | None = None
+
+    # ------------------------------------------------------------------------------------ data
+    def set_resume_dir(self, checkpoint: Path | None) -> None:
+        self._resume_dir = checkpoint
+
+    def get_train_dataloader(self) -> ResumableLoader:
+        args = self.args
+        resume = None
+        if self._resume_dir is not None:
+            state_file = self._resume_dir / ckpt.data_state_file(args.process_index)
+            if not state_file.is_file():
+                raise_missing_position(state_file)
+            resume = json.loads(state_file.read_text(encoding="utf-8"))
+            check_resumable(resume, args.dataloader_num_workers, args.world_size, str(state_file))
+        dataset = PackedDataset(self.data_plan, self.processing_class, args.process_index, args.world_size, resume)
+        self.train_loader = ResumableLoader(
+            dataset, args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor
+        )
+        return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        run_dir = Path(self.args.output_dir)
+        staging_root = run_dir / ckpt.STAGING
+        name = f"checkpoint-{self.state.global_step}"
+        keep, self.args.save_total_limit = self.args.save_total_limit, None
+        self.args.output_dir = str(staging_root)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir, self.args.save_total_limit = str(run_dir), keep
+        staged = staging_root / name
+        if self.train_loader is not None:
+            position = json.dumps(self.train_loader.state_dict())
+            (staged / ckpt.data_state_file(self.args.process_index)).write_text(position, encoding="utf-8")
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            ckpt.write_extras(staged, self.recipe)
+            ckpt.publish(staged, run_dir / name, {"step": self.state.global_step, "world_size": self.args.world_size})
+            ckpt.rotate(run_dir, keep)
+        self.accelerator.wait_for_everyone()
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        ckpt.load_weights_exactly(model if model is not None else self.model, Path(resume_from_checkpoint))
+
+    # ---------------------------------------------------------------------------------- metrics
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:
+            logs.update(self._throughput())
+        super().log(logs, start_time)
+
+    def _throughput(self) -> dict[str, float]:
+        """tokens_seen, tokens_per_s (all ranks), mfu and tokens_per_usd since the previous log line."""
+        args, step, now = self.args, self.state.global_step, time.perf_counter()
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * self.data_plan.section.seq_len
+        out: dict[str, float] = {"tokens_seen": float(step * per_step)}
+        if self._last_log is not None and now > self._last_log[1] and step > self._last_log[0]:
+            rate = (step - self._last_log[0]) * per_step / (now - self._last_log[1])
+            out["tokens_per_s"] = round(rate, 1)
+            out["mfu"] = round(rate * self.flops_per_token / (self.peak_flops * args.world_size), 4)
+            price = self.recipe.monitor.price_per_hour
+            if price:
+                out["tokens_per_usd"] = round(rate * 3600 / price, 1)
+        self._last_log = (step, now)
+        return out
+
+    def start_clock(self) -> None:
+        self._last_log = (self.state.global_step, time.perf_counter())
+
+
+def raise_missing_position(state_file: Path) -> None:
+    from .errors import HftrainError
+
+    raise HftrainError(
+        f"{state_file}: the checkpoint has no data position for this process. It was not written by hftrain "
+        "(or with another process count); resume it with the same process count, or start a new training.output_dir."
+    )

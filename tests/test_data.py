@@ -1,0 +1,204 @@
+"""The data pipeline: formats, exact packing, exact resume, held-out split, and one message per bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
+from hftrain.data.stream import BlockStream, DocumentStream, Worker
+from hftrain.errors import HftrainError
+from hftrain.recipe import load_recipe
+from hftrain.tokenizer import gpt2_tokenizer
+
+from .conftest import make_documents, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return gpt2_tokenizer()
+
+
+def data_section(path, **extra):
+    return load_recipe(None, {"data": {"train": {"path": str(path)}, **extra}}).data
+
+
+def documents(path, **extra):
+    plan = plan_data(data_section(path, **extra), seed=0)
+    stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
+    return list(stream.documents(stream.fresh_state()))
+
+
+def test_formats_read_the_same_documents(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    docs = make_documents(40)
+    write_jsonl(tmp_path / "a.jsonl", docs)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    (tmp_path / "c.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress("".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+    )
+    pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet", row_group_size=7)
+    for name in ("a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.parquet"):
+        assert documents(tmp_path / name) == docs, name
+    (tmp_path / "txt").mkdir()
+    for i, d in enumerate(docs[:3]):
+        (tmp_path / "txt" / f"{i}.txt").write_text(d)
+    assert documents(tmp_path / "txt") == docs[:3]  # a directory: every file in it, sorted
+    assert documents(tmp_path / "txt" / "*.txt") == docs[:3]  # a glob
+
+
+def test_custom_text_field(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ["hello there"], field="body")
+    plan = plan_data(load_recipe(None, {"data": {"train": {"path": str(tmp_path / "a.jsonl"), "text_field": "body"}}}).data, 0)
+    stream = DocumentStream(plan.train, seed=0, loop=False)
+    assert list(stream.documents(stream.fresh_state())) == ["hello there"]
+
+
+def test_packing_joins_with_eos_and_drops_nothing(tmp_path, tok):
+    docs = make_documents(50)
+    section = data_section(write_jsonl(tmp_path / "a.jsonl", docs), seq_len=16, shuffle_window=1)
+    plan = plan_data(section, 0)
+    stream = BlockStream(DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 16, window=1)
+    blocks = [b for b, _ in stream.blocks(stream.fresh_state())]
+    expected = []
+    for d in docs:
+        expected += tok(d)["input_ids"] + [tok.eos_token_id]
+    assert all(len(b) == 16 for b in blocks)
+    flat = np.concatenate(blocks).tolist()
+    assert flat == expected[: len(flat)]  # same tokens, same order, EOS between documents
+    assert len(expected) - len(flat) < 16  # only the final partial block is left over
+
+
+def test_tail_carries_across_windows(tmp_path, tok):
+    """Blocks straddle window boundaries: a window's leftover tokens start the next window's first block."""
+    docs = make_documents(80)
+    plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", docs)), 0)
+    small = BlockStream(DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 24, window=1)
+    big = BlockStream(DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 24, window=10_000)
+    a = np.concatenate([b for b, _ in small.blocks(small.fresh_state())])
+    b = np.concatenate([b for b, _ in big.blocks(big.fresh_state())])
+    n = min(len(a), len(b))
+    assert n > 1000 and (a[:n] == b[:n]).all()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_resumes_exactly(tmp_path, tok, workers):
+    """Batches after a resume are exactly those an uninterrupted loader yields (shuffling on, workers or not)."""
+    docs = make_documents(50)
+    section = data_section(write_jsonl(tmp_path / "a.jsonl", docs), seq_len=32, shuffle_window=8)
+    plan = plan_data(section, 0)
+    straight = iter(ResumableLoader(PackedDataset(plan, tok, 0, 1, None), 4, workers))
+    first = ResumableLoader(PackedDataset(plan, tok, 0, 1, None), 4, workers)
+    it = iter(first)
+    for _ in range(13):
+        next(it)
+    saved = json.loads(json.dumps(first.state_dict()))  # what a checkpoint stores
+    del it
+    expected = [next(straight)["input_ids"] for _ in range(13 + 30)][13:]
+    resumed = iter(ResumableLoader(PackedDataset(plan, tok, 0, 1, saved), 4, workers))
+    got = [next(resumed)["input_ids"] for _ in range(30)]
+    assert all((a == b).all() for a, b in zip(expected, got))
+    # the run crosses more than 2 epochs of this small corpus: looping epochs resumes exactly too
+    corpus_tokens = sum(len(tok(d)["input_ids"]) + 1 for d in docs)
+    assert 43 * 4 * 32 > 2 * corpus_tokens
+
+
+def test_shuffle_is_seeded(tmp_path, tok):
+    path = write_jsonl(tmp_path / "a.jsonl", make_documents(200))
+    section = data_section(path, seq_len=32, shuffle_window=16)
+
+    def first_batches(seed):
+        it = iter(ResumableLoader(PackedDataset(plan_data(section, seed), tok, 0, 1, None), 4, 0))
+        return [next(it)["input_ids"] for _ in range(5)]
+
+    a, b, c = first_batches(1), first_batches(1), first_batches(2)
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert not all((x == y).all() for x, y in zip(a, c))
+
+
+def test_workers_read_disjoint_parts_covering_everything(tmp_path):
+    docs = [f"document number {i}" for i in range(101)]
+    plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", docs)), 0)
+    seen = []
+    for w in range(4):  # e.g. 2 ranks x 2 DataLoader workers
+        stream = DocumentStream(plan.train, seed=0, worker=Worker(w, 4), loop=False)
+        seen.append(list(stream.documents(stream.fresh_state())))
+    flat = [d for part in seen for d in part]
+    assert sorted(flat) == sorted(docs) and len(flat) == len(set(flat))
+    assert all(part for part in seen)
+
+
+def test_holdout_is_disjoint_from_training(tmp_path, tok):
+    docs = [f"doc {i} " + d for i, d in enumerate(make_documents(400))]
+    plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", docs), holdout_every=10), 0)
+    train = DocumentStream(plan.train, seed=0, holdout_every=10, split="train", loop=False)
+    held = DocumentStream(plan.train, seed=0, holdout_every=10, split="holdout", loop=False)
+    a, b = set(train.documents(train.fresh_state())), set(held.documents(held.fresh_state()))
+    assert a.isdisjoint(b) and a | b == set(docs)
+    assert 15 <= len(b) <= 70  # about one in ten
+    assert len(validation_blocks(plan, tok)) > 0
+
+
+def test_validation_source_replaces_holdout(tmp_path, tok):
+    train = write_jsonl(tmp_path / "t.jsonl", make_documents(100))
+    val = write_jsonl(tmp_path / "v.jsonl", ["validation text " * 50])
+    section = load_recipe(None, {"data": {"train": {"path": str(train)}, "validation": {"path": str(val)}, "seq_len": 8}}).data
+    blocks = validation_blocks(plan_data(section, 0), tok)
+    assert "validation text" in tok.decode(blocks[0]["input_ids"])
+
+
+# ----------------------------------------------------------------------------------------- bad input
+def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": broken\n', encoding="utf-8")
+    with pytest.raises(HftrainError) as info:
+        documents(path)
+    assert f"{path}:3: not valid JSON" in str(info.value)
+    assert "data.on_bad_record=skip" in str(info.value)
+
+
+def test_skip_mode_counts_bad_records(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "one"}\nnot json\n{"other": 1}\n{"text": "two"}\n', encoding="utf-8")
+    plan = plan_data(data_section(path, on_bad_record="skip"), 0)
+    from hftrain.data.sources import BadRecords
+
+    stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False, bad=BadRecords("skip"))
+    state = stream.fresh_state()
+    assert list(stream.documents(state)) == ["one", "two"]
+    assert state["skipped"] == 2
+
+
+def test_missing_text_field(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", ["x"], field="content")
+    with pytest.raises(HftrainError, match=r"a.jsonl:1: no string field 'text' \(has: content\)"):
+        documents(path)
+
+
+@pytest.mark.parametrize("pattern", ["missing.jsonl", "nothing-*.jsonl"])
+def test_missing_file_or_empty_glob_is_named(tmp_path, pattern):
+    with pytest.raises(HftrainError) as info:
+        plan_data(data_section(tmp_path / pattern), 0)
+    assert f"data.train[0].path: no file matches '{tmp_path / pattern}'" in str(info.value)
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n\n", encoding="utf-8")
+    with pytest.raises(HftrainError, match=r"data.train\[0\]: no documents found"):
+        documents(tmp_path / "empty.jsonl")
+
+
+def test_builtin_corpus_is_there():
+    plan = plan_data(load_recipe(None, {}).data, 0)
+    assert len(plan.train[0].shards) > 100
+    stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
+    first = next(iter(stream.documents(stream.fresh_state())))
+    assert len(first) > 50
