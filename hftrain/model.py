@@ -37,14 +37,10 @@ def resolve_vocab_size(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bo
     return padded_vocab_size(tokenizer_size, m.pad_vocab_multiple)
 
 
-def build_config(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None) -> GPTNeoXConfig:
+def build_config(
+    recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None, pad_token_id: int | None = None
+) -> GPTNeoXConfig:
     m = recipe.model
-    if m.preset not in PRESETS:
-        import difflib
-
-        close = difflib.get_close_matches(m.preset or "", PRESETS, n=1)
-        hint = f"did you mean {close[0]}?" if close else "see `hftrain presets`"
-        raise HftrainError(f"model.preset: unknown preset {m.preset!r}; {hint}")
     fields: dict[str, Any] = PRESETS[m.preset].config_fields()
     overrides = m.architecture_overrides()
     fields.update(overrides)
@@ -66,6 +62,7 @@ def build_config(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool, eo
         rope_parameters=rope,
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         attn_implementation=m.attn_implementation,
     )
 
@@ -82,7 +79,7 @@ def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool) -> PreTr
                 "(tokenizer.path set to the same directory)."
             )
     else:
-        config = build_config(recipe, len(tokenizer), tokenizer_is_new, tokenizer.eos_token_id)
+        config = build_config(recipe, len(tokenizer), tokenizer_is_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
         torch.manual_seed(recipe.training.seed)
         model = GPTNeoXForCausalLM(config)
     check_context(recipe, model.config)

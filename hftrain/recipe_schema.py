@@ -8,10 +8,13 @@ texts are exactly Hugging Face's.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from .presets import PRESETS
 
 
 class Section(BaseModel):
@@ -67,6 +70,14 @@ class ModelSection(Section):
     """LayerNorm epsilon (Pythia: 1e-5)."""
     initializer_range: float | None = Field(default=None, gt=0)
     """Std of the normal initialisation of new weights (Pythia: 0.02)."""
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in PRESETS:
+            close = difflib.get_close_matches(name, PRESETS, n=1)
+            raise ValueError(f"unknown preset {name!r}; " + (f"did you mean {close[0]}?" if close else "see `hftrain presets`"))
+        return name
 
     def architecture_overrides(self) -> dict[str, Any]:
         """The GPTNeoXConfig fields this recipe sets explicitly."""

@@ -147,6 +147,7 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
     if not trainer.args.should_save:
         return run
     ckpt.write_extras(staged, recipe)
+    (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: not part of a shareable model
     ckpt.publish(staged, final_dir, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
     rates = [e["tokens_per_s"] for e in run.log_history if "tokens_per_s" in e]
     mfus = [e["mfu"] for e in run.log_history if "mfu" in e]
