@@ -87,7 +87,7 @@ def test_quickstart_as_shipped(tmp_path):
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "runs" / "quickstart"
-    history = json.loads((run / "final" / "trainer_state.json").read_text())["log_history"]
+    history = json.loads((run / "checkpoint-600" / "trainer_state.json").read_text())["log_history"]
     first = next(e["loss"] for e in history if "loss" in e)
     results = json.loads((run / "results.json").read_text())
     assert results["step"] == 600

@@ -202,3 +202,17 @@ def test_builtin_corpus_is_there():
     stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
     first = next(iter(stream.documents(stream.fresh_state())))
     assert len(first) > 50
+
+
+def test_hugging_face_dataset_source_streams(tmp_path):
+    """`dataset:` goes through datasets.load_dataset(streaming=True); a local data directory needs no hub."""
+    docs = make_documents(30)
+    write_jsonl(tmp_path / "ds" / "train.jsonl", docs)
+    plan = plan_data(load_recipe(None, {"data": {"train": {"dataset": str(tmp_path / "ds"), "split": "train"}}}).data, 0)
+    stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
+    state = stream.fresh_state()
+    it = stream.documents(state)
+    head = [next(it) for _ in range(10)]
+    assert head == docs[:10]
+    resumed = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
+    assert list(resumed.documents(json.loads(json.dumps(state)))) == docs[10:]  # skips the 10 consumed records

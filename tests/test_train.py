@@ -184,3 +184,13 @@ def test_tokens_per_usd_when_priced(tmp_path, corpus):
     run = hftrain.train(hftrain.load_recipe(None, raw))
     last = [e for e in run.log_history if "loss" in e][-1]
     assert last["tokens_per_usd"] == pytest.approx(last["tokens_per_s"] * 1000, rel=1e-3)
+
+
+def test_bf16_and_gradient_accumulation(tmp_path, corpus):
+    """bf16 autocast trains on this CPU; 2 x 4 accumulated sequences count as one step of 8."""
+    run = _run(corpus, tmp_path / "bf16", max_steps=12, bf16=True, per_device_train_batch_size=4,
+               gradient_accumulation_steps=2, logging_steps=4)
+    per_step = losses(run)
+    assert per_step[12] < per_step[4] - 0.5
+    last = [e for e in run.log_history if "loss" in e][-1]
+    assert last["tokens_seen"] == 12 * 2 * 4 * 32
