@@ -84,6 +84,22 @@ def write_extras(directory: Path, recipe: Recipe) -> None:
     save_recipe(recipe, directory / RECIPE_FILE)
 
 
+def save_full_model(trainer: Any, directory: Path) -> None:
+    """The model as one standard HF directory (safetensors), however the training sharded it."""
+    if not trainer.is_fsdp_enabled:
+        trainer.save_model(str(directory))  # DDP / single: as is; ZeRO-3: gathers the 16-bit weights
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.args.should_save:
+        # own, contiguous copies: the gathered tensors' storage is not something safetensors may inspect
+        full = {key: tensor.detach().clone().contiguous() for key, tensor in full.items()}
+        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(directory, state_dict=full)
+        trainer.processing_class.save_pretrained(directory)
+    trainer.accelerator.wait_for_everyone()
+
+
 # ----------------------------------------------------------------------------------- run identity
 def claim_output_dir(output_dir: Path, recipe: Recipe, is_main: bool) -> None:
     """Refuse an output_dir that holds a different run (model, tokenizer or data); record ours otherwise."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from .errors import HftrainError
 from .recipe_schema import Recipe
 
-SECTIONS = ["model", "tokenizer", "data", "training", "monitor"]
+SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "monitor"]
 
 
 def _type_name(annotation: Any) -> str:
@@ -88,8 +89,20 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
+    train.add_argument("--accelerate-config", metavar="NAME_OR_PATH",
+                       help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them")
+    train.add_argument("--nproc", type=int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
+    train.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
     plan = sub.add_parser("plan", help="print the model's size, FLOPs and memory; trains nothing")
     plan.add_argument("recipe")
+    par = sub.add_parser("parity", help="run a recipe on single / DDP / FSDP / ZeRO-3 (2 processes) and compare per step")
+    par.add_argument("recipe")
+    par.add_argument("--steps", type=int, default=20, help="optimizer steps per backend (default 20)")
+    par.add_argument("--backends", default="single,DDP,FSDP,ZeRO-3", help="comma-separated subset of single,DDP,FSDP,ZeRO-3")
+    par.add_argument("--tolerance", type=float, default=1e-4, help="exit 1 when a relative difference exceeds this")
+    ex = sub.add_parser("export", help="consolidate a checkpoint (DDP, FSDP or ZeRO-3) into one standard HF model directory")
+    ex.add_argument("checkpoint")
+    ex.add_argument("--out", required=True)
     exp = sub.add_parser("explain", help="document every recipe key (or one section's)")
     exp.add_argument("section", nargs="?", choices=SECTIONS)
     sub.add_parser("presets", help="list the named model shapes")
@@ -113,18 +126,33 @@ def run(argv: list[str]) -> int:
 
         print(preset_table())
         return 0
+    if args.command == "export":
+        from .export import export
+
+        print(f"exported: {export(Path(args.checkpoint), Path(args.out))}")
+        return 0
+    if args.command == "parity":
+        from .parity import parity
+
+        return parity(args.recipe, overrides, args.steps, args.backends.split(","), args.tolerance)
     from .recipe import load_recipe
 
-    recipe = load_recipe(args.recipe, overrides)
+    recipe = load_recipe(args.recipe, overrides)  # validated here, before any process is started
+    if args.command == "train" and args.accelerate_config:
+        from .launch import relaunch
+
+        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu)
     if args.command == "plan":
         from .plan import format_plan, plan
 
         name = recipe.model.from_pretrained or recipe.model.preset
         print(format_plan(plan(recipe), str(name)))
         return 0
+    from .parallel import shutdown
     from .train import train
 
     train(recipe)
+    shutdown()
     return 0
 
 

@@ -179,6 +179,21 @@ class DataSection(Section):
     _wrap_train = field_validator("train", mode="before")(_as_list)
 
 
+# ----------------------------------------------------------------------------------------- parallelism
+class ParallelismSection(Section):
+    """How the run is spread over devices. Which backend and how many processes is the launcher's business
+    (accelerate_configs/); the recipe may name the strategy it expects, and a mismatch is an error."""
+
+    strategy: Literal["auto", "single", "ddp", "fsdp", "zero3", "device_map"] = "auto"
+    """auto: whatever the launch set up. single/ddp/fsdp/zero3: must match the launch (checked at start).
+    device_map: one process, layers spread over the visible devices (a naive pipeline)."""
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step over all processes. Gradient accumulation is derived from it, the
+    micro-batch (training.per_device_train_batch_size) and the process count; it must divide evenly."""
+    max_memory: dict[str | int, str] | None = None
+    """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
+
+
 # --------------------------------------------------------------------------------------------- monitor
 class MonitorSection(Section):
     """What hftrain reports beyond the loss."""
@@ -237,6 +252,8 @@ class Recipe(Section):
     """Training and validation text."""
     training: TrainingSection = Field(default_factory=TrainingSection)  # type: ignore[valid-type]
     """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
+    parallelism: ParallelismSection = ParallelismSection()
+    """Data-parallel / sharded / pipelined training (the backend itself comes from the launcher)."""
     monitor: MonitorSection = MonitorSection()
     """Throughput, MFU, cost and end-of-run reporting."""
 

@@ -16,6 +16,7 @@ import torch
 from transformers import TrainingArguments
 
 from . import checkpoint as ckpt
+from . import cpu_compat, parallel
 from .callbacks import MetricsFileCallback, ThroughputClockCallback
 from .data.loader import PackedDataset, collate_blocks, first_documents, plan_data, validation_blocks
 from .errors import HftrainError
@@ -41,13 +42,28 @@ class Run:
     sample: str = ""
     plot_path: Path | None = None
 
+    _loaded: Any = None
+
     @property
     def log_history(self) -> list[dict[str, Any]]:
         return self.trainer.state.log_history
 
+    @property
+    def model(self) -> Any:
+        """The trained model; read back from final_dir when training sharded it over processes."""
+        if not (self.trainer.is_fsdp_enabled or self.trainer.is_deepspeed_enabled):
+            return self.trainer.model
+        if self._loaded is None:
+            from transformers import AutoModelForCausalLM
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()  # else from_pretrained would partition the copy with ZeRO-3 collectives
+            self._loaded = AutoModelForCausalLM.from_pretrained(self.final_dir)
+        return self._loaded
+
     def generate(self, prompt: str, max_new_tokens: int = 48, seed: int = 0) -> str:
         """Sample a continuation of `prompt` from the trained model (top-k 40, temperature 0.8)."""
-        tok, model = self.trainer.processing_class, self.trainer.model
+        tok, model = self.trainer.processing_class, self.model
         inputs = tok(prompt, return_tensors="pt").to(model.device)
         torch.manual_seed(seed)
         was_training = model.training
@@ -62,7 +78,7 @@ class Run:
 
 def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | None]:
     """TrainingArguments from the recipe's training section, plus the resume setting (handled by hftrain)."""
-    kwargs = recipe.training_kwargs()
+    kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), parallel.world_size())
     resume = kwargs.pop("resume_from_checkpoint", None)
     if not kwargs.get("max_steps") or kwargs["max_steps"] <= 0:
         raise HftrainError(
@@ -73,6 +89,7 @@ def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | 
     # hftrain restores the data position itself (replaying batches would re-read the consumed data),
     # and its batches hold only model inputs.
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)
+    kwargs = cpu_compat.training_kwargs(kwargs)
     try:
         return TrainingArguments(**kwargs), resume
     except (ValueError, TypeError) as err:
@@ -95,6 +112,7 @@ def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
 
 
 def train(recipe: Recipe) -> Run:
+    strategy = parallel.resolve_strategy(recipe)
     args, resume_setting = training_arguments(recipe)
     output_dir = Path(args.output_dir)
     is_main = args.process_index == 0
@@ -109,6 +127,8 @@ def train(recipe: Recipe) -> Run:
     data_plan = plan_data(recipe.data, args.seed)
     tokenizer, tokenizer_is_new = load_tokenizer(recipe, output_dir, lambda n: first_documents(data_plan, n))
     model = build_model(recipe, tokenizer, tokenizer_is_new)
+    if strategy == "device_map":
+        model = parallel.spread_over_devices(model, recipe)
     eval_set = validation_blocks(data_plan, tokenizer)
 
     counts = parameter_counts(model)
@@ -128,6 +148,7 @@ def train(recipe: Recipe) -> Run:
         data_plan=data_plan,
         flops_per_token=per_token,
         peak_flops=peak,
+        strategy=strategy,
     )
     trainer.add_callback(ThroughputClockCallback(trainer))
     trainer.set_resume_dir(resume)
@@ -139,7 +160,7 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
     """Save the final model, evaluate it, write the plot and results, and print the summary."""
     final_dir = output_dir / ckpt.FINAL
     staged = output_dir / ckpt.STAGING / ckpt.FINAL
-    trainer.save_model(str(staged))
+    ckpt.save_full_model(trainer, staged)
     run = Run(recipe, output_dir, final_dir, trainer)
     metrics = trainer.evaluate()
     metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
@@ -158,6 +179,7 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
         "tokens_per_s_median": _median(rates),
         "mfu_median": _median(mfus),
         "parameters": counts,
+        **trainer.distribution,
         "data_records_skipped": _skipped(trainer),
     }
     if recipe.monitor.sample_max_new_tokens:

@@ -17,18 +17,27 @@ from typing import Any
 from transformers import Trainer
 
 from . import checkpoint as ckpt
+from . import cpu_compat, parallel
 from .data.loader import DataPlan, PackedDataset, ResumableLoader, check_resumable
 from .recipe_schema import Recipe
 
 
 class HftrainTrainer(Trainer):
-    def __init__(self, *args: Any, recipe: Recipe, data_plan: DataPlan, flops_per_token: float, peak_flops: float, **kwargs: Any):
+    def __init__(
+        self, *args: Any, recipe: Recipe, data_plan: DataPlan, flops_per_token: float, peak_flops: float, strategy: str, **kwargs: Any
+    ):
+        self.strategy = strategy
         super().__init__(*args, **kwargs)
         self.recipe, self.data_plan = recipe, data_plan
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.train_loader: ResumableLoader | None = None
         self._resume_dir: Path | None = None
         self._last_log: tuple[int, float] | None = None
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        cpu_compat.after_accelerator(self)
+        self.distribution = parallel.verify(self, self.strategy)
 
     # ------------------------------------------------------------------------------------ data
     def set_resume_dir(self, checkpoint: Path | None) -> None:
@@ -67,6 +76,9 @@ class HftrainTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             ckpt.write_extras(staged, self.recipe)
+            if not (staged / "config.json").is_file():  # sharded saves: the checkpoint must still explain itself
+                self.accelerator.unwrap_model(self.model).config.save_pretrained(staged)
+                self.processing_class.save_pretrained(staged)
             ckpt.publish(staged, run_dir / name, {"step": self.state.global_step, "world_size": self.args.world_size})
             ckpt.rotate(run_dir, keep)
         self.accelerator.wait_for_everyone()

@@ -95,3 +95,8 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str
     return subprocess.run(
         [sys.executable, "-m", "hftrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
     )
+
+
+# Real local services for the S3 and hub tests (fixtures live in their own modules).
+from .hub_server import local_hub  # noqa: E402,F401
+from .s3_support import s3, s3_server  # noqa: E402,F401

@@ -1,0 +1,42 @@
+"""`hftrain export CKPT --out DIR`: any hftrain checkpoint -> one standard HF model directory.
+
+A checkpoint written by DDP or one process already holds `model.safetensors`; an FSDP checkpoint holds
+sharded weights (consolidated with accelerate's merge_fsdp_weights); a DeepSpeed ZeRO checkpoint holds
+partitioned fp32 state (consolidated with DeepSpeed's zero_to_fp32). Plain transformers loads the result.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .errors import HftrainError
+
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def export(checkpoint: Path, out: Path) -> Path:
+    if not (checkpoint / "config.json").is_file():
+        raise HftrainError(f"{checkpoint}: not an hftrain checkpoint or model directory (no config.json).")
+    if out.exists() and any(out.iterdir()):
+        raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
+    out.mkdir(parents=True, exist_ok=True)
+    fsdp = sorted(checkpoint.glob("pytorch_model_fsdp_*"))
+    deepspeed = (checkpoint / "latest").is_file()
+    if fsdp:
+        from accelerate.utils import merge_fsdp_weights
+
+        merge_fsdp_weights(str(fsdp[0]), str(out), safe_serialization=True)
+    elif deepspeed:
+        from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+        convert_zero_checkpoint_to_fp32_state_dict(str(checkpoint), str(out), safe_serialization=True)
+    elif not list(checkpoint.glob("model*.safetensors")):
+        raise HftrainError(f"{checkpoint}: no weights found (model.safetensors, FSDP shards or a DeepSpeed checkpoint).")
+    for name in MODEL_FILES + TOKENIZER_FILES:
+        if (checkpoint / name).is_file() and not (out / name).exists():
+            shutil.copy2(checkpoint / name, out / name)
+    for shard in checkpoint.glob("model-*.safetensors"):
+        shutil.copy2(shard, out / shard.name)
+    return out

@@ -1,0 +1,52 @@
+"""`hftrain train RECIPE --accelerate-config NAME`: start the processes a backend needs, then train.
+
+On GPUs this is exactly `accelerate launch --config_file CONFIG -m hftrain train RECIPE ...`. Without CUDA
+it is a CPU rehearsal: 2 gloo processes through torchrun, with the CPU-only adjustments of cpu_compat.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from . import cpu_compat
+from .errors import HftrainError
+
+PACKAGED = Path(__file__).parent / "accelerate_configs"
+ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
+BACKENDS = {"MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "zero3"}
+
+
+def find_config(name: str) -> Path:
+    """A path to an accelerate YAML, or the name of one shipped with hftrain (ddp, fsdp, zero3, ...)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = PACKAGED / f"{ALIASES.get(name, name)}.yaml"
+    if packaged.is_file():
+        return packaged
+    shipped = ", ".join(sorted(p.stem for p in PACKAGED.glob("*.yaml")))
+    raise HftrainError(f"--accelerate-config: no file {name!r} and no shipped config of that name; shipped: {shipped}, zero3")
+
+
+def backend_of(config: Path) -> str:
+    data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    kind = str(data.get("distributed_type", "NO")).upper()
+    if kind not in BACKENDS:
+        raise HftrainError(f"{config}: distributed_type {kind} is not a multi-process backend hftrain launches (use one of {', '.join(BACKENDS)}).")
+    return BACKENDS[kind]
+
+
+def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool) -> int:
+    """Run `hftrain train TRAIN_ARGS` under the backend of `config_name`; returns the exit code."""
+    config = find_config(config_name)
+    backend = backend_of(config)
+    if cpu or cpu_compat.on_cpu():
+        return cpu_compat.launch_processes(["train", *train_args], config, backend, nproc or 2)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    if nproc:
+        cmd += ["--num_processes", str(nproc)]
+    return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])

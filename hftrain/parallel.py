@@ -1,0 +1,142 @@
+"""Parallelism: which strategy this process was launched with, whether it matches the recipe, the global
+batch, and a check that the run really is distributed the way it claims.
+
+The backend itself (DDP, FSDP, DeepSpeed ZeRO-3) is chosen by the launcher: ``accelerate launch
+--config_file accelerate_configs/X.yaml`` (or torchrun), or hftrain's own CPU launcher (cpu_compat.py).
+Never report FSDP while running DDP: ``verify`` compares accelerate's real state with the strategy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import HftrainError
+from .recipe_schema import Recipe
+
+LABELS = {"single": "single", "ddp": "DDP", "fsdp": "FSDP", "zero3": "ZeRO-3", "device_map": "device_map"}
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_strategy() -> str:
+    """What the launcher set up for this process: single, ddp, fsdp or zero3."""
+    from . import cpu_compat
+
+    rehearsal = cpu_compat.rehearsal_backend()
+    if rehearsal:
+        return rehearsal
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return "zero3"
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "fsdp"
+    return "ddp" if world_size() > 1 else "single"
+
+
+def resolve_strategy(recipe: Recipe) -> str:
+    """The run's strategy: the launch's, checked against parallelism.strategy."""
+    wanted, launched = recipe.parallelism.strategy, launched_strategy()
+    if wanted == "device_map":
+        if world_size() > 1:
+            raise HftrainError(
+                f"parallelism.strategy: device_map spreads one model over the devices of ONE process, but this run "
+                f"has {world_size()} processes. Run it with plain `hftrain train RECIPE`, or choose ddp/fsdp/zero3 "
+                "for multi-process training (device_map cannot be combined with them)."
+            )
+        return "device_map"
+    if wanted in ("auto", launched):
+        return launched
+    how = {
+        "single": "plain `hftrain train RECIPE`",
+        "ddp": "`accelerate launch --config_file accelerate_configs/ddp.yaml -m hftrain train RECIPE` (or `hftrain train RECIPE --accelerate-config ddp`)",
+        "fsdp": "`accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train RECIPE` (or `hftrain train RECIPE --accelerate-config fsdp`)",
+        "zero3": "`accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml -m hftrain train RECIPE` (or `hftrain train RECIPE --accelerate-config zero3`)",
+    }[wanted]
+    raise HftrainError(
+        f"parallelism.strategy: the recipe asks for {LABELS[wanted]}, but this process was launched as "
+        f"{LABELS[launched]} ({world_size()} process(es)). Launch it with {how}, or set parallelism.strategy=auto."
+    )
+
+
+def batch_kwargs(recipe: Recipe, kwargs: dict[str, Any], processes: int) -> dict[str, Any]:
+    """Derive gradient accumulation from parallelism.global_batch_size; refuse what does not divide."""
+    total = recipe.parallelism.global_batch_size
+    if total is None:
+        return kwargs
+    micro = kwargs.get("per_device_train_batch_size", 8)
+    per_step = micro * processes
+    if total % per_step:
+        raise HftrainError(
+            f"parallelism.global_batch_size: {total} sequences cannot be split into micro-batches of {micro} "
+            f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
+            "Change one of them so that results do not depend on the device count."
+        )
+    accumulation = total // per_step
+    given = kwargs.get("gradient_accumulation_steps")
+    if given not in (None, accumulation) and "gradient_accumulation_steps" in recipe.training.model_fields_set:
+        raise HftrainError(
+            f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
+            f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
+        )
+    kwargs["gradient_accumulation_steps"] = accumulation
+    return kwargs
+
+
+def verify(trainer: Any, strategy: str) -> dict[str, Any]:
+    """Check accelerate's real state against the strategy; returns what the run really is."""
+    from accelerate.utils import DistributedType
+
+    acc = trainer.accelerator
+    real = {"distributed_type": str(acc.distributed_type.value if hasattr(acc.distributed_type, "value") else acc.distributed_type),
+            "world_size": acc.num_processes}
+    expected_types = {
+        "single": {DistributedType.NO},
+        "device_map": {DistributedType.NO},
+        "ddp": {DistributedType.MULTI_GPU, DistributedType.MULTI_CPU, DistributedType.MULTI_XPU, DistributedType.MULTI_NPU},
+        "fsdp": {DistributedType.FSDP},
+        "zero3": {DistributedType.DEEPSPEED},
+    }[strategy]
+    problems = []
+    if acc.distributed_type not in expected_types:
+        problems.append(f"accelerate set up {real['distributed_type']}")
+    if acc.num_processes != world_size():
+        problems.append(f"accelerate sees {acc.num_processes} process(es) of {world_size()} launched")
+    if strategy == "zero3" and acc.state.deepspeed_plugin.zero_stage != 3:
+        problems.append(f"DeepSpeed ZeRO stage is {acc.state.deepspeed_plugin.zero_stage}")
+    if problems:
+        raise HftrainError(
+            f"parallelism: this run was to be {LABELS[strategy]} with {world_size()} process(es), but "
+            f"{'; '.join(problems)}. Check the accelerate config and launcher (see README, Distributed training)."
+        )
+    return real
+
+
+def spread_over_devices(model: Any, recipe: Recipe) -> Any:
+    """device_map strategy: place layers over the visible devices; refuse disk offload (it would not train)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    max_memory = recipe.parallelism.max_memory
+    device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=["GPTNeoXLayer"])
+    offloaded = sorted(name for name, where in device_map.items() if where == "disk")
+    if offloaded:
+        raise HftrainError(
+            f"parallelism.max_memory: the model does not fit the devices' budget, so {len(offloaded)} module(s) "
+            f"({', '.join(offloaded[:3])}...) would be offloaded to disk, and disk-offloaded parameters do not train. "
+            "Raise the budget, add devices, or use fsdp/zero3 with CPU offload."
+        )
+    devices = set(device_map.values())
+    if len(devices) == 1:
+        (only,) = devices
+        return model.to(f"cuda:{only}" if isinstance(only, int) else only)
+    return dispatch_model(model, device_map=device_map)
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly: without it, gloo processes may abort at exit after a good run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
