@@ -130,8 +130,11 @@ def validate_recipe(raw: dict[str, Any], source: str = "<recipe>") -> Recipe:
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = [_describe(e) for e in err.errors()]
-        listing = "\n".join(f"  - {p}" for p in dict.fromkeys(problems))
+        problems: dict[str, str] = {}
+        for e in err.errors():
+            path, text = _describe(e)
+            problems.setdefault(path, text)  # a union reports once per member: keep the first
+        listing = "\n".join(f"  - {p}" for p in problems.values())
         raise HftrainError(f"{source}: {len(problems)} problem(s) in the recipe:\n{listing}") from None
 
 
@@ -142,31 +145,48 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's union-member tags (e.g. 'str-enum[IntervalStrategy]') from an error location."""
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and i and part not in _field_names_at(loc[:i]) and _field_names_at(loc[:i]):
+            return loc[:i]
+        if isinstance(part, str) and i and not _field_names_at(loc[:i]) and _inner_model_at(loc[:i]) is None:
+            return loc[:i]
+    return loc
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     loc = tuple(error["loc"])
+    if error["type"] != "extra_forbidden":
+        loc = _field_path(loc)
     path = _dotted(loc) or "recipe"
     if error["type"] == "extra_forbidden":
         siblings = _field_names_at(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), siblings, n=1, cutoff=0.6)
         hint = f"did you mean {_dotted(loc[:-1] + (close[0],))}?" if close else f"valid keys here: {', '.join(siblings)}"
-        return f"{path}: unknown key; {hint}"
+        return path, f"{path}: unknown key; {hint}"
     message = str(error["msg"])
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     got = error.get("input")
     if error["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
         message += f" (got {redact_value(path, got)!r})"
-    return f"{path}: {message}"
+    return path, f"{path}: {message}"
 
 
-def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the section model found by walking ``loc`` down from Recipe."""
+def _inner_model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The section model found by walking ``loc`` down from Recipe (None past a leaf field)."""
     model: type[BaseModel] | None = Recipe
     for part in loc:
         if isinstance(part, int) or model is None:
             continue
         field = model.model_fields.get(str(part))
         model = _inner_model(field.annotation) if field else None
+    return model
+
+
+def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
+    model = _inner_model_at(loc)
     return sorted(model.model_fields) if model else []
 
 

@@ -1,7 +1,8 @@
-"""YAML reading with the number rules users expect.
+"""YAML reading with the scalar rules users expect (YAML 1.2's, not PyYAML's YAML 1.1).
 
-PyYAML follows YAML 1.1, where ``3e-4`` is a *string* (a float needs a dot). Recipes and command-line
-overrides are full of learning rates written that way, so the loader here reads them as floats.
+PyYAML follows YAML 1.1, where ``3e-4`` is a *string* (a float needs a dot) and ``no``/``yes``/``on``/``off``
+are booleans. Recipes are full of learning rates written ``3e-4`` and of TrainingArguments values such as
+``save_strategy: no``, so the loader reads ``3e-4`` as a float and only ``true``/``false`` as booleans.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ import yaml
 
 
 class RecipeLoader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4``/``5E3``-style scalars as floats."""
+    """SafeLoader with YAML 1.2 floats and booleans."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 RecipeLoader.add_implicit_resolver(

@@ -1,0 +1,182 @@
+"""Distributed training with real processes: 2 gloo processes per backend (DDP, FSDP2, DeepSpeed ZeRO-3).
+
+Every run asserts what accelerate really set up (distributed type, world size), so a silent fallback to DDP
+or to one process fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import hftrain
+from hftrain import checkpoint as ckpt
+from hftrain import parallel
+from hftrain.errors import HftrainError
+from hftrain.recipe import load_recipe
+
+from .conftest import ROOT, make_documents, run_cli, tiny_recipe, write_jsonl
+
+EXPECTED_TYPE = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "zero3": "DEEPSPEED"}
+
+
+@pytest.fixture(scope="module")
+def tiny_yaml(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    data = write_jsonl(root / "train.jsonl", make_documents(600))
+    raw = tiny_recipe(data, root / "unused")
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def metrics(out: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {e["step"]: e["loss"] for e in lines if "loss" in e}
+
+
+def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    result = run_cli("train", str(recipe), "--accelerate-config", backend, "--nproc", "2",
+                     f"training.output_dir={out}", *overrides)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "zero3"])
+def test_backend_trains_resumes_and_exports(tiny_yaml, tmp_path, backend):
+    settings = ("training.max_steps=6", "training.save_steps=3", "training.logging_steps=1")
+    straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+    launch(tiny_yaml, backend, straight_dir, *settings)
+    results = json.loads((straight_dir / "results.json").read_text())
+    assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)
+    for rank in (0, 1):
+        assert (straight_dir / "checkpoint-3" / ckpt.data_state_file(rank)).is_file()
+
+    # resume from the straight run's step-3 checkpoint, as a killed run would have left it
+    resumed_dir.mkdir()
+    for name in ("checkpoint-3", "tokenizer", ckpt.RUN_FILE):
+        (shutil.copytree if (straight_dir / name).is_dir() else shutil.copy)(straight_dir / name, resumed_dir / name)
+    launch(tiny_yaml, backend, resumed_dir, *settings)
+    straight, resumed = metrics(straight_dir), metrics(resumed_dir)
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-5), (backend, step)
+
+    # consolidate the last (possibly sharded) checkpoint into one model plain transformers loads
+    exported = tmp_path / "exported"
+    result = run_cli("export", str(straight_dir / "checkpoint-6"), "--out", str(exported))
+    assert result.returncode == 0, result.stderr[-3000:]
+    script = (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+        "ids = torch.arange(1, 20).unsqueeze(0)\n"
+        f"a = AutoModelForCausalLM.from_pretrained({str(exported)!r}).eval()(ids).logits\n"
+        f"b = AutoModelForCausalLM.from_pretrained({str(straight_dir / 'final')!r}).eval()(ids).logits\n"
+        "assert 'hftrain' not in sys.modules\n"
+        "print(float((a - b).abs().max()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+@pytest.mark.slow
+def test_parity_across_backends(tiny_yaml):
+    result = run_cli("parity", str(tiny_yaml), "--steps", "20", "training.output_dir=" + str(tiny_yaml.parent / "parity"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    header = next(line for line in out.splitlines() if "step" in line and "loss" in line)
+    for label in ("single", "DDP", "FSDP", "ZeRO-3"):
+        assert f"{label} loss" in header
+    assert "NO x1" in out and "MULTI_CPU x2" in out and "FSDP x2" in out and "DEEPSPEED x2" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("parity: max relative loss diff ")
+    loss_diff, norm_diff = (float(x) for x in last.removeprefix("parity: max relative loss diff ").split(", grad-norm diff "))
+    assert loss_diff < 1e-4 and norm_diff < 1e-4
+
+
+@pytest.mark.slow
+def test_global_batch_sets_accumulation_and_a_different_world_size_is_refused(tiny_yaml, tmp_path):
+    out = tmp_path / "gb"
+    launch(tiny_yaml, "ddp", out, "training.max_steps=4", "training.save_steps=4", "parallelism.global_batch_size=16",
+           "training.per_device_train_batch_size=4")  # fmt: skip
+    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
+    assert last["tokens_seen"] == 4 * 16 * 32  # 4 steps x 16 sequences (2 processes x 4 x accumulation 2)
+    raw = yaml.safe_load(tiny_yaml.read_text())
+    raw["training"].update(output_dir=str(out), max_steps=6, per_device_train_batch_size=4)
+    raw["parallelism"] = {"global_batch_size": 16}
+    with pytest.raises(HftrainError) as info:
+        hftrain.train(load_recipe(None, raw))  # one process resuming a 2-process run
+    assert "the data position was saved with 1 dataloader worker(s) x 2 process(es), this run has 1 x 1" in str(info.value)
+
+
+# --------------------------------------------------------------------------- launch checks (no processes)
+def test_strategy_must_match_the_launch(monkeypatch):
+    recipe = load_recipe(None, {"parallelism": {"strategy": "fsdp"}})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(HftrainError) as info:
+        parallel.resolve_strategy(recipe)
+    assert "the recipe asks for FSDP, but this process was launched as DDP (2 process(es))" in str(info.value)
+    assert "accelerate_configs/fsdp.yaml" in str(info.value)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert parallel.resolve_strategy(recipe) == "fsdp"
+
+
+def test_device_map_is_single_process_only(monkeypatch):
+    recipe = load_recipe(None, {"parallelism": {"strategy": "device_map"}})
+    assert parallel.resolve_strategy(recipe) == "device_map"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(HftrainError, match="device_map spreads one model over the devices of ONE process, but this run has 2"):
+        parallel.resolve_strategy(recipe)
+
+
+def test_global_batch_must_divide():
+    recipe = load_recipe(None, {"parallelism": {"global_batch_size": 20}, "training": {"per_device_train_batch_size": 8}})
+    with pytest.raises(HftrainError, match="must be a multiple of 16"):
+        parallel.batch_kwargs(recipe, recipe.training_kwargs(), 2)
+    ok = load_recipe(None, {"parallelism": {"global_batch_size": 64}, "training": {"per_device_train_batch_size": 8}})
+    assert parallel.batch_kwargs(ok, ok.training_kwargs(), 2)["gradient_accumulation_steps"] == 4
+
+
+def test_device_map_trains_and_refuses_disk_offload(tmp_path, corpus):
+    raw = tiny_recipe(corpus, tmp_path / "dm", max_steps=4)
+    raw["parallelism"] = {"strategy": "device_map"}
+    run = hftrain.train(load_recipe(None, raw))
+    assert run.trainer.state.global_step == 4
+    raw["training"]["output_dir"] = str(tmp_path / "dm2")
+    raw["parallelism"]["max_memory"] = {"cpu": "10KB"}
+    with pytest.raises(HftrainError, match="would be offloaded to disk, and disk-offloaded parameters do not train"):
+        hftrain.train(load_recipe(None, raw))
+
+
+def test_shipped_accelerate_configs():
+    from hftrain.launch import backend_of, find_config
+
+    names = sorted(p.name for p in (ROOT / "accelerate_configs").glob("*.yaml"))
+    assert {"ddp.yaml", "fsdp.yaml", "fsdp_offload.yaml", "deepspeed_zero3.yaml", "deepspeed_zero3_offload.yaml"} <= set(names)
+    assert backend_of(find_config("zero3")) == "zero3" and backend_of(find_config("fsdp")) == "fsdp"
+    fsdp = yaml.safe_load((ROOT / "accelerate_configs" / "fsdp.yaml").read_text())["fsdp_config"]
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_transformer_layer_cls_to_wrap"] == "GPTNeoXLayer"
+    for name in ("zero3.json", "zero3_offload.json"):
+        ds = json.loads((ROOT / "accelerate_configs" / "deepspeed" / name).read_text())
+        assert ds["zero_optimization"]["stage"] == 3
+        assert "optimizer" not in ds and "scheduler" not in ds  # the Trainer's own, as on every backend
+    with pytest.raises(HftrainError, match="no shipped config of that name"):
+        find_config("fsdp3")
+
+
+def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
+    from hftrain import cpu_compat
+
+    monkeypatch.delenv(cpu_compat.REHEARSAL_ENV, raising=False)
+    kwargs = {"max_steps": 3}
+    assert cpu_compat.training_kwargs(dict(kwargs)) == kwargs
+    monkeypatch.setenv(cpu_compat.REHEARSAL_ENV, "fsdp")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # on a GPU machine nothing changes
+    assert cpu_compat.rehearsal_backend() is None
+    assert cpu_compat.training_kwargs(dict(kwargs)) == kwargs
