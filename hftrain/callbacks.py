@@ -1,8 +1,10 @@
-"""Trainer callbacks: the JSONL metrics file, and the throughput clock's start."""
+"""Trainer callbacks: the JSONL metrics file, the throughput clock's start, and preemption signals."""
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,3 +34,48 @@ class ThroughputClockCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.trainer.start_clock()
+
+
+class PreemptionCallback(TrainerCallback):
+    """SIGTERM / SIGUSR1 (SLURM, spot instances): save a checkpoint at the next step boundary, then stop.
+
+    With several processes the flag is agreed on by all of them at every step (one tiny all-reduce), so every
+    rank saves and stops at the same step even if only one was signalled.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.step: int | None = None
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+
+    def _agreed(self, args: Any) -> bool:
+        import torch.distributed as dist
+
+        flag = self.received is not None
+        if args.world_size > 1 and dist.is_available() and dist.is_initialized():
+            import torch
+
+            tensor = torch.tensor([1.0 if flag else 0.0], device=args.device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            if tensor.item() and not flag:
+                self.received = "a signal to another rank"
+            return bool(tensor.item())
+        return flag
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._agreed(args):
+            self.step = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+    def restore(self) -> None:
+        for sig in self.SIGNALS:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(sig, signal.SIG_DFL)

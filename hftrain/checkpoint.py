@@ -77,6 +77,10 @@ def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.replace(staged, final)
+    try:
+        staged.parent.rmdir()  # only if no other save is in progress
+    except OSError:
+        pass
 
 
 def write_extras(directory: Path, recipe: Recipe) -> None:

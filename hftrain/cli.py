@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .errors import HftrainError
+from .errors import HftrainError, Preempted
 from .recipe_schema import Recipe
 
 SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "monitor"]
@@ -95,11 +95,20 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
     plan = sub.add_parser("plan", help="print the model's size, FLOPs and memory; trains nothing")
     plan.add_argument("recipe")
+    plan.add_argument("--gpus", type=int, help="also give per-GPU memory of each strategy on this many GPUs, and advice")
+    plan.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory of one GPU for --gpus (default 80)")
     par = sub.add_parser("parity", help="run a recipe on single / DDP / FSDP / ZeRO-3 (2 processes) and compare per step")
     par.add_argument("recipe")
     par.add_argument("--steps", type=int, default=20, help="optimizer steps per backend (default 20)")
     par.add_argument("--backends", default="single,DDP,FSDP,ZeRO-3", help="comma-separated subset of single,DDP,FSDP,ZeRO-3")
     par.add_argument("--tolerance", type=float, default=1e-4, help="exit 1 when a relative difference exceeds this")
+    ls = sub.add_parser("launch-script", help="write a multi-node launch script (torchrun rendezvous or SLURM)")
+    ls.add_argument("recipe")
+    ls.add_argument("--kind", choices=["torchrun", "slurm"], default="slurm")
+    ls.add_argument("--nodes", type=int, default=2)
+    ls.add_argument("--gpus-per-node", type=int, default=8)
+    ls.add_argument("--accelerate-config", default="accelerate_configs/fsdp.yaml")
+    ls.add_argument("--out", help="write the script here (default: print it)")
     ex = sub.add_parser("export", help="consolidate a checkpoint (DDP, FSDP or ZeRO-3) into one standard HF model directory")
     ex.add_argument("checkpoint")
     ex.add_argument("--out", required=True)
@@ -126,6 +135,17 @@ def run(argv: list[str]) -> int:
 
         print(preset_table())
         return 0
+    if args.command == "launch-script":
+        from .multinode import render
+
+        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides)
+        if args.out:
+            Path(args.out).write_text(script, encoding="utf-8")
+            Path(args.out).chmod(0o755)
+            print(f"wrote {args.out}")
+        else:
+            print(script)
+        return 0
     if args.command == "export":
         from .export import export
 
@@ -143,10 +163,13 @@ def run(argv: list[str]) -> int:
 
         return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu)
     if args.command == "plan":
-        from .plan import format_plan, plan
+        from .plan import format_plan, format_strategies, plan
 
         name = recipe.model.from_pretrained or recipe.model.preset
-        print(format_plan(plan(recipe), str(name)))
+        info = plan(recipe)
+        print(format_plan(info, str(name)))
+        if args.gpus:
+            print(format_strategies(info, args.gpus, args.gpu_mem_gb))
         return 0
     from .parallel import shutdown
     from .train import train
@@ -159,6 +182,9 @@ def run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         return run(sys.argv[1:] if argv is None else argv)
+    except Preempted as err:
+        print(f"hftrain: {err}", file=sys.stderr)
+        return err.exit_code
     except HftrainError as err:
         print(f"hftrain: error: {err}", file=sys.stderr)
         return 2

@@ -8,3 +8,9 @@ escapes is a bug in hftrain and keeps its traceback.
 
 class HftrainError(Exception):
     """A user-fixable problem; ``str(err)`` is the complete message."""
+
+
+class Preempted(HftrainError):
+    """Training stopped on a preemption signal after saving a checkpoint; running again continues it."""
+
+    exit_code = 75  # EX_TEMPFAIL, what the SLURM template requeues on

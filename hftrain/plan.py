@@ -105,3 +105,43 @@ def format_plan(info: dict[str, Any], name: str) -> str:
         tokens = info["max_steps"] * info["tokens_per_step_per_device"]
         lines.append(f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs")
     return "\n".join(lines)
+
+
+TRAIN_BYTES_PER_PARAM = 16  # fp32 (or autocast) weights 4 + gradients 4 + AdamW moments 8
+HEADROOM = 1.25  # activations, buffers and fragmentation, as a rough factor
+
+
+def strategy_memory(info: dict[str, Any], gpus: int, gpu_mem_gb: float) -> tuple[list[tuple[str, float, str]], str]:
+    """Per-GPU training memory (GB) for each strategy on `gpus` devices, and a recommendation with its reason."""
+    n = info["parameters"]["total"]
+    full = n * TRAIN_BYTES_PER_PARAM / 1e9
+    rows = [
+        ("DDP", full, "every GPU holds everything"),
+        ("FSDP (full shard)", full / gpus, "weights, gradients and optimizer sharded"),
+        ("ZeRO-3", full / gpus, "partitioned like FSDP"),
+        ("ZeRO-3 + CPU offload", 2 * n / 1e9 / gpus, f"GPU keeps bf16 working weights; {full:,.0f} GB in host RAM"),
+        ("device_map (pipeline)", full / gpus, "layers split, one GPU busy at a time"),
+    ]
+    budget = gpu_mem_gb / HEADROOM
+    if full <= budget:
+        advice = f"DDP: the whole training state ({full:,.1f} GB) fits one {gpu_mem_gb:g} GB GPU; plain data parallel is simplest and fastest."
+    elif full / gpus <= budget:
+        advice = (f"FSDP (or ZeRO-3): {full:,.0f} GB of training state does not fit one GPU, but sharded over {gpus} GPUs it is "
+                  f"{full / gpus:,.1f} GB each, within {gpu_mem_gb:g} GB.")
+    elif 2 * n / 1e9 / gpus <= budget:
+        advice = (f"ZeRO-3 with CPU offload: even sharded the state needs {full / gpus:,.1f} GB per GPU; offloading it to host RAM "
+                  f"({full:,.0f} GB in total) fits, at a speed cost. More GPUs, or LoRA/QLoRA fine-tuning, avoid that.")
+    else:
+        needed = int(-(-full * HEADROOM // gpu_mem_gb))
+        advice = f"does not fit: full training needs about {needed} x {gpu_mem_gb:g} GB GPUs sharded (FSDP/ZeRO-3); or fine-tune with LoRA/QLoRA."
+    return rows, advice
+
+
+def format_strategies(info: dict[str, Any], gpus: int, gpu_mem_gb: float) -> str:
+    rows, advice = strategy_memory(info, gpus, gpu_mem_gb)
+    lines = [f"per-GPU training memory on {gpus} x {gpu_mem_gb:g} GB (AdamW, 16 bytes/parameter, activations not included):"]
+    for name, gb, note in rows:
+        fits = "fits" if gb * HEADROOM <= gpu_mem_gb else "too big"
+        lines.append(f"  {name:<22} {gb:>9,.1f} GB  {fits:<8} {note}")
+    lines.append(f"recommendation: {advice}")
+    return "\n".join(lines)

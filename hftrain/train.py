@@ -17,9 +17,9 @@ from transformers import TrainingArguments
 
 from . import checkpoint as ckpt
 from . import cpu_compat, parallel
-from .callbacks import MetricsFileCallback, ThroughputClockCallback
+from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from .data.loader import PackedDataset, collate_blocks, first_documents, plan_data, validation_blocks
-from .errors import HftrainError
+from .errors import HftrainError, Preempted
 from .model import build_model, parameter_counts
 from .plan import flops_per_token, measure_peak_flops
 from .plot import PLOT_FILE, plot_curves
@@ -151,8 +151,18 @@ def train(recipe: Recipe) -> Run:
         strategy=strategy,
     )
     trainer.add_callback(ThroughputClockCallback(trainer))
+    preemption = PreemptionCallback()
+    trainer.add_callback(preemption)
     trainer.set_resume_dir(resume)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        preemption.restore()
+    if preemption.step is not None:
+        raise Preempted(
+            f"stopped by {preemption.received} after step {preemption.step}; saved {output_dir / f'checkpoint-{preemption.step}'}. "
+            "Run the same command again to continue from there."
+        )
     return finish(trainer, recipe, output_dir, counts)
 
 

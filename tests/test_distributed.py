@@ -180,3 +180,29 @@ def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # on a GPU machine nothing changes
     assert cpu_compat.rehearsal_backend() is None
     assert cpu_compat.training_kwargs(dict(kwargs)) == kwargs
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "slurm"])
+def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
+    out = tmp_path / f"{kind}.sh"
+    result = run_cli("launch-script", "recipes/pretrain/pythia-1b.yaml", "--kind", kind, "--nodes", "2",
+                     "--gpus-per-node", "8", "--out", str(out), "training.max_steps=100")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    script = out.read_text()
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
+    assert "--num_machines 2 --num_processes 16" in script and "--rdzv_backend c10d" in script
+    assert "accelerate_configs/fsdp.yaml" in script and "recipes/pretrain/pythia-1b.yaml training.max_steps=100" in script
+    if kind == "slurm":
+        assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
+        assert "--machine_rank $SLURM_NODEID" in script and '"$status" -eq 75' in script and "scontrol requeue" in script
+    else:
+        assert "--machine_rank $NODE_RANK" in script and "NODE_RANK:?" in script
+
+
+def test_plan_recommends_a_strategy():
+    big = run_cli("plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40")
+    assert big.returncode == 0, big.stderr
+    assert "DDP" in big.stdout and "too big" in big.stdout
+    assert "recommendation: FSDP (or ZeRO-3): 329 GB of training state does not fit one GPU, but sharded over 16 GPUs it is 20.6 GB each" in big.stdout
+    small = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "--gpus", "8")
+    assert "recommendation: DDP" in small.stdout
