@@ -145,6 +145,9 @@ class Source(Section):
     """File format; auto decides by extension (.gz/.zst compression is always detected)."""
     weight: float = Field(default=1.0, gt=0)
     """Relative share of this source in a mixture."""
+    storage_options: dict[str, Any] = {}
+    """fsspec options for this source's URL, e.g. {endpoint_url: http://host:9000} for an S3-compatible store.
+    By default s3:// credentials and endpoint come from the standard AWS environment and config."""
 
     @model_validator(mode="after")
     def _exactly_one_origin(self) -> Source:

@@ -41,7 +41,7 @@ class Record:
 
 
 class BadRecords:
-    """Malformed records: raise with file and line (fail), or count them (skip)."""
+    """Malformed records and unreadable shards: raise naming the file and line (fail), or count them (skip)."""
 
     def __init__(self, mode: str):
         self.mode = mode
@@ -51,6 +51,38 @@ class BadRecords:
         if self.mode == "fail":
             raise HftrainError(f"{where}: {problem}. {fix}, or set data.on_bad_record=skip to skip and count such records.")
         self.skipped += 1
+
+
+def shard_problem(err: BaseException) -> str | None:
+    """Sort a read error: 'missing', 'changed' or 'corrupt' shard (final), 'transient' (retry), or None (not ours)."""
+    import gzip
+    import zlib
+
+    if isinstance(err, HftrainError):
+        return None
+    if isinstance(err, FileNotFoundError):
+        return "missing"
+    if type(err).__name__ == "FileExpired":  # s3fs: the object's ETag changed since it was listed
+        return "changed"
+    corrupt: tuple[type[BaseException], ...] = (gzip.BadGzipFile, EOFError, zlib.error)
+    try:
+        import pyarrow
+        import zstandard
+
+        corrupt += (zstandard.ZstdError, pyarrow.ArrowInvalid)
+    except ImportError:
+        pass
+    if isinstance(err, corrupt):
+        return "corrupt"
+    transient: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
+    try:
+        import aiohttp
+        import botocore.exceptions
+
+        transient += (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, aiohttp.ClientError)
+    except ImportError:
+        pass
+    return "transient" if isinstance(err, transient) else None
 
 
 def _split_compression(path: str) -> tuple[str, str | None]:
@@ -85,7 +117,7 @@ def list_shards(source: Source, where: str) -> list[str]:
     path = source.path
     assert path is not None
     try:
-        fs, _, _ = fsspec.get_fs_token_paths(path)
+        fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=source.storage_options or None)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         if fs.isdir(path):
             found = [p for p in fs.find(path) if _readable(p, source.format)]
@@ -93,8 +125,8 @@ def list_shards(source: Source, where: str) -> list[str]:
             found = [p for p in fs.glob(path) if not fs.isdir(p)]
         else:
             found = [path] if fs.exists(path) else []
-    except (OSError, ValueError, ImportError) as err:
-        raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path and its credentials.") from None
+    except (OSError, ValueError, ImportError, TypeError) as err:
+        raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path, the endpoint and the credentials.") from None
     if not found:
         raise HftrainError(f"{where}.path: no file matches {path!r}. Check the path (relative paths start at the current directory).")
     return sorted(p if "://" in p or not protocol else protocol + p for p in found)
@@ -110,27 +142,25 @@ def read_shard(source: Source, shard: str, pos: tuple[int, int], bad: BadRecords
         yield from _read_dataset(source, pos[1])
         return
     fmt = file_format(shard, source.format)
+    options = source.storage_options
     if fmt == "parquet":
-        yield from _read_parquet(shard, source.text_field, pos[1], bad)
+        yield from _read_parquet(_open(shard, options), shard, source.text_field, pos[1], bad)
     elif fmt == "jsonl":
-        yield from _read_jsonl(shard, source.text_field, pos, bad)
+        yield from _read_jsonl(_open(shard, options), shard, source.text_field, pos, bad)
     elif pos[1] == 0:
-        with _open(shard) as f:
+        with _open(shard, options) as f:
             yield Record(f.read().decode("utf-8", errors="replace"), (1, 1))
 
 
-def _open(shard: str) -> Any:
-    try:
-        return fsspec.open(shard, mode="rb", compression="infer").open()
-    except FileNotFoundError:
-        raise HftrainError(f"{shard}: file not found (it was listed when the run started; was it removed?)") from None
+def _open(shard: str, options: dict[str, Any]) -> Any:
+    return fsspec.open(shard, mode="rb", compression="infer", **options).open()
 
 
-def _read_jsonl(shard: str, field: str, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
+def _read_jsonl(f: Any, shard: str, field: str, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
     """Plain files seek to the byte offset; compressed ones decompress and skip the lines already read."""
     _, codec = _split_compression(shard)
     offset, lineno = pos
-    with _open(shard) as f:
+    with f:
         if codec is None:
             f.seek(offset)
             lines = iter(f)
@@ -168,11 +198,11 @@ def _lines(f: Any) -> Iterator[bytes]:
         yield rest
 
 
-def _read_parquet(shard: str, field: str, offset: int, bad: BadRecords) -> Iterator[Record]:
+def _read_parquet(f: Any, shard: str, field: str, offset: int, bad: BadRecords) -> Iterator[Record]:
     """Offset: the row index of the next row; row groups before it are not read."""
     import pyarrow.parquet as pq
 
-    with _open(shard) as f:
+    with f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
             bad(shard, f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})", "Set text_field on this source to the right column")

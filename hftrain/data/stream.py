@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import random
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal
 
@@ -24,10 +26,11 @@ import numpy as np
 
 from ..errors import HftrainError
 from ..recipe_schema import Source
-from .sources import BadRecords, list_shards, read_shard
+from .sources import BadRecords, list_shards, read_shard, shard_problem
 
 Split = Literal["train", "holdout", "all"]
 _TOKENIZE_BATCH = 32
+READ_RETRIES = 6  # transient read errors per shard position before giving up (backoff 0.5 s .. 30 s)
 
 
 def _mix(*values: int) -> int:
@@ -122,11 +125,7 @@ class DocumentStream:
             mine, by_example = self._my_shards(s, cur["epoch"])
             while cur["shard"] < len(mine):
                 shard = mine[cur["shard"]]
-                for rec in read_shard(plan.source, plan.shards[shard], tuple(cur["pos"]), self.bad):
-                    cur["pos"] = list(rec.pos)
-                    if rec.text and self._keep(s, shard, rec.index, by_example):
-                        cur["docs"] += 1
-                        yield rec.text
+                yield from self._shard_docs(s, shard, cur, by_example)
                 cur["shard"] += 1
                 cur["pos"] = [0, 0]
             if cur["docs"] == 0:
@@ -135,6 +134,40 @@ class DocumentStream:
             if not self.loop:
                 return
             cur.update(epoch=cur["epoch"] + 1, shard=0, pos=[0, 0], docs=0)
+
+
+    def _shard_docs(self, s: int, shard: int, cur: dict[str, Any], by_example: bool) -> Iterator[str]:
+        """One shard's kept documents from cur["pos"]. A transient read error (reset connection, 5xx,
+        throttling) reopens the shard at the last position with backoff: nothing is lost or read twice."""
+        plan, failures = self.plans[s], 0
+        name = plan.shards[shard]
+        while True:
+            try:
+                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad):
+                    cur["pos"] = list(rec.pos)
+                    failures = 0
+                    if rec.text and self._keep(s, shard, rec.index, by_example):
+                        cur["docs"] += 1
+                        yield rec.text
+                return
+            except Exception as err:  # sorted below; anything unknown is re-raised untouched
+                kind = shard_problem(err)
+                if kind is None:
+                    raise
+                failures += 1
+                if kind == "transient" and failures <= READ_RETRIES:
+                    delay = min(30.0, 0.5 * 2 ** (failures - 1))
+                    print(f"hftrain: reading {name} failed ({type(err).__name__}: {err}); retry {failures} of {READ_RETRIES} in {delay:g}s", file=sys.stderr)
+                    time.sleep(delay)
+                    continue
+                what = {
+                    "missing": "is missing",
+                    "changed": "changed since the run listed it (a resumed run must read the same data)",
+                    "corrupt": "is corrupt",
+                    "transient": f"could not be read after {READ_RETRIES} retries",
+                }[kind]
+                self.bad(name, f"{what} ({type(err).__name__}: {err})", "Restore or remove that shard")
+                return
 
 
 class BlockStream:
