@@ -102,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     par.add_argument("--steps", type=int, default=20, help="optimizer steps per backend (default 20)")
     par.add_argument("--backends", default="single,DDP,FSDP,ZeRO-3", help="comma-separated subset of single,DDP,FSDP,ZeRO-3")
     par.add_argument("--tolerance", type=float, default=1e-4, help="exit 1 when a relative difference exceeds this")
+    data = sub.add_parser("data", help="prepare pre-tokenized shards, or inspect a recipe's data").add_subparsers(dest="data_command", required=True)
+    prep = data.add_parser("prepare", help="tokenize and pack the training data once into shards + manifest")
+    prep.add_argument("recipe")
+    prep.add_argument("--out", required=True, help="directory or URL (s3://...) for the shards")
+    prep.add_argument("--shard-size-mb", type=float, default=1024.0, help="shard size (default 1024 MB)")
+    insp = data.add_parser("inspect", help="sources, shard counts, first blocks decoded, token estimate")
+    insp.add_argument("recipe")
+    insp.add_argument("--blocks", type=int, default=2, help="how many blocks to decode (default 2)")
     ls = sub.add_parser("launch-script", help="write a multi-node launch script (torchrun rendezvous or SLURM)")
     ls.add_argument("recipe")
     ls.add_argument("--kind", choices=["torchrun", "slurm"], default="slurm")
@@ -115,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("explain", help="document every recipe key (or one section's)")
     exp.add_argument("section", nargs="?", choices=SECTIONS)
     sub.add_parser("presets", help="list the named model shapes")
+    from .evaluate import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 
@@ -125,6 +136,10 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(argv: list[str]) -> int:
+    if argv[:1] == ["eval"]:  # no recipe overrides: a `key=value` word (e.g. s3://b/year=2024/x.jsonl) is a value
+        from .evaluate import run as run_eval
+
+        return run_eval(_parser().parse_args(argv))
     words, overrides = split_overrides(argv)
     args = _parser().parse_args(words)
     if args.command == "explain":
@@ -162,6 +177,14 @@ def run(argv: list[str]) -> int:
         from .launch import relaunch
 
         return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu)
+    if args.command == "data":
+        from .data.commands import inspect, prepare
+
+        if args.data_command == "prepare":
+            prepare(recipe, args.out, args.shard_size_mb)
+        else:
+            print(inspect(recipe, args.blocks))
+        return 0
     if args.command == "plan":
         from .plan import format_plan, format_strategies, plan
 

@@ -139,6 +139,8 @@ class Source(Section):
     """The split of `dataset` to read."""
     builtin: Literal["python-docs"] | None = None
     """Text that ships with every Python: python-docs is the docstrings of the standard library (PSF license)."""
+    pretokenized: str | None = None
+    """A directory or URL written by `hftrain data prepare`: packed token blocks, read without tokenizing."""
     text_field: str = "text"
     """The column/key holding the text (jsonl, parquet, datasets). Plain .txt files are one document each."""
     format: Literal["auto", "txt", "jsonl", "parquet"] = "auto"
@@ -151,9 +153,9 @@ class Source(Section):
 
     @model_validator(mode="after")
     def _exactly_one_origin(self) -> Source:
-        given = [k for k in ("path", "dataset", "builtin") if getattr(self, k) is not None]
+        given = [k for k in ("path", "dataset", "builtin", "pretokenized") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of path, dataset or builtin (got {', '.join(given) or 'none'})")
+            raise ValueError(f"give exactly one of path, dataset, builtin or pretokenized (got {', '.join(given) or 'none'})")
         return self
 
 
@@ -180,6 +182,12 @@ class DataSection(Section):
     """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
 
     _wrap_train = field_validator("train", mode="before")(_as_list)
+
+    @model_validator(mode="after")
+    def _pretokenized_alone(self) -> DataSection:
+        if len(self.train) > 1 and any(s.pretokenized for s in self.train):
+            raise ValueError("train: a pretokenized source cannot be mixed with others; prepare the mixture as one")
+        return self
 
 
 # ----------------------------------------------------------------------------------------- parallelism

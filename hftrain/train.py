@@ -18,6 +18,7 @@ from transformers import TrainingArguments
 from . import checkpoint as ckpt
 from . import cpu_compat, parallel
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
+from .data.pretokenized import check_compatible
 from .data.loader import PackedDataset, collate_blocks, first_documents, plan_data, validation_blocks
 from .errors import HftrainError, Preempted
 from .model import build_model, parameter_counts
@@ -126,6 +127,8 @@ def train(recipe: Recipe) -> Run:
 
     data_plan = plan_data(recipe.data, args.seed)
     tokenizer, tokenizer_is_new = load_tokenizer(recipe, output_dir, lambda n: first_documents(data_plan, n))
+    if data_plan.pretokenized is not None:
+        check_compatible(data_plan.manifest, data_plan.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new)
     if strategy == "device_map":
         model = parallel.spread_over_devices(model, recipe)

@@ -216,3 +216,22 @@ def test_hugging_face_dataset_source_streams(tmp_path):
     assert head == docs[:10]
     resumed = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
     assert list(resumed.documents(json.loads(json.dumps(state)))) == docs[10:]  # skips the 10 consumed records
+
+
+def test_weighted_mixture_is_deterministic_and_follows_the_weights(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [f"alpha {i}" for i in range(300)])
+    b = write_jsonl(tmp_path / "b.jsonl", [f"beta {i}" for i in range(300)])
+    section = load_recipe(None, {"data": {"train": [{"path": str(a), "weight": 3}, {"path": str(b), "weight": 1}]}}).data
+
+    def draw(seed, n=2000):
+        plan = plan_data(section, seed)
+        stream = DocumentStream(plan.train, seed=seed)
+        it = stream.documents(stream.fresh_state())
+        return [next(it) for _ in range(n)]
+
+    first, again, other = draw(5), draw(5), draw(6)
+    assert first == again and first != other
+    share = sum(d.startswith("alpha") for d in first) / len(first)
+    assert 0.72 < share < 0.78  # 3:1
+    alphas = [d for d in first if d.startswith("alpha")][:300]
+    assert sorted(alphas) == sorted(f"alpha {i}" for i in range(300))  # each source: no document repeated within its epoch

@@ -113,7 +113,7 @@ def test_tokenizer_kinds_are_exclusive():
 
 
 def test_source_needs_exactly_one_origin():
-    assert "give exactly one of path, dataset or builtin (got none)" in error_of(None, {"data": {"train": {"weight": 2}}})
+    assert "give exactly one of path, dataset, builtin or pretokenized (got none)" in error_of(None, {"data": {"train": {"weight": 2}}})
 
 
 def test_saved_recipe_has_no_secrets():

@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import HftrainError
-from ..recipe_schema import DataSection
+from ..recipe_schema import DataSection, Source
+from .pretokenized import PretokenizedStream, read_manifest, validation_from
 from .sources import BadRecords
 from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
 
@@ -32,13 +33,31 @@ class DataPlan:
     train: list[SourcePlan]
     validation: list[SourcePlan] | None
     seed: int
+    manifest: dict[str, Any] | None = None  # when training from `hftrain data prepare` shards
+
+    @property
+    def pretokenized(self) -> Source | None:
+        return self.section.train[0] if self.manifest is not None else None
 
 
 def plan_data(section: DataSection, seed: int) -> DataPlan:
     """List every source's shards once (and fail early, naming the source, if one is empty or missing)."""
-    train = plan_sources(section.train, "data.train")
     validation = plan_sources([section.validation], "data.validation") if section.validation else None
-    return DataPlan(section, train, validation, seed)
+    first = section.train[0]
+    if first.pretokenized:
+        manifest = read_manifest(first.pretokenized, first.storage_options, "data.train[0]")
+        return DataPlan(section, [], validation, seed, manifest)
+    return DataPlan(section, plan_sources(section.train, "data.train"), validation, seed)
+
+
+def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker) -> BlockStream:
+    """The block stream of one logical worker: prepared shards, or documents tokenized on the fly."""
+    section = plan.section
+    source = plan.pretokenized
+    if source is not None:
+        assert plan.manifest is not None and source.pretokenized is not None
+        return PretokenizedStream(source.pretokenized, plan.manifest, source.storage_options, plan.seed, worker, section.shuffle_window)
+    return BlockStream(train_documents(plan, worker), tokenizer, section.seq_len, section.shuffle_window)
 
 
 def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True) -> DocumentStream:
@@ -57,6 +76,11 @@ def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True
 
 def first_documents(plan: DataPlan, n: int) -> Iterator[str]:
     """The first n training documents in a fixed order (for learning a tokenizer)."""
+    if plan.pretokenized is not None:
+        raise HftrainError(
+            "tokenizer.train: the training data is pre-tokenized, so there is no text to learn from; use the tokenizer "
+            f"the shards were made with: tokenizer.path: {plan.pretokenized.pretokenized}/tokenizer (copied locally if remote)."
+        )
     stream = train_documents(plan, loop=False)
     stream.shuffle = False
     for i, text in enumerate(stream.documents(stream.fresh_state())):
@@ -77,9 +101,7 @@ class PackedDataset(IterableDataset):
         workers = info.num_workers if info else 1
         local = ((info.id if info else 0) + self.resume.get("rotation", 0)) % workers
         worker = Worker(index=self.rank * workers + local, count=self.world_size * workers)
-        stream = BlockStream(
-            train_documents(self.plan, worker), self.tokenizer, self.plan.section.seq_len, self.plan.section.shuffle_window
-        )
+        stream = train_blocks(self.plan, self.tokenizer, worker)
         state = self.resume.get("workers", {}).get(str(worker.index)) or stream.fresh_state()
         for block, position in stream.blocks(state):
             ids = torch.from_numpy(block.astype("int64"))
@@ -147,6 +169,11 @@ def check_resumable(saved: dict[str, Any], num_workers: int, world_size: int, wh
 def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
     """The fixed validation set: the first eval_blocks blocks of the validation source or the held-out documents."""
     section = plan.section
+    source = plan.pretokenized
+    if source is not None and plan.validation is None:
+        assert plan.manifest is not None and source.pretokenized is not None
+        blocks = validation_from(source.pretokenized, plan.manifest, source.storage_options, section.eval_blocks)
+        return [{"input_ids": torch.from_numpy(b), "labels": torch.from_numpy(b).clone()} for b in blocks]
     docs = DocumentStream(
         plans=plan.validation or plan.train,
         seed=plan.seed,

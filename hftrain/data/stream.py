@@ -177,6 +177,7 @@ class BlockStream:
         if tokenizer.eos_token_id is None:
             raise HftrainError("tokenizer: it has no eos_token; documents are joined with EOS, so it needs one.")
         self.docs, self.tokenizer, self.seq_len, self.window = docs, tokenizer, seq_len, window
+        self.seed, self.worker, self.shuffle = docs.seed, docs.worker, docs.shuffle
         self.eos = int(tokenizer.eos_token_id)
         self.dtype = np.int32 if len(tokenizer) < 2**31 else np.int64
 
@@ -192,8 +193,8 @@ class BlockStream:
             if not blocks:
                 return
             order = np.arange(len(blocks))
-            if self.window > 1 and self.docs.shuffle:
-                order = np.random.default_rng(_mix(self.docs.seed, self.docs.worker.index, state["window"])).permutation(len(blocks))
+            if self.window > 1 and self.shuffle:
+                order = np.random.default_rng(_mix(self.seed, self.worker.index, state["window"])).permutation(len(blocks))
             for k in range(state["emitted"], len(blocks)):
                 pos = {"start": start, "window": state["window"], "emitted": k + 1}
                 if k + 1 == len(blocks):
