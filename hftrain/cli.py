@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from .errors import HftrainError, Preempted
 from .recipe_schema import Recipe
 
-SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "monitor"]
+SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "faults", "monitor"]
 
 
 def _type_name(annotation: Any) -> str:
@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them")
     train.add_argument("--nproc", type=int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
     train.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
+    train.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                       help="after a crash, start again (resuming from the last complete checkpoint) up to N times")
     plan = sub.add_parser("plan", help="print the model's size, FLOPs and memory; trains nothing")
     plan.add_argument("recipe")
     plan.add_argument("--gpus", type=int, help="also give per-GPU memory of each strategy on this many GPUs, and advice")
@@ -127,6 +129,19 @@ def _parser() -> argparse.ArgumentParser:
 
     add_eval_parser(sub)
     return parser
+
+
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """argv minus `option VALUE` / `option=VALUE`."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == option:
+            skip = True
+        elif not word.startswith(option + "="):
+            out.append(word)
+    return out
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -173,6 +188,10 @@ def run(argv: list[str]) -> int:
     from .recipe import load_recipe
 
     recipe = load_recipe(args.recipe, overrides)  # validated here, before any process is started
+    if args.command == "train" and args.max_restarts > 0:
+        from .launch import supervise
+
+        return supervise(_without_option(argv, "--max-restarts"), args.max_restarts)
     if args.command == "train" and args.accelerate_config:
         from .launch import relaunch
 

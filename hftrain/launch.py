@@ -50,3 +50,24 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     if nproc:
         cmd += ["--num_processes", str(nproc)]
     return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])
+
+
+FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data", 75: "preempted", 130: "interrupted"}
+
+
+def supervise(hftrain_args: list[str], max_restarts: int) -> int:
+    """Run `hftrain HFTRAIN_ARGS` in a child process; after a crash, run it again (it resumes) up to N times."""
+    import signal
+
+    restarts = 0
+    while True:
+        code = subprocess.call([sys.executable, "-m", "hftrain", *hftrain_args])
+        if code in FINAL_EXIT_CODES:
+            return code
+        what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        if restarts >= max_restarts:
+            print(f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).", file=sys.stderr, flush=True)
+            return code if code > 0 else 1
+        restarts += 1
+        print(f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
+              file=sys.stderr, flush=True)  # fmt: skip

@@ -93,6 +93,8 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
             f"model: {', '.join(m.architecture_overrides())} cannot change the shape of a from_pretrained model; "
             "remove them, or build from a preset instead."
         )
+    if m.trust_remote_code:
+        print(f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {m.from_pretrained} will run.", flush=True)
     try:
         return AutoModelForCausalLM.from_pretrained(
             m.from_pretrained,

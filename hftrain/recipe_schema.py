@@ -205,6 +205,16 @@ class ParallelismSection(Section):
     """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
 
 
+# -------------------------------------------------------------------------------------------------- faults
+class FaultsSection(Section):
+    """What a run does when something goes wrong in the middle of it."""
+
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN/Inf loss or gradient norm: stop at once (the last good checkpoint is kept) or skip that optimizer step."""
+    max_skipped_steps: int = Field(default=10, ge=0)
+    """With skip: stop anyway once this many steps have been skipped in one run (something is wrong for good)."""
+
+
 # --------------------------------------------------------------------------------------------- monitor
 class MonitorSection(Section):
     """What hftrain reports beyond the loss."""
@@ -265,6 +275,8 @@ class Recipe(Section):
     """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
     parallelism: ParallelismSection = ParallelismSection()
     """Data-parallel / sharded / pipelined training (the backend itself comes from the launcher)."""
+    faults: FaultsSection = FaultsSection()
+    """Non-finite losses and gradients."""
     monitor: MonitorSection = MonitorSection()
     """Throughput, MFU, cost and end-of-run reporting."""
 

@@ -69,6 +69,8 @@ def load_tokenizer(
         tok.save_pretrained(saved)
         return tok, True
     if section.path is not None:
+        if section.trust_remote_code:
+            print(f"hftrain: warning: tokenizer.trust_remote_code is on: Python code shipped with {section.path} will run.", flush=True)
         try:
             tok = AutoTokenizer.from_pretrained(section.path, trust_remote_code=section.trust_remote_code)
         except (OSError, ValueError) as err:

@@ -10,15 +10,19 @@
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import Trainer
 
 from . import checkpoint as ckpt
 from . import cpu_compat, parallel
 from .data.loader import DataPlan, PackedDataset, ResumableLoader, check_resumable
+from .errors import HftrainError
 from .recipe_schema import Recipe
 
 
@@ -31,6 +35,8 @@ class HftrainTrainer(Trainer):
         self.recipe, self.data_plan = recipe, data_plan
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.train_loader: ResumableLoader | None = None
+        self.skipped_steps: list[int] = []
+        self._nonfinite = False
         self._resume_dir: Path | None = None
         self._last_log: tuple[int, float] | None = None
 
@@ -58,6 +64,51 @@ class HftrainTrainer(Trainer):
         )
         return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
 
+    # -------------------------------------------------------------------------- non-finite guard
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            self._nonfinite = True
+        return loss
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):
+            self._nonfinite = True
+        if self._nonfinite:
+            self._on_nonfinite(float(grad_norm) if grad_norm is not None else float("nan"))
+        return grad_norm
+
+    def _on_nonfinite(self, grad_norm: float) -> None:
+        """Stop (keeping the last good checkpoint) or skip this optimizer step, as faults.on_nonfinite says."""
+        step = self.state.global_step + 1
+        policy = self.recipe.faults
+        latest = ckpt.latest_checkpoint(Path(self.args.output_dir))
+        kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
+        if policy.on_nonfinite == "stop" or len(self.skipped_steps) >= policy.max_skipped_steps:
+            why = "faults.on_nonfinite=stop" if policy.on_nonfinite == "stop" else f"{len(self.skipped_steps)} steps already skipped (faults.max_skipped_steps)"
+            raise HftrainError(
+                f"training: non-finite loss or gradient norm ({grad_norm}) at step {step}; stopped ({why}). {kept}. "
+                "Lower training.learning_rate, check the data, or set faults.on_nonfinite=skip."
+            )
+        self.skipped_steps.append(step)
+        self._skip_optimizer_step = True
+        print(f"hftrain: non-finite loss or gradient norm at step {step}: step skipped ({len(self.skipped_steps)} so far)", flush=True)
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        optimizer = super().create_optimizer(model)
+        self._skip_optimizer_step = False
+        step = optimizer.step
+
+        def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            if self._skip_optimizer_step:  # parameters and optimizer state stay as they were
+                self._skip_optimizer_step = self._nonfinite = False
+                return None
+            return step(*args, **kwargs)
+
+        optimizer.step = guarded_step
+        return optimizer
+
     # ------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         run_dir = Path(self.args.output_dir)
@@ -67,6 +118,14 @@ class HftrainTrainer(Trainer):
         self.args.output_dir = str(staging_root)
         try:
             super()._save_checkpoint(model, trial)
+        except OSError as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
+            shutil.rmtree(staging_root / name, ignore_errors=True)
+            latest = ckpt.latest_checkpoint(run_dir)
+            raise HftrainError(
+                f"training.output_dir: could not write {run_dir / name} ({err.strerror or err}). "
+                f"{'The previous checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
+                "free space or fix permissions, then run the same command to resume."
+            ) from None
         finally:
             self.args.output_dir, self.args.save_total_limit = str(run_dir), keep
         staged = staging_root / name
@@ -114,8 +173,6 @@ class HftrainTrainer(Trainer):
 
 
 def raise_missing_position(state_file: Path) -> None:
-    from .errors import HftrainError
-
     raise HftrainError(
         f"{state_file}: the checkpoint has no data position for this process. It was not written by hftrain "
         "(or with another process count); resume it with the same process count, or start a new training.output_dir."

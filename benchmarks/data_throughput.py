@@ -1,0 +1,123 @@
+"""Data pipeline throughput vs training consumption, side by side in one run.
+
+    python benchmarks/data_throughput.py [--repeats 3]
+
+Measures tokens/s of hftrain's data paths (streaming tokenize + pack from local .jsonl.gz shards, the same from
+a local S3 endpoint (moto's server, needs the test extra), and pre-tokenized shards) with the default loader
+settings, and the training tokens/s of a 6-layer / 384-hidden / context-256 NeoX at batch 8 on the same machine.
+Medians over the repeats; the machine is shared, so read the ratios. The goal: data >= 20x training.
+Ends with one line per path:  PATH: data X tok/s, training Y tok/s, ratio Z
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import hftrain  # noqa: E402
+from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
+from hftrain.data.commands import prepare  # noqa: E402
+from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
+from hftrain.recipe import load_recipe  # noqa: E402
+from hftrain.tokenizer import gpt2_tokenizer  # noqa: E402
+
+SEQ, BATCH = 256, 8
+
+
+def write_shards(root: Path, shards: int = 8) -> list[Path]:
+    docs = [d for d in (module_docstrings(f) for f in python_docs_files()) if d]
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(shards):
+        path = root / f"part-{i:02d}.jsonl.gz"
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in docs[i::shards])
+        paths.append(path)
+    return paths
+
+
+def data_rate(section_raw: dict, tokens: int, workers: int) -> float:
+    recipe = load_recipe(None, {"data": section_raw, "tokenizer": {"builtin": "gpt2"}})
+    plan = plan_data(recipe.data, 0)
+    loader = ResumableLoader(PackedDataset(plan, gpt2_tokenizer(), 0, 1, None), BATCH, workers)
+    it, seen = iter(loader), 0
+    next(it)  # start-up (worker spawn, first window) is not throughput
+    start = time.perf_counter()
+    while seen < tokens:
+        seen += next(it)["input_ids"].numel()
+    return seen / (time.perf_counter() - start)
+
+
+def training_rate(data: Path, out: Path) -> float:
+    raw = {
+        "model": {"preset": "cpu-medium"},
+        "tokenizer": {"builtin": "gpt2"},
+        "data": {"train": {"path": str(data)}, "seq_len": SEQ, "eval_blocks": 2},
+        "training": {"output_dir": str(out), "max_steps": 25, "per_device_train_batch_size": BATCH, "logging_steps": 5,
+                     "save_strategy": "no", "report_to": "none", "disable_tqdm": True},
+        "monitor": {"sample_max_new_tokens": 0, "plot": False},
+    }  # fmt: skip
+    run = hftrain.train(load_recipe(None, raw))
+    rates = [e["tokens_per_s"] for e in run.log_history if "tokens_per_s" in e][1:]  # after warm-up
+    return statistics.median(rates)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=1_000_000, help="tokens read per data measurement")
+    args = parser.parse_args()
+    workers = 0  # TrainingArguments' default dataloader_num_workers, hftrain's too
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_shards(tmp / "local")
+        paths = {"local-stream": {"train": {"path": str(tmp / "local" / "*.jsonl.gz")}}}
+        server = None
+        try:
+            from moto.server import ThreadedMotoServer
+
+            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            server.start()
+            host, port = server.get_host_and_port()
+            os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                              AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+            import boto3
+
+            s3 = boto3.client("s3")
+            s3.create_bucket(Bucket="bench")
+            for p in (tmp / "local").iterdir():
+                s3.upload_file(str(p), "bench", f"corpus/{p.name}")
+            paths["s3-stream"] = {"train": {"path": "s3://bench/corpus/*.jsonl.gz"}}
+        except ImportError:
+            print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
+        prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
+        prepare(prep_recipe, str(tmp / "prepared"), shard_mb=64)
+        paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
+        results: dict[str, list[float]] = {name: [] for name in paths}
+        training: list[float] = []
+        for r in range(args.repeats):
+            for name, section in paths.items():
+                results[name].append(data_rate({**section, "seq_len": SEQ}, args.tokens, workers))
+            training.append(training_rate(tmp / "local" / "part-00.jsonl.gz", tmp / f"train-{r}"))
+            print(f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s", flush=True)
+        if server is not None:
+            server.stop()
+    train_rate = statistics.median(training)
+    print()
+    for name, values in results.items():
+        rate = statistics.median(values)
+        print(f"{name}: data {rate:,.0f} tok/s, training {train_rate:,.0f} tok/s, ratio {rate / train_rate:,.1f}")
+
+
+if __name__ == "__main__":
+    main()
