@@ -255,8 +255,17 @@ def _training_section() -> type[BaseModel]:
         "TrainingSection",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),
         __doc__="Hugging Face TrainingArguments, with their own names and meanings.",
+        __validators__={"_no_token": field_validator("hub_token")(_no_token_in_recipes)},
         **fields,
     )
+
+
+def _no_token_in_recipes(value: Any) -> Any:
+    if value:
+        raise ValueError(
+            "tokens never go in a recipe (it is saved with every checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
+        )
+    return value
 
 
 TrainingSection = _training_section()
