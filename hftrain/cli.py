@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from .errors import HftrainError, Preempted
 from .recipe_schema import Recipe
 
-SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "faults", "monitor"]
+SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "hub", "faults", "monitor"]
 
 
 def _type_name(annotation: Any) -> str:
@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--gpus-per-node", type=int, default=8)
     ls.add_argument("--accelerate-config", default="accelerate_configs/fsdp.yaml")
     ls.add_argument("--out", help="write the script here (default: print it)")
+    push = sub.add_parser("push", help="share a run's final model (or a model directory) on the hub or in S3")
+    push.add_argument("path", help="a run directory (training.output_dir) or a model directory")
+    push.add_argument("--repo-id", help="NAMESPACE/NAME on the hub (HF_ENDPOINT for a self-hosted server; token from HF_TOKEN)")
+    push.add_argument("--revision", help="branch to push to (created if missing)")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--to", help="an s3:// (or other fsspec) URL instead of the hub")
     ex = sub.add_parser("export", help="consolidate a checkpoint (DDP, FSDP or ZeRO-3) into one standard HF model directory")
     ex.add_argument("checkpoint")
     ex.add_argument("--out", required=True)
@@ -175,6 +181,11 @@ def run(argv: list[str]) -> int:
             print(f"wrote {args.out}")
         else:
             print(script)
+        return 0
+    if args.command == "push":
+        from .hub import push_run
+
+        print(f"pushed: {push_run(Path(args.path), repo_id=args.repo_id, to=args.to, private=args.private or None, revision=args.revision)}")
         return 0
     if args.command == "export":
         from .export import export

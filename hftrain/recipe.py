@@ -42,7 +42,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 }
 
 # Keys whose values never leave the process: redacted in saved recipes, logs and error messages.
-SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_key|access_key|private_key|credential)", re.I)
+SECRET_KEY = re.compile(r"(?:^|_)(token|secret|password|passwd|api_key|secret_key|secret_access_key|private_key|credentials?)$", re.I)
 
 
 # ------------------------------------------------------------------------------------------- loading

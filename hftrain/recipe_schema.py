@@ -205,6 +205,21 @@ class ParallelismSection(Section):
     """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
 
 
+# ----------------------------------------------------------------------------------------------------- hub
+class HubSection(Section):
+    """Sharing the model, beyond TrainingArguments' own hub fields (push_to_hub, hub_model_id, hub_strategy,
+    hub_private_repo, hub_revision). The hub token comes from HF_TOKEN or `hf auth login`, never from here."""
+
+    s3_uri: str | None = None
+    """Also copy the final model (and, with a hub_strategy other than end, every checkpoint) to this s3:// URL."""
+    storage_options: dict[str, Any] = {}
+    """fsspec options for s3_uri (default: the standard AWS environment and config)."""
+    license: str = "apache-2.0"
+    """License written into the model card's metadata."""
+    tags: list[str] = []
+    """Extra model card tags."""
+
+
 # -------------------------------------------------------------------------------------------------- faults
 class FaultsSection(Section):
     """What a run does when something goes wrong in the middle of it."""
@@ -284,6 +299,8 @@ class Recipe(Section):
     """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
     parallelism: ParallelismSection = ParallelismSection()
     """Data-parallel / sharded / pipelined training (the backend itself comes from the launcher)."""
+    hub: HubSection = HubSection()
+    """Model card details and an S3 target."""
     faults: FaultsSection = FaultsSection()
     """Non-finite losses and gradients."""
     monitor: MonitorSection = MonitorSection()

@@ -17,6 +17,7 @@ from transformers import TrainingArguments
 
 from . import checkpoint as ckpt
 from . import cpu_compat, parallel
+from .hub import CheckpointPusher
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from .data.pretokenized import check_compatible
 from .data.loader import PackedDataset, collate_blocks, first_documents, plan_data, validation_blocks
@@ -62,6 +63,27 @@ class Run:
             self._loaded = AutoModelForCausalLM.from_pretrained(self.final_dir)
         return self._loaded
 
+    def plot(self) -> Any:
+        """The loss / grad-norm curves: shown inline in a notebook, else the PNG's path."""
+        path = self.plot_path or plot_curves(self.log_history, self.output_dir / PLOT_FILE, title=str(self.output_dir))
+        try:
+            from IPython.display import Image
+
+            return Image(filename=str(path))
+        except ImportError:
+            return path
+
+    @property
+    def last_loss(self) -> float | None:
+        losses = [e["loss"] for e in self.log_history if "loss" in e]
+        return losses[-1] if losses else None
+
+    def push(self, repo_id: str | None = None, *, to: str | None = None, private: bool | None = None, revision: str | None = None) -> str:
+        """Share the final model: to the hub (repo_id) or to an s3:// / fsspec URL (to)."""
+        from .hub import push_run
+
+        return push_run(self.output_dir, repo_id=repo_id, to=to, private=private, revision=revision)
+
     def generate(self, prompt: str, max_new_tokens: int = 48, seed: int = 0) -> str:
         """Sample a continuation of `prompt` from the trained model (top-k 40, temperature 0.8)."""
         tok, model = self.trainer.processing_class, self.model
@@ -77,10 +99,12 @@ class Run:
         return tok.decode(out[0], skip_special_tokens=True)
 
 
-def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | None]:
-    """TrainingArguments from the recipe's training section, plus the resume setting (handled by hftrain)."""
+def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | None, bool]:
+    """TrainingArguments from the recipe's training section, the resume setting and push_to_hub (both handled
+    by hftrain: the Trainer's own push would upload output_dir's root, see hub.py)."""
     kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), parallel.world_size())
     resume = kwargs.pop("resume_from_checkpoint", None)
+    push = bool(kwargs.pop("push_to_hub", False))
     if not kwargs.get("max_steps") or kwargs["max_steps"] <= 0:
         raise HftrainError(
             "training.max_steps: required. hftrain streams its data, so a run is measured in optimizer steps, "
@@ -92,7 +116,7 @@ def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | 
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)
     kwargs = cpu_compat.training_kwargs(kwargs)
     try:
-        return TrainingArguments(**kwargs), resume
+        return TrainingArguments(**kwargs), resume, push
     except (ValueError, TypeError) as err:
         raise HftrainError(f"training: {err}") from None
 
@@ -114,7 +138,7 @@ def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
 
 def train(recipe: Recipe) -> Run:
     strategy = parallel.resolve_strategy(recipe)
-    args, resume_setting = training_arguments(recipe)
+    args, resume_setting, push = training_arguments(recipe)
     output_dir = Path(args.output_dir)
     is_main = args.process_index == 0
     ckpt.claim_output_dir(output_dir, recipe, is_main)
@@ -152,6 +176,7 @@ def train(recipe: Recipe) -> Run:
         flops_per_token=per_token,
         peak_flops=peak,
         strategy=strategy,
+        pusher=CheckpointPusher(recipe, args, push),
     )
     trainer.add_callback(ThroughputClockCallback(trainer))
     preemption = PreemptionCallback()
@@ -202,6 +227,15 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
         run.plot_path = plot_curves(run.log_history, output_dir / PLOT_FILE, title=str(output_dir))
     (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2), encoding="utf-8")
     _print_summary(run, results)
+    if trainer.pusher.enabled:
+        try:
+            for target in trainer.pusher.on_end(output_dir, final_dir):
+                print(f"pushed: {target}", flush=True)
+        except HftrainError as err:
+            raise HftrainError(
+                f"training finished and is saved in {final_dir}, but sharing it failed: {err}. "
+                f"Push it later with `hftrain push {output_dir} --repo-id {trainer.pusher.repo_id()}`."
+            ) from None
     return run
 
 

@@ -28,9 +28,10 @@ from .recipe_schema import Recipe
 
 class HftrainTrainer(Trainer):
     def __init__(
-        self, *args: Any, recipe: Recipe, data_plan: DataPlan, flops_per_token: float, peak_flops: float, strategy: str, **kwargs: Any
-    ):
-        self.strategy = strategy
+        self, *args: Any, recipe: Recipe, data_plan: DataPlan, flops_per_token: float, peak_flops: float, strategy: str,
+        pusher: Any, **kwargs: Any,
+    ):  # fmt: skip
+        self.strategy, self.pusher = strategy, pusher
         super().__init__(*args, **kwargs)
         self.recipe, self.data_plan = recipe, data_plan
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
@@ -140,6 +141,7 @@ class HftrainTrainer(Trainer):
                 self.processing_class.save_pretrained(staged)
             ckpt.publish(staged, run_dir / name, {"step": self.state.global_step, "world_size": self.args.world_size})
             ckpt.rotate(run_dir, keep)
+            self.pusher.on_checkpoint(run_dir / name)
         self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:

@@ -117,9 +117,16 @@ def test_source_needs_exactly_one_origin():
 
 
 def test_saved_recipe_has_no_secrets():
-    recipe = load_recipe(None, {"training": {"hub_token": "hf_SECRET123", "max_steps": 3}})
+    options = {"key": "AKIAEXAMPLE", "secret": "s3cr3tVALUE", "client_kwargs": {"aws_secret_access_key": "another0ne"}}
+    recipe = load_recipe(None, {"data": {"train": {"path": "s3://b/x.jsonl", "storage_options": options}}})
     dumped = yaml.safe_dump(recipe_to_dict(recipe))
-    assert "hf_SECRET123" not in dumped and "***" in dumped
+    assert "s3cr3tVALUE" not in dumped and "another0ne" not in dumped and dumped.count("'***'") == 2
+    assert "sample_max_new_tokens: 48" in dumped  # a key that merely contains "token" is not a secret
+
+
+def test_tokens_are_refused_in_recipes():
+    message = error_of(None, {"training": {"hub_token": "hf_SECRET123"}})
+    assert "training.hub_token: tokens never go in a recipe" in message and "hf_SECRET123" not in message
 
 
 def test_fingerprint_ignores_training_settings():
