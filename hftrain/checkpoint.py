@@ -89,7 +89,17 @@ def write_extras(directory: Path, recipe: Recipe) -> None:
 
 
 def save_full_model(trainer: Any, directory: Path) -> None:
-    """The model as one standard HF directory (safetensors), however the training sharded it."""
+    """The model as one standard HF directory (safetensors), however the training sharded or adapted it."""
+    if hasattr(trainer.model, "peft_config"):  # LoRA: the adapter in adapter/, the merged model beside it
+        from .finetune import merge_adapter, save_adapter
+
+        if trainer.args.should_save:
+            adapter = directory / "adapter"
+            save_adapter(trainer.model, adapter, trainer.recipe.model.from_pretrained or "")
+            trainer.processing_class.save_pretrained(adapter)
+            merge_adapter(adapter, directory, tokenizer_dir=adapter)
+        trainer.accelerator.wait_for_everyone()
+        return
     if not trainer.is_fsdp_enabled:
         trainer.save_model(str(directory))  # DDP / single: as is; ZeRO-3: gathers the 16-bit weights
         return

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from .errors import HftrainError, Preempted
 from .recipe_schema import Recipe
 
-SECTIONS = ["model", "tokenizer", "data", "training", "parallelism", "hub", "faults", "monitor"]
+SECTIONS = ["model", "tokenizer", "data", "training", "finetune", "parallelism", "hub", "faults", "monitor"]
 
 
 def _type_name(annotation: Any) -> str:
@@ -128,12 +128,16 @@ def _parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="consolidate a checkpoint (DDP, FSDP or ZeRO-3) into one standard HF model directory")
     ex.add_argument("checkpoint")
     ex.add_argument("--out", required=True)
+    ex.add_argument("--merge", action="store_true", help="a LoRA checkpoint: merge the adapter into its base model")
     exp = sub.add_parser("explain", help="document every recipe key (or one section's)")
     exp.add_argument("section", nargs="?", choices=SECTIONS)
     sub.add_parser("presets", help="list the named model shapes")
     from .evaluate import add_parser as add_eval_parser
 
     add_eval_parser(sub)
+    from .report import add_parser as add_report_parser
+
+    add_report_parser(sub)
     return parser
 
 
@@ -161,6 +165,10 @@ def run(argv: list[str]) -> int:
         from .evaluate import run as run_eval
 
         return run_eval(_parser().parse_args(argv))
+    if argv[:1] == ["report"]:  # a run directory may contain "=": no recipe overrides
+        from .report import run as run_report
+
+        return run_report(_parser().parse_args(argv))
     words, overrides = split_overrides(argv)
     args = _parser().parse_args(words)
     if args.command == "explain":
@@ -190,7 +198,7 @@ def run(argv: list[str]) -> int:
     if args.command == "export":
         from .export import export
 
-        print(f"exported: {export(Path(args.checkpoint), Path(args.out))}")
+        print(f"exported: {export(Path(args.checkpoint), Path(args.out), merge=args.merge)}")
         return 0
     if args.command == "parity":
         from .parity import parity

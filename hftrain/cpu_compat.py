@@ -9,6 +9,9 @@ Why it exists (accelerate 1.15, DeepSpeed 0.19, see shared/notes/cpu-stack.md):
   processes; so hftrain starts the processes itself with torchrun (gloo) -> ``launch_processes``;
 * FSDP: the Accelerator comes up as MULTI_CPU (plain DDP); its state is switched to FSDP with the plugin
   the Trainer built from TrainingArguments -> ``after_accelerator``;
+* bitsandbytes 4-bit on an avx512_bf16 CPU: any no-grad forward repacks Linear4bit weights for CPU
+  inference, and training afterwards fails; turning that repacking off fixes it -> ``fix_bnb_4bit``
+  (this one is needed in any CPU process, rehearsal or not; it is still a no-op with CUDA);
 * DeepSpeed: needs DS_ACCELERATOR=cpu, the process group created with gloo *before* TrainingArguments
   (accelerate state created while ACCELERATE_USE_DEEPSPEED is set), and ``use_configured_state``
   -> ``training_kwargs``.
@@ -105,3 +108,12 @@ def after_accelerator(trainer: Any) -> None:
     state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
     state.distributed_type = DistributedType.FSDP
     trainer.is_fsdp_enabled = True
+
+
+def fix_bnb_4bit(model: Any) -> None:
+    """Keep bitsandbytes from repacking 4-bit weights for CPU inference (it breaks training afterwards)."""
+    if not on_cpu():
+        return
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False

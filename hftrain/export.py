@@ -16,7 +16,15 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "mo
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
-def export(checkpoint: Path, out: Path) -> Path:
+def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
+    from .finetune import is_adapter_dir, merge_adapter
+
+    if is_adapter_dir(checkpoint):
+        if not merge:
+            raise HftrainError(f"{checkpoint}: a LoRA adapter checkpoint; add --merge to write base + adapter as one model.")
+        if out.exists() and any(out.iterdir()):
+            raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
+        return merge_adapter(checkpoint, out, tokenizer_dir=checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise HftrainError(f"{checkpoint}: not an hftrain checkpoint or model directory (no config.json).")
     if out.exists() and any(out.iterdir()):

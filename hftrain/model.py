@@ -95,13 +95,18 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
         )
     if m.trust_remote_code:
         print(f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {m.from_pretrained} will run.", flush=True)
+    from .finetune import quantization_config
+
+    quantization = quantization_config(recipe)
     try:
         return AutoModelForCausalLM.from_pretrained(
             m.from_pretrained,
             revision=m.revision,
             trust_remote_code=m.trust_remote_code,
             attn_implementation=m.attn_implementation,
-            dtype=torch.float32,
+            # quantized: bf16 keeps the embeddings and head small too (fp32 leftovers otherwise)
+            dtype=torch.bfloat16 if quantization is not None else torch.float32,
+            quantization_config=quantization,
         )
     except (OSError, ValueError) as err:
         raise HftrainError(

@@ -110,6 +110,8 @@ class TokenizerSection(Section):
     """Learn a new BPE tokenizer on the training data."""
     trust_remote_code: bool = False
     """Allow a tokenizer from path to run shipped Python code."""
+    chat_template: str | None = None
+    """Jinja chat template for chat data; default: the tokenizer's own, else a ChatML-style one."""
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> TokenizerSection:
@@ -143,8 +145,16 @@ class Source(Section):
     """A directory or URL written by `hftrain data prepare`: packed token blocks, read without tokenizing."""
     text_field: str = "text"
     """The column/key holding the text (jsonl, parquet, datasets). Plain .txt files are one document each."""
-    format: Literal["auto", "txt", "jsonl", "parquet"] = "auto"
-    """File format; auto decides by extension (.gz/.zst compression is always detected)."""
+    format: Literal["auto", "txt", "jsonl", "parquet", "prompt_completion", "chat"] = "auto"
+    """File format; auto decides by extension (.gz/.zst compression is always detected). prompt_completion
+    (JSONL with prompt and completion) and chat (JSONL with messages) are instruction data: the loss is on the
+    completion / assistant tokens only."""
+    prompt_field: str = "prompt"
+    """prompt_completion: the key of the prompt."""
+    completion_field: str = "completion"
+    """prompt_completion: the key of the completion."""
+    messages_field: str = "messages"
+    """chat: the key of the list of {role, content} messages."""
     weight: float = Field(default=1.0, gt=0)
     """Relative share of this source in a mixture."""
     storage_options: dict[str, Any] = {}
@@ -178,15 +188,21 @@ class DataSection(Section):
     """Tokens per training block. Documents are joined with EOS and cut into blocks of exactly this length."""
     shuffle_window: int = Field(default=256, ge=1)
     """Blocks shuffled together (deterministic from training.seed). 1 disables shuffling."""
+    packing: bool = True
+    """Instruction data: pack several short examples into one block (each attends only to itself, through
+    position ids that restart per example); false pads each example to seq_len instead."""
     on_bad_record: Literal["fail", "skip"] = "fail"
     """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
 
     _wrap_train = field_validator("train", mode="before")(_as_list)
 
     @model_validator(mode="after")
-    def _pretokenized_alone(self) -> DataSection:
+    def _one_kind_of_data(self) -> DataSection:
         if len(self.train) > 1 and any(s.pretokenized for s in self.train):
             raise ValueError("train: a pretokenized source cannot be mixed with others; prepare the mixture as one")
+        kinds = {s.format in ("prompt_completion", "chat") for s in self.train + ([self.validation] if self.validation else [])}
+        if len(kinds) > 1:
+            raise ValueError("train/validation: instruction data (prompt_completion, chat) cannot be mixed with plain text")
         return self
 
 
@@ -203,6 +219,48 @@ class ParallelismSection(Section):
     micro-batch (training.per_device_train_batch_size) and the process count; it must divide evenly."""
     max_memory: dict[str | int, str] | None = None
     """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
+
+
+# ------------------------------------------------------------------------------------------------ finetune
+class QuantizationSection(Section):
+    """BitsAndBytesConfig keys for qlora (4-bit); lora_8bit uses load_in_8bit."""
+
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type: NF4 (QLoRA's) or FP4."""
+    bnb_4bit_use_double_quant: bool = True
+    """Quantize the quantization constants too (saves ~0.4 bits/parameter)."""
+    bnb_4bit_compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype the 4-bit weights are dequantized to for matmuls."""
+    bnb_4bit_quant_storage: Literal["uint8", "bfloat16", "float16", "float32"] | None = None
+    """Storage dtype of the packed weights; FSDP needs it equal to the compute dtype."""
+
+
+class FinetuneSection(Section):
+    """How the weights are trained: all of them, or a LoRA adapter over a (possibly quantized) base."""
+
+    method: Literal["full", "lora", "qlora", "lora_8bit"] = "full"
+    """full: every weight. lora: a LoRA adapter. qlora: LoRA over a 4-bit base. lora_8bit: LoRA over an 8-bit base.
+    qlora and lora_8bit need model.from_pretrained."""
+    lora: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}
+    """peft LoraConfig keys (r, lora_alpha, lora_dropout, target_modules, bias, ...). target_modules defaults to
+    every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h)."""
+    quantization: QuantizationSection = QuantizationSection()
+    """4-bit quantization of the base for qlora."""
+
+    @field_validator("lora")
+    @classmethod
+    def _lora_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import dataclasses as dc
+
+        from peft import LoraConfig
+
+        known = {f.name for f in dc.fields(LoraConfig) if f.init} - {"task_type", "peft_type"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            raise ValueError(f"{unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
+        return value
+
 
 
 # ----------------------------------------------------------------------------------------------------- hub
@@ -297,6 +355,8 @@ class Recipe(Section):
     """Training and validation text."""
     training: TrainingSection = Field(default_factory=TrainingSection)  # type: ignore[valid-type]
     """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
+    finetune: FinetuneSection = FinetuneSection()
+    """Full training or LoRA / QLoRA / 8-bit LoRA."""
     parallelism: ParallelismSection = ParallelismSection()
     """Data-parallel / sharded / pipelined training (the backend itself comes from the launcher)."""
     hub: HubSection = HubSection()
@@ -305,6 +365,12 @@ class Recipe(Section):
     """Non-finite losses and gradients."""
     monitor: MonitorSection = MonitorSection()
     """Throughput, MFU, cost and end-of-run reporting."""
+
+    @model_validator(mode="after")
+    def _quantized_needs_weights(self) -> Recipe:
+        if self.finetune.method in ("qlora", "lora_8bit") and not self.model.from_pretrained:
+            raise ValueError(f"finetune.method {self.finetune.method} quantizes pretrained weights: set model.from_pretrained")
+        return self
 
     def training_kwargs(self) -> dict[str, Any]:
         """The TrainingArguments keys this recipe sets (hftrain defaults included), for TrainingArguments(**...)."""

@@ -27,7 +27,7 @@ CHARTS = [
     ("chart-grad-norm", "Gradient norm", "grad_norm", "gradient norm", "tab:orange"),
     ("chart-learning-rate", "Learning rate", "learning_rate", "learning rate", "tab:purple"),
     ("chart-tokens-per-s", "Throughput", "tokens_per_s", "tokens/s", "tab:red"),
-    ("chart-data-wait", "Data-wait fraction", "data_wait_frac", "fraction of step time waiting for data", "tab:brown"),
+    ("chart-data-wait", "Data-wait fraction", "data_wait_frac", "fraction of step time", "tab:brown"),
 ]
 
 CSS = """
@@ -39,7 +39,7 @@ th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: ta
 .charts { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; }
 .charts figure { margin: 0; border: 1px solid #e3e3e3; padding: 4px; } .charts img { width: 100%; height: auto; display: block; }
 .note { color: #8a5a00; } pre { background: #f6f6f6; border: 1px solid #ddd; padding: 10px; overflow-x: auto; font-size: 0.85em; }
-blockquote { background: #f6f8ff; border-left: 4px solid #1f77b4; margin: 8px 0; padding: 8px 12px; white-space: pre-wrap; }
+blockquote { background: #f6f8ff; border-left: 4px solid #5b7db1; margin: 8px 0; padding: 8px 12px; white-space: pre-wrap; }
 """
 
 
@@ -70,7 +70,7 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
     return steps, [by_step[s] for s in steps]
 
 
-def chart_png(records: list[dict[str, Any]], key: str, ylabel: str, colour: str) -> bytes | None:
+def chart_png(records: list[dict[str, Any]], key: str, title: str, ylabel: str, colour: str) -> bytes | None:
     """One metric against step as PNG bytes, or None when the metrics do not have it."""
     steps, values = series(records, key)
     if not steps:
@@ -87,6 +87,7 @@ def chart_png(records: list[dict[str, Any]], key: str, ylabel: str, colour: str)
         if eval_steps:
             ax.plot(eval_steps, eval_values, "o-", color="tab:green", label="eval loss")
         ax.legend()
+    ax.set_title(title)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -125,7 +126,7 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
         if results.get(key) is not None:
             rows.append((label, results[key]))
     if results.get("mfu_median") is not None:
-        rows.append(("median MFU", f"{100 * results['mfu_median']:.2f}%"))
+        rows.append(("median MFU (%)", round(100 * results["mfu_median"], 2)))
     params = results.get("parameters")
     if isinstance(params, dict):
         rows += [(f"parameters ({name.replace('_', '-')})", count) for name, count in params.items()]
@@ -180,7 +181,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
 
     figures, missing = [], []
     for chart_id, title, key, ylabel, colour in CHARTS:
-        png = chart_png(records, key, ylabel, colour)
+        png = chart_png(records, key, title, ylabel, colour)
         if png is None:
             missing.append(f"{title}: no <code>{key}</code> values in metrics.jsonl")
             continue

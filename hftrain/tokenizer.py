@@ -54,6 +54,15 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, special
 def load_tokenizer(
     recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
 ) -> tuple[PreTrainedTokenizerBase, bool]:
+    tok, is_new = _load(recipe, output_dir, training_texts)
+    if recipe.tokenizer.chat_template:
+        tok.chat_template = recipe.tokenizer.chat_template
+    return tok, is_new
+
+
+def _load(
+    recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
+) -> tuple[PreTrainedTokenizerBase, bool]:
     """The run's tokenizer and whether it is new to this run (trained here: vocabulary sized to fit it).
 
     ``training_texts(n)`` yields the first n training documents; only called when a tokenizer is trained.

@@ -17,6 +17,7 @@ from transformers import TrainingArguments
 
 from . import checkpoint as ckpt
 from . import cpu_compat, parallel
+from .finetune import apply_method
 from .hub import CheckpointPusher
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from .data.pretokenized import check_compatible
@@ -154,6 +155,7 @@ def train(recipe: Recipe) -> Run:
     if data_plan.pretokenized is not None:
         check_compatible(data_plan.manifest, data_plan.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new)
+    model = apply_method(model, recipe, args.gradient_checkpointing)
     if strategy == "device_map":
         model = parallel.spread_over_devices(model, recipe)
     eval_set = validation_blocks(data_plan, tokenizer)

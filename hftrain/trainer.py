@@ -23,6 +23,7 @@ from . import checkpoint as ckpt
 from . import cpu_compat, parallel
 from .data.loader import DataPlan, PackedDataset, ResumableLoader, check_resumable
 from .errors import HftrainError
+from .finetune import BASE_FILE, base_fingerprint, is_adapter_dir
 from .recipe_schema import Recipe
 
 
@@ -136,7 +137,10 @@ class HftrainTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             ckpt.write_extras(staged, self.recipe)
-            if not (staged / "config.json").is_file():  # sharded saves: the checkpoint must still explain itself
+            if is_adapter_dir(staged):  # an adapter checkpoint names its exact base
+                base = self.recipe.model.from_pretrained or ""
+                (staged / BASE_FILE).write_text(json.dumps(base_fingerprint(base), indent=2), encoding="utf-8")
+            elif not (staged / "config.json").is_file():  # sharded saves: the checkpoint must still explain itself
                 self.accelerator.unwrap_model(self.model).config.save_pretrained(staged)
                 self.processing_class.save_pretrained(staged)
             ckpt.publish(staged, run_dir / name, {"step": self.state.global_step, "world_size": self.args.world_size})
@@ -145,7 +149,7 @@ class HftrainTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled or is_adapter_dir(Path(resume_from_checkpoint)):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         ckpt.load_weights_exactly(model if model is not None else self.model, Path(resume_from_checkpoint))
 

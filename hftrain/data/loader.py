@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import HftrainError
 from ..recipe_schema import DataSection, Source
+from .instructions import ExampleStream
 from .pretokenized import PretokenizedStream, read_manifest, validation_from
 from .sources import BadRecords
 from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
@@ -57,7 +58,18 @@ def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker) -> BlockStream:
     if source is not None:
         assert plan.manifest is not None and source.pretokenized is not None
         return PretokenizedStream(source.pretokenized, plan.manifest, source.storage_options, plan.seed, worker, section.shuffle_window)
-    return BlockStream(train_documents(plan, worker), tokenizer, section.seq_len, section.shuffle_window)
+    return text_or_examples(train_documents(plan, worker), tokenizer, section, section.shuffle_window)
+
+
+def is_instruction_data(section: DataSection) -> bool:
+    return section.train[0].format in ("prompt_completion", "chat")
+
+
+def text_or_examples(docs: DocumentStream, tokenizer: Any, section: DataSection, window: int) -> BlockStream:
+    """Packed text blocks, or instruction examples with their loss masks."""
+    if is_instruction_data(section):
+        return ExampleStream(docs, tokenizer, section.seq_len, window, section.packing)
+    return BlockStream(docs, tokenizer, section.seq_len, window)
 
 
 def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True) -> DocumentStream:
@@ -104,13 +116,19 @@ class PackedDataset(IterableDataset):
         stream = train_blocks(self.plan, self.tokenizer, worker)
         state = self.resume.get("workers", {}).get(str(worker.index)) or stream.fresh_state()
         for block, position in stream.blocks(state):
-            ids = torch.from_numpy(block.astype("int64"))
-            yield {"input_ids": ids, POSITION_KEY: (worker.index, position)}
+            yield {**as_sample(block), POSITION_KEY: (worker.index, position)}
+
+
+def as_sample(block: Any) -> dict[str, torch.Tensor]:
+    """A text block (labels = inputs) or an instruction block (3 rows: ids, labels, position ids)."""
+    block = torch.from_numpy(block.astype("int64"))
+    if block.dim() == 2:
+        return {"input_ids": block[0], "labels": block[1], "position_ids": block[2]}
+    return {"input_ids": block, "labels": block.clone()}
 
 
 def collate_blocks(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    ids = torch.stack([s["input_ids"] for s in samples])
-    batch: dict[str, Any] = {"input_ids": ids, "labels": ids.clone()}
+    batch: dict[str, Any] = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]}
     if POSITION_KEY in samples[0]:
         batch[POSITION_KEY] = [s[POSITION_KEY] for s in samples]
     return batch
@@ -183,11 +201,10 @@ def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
         loop=False,
         bad=BadRecords(section.on_bad_record),
     )
-    stream = BlockStream(docs, tokenizer, section.seq_len, window=section.eval_blocks)
+    stream = text_or_examples(docs, tokenizer, section, window=section.eval_blocks)
     out = []
     for block, _ in stream.blocks(stream.fresh_state()):
-        ids = torch.from_numpy(block.astype("int64"))
-        out.append({"input_ids": ids, "labels": ids.clone()})
+        out.append(as_sample(block))
         if len(out) >= section.eval_blocks:
             break
     if not out:

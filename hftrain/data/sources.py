@@ -32,7 +32,7 @@ class Record:
     Records read so far is also the 1-based line number of a JSONL record.
     """
 
-    text: str
+    text: Any  # a str; a dict for instruction formats (prompt/completion or messages)
     pos: tuple[int, int]
 
     @property
@@ -96,7 +96,7 @@ def file_format(path: str, declared: str) -> str:
     if declared != "auto":
         return declared
     stem, _ = _split_compression(path.lower())
-    if stem.endswith(JSONL_SUFFIXES):
+    if declared in ("prompt_completion", "chat") or stem.endswith(JSONL_SUFFIXES):
         return "jsonl"
     if stem.endswith(PARQUET_SUFFIXES):
         return "parquet"
@@ -143,10 +143,13 @@ def read_shard(source: Source, shard: str, pos: tuple[int, int], bad: BadRecords
         return
     fmt = file_format(shard, source.format)
     options = source.storage_options
+    if source.format in ("prompt_completion", "chat"):
+        yield from _read_jsonl(_open(shard, options), shard, _example_reader(source), pos, bad)
+        return
     if fmt == "parquet":
         yield from _read_parquet(_open(shard, options), shard, source.text_field, pos[1], bad)
     elif fmt == "jsonl":
-        yield from _read_jsonl(_open(shard, options), shard, source.text_field, pos, bad)
+        yield from _read_jsonl(_open(shard, options), shard, _text_reader(source.text_field), pos, bad)
     elif pos[1] == 0:
         with _open(shard, options) as f:
             yield Record(f.read().decode("utf-8", errors="replace"), (1, 1))
@@ -156,7 +159,38 @@ def _open(shard: str, options: dict[str, Any]) -> Any:
     return fsspec.open(shard, mode="rb", compression="infer", **options).open()
 
 
-def _read_jsonl(f: Any, shard: str, field: str, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
+def _text_reader(field: str) -> Any:
+    def take(obj: Any) -> tuple[Any, str | None]:
+        text = obj.get(field) if isinstance(obj, dict) else None
+        if isinstance(text, str):
+            return text, None
+        keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+        return None, f"no string field {field!r} (has: {keys})"
+
+    return take
+
+
+def _example_reader(source: Source) -> Any:
+    """prompt_completion -> {"prompt", "completion"}; chat -> {"messages": [{role, content}, ...]}."""
+
+    def take(obj: Any) -> tuple[Any, str | None]:
+        if not isinstance(obj, dict):
+            return None, f"not a JSON object ({type(obj).__name__})"
+        if source.format == "prompt_completion":
+            p, c = obj.get(source.prompt_field), obj.get(source.completion_field)
+            if isinstance(p, str) and isinstance(c, str):
+                return {"prompt": p, "completion": c}, None
+            return None, f"needs string fields {source.prompt_field!r} and {source.completion_field!r} (has: {', '.join(obj)})"
+        messages = obj.get(source.messages_field)
+        ok = isinstance(messages, list) and messages and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
+        if ok and any(m["role"] == "assistant" for m in messages):
+            return {"messages": messages}, None
+        return None, f"needs {source.messages_field!r}: a list of {{role, content}} with at least one assistant message"
+
+    return take
+
+
+def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
     """Plain files seek to the byte offset; compressed ones decompress and skip the lines already read."""
     _, codec = _split_compression(shard)
     offset, lineno = pos
@@ -179,12 +213,11 @@ def _read_jsonl(f: Any, shard: str, field: str, pos: tuple[int, int], bad: BadRe
             except ValueError as err:
                 bad(where, f"not valid JSON ({getattr(err, 'msg', err)})", "Fix or remove that line")
                 continue
-            text = obj.get(field) if isinstance(obj, dict) else None
-            if not isinstance(text, str):
-                keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-                bad(where, f"no string field {field!r} (has: {keys})", "Set text_field on this source to the right key")
+            value, problem = take(obj)
+            if problem:
+                bad(where, problem, "Fix that line or set the field names on this source")
                 continue
-            yield Record(text, (offset if codec is None else lineno, lineno))
+            yield Record(value, (offset if codec is None else lineno, lineno))
 
 
 def _lines(f: Any) -> Iterator[bytes]:

@@ -1,0 +1,107 @@
+"""Instruction data: prompt/completion and chat examples -> blocks with the loss on the answer only.
+
+Each example becomes (input ids, labels) with labels -100 on the prompt / non-assistant tokens. Short examples
+are packed into one seq_len block with position ids restarting at 0 for each example: transformers builds a
+block-causal mask from such position ids (SDPA), so examples do not attend to each other (TRL#1230). With
+packing off, each example is padded to seq_len instead. Blocks are arrays of shape (3, seq_len): input ids,
+labels, position ids; the windows, shuffling and resumable positions are BlockStream's.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from .stream import BlockStream, DocumentStream
+
+IGNORE = -100
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def encode_example(tokenizer: Any, example: dict[str, Any], eos: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one example; labels are -100 outside the completion / assistant turns."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    if "prompt" in example:
+        prompt, answer = ids(example["prompt"]), ids(example["completion"]) + [eos]
+        return prompt + answer, [IGNORE] * len(prompt) + answer
+    messages, template = example["messages"], tokenizer.chat_template or CHATML
+    render = lambda msgs, gen=False: tokenizer.apply_chat_template(  # noqa: E731
+        msgs, tokenize=False, add_generation_prompt=gen, chat_template=template
+    )
+    tokens: list[int] = []
+    labels: list[int] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            header = render(messages[:i], gen=True)  # everything up to where the assistant starts writing
+            piece = ids(header[len(done) :])
+            tokens, labels = tokens + piece, labels + [IGNORE] * len(piece)
+            done = header
+        full = render(messages[: i + 1])
+        piece = ids(full[len(done) :])
+        tokens += piece
+        labels += piece if message["role"] == "assistant" else [IGNORE] * len(piece)
+        done = full
+    return tokens + [eos], labels + [eos]
+
+
+class ExampleStream(BlockStream):
+    """BlockStream for instruction examples: packed (or padded) blocks of (ids, labels, position ids)."""
+
+    def __init__(self, docs: DocumentStream, tokenizer: Any, seq_len: int, window: int, packing: bool):
+        super().__init__(docs, tokenizer, seq_len, window)
+        self.packing = packing
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        self.truncated = 0
+
+    def _fill(self, start: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
+        doc_state = copy.deepcopy(start["docs"])
+        pending = [tuple(x) for x in start["carry"]]  # an example read but not yet placed
+        docs = self.docs.documents(doc_state)
+        blocks: list[np.ndarray] = []
+        rows: list[tuple[list[int], list[int]]] = []
+        used = 0
+        while len(blocks) < self.window:
+            if not pending:
+                example = next(docs, None)
+                if example is None:
+                    break
+                ids, labels = encode_example(self.tokenizer, example, self.eos)
+                if len(ids) > self.seq_len:
+                    self.truncated += 1
+                    ids, labels = ids[: self.seq_len], labels[: self.seq_len]
+                pending = [(ids, labels)]
+            ids, labels = pending[0]
+            if rows and (not self.packing or used + len(ids) > self.seq_len):
+                blocks.append(self._block(rows))
+                rows, used = [], 0
+                continue
+            rows.append((list(ids), list(labels)))
+            used += len(ids)
+            pending = []
+        if rows:  # only when the stream ended (one pass, e.g. validation): keep the partial block
+            blocks.append(self._block(rows))
+        docs.close()
+        # a window closes right after a block is flushed, so only a not-yet-placed example carries over
+        return blocks, {"docs": doc_state, "carry": [list(p) for p in pending]}
+
+    def _block(self, rows: list[tuple[list[int], list[int]]]) -> np.ndarray:
+        block = np.empty((3, self.seq_len), dtype=np.int64)
+        block[0].fill(self.pad)
+        block[1].fill(IGNORE)
+        block[2] = np.arange(self.seq_len)
+        at = 0
+        for ids, labels in rows:
+            n = len(ids)
+            block[0, at : at + n], block[1, at : at + n], block[2, at : at + n] = ids, labels, np.arange(n)
+            at += n
+        if at < self.seq_len:
+            block[2, at:] = np.arange(self.seq_len - at)  # padding: its own segment, never a target
+        return block
