@@ -8,10 +8,18 @@ The Python API is the CLI's code path::
     run.metrics["eval_loss"], run.final_dir, run.generate("The ")
 """
 
-from .errors import HftrainError
-from .recipe import load_recipe
+import logging as _logging
+
+# bitsandbytes' CPU backend warns on import that an optional kernel package is absent; it is not needed.
+_logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)
+
+from .errors import HftrainError  # noqa: E402
+from .recipe import load_recipe  # noqa: E402
 from .plan import plan
 from .train import Run, train
 
+from .notebook import show_errors_plainly
+
 __version__ = "0.1.0"
+show_errors_plainly()
 __all__ = ["HftrainError", "Run", "load_recipe", "plan", "train"]

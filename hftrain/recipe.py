@@ -214,11 +214,11 @@ def redacted(data: Any, key: str = "") -> Any:
     return redact_value(key, data)
 
 
-def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
-    """The resolved recipe as plain data (training: only the keys set), secrets removed."""
+def recipe_to_dict(recipe: Recipe, redact: bool = True) -> dict[str, Any]:
+    """The resolved recipe as plain data (training: only the keys set), secrets removed unless redact=False."""
     data = recipe.model_dump(mode="json", exclude={"training"})
     data["training"] = json.loads(json.dumps(recipe.training_kwargs(), default=str))
-    return redacted(data)
+    return redacted(data) if redact else data
 
 
 def save_recipe(recipe: Recipe, path: Path) -> None:

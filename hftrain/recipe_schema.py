@@ -247,19 +247,20 @@ class FinetuneSection(Section):
     quantization: QuantizationSection = QuantizationSection()
     """4-bit quantization of the base for qlora."""
 
-    @field_validator("lora")
-    @classmethod
-    def _lora_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+    @model_validator(mode="after")
+    def _lora_keys(self) -> FinetuneSection:
+        if self.method == "full":
+            return self  # peft is imported only for LoRA runs
         import dataclasses as dc
 
         from peft import LoraConfig
 
         known = {f.name for f in dc.fields(LoraConfig) if f.init} - {"task_type", "peft_type"}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(set(self.lora) - known)
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)
-            raise ValueError(f"{unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
-        return value
+            raise ValueError(f"lora: {unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
+        return self
 
 
 

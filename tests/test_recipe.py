@@ -138,10 +138,15 @@ def test_fingerprint_ignores_training_settings():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[str(p.relative_to(ROOT)) for p in RECIPES])
-def test_every_shipped_recipe_validates_and_plans(path):
+def test_every_shipped_recipe_validates_and_plans(path, request):
     from hftrain.plan import plan
 
     recipe = load_recipe(path)
+    if recipe.model.from_pretrained and not (ROOT / recipe.model.from_pretrained).exists():
+        base = str(request.getfixturevalue("pretrained_run").final_dir)  # the fine-tuning recipes start from the quickstart's model
+        recipe = load_recipe(path, [f"model.from_pretrained={base}", f"tokenizer.path={base}"])
+    for source in recipe.data.train:
+        assert source.path is None or "://" in source.path or list(ROOT.glob(source.path)), source.path
     info = plan(recipe)
     assert info["parameters"]["total"] > 0
     assert recipe.training.max_steps and recipe.training.max_steps > 0
