@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from .errors import HftrainError, Preempted
+from .recipe import inner_model
 from .recipe_schema import Recipe
 
 SECTIONS = ["model", "tokenizer", "data", "training", "finetune", "parallelism", "hub", "faults", "monitor"]
@@ -25,23 +25,13 @@ def _type_name(annotation: Any) -> str:
     return text.replace("<class '", "").replace("'>", "")
 
 
-def _inner_section(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _inner_section(arg)
-        if found:
-            return found
-    return None
-
-
 def explain(section: str | None = None, brief_training: bool = True) -> str:
     """Every recipe key with its type, default and docstring (the text of `hftrain explain`)."""
     out: list[str] = []
     for name in [section] if section else SECTIONS:
         if name not in Recipe.model_fields:
             raise HftrainError(f"explain: unknown section {name!r}; sections are {', '.join(SECTIONS)}")
-        model = _inner_section(Recipe.model_fields[name].annotation)
+        model = inner_model(Recipe.model_fields[name].annotation)
         assert model is not None
         out.append(f"{name}:  {Recipe.model_fields[name].description or ''}")
         if name == "training" and brief_training and section is None:
@@ -68,7 +58,7 @@ def _describe_fields(model: type[BaseModel], indent: str) -> list[str]:
         doc = " ".join((info.description or "").split())
         if doc:
             lines.append(f"{indent}    {doc}")
-        nested = _inner_section(info.annotation)
+        nested = inner_model(info.annotation)
         if nested is not None and nested is not model:
             lines += _describe_fields(nested, indent + "    ")
     return lines

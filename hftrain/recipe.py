@@ -181,7 +181,7 @@ def _inner_model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         if isinstance(part, int) or model is None:
             continue
         field = model.model_fields.get(str(part))
-        model = _inner_model(field.annotation) if field else None
+        model = inner_model(field.annotation) if field else None
     return model
 
 
@@ -190,11 +190,12 @@ def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields) if model else []
 
 
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
+def inner_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model inside a field annotation (Optional[X], list[X], ...), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _inner_model(arg)
+        found = inner_model(arg)
         if found:
             return found
     return None
