@@ -62,7 +62,7 @@ def training_rate(data: Path, out: Path) -> float:
     raw = {
         "model": {"preset": "cpu-medium"},
         "tokenizer": {"builtin": "gpt2"},
-        "data": {"train": {"path": str(data)}, "seq_len": SEQ, "eval_blocks": 2},
+        "data": {"train": {"path": str(data)}, "seq_len": SEQ, "eval_blocks": 2, "holdout_every": 5},
         "training": {"output_dir": str(out), "max_steps": 25, "per_device_train_batch_size": BATCH, "logging_steps": 5,
                      "save_strategy": "no", "report_to": "none", "disable_tqdm": True},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},

@@ -184,6 +184,15 @@ def train(recipe: Recipe) -> Run:
     preemption = PreemptionCallback()
     trainer.add_callback(preemption)
     trainer.set_resume_dir(resume)
+    if resume is not None and _step_of(resume) >= args.max_steps:
+        # The Trainer would still take one more step; there is nothing left to train.
+        print(f"hftrain: {resume} is already at training.max_steps={args.max_steps}; nothing to train (raise max_steps to continue).")
+        preemption.restore()
+        from transformers.trainer_callback import TrainerState
+
+        trainer.state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+        trainer._load_from_checkpoint(str(resume))
+        return finish(trainer, recipe, output_dir, counts)
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     finally:
@@ -194,6 +203,10 @@ def train(recipe: Recipe) -> Run:
             "Run the same command again to continue from there."
         )
     return finish(trainer, recipe, output_dir, counts)
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
 
 
 def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: dict[str, int]) -> Run:

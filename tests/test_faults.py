@@ -217,3 +217,45 @@ def test_max_restarts_resumes_after_a_crash(tmp_path):
     assert proc.returncode == 0, err[-2000:]
     assert "training died (signal SIGKILL); restart 1 of 2, resuming from the last complete checkpoint" in err
     assert json.loads((run_dir / "results.json").read_text())["step"] == 60
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
+    import gzip
+    import os
+    import random
+
+    bucket = s3.make_bucket()
+    docs = make_documents(600)
+    for i in range(4):
+        s3.put(f"{bucket}/c/part-{i}.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[i::4]).encode()))
+    raw = tiny_recipe(tmp_path / "unused", tmp_path / "unused", max_steps=40, save_steps=5, logging_steps=1)
+    raw["data"]["train"] = {"path": f"s3://{bucket}/c/*.jsonl.gz"}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "hftrain", "train", str(recipe), "--accelerate-config", "ddp", "--nproc", "2"]
+    env = {**os.environ, **s3.env()}
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait_for_step(run_dir / "metrics.jsonl", random.Random().randint(7, 30), proc)
+    import psutil
+
+    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in family:  # every process of the run at once: launcher, torchrun and both ranks
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    assert not (run_dir / "final").exists()
+    survivor = ckpt.latest_checkpoint(run_dir)
+    assert survivor is not None
+    again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env, capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    resumed, reference = losses_of(run_dir), losses_of(tmp_path / "straight")
+    assert sorted(resumed) == list(range(1, 41))
+    for s in range(1, 41):
+        assert resumed[s] == pytest.approx(reference[s], rel=1e-5), s

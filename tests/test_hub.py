@@ -88,3 +88,14 @@ def test_unreachable_hub_is_retried_and_reported(local_hub, monkeypatch, pretrai
     assert "creating hub repo tester/gone failed after 3 attempts" in str(info.value)
     assert TOKEN not in str(info.value)
     assert digest(pretrained_run.final_dir) == before
+
+
+def test_checkpoints_and_final_model_copied_to_s3_during_training(s3, tmp_path, corpus):
+    bucket = s3.make_bucket()
+    raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5)
+    raw["hub"] = {"s3_uri": f"s3://{bucket}/models/tiny"}  # hub_strategy every_save (the Trainer's default)
+    hftrain.train(hftrain.load_recipe(None, raw))
+    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]}
+    for folder in ("checkpoint-5", "checkpoint-10", "final"):
+        assert f"models/tiny/{folder}/model.safetensors" in keys, folder
+    assert "models/tiny/checkpoint-5/optimizer.pt" in keys  # a checkpoint copy resumes elsewhere
