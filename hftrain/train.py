@@ -191,6 +191,10 @@ def train(recipe: Recipe) -> Run:
         from transformers.trainer_callback import TrainerState
 
         trainer.state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+        if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:  # sharded weights load only inside train()
+            results = output_dir / RESULTS_FILE
+            metrics = json.loads(results.read_text(encoding="utf-8")) if results.is_file() else {}
+            return Run(recipe, output_dir, output_dir / ckpt.FINAL, trainer, metrics=metrics)
         trainer._load_from_checkpoint(str(resume))
         return finish(trainer, recipe, output_dir, counts)
     try:
