@@ -99,3 +99,28 @@ def test_checkpoints_and_final_model_copied_to_s3_during_training(s3, tmp_path, 
     for folder in ("checkpoint-5", "checkpoint-10", "final"):
         assert f"models/tiny/{folder}/model.safetensors" in keys, folder
     assert "models/tiny/checkpoint-5/optimizer.pt" in keys  # a checkpoint copy resumes elsewhere
+
+
+def test_training_data_from_an_hf_url(local_hub, monkeypatch, tmp_path):
+    """hf:// paths go through huggingface_hub's fsspec filesystem, like s3:// through s3fs."""
+    import json
+
+    from huggingface_hub import HfApi, HfFileSystem
+
+    from hftrain.data.loader import plan_data
+    from hftrain.data.stream import DocumentStream
+
+    from .conftest import make_documents
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    HfFileSystem.clear_instance_cache()
+    docs = make_documents(30)
+    api = HfApi()
+    api.create_repo("tester/corpus", repo_type="dataset")
+    api.upload_file(path_or_fileobj="".join(json.dumps({"text": d}) + "\n" for d in docs).encode(),
+                    path_in_repo="data/train.jsonl", repo_id="tester/corpus", repo_type="dataset")  # fmt: skip
+    section = hftrain.load_recipe(None, {"data": {"train": {"path": "hf://datasets/tester/corpus/data/*.jsonl"}}}).data
+    plan = plan_data(section, 0)
+    stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
+    assert list(stream.documents(stream.fresh_state())) == docs
+    HfFileSystem.clear_instance_cache()
