@@ -20,7 +20,6 @@ Why it exists (accelerate 1.15, DeepSpeed 0.19, see shared/notes/cpu-stack.md):
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +40,6 @@ def rehearsal_backend() -> str | None:
     return os.environ.get(REHEARSAL_ENV) if on_cpu() else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int) -> int:
     """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns its exit code."""
     env = dict(os.environ)
@@ -55,11 +48,8 @@ def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, n
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     if backend == "zero3":
         env["DS_ACCELERATOR"] = "cpu"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-        "-m", "hftrain", *hftrain_args,
-    ]  # fmt: skip
+    # --standalone: a local c10d rendezvous on a port torchrun picks itself (no free-port race)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "hftrain", *hftrain_args]
     return subprocess.call(cmd, env=env)
 
 
