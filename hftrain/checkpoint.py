@@ -131,7 +131,9 @@ def claim_output_dir(output_dir: Path, recipe: Recipe, is_main: bool) -> None:
             )
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        run_file.write_text(json.dumps({"fingerprint": mine}, indent=2), encoding="utf-8")
+        partial = run_file.with_suffix(".tmp")
+        partial.write_text(json.dumps({"fingerprint": mine}, indent=2), encoding="utf-8")
+        os.replace(partial, run_file)  # other processes never read a half-written file
 
 
 # ------------------------------------------------------------------------------------ exact loading

@@ -142,16 +142,17 @@ def train(recipe: Recipe) -> Run:
     args, resume_setting, push = training_arguments(recipe)
     output_dir = Path(args.output_dir)
     is_main = args.process_index == 0
-    ckpt.claim_output_dir(output_dir, recipe, is_main)
-    if is_main:
-        for leftover in ckpt.clean_partial(output_dir):
-            print(f"hftrain: removed {leftover} (an interrupted save)")
+    data_plan = plan_data(recipe.data, args.seed)
+    # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
+    with args.main_process_first(desc="preparing the output directory"):
+        ckpt.claim_output_dir(output_dir, recipe, is_main)
+        if is_main:
+            for leftover in ckpt.clean_partial(output_dir):
+                print(f"hftrain: removed {leftover} (an interrupted save)")
+        tokenizer, tokenizer_is_new = load_tokenizer(recipe, output_dir, lambda n: first_documents(data_plan, n))
     resume = resume_point(resume_setting, output_dir)
     if resume is not None and is_main:
         print(f"hftrain: resuming from {resume}")
-
-    data_plan = plan_data(recipe.data, args.seed)
-    tokenizer, tokenizer_is_new = load_tokenizer(recipe, output_dir, lambda n: first_documents(data_plan, n))
     if data_plan.pretokenized is not None:
         check_compatible(data_plan.manifest, data_plan.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new)
