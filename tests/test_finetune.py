@@ -19,7 +19,7 @@ from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
 
-from .conftest import make_documents, sentence, write_jsonl
+from .conftest import sentence
 
 COLOUR = {"cat": "red", "dog": "green", "bird": "quiet", "fish": "old", "horse": "big", "cow": "small", "sheep": "happy",
           "fox": "fast", "owl": "slow", "bear": "young"}  # fmt: skip

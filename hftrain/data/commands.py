@@ -12,7 +12,7 @@ import fsspec
 from ..recipe_schema import Recipe
 from ..tokenizer import load_tokenizer
 from .loader import first_documents, plan_data, train_documents, validation_blocks
-from .pretokenized import ShardWriter, read_manifest
+from .pretokenized import ShardWriter
 from .stream import BlockStream
 
 
