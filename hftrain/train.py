@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from transformers import TrainingArguments
@@ -137,7 +137,8 @@ def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
     return latest
 
 
-def train(recipe: Recipe) -> Run:
+def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
+    """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks)."""
     strategy = parallel.resolve_strategy(recipe)
     args, resume_setting, push = training_arguments(recipe)
     output_dir = Path(args.output_dir)
@@ -173,7 +174,7 @@ def train(recipe: Recipe) -> Run:
         eval_dataset=eval_set,
         processing_class=tokenizer,
         data_collator=collate_blocks,
-        callbacks=[MetricsFileCallback()],
+        callbacks=[MetricsFileCallback(), *callbacks],
         recipe=recipe,
         data_plan=data_plan,
         flops_per_token=per_token,
