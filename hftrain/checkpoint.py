@@ -88,14 +88,34 @@ def write_extras(directory: Path, recipe: Recipe) -> None:
     save_recipe(recipe, directory / RECIPE_FILE)
 
 
+def gathered_adapter(trainer: Any) -> dict[str, torch.Tensor] | None:
+    """FSDP and ZeRO-3 shard the adapter too: every rank takes part in gathering its full tensors."""
+    if trainer.is_fsdp_enabled:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return {k: v.detach().clone().contiguous() for k, v in get_model_state_dict(trainer.model, options=options).items()}
+    if trainer.is_deepspeed_enabled:
+        import deepspeed
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        trainable = {k: p for k, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters() if p.requires_grad}
+        with deepspeed.zero.GatheredParameters(list(trainable.values()), modifier_rank=None):
+            state = {k: p.detach().clone().cpu() for k, p in trainable.items()}
+        unset_hf_deepspeed_config()  # else loading the base to merge would partition it with ZeRO-3 collectives
+        return state
+    return None
+
+
 def save_full_model(trainer: Any, directory: Path) -> None:
     """The model as one standard HF directory (safetensors), however the training sharded or adapted it."""
     if hasattr(trainer.model, "peft_config"):  # LoRA: the adapter in adapter/, the merged model beside it
         from .finetune import merge_adapter, save_adapter
 
+        state = gathered_adapter(trainer)
         if trainer.args.should_save:
             adapter = directory / "adapter"
-            save_adapter(trainer.model, adapter, trainer.recipe.model.from_pretrained or "")
+            save_adapter(trainer.model, adapter, trainer.recipe.model.from_pretrained or "", state)
             trainer.processing_class.save_pretrained(adapter)
             merge_adapter(adapter, directory, tokenizer_dir=adapter)
         trainer.accelerator.wait_for_everyone()

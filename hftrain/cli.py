@@ -204,7 +204,7 @@ def run(argv: list[str]) -> int:
     if args.command == "train" and args.accelerate_config:
         from .launch import relaunch
 
-        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu)
+        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, recipe)
     if args.command == "data":
         from .data.commands import inspect, prepare
 

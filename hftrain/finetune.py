@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ def quantization_config(recipe: Recipe) -> Any:
         raise HftrainError(f"finetune.method: {method} needs bitsandbytes: pip install 'hftrain[qlora]'") from None
     from transformers import BitsAndBytesConfig
 
+    from .parallel import resolve_strategy
+
+    storage = check_strategy(recipe, resolve_strategy(recipe))
     if method == "lora_8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
@@ -41,8 +45,48 @@ def quantization_config(recipe: Recipe) -> Any:
         bnb_4bit_quant_type=q.bnb_4bit_quant_type,
         bnb_4bit_use_double_quant=q.bnb_4bit_use_double_quant,
         bnb_4bit_compute_dtype=getattr(torch, q.bnb_4bit_compute_dtype),
-        bnb_4bit_quant_storage=getattr(torch, q.bnb_4bit_quant_storage or "uint8"),
+        bnb_4bit_quant_storage=getattr(torch, storage),
     )
+
+
+def check_strategy(recipe: Recipe, strategy: str) -> str:
+    """Refuse quantized methods with backends that cannot shard or partition bitsandbytes weights; returns the
+    4-bit storage dtype: under FSDP it must be the compute dtype, or the packed uint8 weights stay unsharded.
+    Called before processes are started (launch.py) and again in each process (accelerate launch)."""
+    from .parallel import LABELS
+
+    method, q = recipe.finetune.method, recipe.finetune.quantization
+    if method not in QUANTIZED:
+        return "uint8"
+    where = f"finetune.method={method} with parallelism.strategy={strategy} ({LABELS[strategy]})"
+    if strategy == "zero3":
+        raise HftrainError(
+            f"{where}: DeepSpeed ZeRO-3 partitions weights as the model is built (zero.Init), and bitsandbytes' quantized "
+            "weights cannot be partitioned (bitsandbytes#1249). Use --accelerate-config fsdp (qlora) or ddp, or "
+            "finetune.method=lora with ZeRO-3."
+        )
+    if strategy == "fsdp" and method == "lora_8bit":
+        raise HftrainError(
+            f"{where}: FSDP cannot shard bitsandbytes' int8 weights. Use finetune.method=qlora with "
+            f"finetune.quantization.bnb_4bit_quant_storage={q.bnb_4bit_compute_dtype}, or --accelerate-config ddp."
+        )
+    if strategy != "fsdp":
+        return q.bnb_4bit_quant_storage or "uint8"
+    if q.bnb_4bit_quant_storage not in (None, q.bnb_4bit_compute_dtype):
+        raise HftrainError(
+            f"finetune.quantization.bnb_4bit_quant_storage: {q.bnb_4bit_quant_storage} with FSDP; FSDP shards the 4-bit "
+            f"weights only when they are stored as the compute dtype: set it to {q.bnb_4bit_compute_dtype} (or remove it)."
+        )
+    return q.bnb_4bit_compute_dtype
+
+
+def quantized_device_map(recipe: Recipe) -> dict[str, Any] | None:
+    """Each DDP/FSDP process loads its own quantized copy onto its own GPU, not all onto GPU 0 (transformers#21736)."""
+    from .parallel import resolve_strategy
+
+    if recipe.finetune.method not in QUANTIZED or not torch.cuda.is_available() or resolve_strategy(recipe) == "device_map":
+        return None
+    return {"": torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))}
 
 
 def linear_names(model: torch.nn.Module) -> list[str]:
@@ -96,8 +140,8 @@ def base_fingerprint(base: str) -> dict[str, Any]:
     return {"base_model": base, "fingerprint": digest.hexdigest()[:16] if root.is_dir() else None}
 
 
-def save_adapter(model: Any, directory: Path, base: str) -> None:
-    model.save_pretrained(directory)
+def save_adapter(model: Any, directory: Path, base: str, state_dict: dict[str, Any] | None = None) -> None:
+    model.save_pretrained(directory, state_dict=state_dict)
     (directory / BASE_FILE).write_text(json.dumps(base_fingerprint(base), indent=2), encoding="utf-8")
 
 

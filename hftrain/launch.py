@@ -14,6 +14,7 @@ import yaml
 
 from . import cpu_compat
 from .errors import HftrainError
+from .recipe_schema import Recipe
 
 PACKAGED = Path(__file__).parent / "accelerate_configs"
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
@@ -40,10 +41,14 @@ def backend_of(config: Path) -> str:
     return BACKENDS[kind]
 
 
-def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool) -> int:
+def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None) -> int:
     """Run `hftrain train TRAIN_ARGS` under the backend of `config_name`; returns the exit code."""
     config = find_config(config_name)
     backend = backend_of(config)
+    if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
+        from .finetune import check_strategy
+
+        check_strategy(recipe, backend)
     if cpu or cpu_compat.on_cpu():
         return cpu_compat.launch_processes(["train", *train_args], config, backend, nproc or 2)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]

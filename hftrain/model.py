@@ -95,7 +95,7 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
         )
     if m.trust_remote_code:
         print(f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {m.from_pretrained} will run.", flush=True)
-    from .finetune import quantization_config
+    from .finetune import quantization_config, quantized_device_map
 
     quantization = quantization_config(recipe)
     try:
@@ -107,6 +107,7 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
             # quantized: bf16 keeps the embeddings and head small too (fp32 leftovers otherwise)
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
             quantization_config=quantization,
+            device_map=quantized_device_map(recipe),
         )
     except (OSError, ValueError) as err:
         raise HftrainError(

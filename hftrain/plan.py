@@ -16,6 +16,7 @@ from .recipe_schema import Recipe
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
+BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 
 
 def flops_per_token(counts: dict[str, int], config: Any, seq_len: int) -> float:
@@ -78,7 +79,58 @@ def plan(recipe: Recipe) -> dict[str, Any]:
         "tokens_per_step_per_device": tokens_per_step,
         "train_flops_per_step_per_device": per_token * tokens_per_step,
         "memory_bytes": memory,
+        "finetune_bytes": finetune_memory(model, recipe),
+        "finetune_method": recipe.finetune.method,
         "max_steps": t.max_steps,
+    }
+
+
+def quant_4bit_bytes(numel: int, double_quant: bool) -> float:
+    """Packed 4-bit weights plus their quantization constants (fp32 absmax per block, or 8-bit with double quant)."""
+    blocks = -(-numel // BNB_BLOCK)
+    constants = blocks + 4 * -(-blocks // 256) if double_quant else 4 * blocks
+    return numel / 2 + constants
+
+
+def finetune_memory(model: Any, recipe: Recipe) -> dict[str, Any]:
+    """Weights / gradients / AdamW bytes per fine-tuning method, as hftrain trains them: full and LoRA keep fp32
+    weights; qlora / lora_8bit quantize every linear layer but the output head, and peft's
+    prepare_model_for_kbit_training upcasts the rest (embeddings, head, norms, biases) to fp32."""
+    from .finetune import DEFAULT_TARGETS
+
+    lora = recipe.finetune.lora
+    targets = lora.get("target_modules") or DEFAULT_TARGETS.get(model.config.model_type, [])
+    targets = [targets] if isinstance(targets, str) else targets
+    r = int(lora.get("r", 8))
+    head = model.get_output_embeddings()
+    total = sum(p.numel() for p in model.parameters())
+    quantized, rows, adapter, q4 = 0, 0, 0, 0.0
+    double = recipe.finetune.quantization.bnb_4bit_use_double_quant
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        quantized += module.weight.numel()
+        rows += module.out_features
+        q4 += quant_4bit_bytes(module.weight.numel(), double)
+        if name.rsplit(".", 1)[-1] in targets:
+            adapter += r * (module.in_features + module.out_features)
+    rest = total - quantized
+    lora_state = {"gradients": 4 * adapter, "optimizer": ADAMW_STATE_BYTES * adapter}
+    methods = {
+        "full": {"trainable": total, "weights": 4 * total, "gradients": 4 * total, "optimizer": ADAMW_STATE_BYTES * total},
+        "lora": {"trainable": adapter, "weights": 4 * (total + adapter), **lora_state},
+        "qlora": {"trainable": adapter, "weights": int(q4) + 4 * (rest + adapter), **lora_state},
+        "lora_8bit": {"trainable": adapter, "weights": quantized + 4 * rows + 4 * (rest + adapter), **lora_state},
+    }
+    return {
+        "methods": methods,
+        "lora_r": r,
+        "targets": targets,
+        "quantized_params": quantized,
+        # 4-bit weights as loaded (the rest in bf16) against the same model in bf16
+        "ratio_quantized_layers": q4 / (2 * quantized) if quantized else None,
+        "ratio_whole_model": (q4 + 2 * rest) / (2 * total),
+        "qlora_loaded_bytes": int(q4) + 2 * rest,
     }
 
 
@@ -101,10 +153,30 @@ def format_plan(info: dict[str, Any], name: str) -> str:
         total = m["weights"] + m["gradients"] + m["optimizer"]
         lines.append(f"  {dtype:<6} {_gb(m['weights']):>12} {_gb(m['gradients']):>12} {_gb(m['optimizer']):>12} {_gb(total):>12}")
     lines.append("  (bf16/fp16 autocast keeps fp32 weights: use the fp32 row; the bf16 row is for pure bf16 weights)")
+    lines += format_finetune(info["finetune_bytes"], info["finetune_method"])
     if info["max_steps"] and info["max_steps"] > 0:
         tokens = info["max_steps"] * info["tokens_per_step_per_device"]
         lines.append(f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs")
     return "\n".join(lines)
+
+
+def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:
+    lines = [
+        f"memory by fine-tuning method (AdamW; LoRA r={ft['lora_r']} on {', '.join(ft['targets'])}; activations not included):",
+        f"  {'method':<10} {'trainable':>13} {'weights':>12} {'gradients':>12} {'optimizer':>12} {'total':>12}",
+    ]
+    for method, m in ft["methods"].items():
+        total = m["weights"] + m["gradients"] + m["optimizer"]
+        mark = "  <- this recipe" if method == chosen else ""
+        lines.append(f"  {method:<10} {m['trainable']:>13,} {_gb(m['weights']):>12} {_gb(m['gradients']):>12} "
+                     f"{_gb(m['optimizer']):>12} {_gb(total):>12}{mark}")  # fmt: skip
+    if ft["ratio_quantized_layers"] is not None:
+        lines.append(
+            f"  qlora 4-bit weights / bf16: {ft['ratio_quantized_layers']:.3f} for the {ft['quantized_params']:,} quantized "
+            f"linear weights, {ft['ratio_whole_model']:.3f} for the whole model as loaded ({_gb(ft['qlora_loaded_bytes'])}; "
+            "embeddings, head and norms stay bf16)"
+        )
+    return lines
 
 
 TRAIN_BYTES_PER_PARAM = 16  # fp32 (or autocast) weights 4 + gradients 4 + AdamW moments 8
