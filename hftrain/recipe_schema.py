@@ -290,6 +290,25 @@ class FaultsSection(Section):
 
 
 # --------------------------------------------------------------------------------------------- monitor
+class EvalTask(Section):
+    """An extra metric computed at every evaluation during training (as `hftrain eval` computes it)."""
+
+    data: str
+    """A .jsonl / .txt file, directory, glob or fsspec URL (s3://, hf://), or hf:NAME[:CONFIG[:SPLIT]]."""
+    metric: Literal["perplexity", "bits_per_byte", "last_word_accuracy"] = "perplexity"
+    """perplexity and bits_per_byte: strided sliding window; last_word_accuracy: LAMBADA-style passages."""
+    name: str | None = None
+    """Name in the logs (eval_NAME_METRIC). Default: the file name without extensions."""
+    text_field: str = "text"
+    """JSON field holding the text."""
+    limit: int | None = Field(default=200, gt=0)
+    """Use at most this many documents (evaluation runs often: keep it quick)."""
+    context: int | None = Field(default=None, gt=1)
+    """Window length in tokens for perplexity / bits_per_byte. Default: the model's context, at most 1024."""
+    stride: int | None = Field(default=None, gt=0)
+    """Window step. Default: context // 2."""
+
+
 class MonitorSection(Section):
     """What hftrain reports beyond the loss."""
 
@@ -303,6 +322,29 @@ class MonitorSection(Section):
     """Length of the end-of-run sample (0 disables it)."""
     plot: bool = True
     """Write a PNG of loss and grad-norm against step into the output directory."""
+    eval_tasks: list[EvalTask] = []
+    """Extra metrics at every evaluation (training.eval_steps and the end of training), e.g.
+    [{data: lambada.jsonl, metric: last_word_accuracy}]. Perplexity and bits per byte of the validation
+    set are always added."""
+    input_bound_threshold: float = Field(default=0.2, gt=0, le=1)
+    """Warn (live, and in the end-of-run summary) when more than this share of the step time is spent waiting
+    for data: the accelerator is starved and more compute will not make the run faster."""
+
+
+# -------------------------------------------------------------------------------------------- profile
+class ProfileSection(Section):
+    """torch.profiler over a few training steps: a trace for Perfetto / TensorBoard and a text summary."""
+
+    start_step: int | None = Field(default=None, ge=1)
+    """First optimizer step to profile (1-based, as in the logs). Unset: no profiling."""
+    steps: int = Field(default=3, ge=1)
+    """How many consecutive steps to profile (a few: traces grow fast)."""
+    record_shapes: bool = False
+    """Record input shapes of each operation (bigger trace; groups the summary by shape)."""
+    profile_memory: bool = False
+    """Record tensor allocations and frees."""
+    with_stack: bool = False
+    """Record the Python stack of each operation (much bigger trace)."""
 
 
 # -------------------------------------------------------------------------------------------- training
@@ -366,6 +408,8 @@ class Recipe(Section):
     """Non-finite losses and gradients."""
     monitor: MonitorSection = MonitorSection()
     """Throughput, MFU, cost and end-of-run reporting."""
+    profile: ProfileSection = ProfileSection()
+    """torch.profiler over chosen training steps."""
 
     @model_validator(mode="after")
     def _quantized_needs_weights(self) -> Recipe:

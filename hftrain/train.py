@@ -7,7 +7,6 @@ Python API. It resumes an interrupted run in the same output_dir on its own.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,6 +16,7 @@ from transformers import TrainingArguments
 
 from . import checkpoint as ckpt
 from . import cpu_compat, parallel
+from .eval_metrics import TrainingEvaluation
 from .finetune import apply_method
 from .hub import CheckpointPusher
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
@@ -26,11 +26,14 @@ from .errors import HftrainError, Preempted
 from .model import build_model, parameter_counts
 from .plan import flops_per_token, measure_peak_flops
 from .plot import PLOT_FILE, plot_curves
+from .profiling import ProfilerCallback
 from .recipe_schema import Recipe
+from .step_timing import PHASES, input_bound_advice, peak_memory_gb
 from .tokenizer import load_tokenizer
 from .trainer import HftrainTrainer
 
 RESULTS_FILE = "results.json"
+EVAL_TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")
 
 
 @dataclass
@@ -182,7 +185,10 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         strategy=strategy,
         pusher=CheckpointPusher(recipe, args, push),
     )
+    trainer.evaluation = TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks)
     trainer.add_callback(ThroughputClockCallback(trainer))
+    if recipe.profile.start_step is not None:
+        trainer.add_callback(ProfilerCallback(recipe.profile, output_dir, args.process_index))
     preemption = PreemptionCallback()
     trainer.add_callback(preemption)
     trainer.set_resume_dir(resume)
@@ -222,7 +228,6 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
     ckpt.save_full_model(trainer, staged)
     run = Run(recipe, output_dir, final_dir, trainer)
     metrics = trainer.evaluate()
-    metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
     run.metrics = metrics
     if not trainer.args.should_save:
         return run
@@ -234,9 +239,10 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
     results = {
         "step": trainer.state.global_step,
         "eval_loss": metrics["eval_loss"],
-        "eval_perplexity": metrics["eval_perplexity"],
+        **{k: v for k, v in metrics.items() if k.startswith("eval_") and k not in EVAL_TIMINGS},
         "tokens_per_s_median": _median(rates),
         "mfu_median": _median(mfus),
+        **time_split(trainer),
         "parameters": counts,
         **trainer.distribution,
         "data_records_skipped": _skipped(trainer),
@@ -260,6 +266,16 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
     return run
 
 
+def time_split(trainer: HftrainTrainer) -> dict[str, Any]:
+    """The run-wide share of step time per phase, peak memory and the input-bound verdict."""
+    timer, threshold = trainer.timer, trainer.recipe.monitor.input_bound_threshold
+    out: dict[str, Any] = {f"{name}_frac": round(f, 4) for name in PHASES if (f := timer.run_fraction(name)) is not None}
+    out["peak_mem_gb"] = round(peak_memory_gb(trainer.args.device), 3)
+    wait = out.get("data_wait_frac")
+    out["input_bound"] = wait is not None and wait > threshold
+    return out
+
+
 def _skipped(trainer: HftrainTrainer) -> int:
     loader = trainer.train_loader
     if loader is None:
@@ -278,10 +294,22 @@ def _print_summary(run: Run, results: dict[str, Any]) -> None:
     lines = [
         "",
         f"final checkpoint: {run.final_dir}",
-        f"validation loss {results['eval_loss']:.4f}, perplexity {results['eval_perplexity']:.2f}",
+        f"validation loss {results['eval_loss']:.4f}, perplexity {results['eval_perplexity']:.2f}, "
+        f"bits per byte {results.get('eval_bits_per_byte', float('nan')):.3f}",
     ]
+    extra = [f"{k.removeprefix('eval_')} {v:.4g}" for k, v in results.items()
+             if k.startswith("eval_") and k not in ("eval_loss", "eval_perplexity", "eval_bits_per_byte")]
+    if extra:
+        lines.append("evaluation: " + ", ".join(extra))
     if results["tokens_per_s_median"]:
         lines.append(f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median), MFU {100 * (results['mfu_median'] or 0):.2f}%")
+    if results.get("data_wait_frac") is not None:
+        if results["input_bound"]:
+            lines.append(input_bound_advice(results["data_wait_frac"], run.recipe.monitor.input_bound_threshold,
+                                            run.trainer.args.dataloader_num_workers))
+        else:
+            split = ", ".join(f"{name.replace('_', ' ')} {100 * results[f'{name}_frac']:.0f}%" for name in PHASES if f"{name}_frac" in results)
+            lines.append(f"step time: {split}; peak memory {results['peak_mem_gb']:.2f} GB")
     if run.plot_path:
         lines.append(f"plot: {run.plot_path}")
     if run.sample:

@@ -4,7 +4,9 @@
   position is saved in every checkpoint instead of replaying batches on resume (``ignore_data_skip``);
 * checkpoints are staged and renamed into place when complete (see checkpoint.py);
 * resuming loads weights through transformers' key mapping, strictly (the GPT-NeoX head trap);
-* every training log line gets tokens seen, tokens/s, MFU and tokens per dollar.
+* every training log line gets tokens seen, tokens/s (total and per device), MFU, tokens per dollar, the
+  share of step time spent waiting for data (and on CPU forward/backward/optimizer), and peak memory
+  (see step_timing.py); a run that mostly waits for data is told so.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from . import checkpoint as ckpt
 from . import cpu_compat, parallel
 from .data.loader import DataPlan, PackedDataset, ResumableLoader, check_resumable
 from .errors import HftrainError
+from .eval_metrics import TrainingEvaluation
 from .finetune import BASE_FILE, base_fingerprint, is_adapter_dir
 from .recipe_schema import Recipe
+from .step_timing import EXCLUDED, StepTimer, input_bound_advice, peak_memory_gb
 
 
 class HftrainTrainer(Trainer):
@@ -40,7 +44,10 @@ class HftrainTrainer(Trainer):
         self.skipped_steps: list[int] = []
         self._nonfinite = False
         self._resume_dir: Path | None = None
-        self._last_log: tuple[int, float] | None = None
+        self._last_logged_step: int | None = None
+        self.timer = StepTimer(split=self.args.device.type == "cpu")
+        self._warned_input_bound = False
+        self.evaluation: TrainingEvaluation | None = None  # extra eval metrics (eval_metrics.py), set by train()
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -66,12 +73,25 @@ class HftrainTrainer(Trainer):
         )
         return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
 
+    def get_batch_samples(self, *args: Any, **kwargs: Any) -> Any:
+        with self.timer.phase("data_wait"):
+            return super().get_batch_samples(*args, **kwargs)
+
+    def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+        with self.timer.phase("forward"):
+            return super().compute_loss(*args, **kwargs)
+
     # -------------------------------------------------------------------------- non-finite guard
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        with self.timer.phase("backward", label="training_step"):  # its forward is timed apart (compute_loss)
+            loss = super().training_step(model, inputs, num_items_in_batch)
         if not torch.isfinite(loss).all():
             self._nonfinite = True
         return loss
+
+    def _clip_grad_norm(self, model: Any) -> Any:
+        with self.timer.phase("optimizer", label="clip_grad_norm"):
+            return super()._clip_grad_norm(model)
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         grad_norm = super()._get_grad_norm(model, grad_norm)
@@ -106,13 +126,18 @@ class HftrainTrainer(Trainer):
             if self._skip_optimizer_step:  # parameters and optimizer state stay as they were
                 self._skip_optimizer_step = self._nonfinite = False
                 return None
-            return step(*args, **kwargs)
+            with self.timer.phase("optimizer"):
+                return step(*args, **kwargs)
 
         optimizer.step = guarded_step
         return optimizer
 
     # ------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        with self.timer.phase(EXCLUDED, label="save_checkpoint"):  # not step time
+            self._save_checkpoint_atomically(model, trial)
+
+    def _save_checkpoint_atomically(self, model: Any, trial: Any) -> None:
         run_dir = Path(self.args.output_dir)
         staging_root = run_dir / ckpt.STAGING
         name = f"checkpoint-{self.state.global_step}"
@@ -153,29 +178,56 @@ class HftrainTrainer(Trainer):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         ckpt.load_weights_exactly(model if model is not None else self.model, Path(resume_from_checkpoint))
 
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        with self.timer.phase(EXCLUDED, label="evaluate"):  # not step time
+            return super().evaluate(*args, **kwargs)
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().evaluation_loop(*args, **kwargs)
+        if self.evaluation is not None and output.metrics is not None:
+            prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+            model = self.accelerator.unwrap_model(self.model)
+            output.metrics.update(self.evaluation.metrics(model, output.metrics.get(f"{prefix}_loss"), prefix))
+        return output
+
     # ---------------------------------------------------------------------------------- metrics
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
-            logs.update(self._throughput())
+            logs.update(self._step_metrics())
         super().log(logs, start_time)
 
-    def _throughput(self) -> dict[str, float]:
-        """tokens_seen, tokens_per_s (all ranks), mfu and tokens_per_usd since the previous log line."""
-        args, step, now = self.args, self.state.global_step, time.perf_counter()
+    def _step_metrics(self) -> dict[str, float]:
+        """Throughput, MFU, cost, where the step time went and peak memory, since the previous log line."""
+        args, step = self.args, self.state.global_step
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * self.data_plan.section.seq_len
         out: dict[str, float] = {"tokens_seen": float(step * per_step)}
-        if self._last_log is not None and now > self._last_log[1] and step > self._last_log[0]:
-            rate = (step - self._last_log[0]) * per_step / (now - self._last_log[1])
+        seconds, fractions = self.timer.take()
+        if self._last_logged_step is not None and step > self._last_logged_step:
+            rate = (step - self._last_logged_step) * per_step / seconds
             out["tokens_per_s"] = round(rate, 1)
+            out["tokens_per_s_per_device"] = round(rate / args.world_size, 1)
             out["mfu"] = round(rate * self.flops_per_token / (self.peak_flops * args.world_size), 4)
             price = self.recipe.monitor.price_per_hour
             if price:
                 out["tokens_per_usd"] = round(rate * 3600 / price, 1)
-        self._last_log = (step, now)
+            out.update(fractions)
+            self._warn_if_input_bound()
+        out["peak_mem_gb"] = round(peak_memory_gb(args.device), 3)
+        self._last_logged_step = step
         return out
 
+    def _warn_if_input_bound(self) -> None:
+        """Once, when the run so far (two log intervals at least: one slow read is no verdict) mostly waited."""
+        threshold, fraction = self.recipe.monitor.input_bound_threshold, self.timer.run_fraction("data_wait")
+        if self.timer.intervals < 2 or fraction is None or fraction <= threshold or self._warned_input_bound:
+            return
+        if self.is_world_process_zero():
+            self._warned_input_bound = True
+            print(f"hftrain: warning: {input_bound_advice(fraction, threshold, self.args.dataloader_num_workers)}", flush=True)
+
     def start_clock(self) -> None:
-        self._last_log = (self.state.global_step, time.perf_counter())
+        self._last_logged_step = self.state.global_step
+        self.timer.restart()
 
 
 def raise_missing_position(state_file: Path) -> None:
