@@ -25,12 +25,25 @@ def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
         if out.exists() and any(out.iterdir()):
             raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
         return merge_adapter(checkpoint, out, tokenizer_dir=checkpoint)
+    fsdp = sorted(checkpoint.glob("pytorch_model_fsdp_*"))
+    if fsdp and (checkpoint / "config.json").is_file():
+        import tempfile
+
+        from .finetune import fsdp_adapter
+
+        with tempfile.TemporaryDirectory(prefix="hftrain-adapter-") as tmp:
+            adapter = fsdp_adapter(checkpoint, fsdp[0], Path(tmp))
+            if adapter is not None:
+                if not merge:
+                    raise HftrainError(f"{checkpoint}: a LoRA adapter checkpoint (sharded by FSDP); add --merge to write base + adapter as one model.")
+                if out.exists() and any(out.iterdir()):
+                    raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
+                return merge_adapter(adapter, out, tokenizer_dir=checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise HftrainError(f"{checkpoint}: not an hftrain checkpoint or model directory (no config.json).")
     if out.exists() and any(out.iterdir()):
         raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
     out.mkdir(parents=True, exist_ok=True)
-    fsdp = sorted(checkpoint.glob("pytorch_model_fsdp_*"))
     deepspeed = (checkpoint / "latest").is_file()
     if fsdp:
         from accelerate.utils import merge_fsdp_weights

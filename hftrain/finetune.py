@@ -178,3 +178,29 @@ def copy_adapter(src: Path, dst: Path) -> None:
     for item in src.iterdir():
         if item.is_file() and item.name.startswith(("adapter_", BASE_FILE)):
             shutil.copy2(item, dst / item.name)
+
+
+def fsdp_adapter(checkpoint: Path, shards: Path, out: Path) -> Path | None:
+    """An FSDP LoRA checkpoint holds the adapter sharded: consolidate it into a peft adapter directory
+    (config from the checkpoint's recipe), or None when the checkpoint is not a LoRA run's."""
+    from .checkpoint import RECIPE_FILE
+    from .recipe import load_recipe
+
+    if not (checkpoint / RECIPE_FILE).is_file():
+        return None
+    recipe = load_recipe(str(checkpoint / RECIPE_FILE), [])
+    if recipe.finetune.method == "full":
+        return None
+    from accelerate.utils import merge_fsdp_weights
+    from peft import LoraConfig
+
+    merge_fsdp_weights(str(shards), str(out), safe_serialization=True)
+    (out / "model.safetensors").rename(out / "adapter_model.safetensors")
+    options = dict(recipe.finetune.lora)
+    model_type = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))["model_type"]
+    targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model_type)
+    base = recipe.model.from_pretrained or ""
+    LoraConfig(task_type="CAUSAL_LM", target_modules=targets, base_model_name_or_path=base, **options).save_pretrained(out)
+    if (checkpoint / BASE_FILE).is_file():
+        shutil.copy2(checkpoint / BASE_FILE, out / BASE_FILE)
+    return out
