@@ -43,7 +43,7 @@ def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") 
         path = Path(tmp) / "recipe.yaml"
         path.touch(mode=0o600)  # the child processes need the recipe as it is, secrets included
         path.write_text(dump_yaml(recipe_to_dict(recipe, redact=False)), encoding="utf-8")
-        code = relaunch([str(path)], accelerate_config, num_processes, cpu=cpu_compat.on_cpu())
+        code = relaunch([str(path)], accelerate_config, num_processes, cpu=cpu_compat.on_cpu(), recipe=recipe)
     final = Path(recipe.training.output_dir) / "final"
     if code != 0:
         raise HftrainError(f"notebook launch: the {num_processes} training processes failed (exit {code}); see their output above.")
