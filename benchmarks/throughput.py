@@ -1,0 +1,288 @@
+"""Training throughput: hftrain with its default settings vs a plain run_clm-style Trainer script, side by side.
+
+    python benchmarks/throughput.py [--shapes small,medium,large] [--repeats N] [--steps N]
+
+For each model shape, alternating A/B (the order flips every repeat), each run in its own fresh process:
+
+  hftrain   hftrain.train(hftrain.load_recipe(None, overrides)) where the overrides set only the model shape, the
+            data (builtin python-docs corpus, gpt2 tokenizer, seq_len), micro-batch, step count, learning rate,
+            warm-up, logging interval and output_dir, and turn off what is not training (end-of-run sample, plot,
+            checkpoints; the final save and evaluation run after the timed steps). Everything else, bf16,
+            torch.compile, threads, data loading included, is hftrain's default.
+  baseline  the way transformers' examples/pytorch/language-modeling/run_clm.py does it: the same documents
+            hftrain trains on, as text, datasets.Dataset.from_dict + map(tokenize) + map(group_texts) into
+            seq_len blocks, GPTNeoXForCausalLM(GPTNeoXConfig(same shape, vocabulary 50,304 = gpt2 padded to a
+            multiple of 128, as hftrain sizes it)), default TrainingArguments(use_cpu=True) and
+            Trainer(data_collator=default_data_collator). Optimizer hyper-parameters and the cosine schedule are
+            set to hftrain's (weight decay 0.1, beta2 0.95, seed 1234), so that the losses compare.
+
+Both sides get the same StepClock callback. tokens/s = median over the steps after warm-up (first 20%, at least
+2: steps are seconds long) of tokens per step / step time (on_step_end to on_step_end, so data loading and
+logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's compile time when a
+side compiles. MFU = tokens/s x training FLOPs per token (hftrain.plan.flops_per_token, 6N + 12LdT) / the matmul
+peak of the dtype the side computes in (observed on its first Linear layer), measured in this run. loss = mean
+of the last 3 logged training losses (both sides log every --log-steps steps).
+
+Time: each run is a fresh process (~15-25 s of imports, data set-up, final save and evaluation on a busy machine,
+none of it timed). The defaults (one A/B pair per shape, 40 / 8 / 6 steps) take about 9 minutes on a 2-core CPU
+shared with other work, about half that on a quiet one; there, --repeats 3 gives medians over repeats. The
+machine may be shared: read the ratios. Ends with one line per shape:
+
+    SHAPE: hftrain X tok/s, baseline Y tok/s, ratio Z, loss hftrain A baseline B
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import PeakFlops, StepClock, final_loss, median, run_child, steady_state, write_json  # noqa: E402
+
+# name: layers, heads, hidden, context, micro-batch, learning rate, default steps and logging interval. The step
+# counts keep the default run under 10 minutes on a busy 2-core CPU, where a medium step takes 5-10 s.
+SHAPES: dict[str, dict[str, Any]] = {
+    "small": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=40, log_steps=5),
+    "medium": dict(layers=6, heads=6, hidden=384, seq=256, batch=8, lr=1e-3, steps=8, log_steps=2),
+    "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=6, log_steps=2),
+}
+SEED = 1234  # hftrain's default training.seed
+SIDES = ("hftrain", "baseline")
+
+
+def schedule(shape: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The hyper-parameters both sides share."""
+    return {"max_steps": steps, "per_device_train_batch_size": shape["batch"], "learning_rate": shape["lr"],
+            "warmup_steps": max(1, steps // 10)}  # fmt: skip
+
+
+class DtypeProbe:
+    """Records the output dtype of the model's first Linear layer: the dtype its matmuls really run in."""
+
+    def __init__(self) -> None:
+        self.dtype = "unknown"
+
+    def attach(self, model: Any) -> None:
+        import torch
+
+        first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        first.register_forward_hook(self._hook)
+
+    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
+        self.dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(str(output.dtype), str(output.dtype))
+
+
+class ProbingClock(StepClock):
+    def __init__(self) -> None:
+        super().__init__()
+        self.probe = DtypeProbe()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.probe.attach(model)
+        super().on_train_begin(args, state, control, **kwargs)
+
+
+def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
+    import torch
+
+    from hftrain.model import parameter_counts
+    from hftrain.plan import flops_per_token
+
+    counts = parameter_counts(model)
+    return {
+        "clock": clock.to_json(),
+        "tokens_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * seq,
+        "loss": final_loss(log_history),
+        "losses": [e["loss"] for e in log_history if "loss" in e],
+        "dtype": clock.probe.dtype,
+        "args_bf16": bool(args.bf16),
+        "torch_compile": bool(args.torch_compile),
+        "threads": torch.get_num_threads(),
+        "workers": args.dataloader_num_workers,
+        "parameters": counts["total"],
+        "flops_per_token": flops_per_token(counts, model.config, seq),
+    }
+
+
+def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path) -> dict[str, Any]:
+    import hftrain
+
+    overrides = {
+        "model": {"preset": "cpu-small", "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
+                  "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"]},
+        "tokenizer": {"builtin": "gpt2"},
+        "data": {"train": [{"builtin": "python-docs"}], "seq_len": shape["seq"], "eval_blocks": 4},
+        "training": {**schedule(shape, steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": steps + 1},
+        "monitor": {"sample_max_new_tokens": 0, "plot": False},
+    }  # fmt: skip
+    clock = ProbingClock()
+    run = hftrain.train(hftrain.load_recipe(None, overrides), callbacks=[clock])
+    result = child_result(clock, run.trainer.model, run.trainer.args, run.log_history, shape["seq"])
+    results_file = out / "results.json"  # what hftrain itself reports, for reference
+    result["hftrain_reported"] = json.loads(results_file.read_text()).get("tokens_per_s_median") if results_file.is_file() else None
+    return result
+
+
+def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path) -> dict[str, Any]:
+    """transformers' run_clm.py, reduced to what this comparison needs."""
+    from itertools import chain
+
+    import datasets
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArguments, default_data_collator, set_seed
+
+    from hftrain.tokenizer import gpt2_tokenizer
+
+    block_size = shape["seq"]
+    tokenizer = gpt2_tokenizer()
+    raw = datasets.Dataset.from_dict({"text": json.loads(docs_file.read_text())})
+
+    def tokenize_function(examples: dict[str, list]) -> Any:
+        return tokenizer(examples["text"])
+
+    def group_texts(examples: dict[str, list]) -> dict[str, list]:
+        concatenated = {k: list(chain(*examples[k])) for k in examples}
+        total_length = (len(concatenated["input_ids"]) // block_size) * block_size
+        result = {k: [t[i : i + block_size] for i in range(0, total_length, block_size)] for k, t in concatenated.items()}
+        result["labels"] = result["input_ids"].copy()
+        return result
+
+    tokenized = raw.map(tokenize_function, batched=True, remove_columns=["text"])
+    train_dataset = tokenized.map(group_texts, batched=True)
+
+    set_seed(SEED)
+    vocab = -(-len(tokenizer) // 128) * 128  # hftrain pads a tokenizer's size to a multiple of 128: 50,304
+    config = GPTNeoXConfig(vocab_size=vocab, hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+                           num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
+                           max_position_embeddings=1024, bos_token_id=tokenizer.eos_token_id,
+                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    model = GPTNeoXForCausalLM(config)
+    args = TrainingArguments(
+        output_dir=str(out), use_cpu=True, **schedule(shape, steps), lr_scheduler_type="cosine", weight_decay=0.1,
+        adam_beta2=0.95, seed=SEED, report_to=[], save_strategy="no", logging_steps=log_steps,
+    )  # fmt: skip
+    clock = ProbingClock()
+    trainer = Trainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
+                      data_collator=default_data_collator, callbacks=[clock])  # fmt: skip
+    trainer.train()
+    return child_result(clock, trainer.model, trainer.args, trainer.state.log_history, shape["seq"])
+
+
+def training_documents() -> list[str]:
+    """The documents hftrain trains on: the python-docs corpus minus its held-out documents, in corpus order."""
+    from hftrain.data.loader import plan_data, train_documents
+    from hftrain.recipe import load_recipe
+
+    recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}]}})
+    stream = train_documents(plan_data(recipe.data, SEED), loop=False)
+    stream.shuffle = False
+    return list(stream.documents(stream.fresh_state()))
+
+
+def child_main(args: argparse.Namespace) -> None:
+    shape = SHAPES[args.shape]
+    out = Path(args.workdir)
+    if args.child == "hftrain":
+        result = run_hftrain(shape, args.steps, args.log_steps, out)
+    else:
+        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs))
+    write_json(args.result, result)
+
+
+# ------------------------------------------------------------------------------------------------ parent
+def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, Any]:
+    steady = [steady_state(r["clock"], r["tokens_per_step"]) for r in runs]
+    rates = [s["tokens_per_s"] for s in steady]
+    rate, first = median(rates), runs[0]
+    peak = peaks.get(first["dtype"], peaks["fp32"])
+    return {
+        "rates": rates, "tokens_per_s": rate, "mfu": rate * first["flops_per_token"] / peak,
+        "cpu_util": median([s["cpu_util"] for s in steady]),
+        "warmup_s": median([s["warmup_s"] for s in steady]), "loss": median([r["loss"] for r in runs]),
+        "dtype": "/".join(sorted({r["dtype"] for r in runs})), "compile": any(r["torch_compile"] for r in runs),
+        "threads": first["threads"], "workers": first["workers"], "parameters": first["parameters"],
+        "timed_steps": steady[0]["timed_steps"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="small,medium,large", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
+                             "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: per shape, see SHAPES)")
+    parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    for hidden in ("--shape", "--workdir", "--result", "--docs"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child_main(args)
+
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    started = time.perf_counter()
+    peaks = PeakFlops()
+    summary: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
+        tmp = Path(tmp)
+        docs = tmp / "documents.json"
+        docs.write_text(json.dumps(training_documents()))
+        pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
+        for name in shapes:
+            steps = args.steps or SHAPES[name]["steps"]
+            log_steps = args.log_steps or SHAPES[name]["log_steps"]
+            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+            for r in range(args.repeats):
+                pair += 1
+                for side in SIDES if pair % 2 else SIDES[::-1]:
+                    tag = f"{name}-{side}-{r}"
+                    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
+                           "--log-steps", str(log_steps), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
+                           "--docs", str(docs)]  # fmt: skip
+                    peaks.measure()
+                    t0 = time.perf_counter()
+                    result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
+                    runs[side].append(result)
+                    s = steady_state(result["clock"], result["tokens_per_step"])
+                    print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
+                          f"({steps} steps, {time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
+            if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
+                print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
+                      f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
+            summary[name] = {"runs": runs, "steps": steps}
+        peaks.measure()
+    summary = {name: {**{side: summarize(s["runs"][side], peaks.best) for side in SIDES}, "steps": s["steps"]} for name, s in summary.items()}
+
+    print(f"\nall runs took {time.perf_counter() - started:.0f} s; tokens/s = median over repeats of the per-run median over "
+          "steady-state steps")  # fmt: skip
+    print(f"matmul peak (best seen in this run): fp32 {peaks.best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {peaks.best['bf16'] / 1e9:,.1f} GFLOP/s; "
+          "cpu = CPU s per wall s in the timed steps (about the thread count when the run had the cores to itself)\n")  # fmt: skip
+    header = f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} {'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7}"
+    print(header)
+    print("-" * len(header))
+    for name, sides in summary.items():
+        for side in SIDES:
+            s = sides[side]
+            runs_text = " ".join(f"{v:,.0f}" for v in s["rates"])
+            print(f"{name:<7} {side:<9} {s['tokens_per_s']:>9,.0f} {runs_text:<22} {100 * s['mfu']:>5.1f}% {s['dtype']:<5} "
+                  f"{'yes' if s['compile'] else 'no':<7} {s['threads']:>7} {s['cpu_util']:>4.1f} {s['workers']:>7} {s['warmup_s']:>9.1f} {s['loss']:>7.4f}")  # fmt: skip
+        h = sides["hftrain"]
+        print(f"{'':<7} ({sides['steps']} steps, {h['timed_steps']} timed; {h['parameters']:,} parameters)")
+    print()
+    for name, sides in summary.items():
+        h, b = sides["hftrain"], sides["baseline"]
+        print(f"{name}: hftrain {h['tokens_per_s']:,.0f} tok/s, baseline {b['tokens_per_s']:,.0f} tok/s, "
+              f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
