@@ -61,9 +61,9 @@ def check_strategy(recipe: Recipe, strategy: str) -> str:
     where = f"finetune.method={method} with parallelism.strategy={strategy} ({LABELS[strategy]})"
     if strategy == "zero3":
         raise HftrainError(
-            f"{where}: DeepSpeed ZeRO-3 partitions weights as the model is built (zero.Init), and bitsandbytes' quantized "
-            "weights cannot be partitioned (bitsandbytes#1249). Use --accelerate-config fsdp (qlora) or ddp, or "
-            "finetune.method=lora with ZeRO-3."
+            f"{where}: not supported. DeepSpeed ZeRO-3 partitions weights as the model is built (zero.Init), which does "
+            "not support bitsandbytes' quantized weights (bitsandbytes#1249). Use --accelerate-config fsdp (qlora) or ddp, "
+            "or finetune.method=lora with ZeRO-3."
         )
     if strategy == "fsdp" and method == "lora_8bit":
         raise HftrainError(
@@ -124,6 +124,8 @@ def apply_method(model: Any, recipe: Recipe, gradient_checkpointing: bool) -> An
         config = LoraConfig(task_type="CAUSAL_LM", target_modules=targets, **options)
     except (TypeError, ValueError) as err:
         raise HftrainError(f"finetune.lora: {err}") from None
+    # the adapter's random init, the same in every run and on every rank (FSDP and ZeRO-3 keep each rank's own part)
+    torch.manual_seed(recipe.training.seed)
     return get_peft_model(model, config)
 
 
