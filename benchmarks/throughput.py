@@ -53,13 +53,15 @@ SHAPES: dict[str, dict[str, Any]] = {
     "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=6, log_steps=2),
 }
 SEED = 1234  # hftrain's default training.seed
+RUN_STEPS = 2000  # the run both sides are configured for (max_steps); both stop after --steps of it
+WARMUP = 2  # learning-rate warm-up steps: short, so that the measured first steps already learn
 SIDES = ("hftrain", "baseline")
 
 
-def schedule(shape: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The hyper-parameters both sides share."""
-    return {"max_steps": steps, "per_device_train_batch_size": shape["batch"], "learning_rate": shape["lr"],
-            "warmup_steps": max(1, steps // 10)}  # fmt: skip
+def schedule(shape: dict[str, Any], run_steps: int) -> dict[str, Any]:
+    """The hyper-parameters both sides share: a run of `run_steps` steps (measured over its first steps)."""
+    return {"max_steps": run_steps, "per_device_train_batch_size": shape["batch"], "learning_rate": shape["lr"],
+            "warmup_steps": WARMUP}  # fmt: skip
 
 
 class DtypeProbe:
@@ -79,9 +81,17 @@ class DtypeProbe:
 
 
 class ProbingClock(StepClock):
-    def __init__(self) -> None:
+    """The step clock, plus the compute dtype, plus the early stop after the measured steps."""
+
+    def __init__(self, stop_after: int) -> None:
         super().__init__()
         self.probe = DtypeProbe()
+        self.stop_after = stop_after
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_step_end(args, state, control, **kwargs)
+        if state.global_step >= self.stop_after:
+            control.should_training_stop = True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.probe.attach(model)
@@ -110,26 +120,29 @@ def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, 
     }
 
 
-def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path) -> dict[str, Any]:
+def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str]) -> dict[str, Any]:
     import hftrain
+    import yaml
 
     overrides = {
         "model": {"preset": "cpu-small", "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
                   "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"]},
         "tokenizer": {"builtin": "gpt2"},
         "data": {"train": [{"builtin": "python-docs"}], "seq_len": shape["seq"], "eval_blocks": 4},
-        "training": {**schedule(shape, steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": steps + 1},
+        "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }  # fmt: skip
-    clock = ProbingClock()
-    run = hftrain.train(hftrain.load_recipe(None, overrides), callbacks=[clock])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-recipe.yaml").write_text(yaml.safe_dump(overrides), encoding="utf-8")
+    clock = ProbingClock(steps)
+    run = hftrain.train(hftrain.load_recipe(out / "bench-recipe.yaml", settings), callbacks=[clock])
     result = child_result(clock, run.trainer.model, run.trainer.args, run.log_history, shape["seq"])
     results_file = out / "results.json"  # what hftrain itself reports, for reference
     result["hftrain_reported"] = json.loads(results_file.read_text()).get("tokens_per_s_median") if results_file.is_file() else None
     return result
 
 
-def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path) -> dict[str, Any]:
+def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int) -> dict[str, Any]:
     """transformers' run_clm.py, reduced to what this comparison needs."""
     from itertools import chain
 
@@ -163,10 +176,10 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     model = GPTNeoXForCausalLM(config)
     args = TrainingArguments(
-        output_dir=str(out), use_cpu=True, **schedule(shape, steps), lr_scheduler_type="cosine", weight_decay=0.1,
+        output_dir=str(out), use_cpu=True, **schedule(shape, run_steps), lr_scheduler_type="cosine", weight_decay=0.1,
         adam_beta2=0.95, seed=SEED, report_to=[], save_strategy="no", logging_steps=log_steps,
     )  # fmt: skip
-    clock = ProbingClock()
+    clock = ProbingClock(steps)
     trainer = Trainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
                       data_collator=default_data_collator, callbacks=[clock])  # fmt: skip
     trainer.train()
@@ -188,9 +201,9 @@ def child_main(args: argparse.Namespace) -> None:
     shape = SHAPES[args.shape]
     out = Path(args.workdir)
     if args.child == "hftrain":
-        result = run_hftrain(shape, args.steps, args.log_steps, out)
+        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set)
     else:
-        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs))
+        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps)
     write_json(args.result, result)
 
 
@@ -216,7 +229,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
                              "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: per shape, see SHAPES)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
+    parser.add_argument("--run-steps", type=int, default=RUN_STEPS,
+                        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
+                             "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
+    parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
     parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     for hidden in ("--shape", "--workdir", "--result", "--docs"):
@@ -246,7 +264,8 @@ def main() -> None:
                 for side in SIDES if pair % 2 else SIDES[::-1]:
                     tag = f"{name}-{side}-{r}"
                     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
-                           "--log-steps", str(log_steps), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
+                           "--log-steps", str(log_steps), "--run-steps", str(args.run_steps),
+                           *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
                            "--docs", str(docs)]  # fmt: skip
                     peaks.measure()
                     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ import torch
 from transformers import TrainingArguments
 
 from . import checkpoint as ckpt
-from . import cpu_compat, parallel
+from . import cpu_compat, parallel, speed
 from .eval_metrics import TrainingEvaluation
 from .finetune import apply_method
 from .hub import CheckpointPusher
@@ -23,8 +23,8 @@ from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockC
 from .data.pretokenized import check_compatible
 from .data.loader import PackedDataset, collate_blocks, first_documents, plan_data, validation_blocks
 from .errors import HftrainError, Preempted
-from .model import build_model, parameter_counts
-from .plan import flops_per_token, measure_peak_flops
+from .model import build_model, meta_model, parameter_counts
+from .plan import flops_per_token, measure_peak_flops, tokenizer_size_estimate
 from .plot import PLOT_FILE, plot_curves
 from .profiling import ProfilerCallback
 from .recipe_schema import Recipe
@@ -103,9 +103,9 @@ class Run:
         return tok.decode(out[0], skip_special_tokens=True)
 
 
-def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | None, bool]:
-    """TrainingArguments from the recipe's training section, the resume setting and push_to_hub (both handled
-    by hftrain: the Trainer's own push would upload output_dir's root, see hub.py)."""
+def training_arguments(recipe: Recipe, strategy: str) -> tuple[TrainingArguments, bool | str | None, bool, list[str]]:
+    """TrainingArguments from the recipe's training section, the resume setting, push_to_hub (both handled
+    by hftrain: the Trainer's own push would upload output_dir's root, see hub.py) and the speed defaults chosen."""
     kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), parallel.world_size())
     resume = kwargs.pop("resume_from_checkpoint", None)
     push = bool(kwargs.pop("push_to_hub", False))
@@ -119,10 +119,24 @@ def training_arguments(recipe: Recipe) -> tuple[TrainingArguments, bool | str | 
     # and its batches hold only model inputs.
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)
     kwargs = cpu_compat.training_kwargs(kwargs)
+    decisions = speed_defaults(recipe, kwargs, strategy)
     try:
-        return TrainingArguments(**kwargs), resume, push
+        return TrainingArguments(**kwargs), resume, push, decisions
     except (ValueError, TypeError) as err:
         raise HftrainError(f"training: {err}") from None
+
+
+def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], strategy: str) -> list[str]:
+    """bf16 / torch_compile where the recipe leaves them unset (speed.py), from the model's size on the meta device."""
+    if all(key in kwargs for key in ("bf16", "torch_compile")):
+        return []
+    device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else "cuda")
+    size, is_new = tokenizer_size_estimate(recipe)
+    model = meta_model(recipe, size, is_new)
+    tokens = kwargs["per_device_train_batch_size"] * kwargs.get("gradient_accumulation_steps", 1) * recipe.data.seq_len
+    counts = parameter_counts(model)
+    per_step = tokens * flops_per_token(counts, model.config, recipe.data.seq_len)
+    return speed.apply_defaults(recipe, kwargs, strategy, counts["total"] - counts["embedding"], per_step, device)
 
 
 def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
@@ -143,7 +157,7 @@ def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks)."""
     strategy = parallel.resolve_strategy(recipe)
-    args, resume_setting, push = training_arguments(recipe)
+    args, resume_setting, push, speed_choices = training_arguments(recipe, strategy)
     output_dir = Path(args.output_dir)
     is_main = args.process_index == 0
     data_plan = plan_data(recipe.data, args.seed)
@@ -155,6 +169,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
                 print(f"hftrain: removed {leftover} (an interrupted save)")
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, output_dir, lambda n: first_documents(data_plan, n))
     resume = resume_point(resume_setting, output_dir)
+    if speed_choices and is_main:
+        print(f"hftrain: speed defaults: {'; '.join(speed_choices)}", flush=True)
     if resume is not None and is_main:
         print(f"hftrain: resuming from {resume}")
     if data_plan.pretokenized is not None:
@@ -243,6 +259,8 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, output_dir: Path, counts: di
         "tokens_per_s_median": _median(rates),
         "mfu_median": _median(mfus),
         **time_split(trainer),
+        "bf16": trainer.args.bf16,
+        "torch_compile": trainer.args.torch_compile,
         "parameters": counts,
         **trainer.distribution,
         "data_records_skipped": _skipped(trainer),

@@ -1,0 +1,85 @@
+"""Speed defaults: bf16 autocast and torch.compile are chosen per run where the recipe is silent, never over it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hftrain
+from hftrain import speed
+from hftrain.train import training_arguments
+
+
+def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_steps: int = 100, **extra):
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native_bf16)
+    sections = {"model": {"preset": preset}, "training": {"max_steps": max_steps, "output_dir": "unused", **extra.pop("training", {})}, **extra}
+    args, _, _, decisions = training_arguments(hftrain.load_recipe(None, sections), extra.get("strategy", "single"))
+    return args, decisions
+
+
+def test_bf16_on_a_cpu_with_native_bf16_where_matmuls_hold_the_work(monkeypatch):
+    args, decisions = args_for(monkeypatch, True, "cpu-medium")  # 10.6M in the layers + 19.3M in the head
+    assert args.bf16 and "bf16=on (native bf16 CPU and 30.0M matmul parameters >= 4M)" in decisions[0]
+    args, decisions = args_for(monkeypatch, True, "cpu-tiny")  # GPT-2's 50k-token head: 3.3M
+    assert not args.bf16 and "3.3M matmul parameters < 4M" in decisions[0]
+    quickstart = hftrain.load_recipe("recipes/quickstart.yaml")  # a 4k-token head: casts would cost 2.5x
+    assert "bf16=off" in speed_line(monkeypatch, quickstart)
+    args, decisions = args_for(monkeypatch, False, "cpu-medium")
+    assert not args.bf16 and "no native bf16" in decisions[0]
+
+
+def speed_line(monkeypatch, recipe) -> str:
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
+    return "; ".join(training_arguments(recipe, "single")[3])
+
+
+def test_the_recipe_always_wins(monkeypatch):
+    args, decisions = args_for(monkeypatch, True, "cpu-medium", training={"bf16": False, "torch_compile": False}, max_steps=10**6)
+    assert not args.bf16 and not args.torch_compile and decisions == []
+    args, decisions = args_for(monkeypatch, False, "cpu-tiny", training={"bf16": True})
+    assert args.bf16 and all(not d.startswith("bf16") for d in decisions)
+
+
+def test_compile_only_for_long_full_training_runs(monkeypatch):
+    short, _ = args_for(monkeypatch, True, "cpu-medium", max_steps=50)
+    long, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=20_000)
+    assert not short.torch_compile and long.torch_compile and "compile pays back" in decisions[1]
+    recipe = hftrain.load_recipe(None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 20_000, "output_dir": "x"}})
+    for strategy in ("fsdp", "zero3", "device_map"):
+        kwargs = {"max_steps": 20_000, "per_device_train_batch_size": 8}
+        speed.apply_defaults(recipe, kwargs, strategy, 384, 1e12, torch.device("cpu"))
+        assert kwargs["torch_compile"] is False, strategy
+    lora = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}})
+    assert speed.choose_compile(lora, {}, "single", 10**6)[0] is False
+    assert speed.choose_compile(recipe, {"gradient_checkpointing": True}, "single", 10**6)[0] is False
+
+
+def test_quantized_fine_tuning_keeps_its_compute_dtype():
+    recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "qlora"}})
+    assert speed.choose_bf16(recipe, 4096, torch.device("cpu")) == (False, "quantized fine-tuning uses its own compute dtype")
+
+
+def test_the_run_says_what_it_chose(make_recipe, capsys):
+    run = hftrain.train(make_recipe(max_steps=3, save_steps=100))
+    assert "hftrain: speed defaults: bf16=off (" in capsys.readouterr().out
+    results = json.loads((run.output_dir / "results.json").read_text())
+    assert results["bf16"] is False and results["torch_compile"] is False
+
+
+@pytest.mark.slow
+def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(make_recipe, tmp_path):
+    """torch.compile is a default for long runs: it must train the same model and save standard weights."""
+    eager = hftrain.train(make_recipe(max_steps=12, save_steps=6, torch_compile=False, output_dir=str(tmp_path / "eager")))
+    compiled = hftrain.train(make_recipe(max_steps=12, save_steps=6, torch_compile=True, output_dir=str(tmp_path / "compiled")))
+    loss = lambda run: [e["loss"] for e in run.log_history if "loss" in e]  # noqa: E731
+    assert loss(compiled) == pytest.approx(loss(eager), rel=2e-3)
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    for checkpoint in (compiled.final_dir, compiled.output_dir / "checkpoint-6"):
+        assert not [k for k in load_file(checkpoint / "model.safetensors") if "_orig_mod" in k]
+    model = AutoModelForCausalLM.from_pretrained(compiled.final_dir)
+    assert json.loads((compiled.final_dir / "config.json").read_text())["model_type"] == "gpt_neox"
+    assert model.num_parameters() == eager.trainer.model.num_parameters()
