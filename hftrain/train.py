@@ -128,15 +128,16 @@ def training_arguments(recipe: Recipe, strategy: str) -> tuple[TrainingArguments
 
 def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], strategy: str) -> list[str]:
     """bf16 / torch_compile where the recipe leaves them unset (speed.py), from the model's size on the meta device."""
-    if all(key in kwargs for key in ("bf16", "torch_compile")):
-        return []
     device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else "cuda")
+    if all(key in kwargs for key in ("bf16", "torch_compile")):  # nothing depends on the model's size
+        return speed.apply_defaults(recipe, kwargs, strategy, {}, 0.0, device)
     size, is_new = tokenizer_size_estimate(recipe)
     model = meta_model(recipe, size, is_new)
     tokens = kwargs["per_device_train_batch_size"] * kwargs.get("gradient_accumulation_steps", 1) * recipe.data.seq_len
     counts = parameter_counts(model)
     per_step = tokens * flops_per_token(counts, model.config, recipe.data.seq_len)
-    return speed.apply_defaults(recipe, kwargs, strategy, counts["total"] - counts["embedding"], per_step, device)
+    shape = {"matmul_params": counts["total"] - counts["embedding"], "hidden_size": model.config.hidden_size}
+    return speed.apply_defaults(recipe, kwargs, strategy, shape, per_step, device)
 
 
 def resume_point(setting: bool | str | None, output_dir: Path) -> Path | None:
@@ -290,7 +291,7 @@ def time_split(trainer: HftrainTrainer) -> dict[str, Any]:
     out: dict[str, Any] = {f"{name}_frac": round(f, 4) for name in PHASES if (f := timer.run_fraction(name)) is not None}
     out["peak_mem_gb"] = round(peak_memory_gb(trainer.args.device), 3)
     wait = out.get("data_wait_frac")
-    out["input_bound"] = wait is not None and wait > threshold
+    out["input_bound"] = wait is not None and wait > threshold and timer.intervals >= 2  # as the live warning
     return out
 
 

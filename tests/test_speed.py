@@ -12,22 +12,32 @@ from hftrain import speed
 from hftrain.train import training_arguments
 
 
-def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_steps: int = 100, **extra):
+def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_steps: int = 100, **sections):
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native_bf16)
-    sections = {"model": {"preset": preset}, "training": {"max_steps": max_steps, "output_dir": "unused", **extra.pop("training", {})}, **extra}
-    args, _, _, decisions = training_arguments(hftrain.load_recipe(None, sections), extra.get("strategy", "single"))
+    sections.setdefault("model", {"preset": preset})
+    sections["training"] = {"max_steps": max_steps, "output_dir": "unused", **sections.get("training", {})}
+    args, _, _, decisions = training_arguments(hftrain.load_recipe(None, sections), "single")
     return args, decisions
 
 
-def test_bf16_on_a_cpu_with_native_bf16_where_matmuls_hold_the_work(monkeypatch):
-    args, decisions = args_for(monkeypatch, True, "cpu-medium")  # 10.6M in the layers + 19.3M in the head
-    assert args.bf16 and "bf16=on (native bf16 CPU and 30.0M matmul parameters >= 4M)" in decisions[0]
+def test_bf16_on_a_cpu_with_native_bf16_where_it_was_measured_to_pay(monkeypatch):
+    args, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=50)  # hidden 384, eager: 1.44x
+    assert not args.torch_compile and args.bf16
+    assert "bf16=on (native bf16 CPU, 30.0M matmul parameters, hidden size 384)" in decisions
+    args, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=5000)  # compiled: 1.65x
+    assert args.torch_compile and args.bf16 and "bf16=on (native bf16 CPU, 30.0M matmul parameters, compiled)" in decisions
+    small = {"model": {"preset": "cpu-small"}, "data": {"seq_len": 64}, "training": {"per_device_train_batch_size": 12}}
+    args, decisions = args_for(monkeypatch, True, max_steps=2000, **small)  # the benchmark's small shape: 1.35x
+    assert args.torch_compile and args.bf16
+    args, decisions = args_for(monkeypatch, True, max_steps=200, **small)  # eager bf16 would be 0.88x
+    assert not args.torch_compile and not args.bf16 and "hidden size 128 < 256" in decisions[1]
     args, decisions = args_for(monkeypatch, True, "cpu-tiny")  # GPT-2's 50k-token head: 3.3M
-    assert not args.bf16 and "3.3M matmul parameters < 4M" in decisions[0]
-    quickstart = hftrain.load_recipe("recipes/quickstart.yaml")  # a 4k-token head: casts would cost 2.5x
-    assert "bf16=off" in speed_line(monkeypatch, quickstart)
+    assert not args.bf16 and "3.3M matmul parameters < 4M" in decisions[1]
     args, decisions = args_for(monkeypatch, False, "cpu-medium")
-    assert not args.bf16 and "no native bf16" in decisions[0]
+    assert not args.bf16 and "no native bf16" in decisions[1]
+    quickstart = hftrain.load_recipe("recipes/quickstart.yaml")  # 1.3M: exact fp32, eager (a 2-minute run)
+    assert speed_line(monkeypatch, quickstart).startswith("torch_compile=off (a short run (~2 min eager)")
+    assert "bf16=off" in speed_line(monkeypatch, quickstart)
 
 
 def speed_line(monkeypatch, recipe) -> str:
@@ -45,11 +55,11 @@ def test_the_recipe_always_wins(monkeypatch):
 def test_compile_only_for_long_full_training_runs(monkeypatch):
     short, _ = args_for(monkeypatch, True, "cpu-medium", max_steps=50)
     long, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=20_000)
-    assert not short.torch_compile and long.torch_compile and "compile pays back" in decisions[1]
+    assert not short.torch_compile and long.torch_compile and "compile pays back" in decisions[0]
     recipe = hftrain.load_recipe(None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 20_000, "output_dir": "x"}})
     for strategy in ("fsdp", "zero3", "device_map"):
         kwargs = {"max_steps": 20_000, "per_device_train_batch_size": 8}
-        speed.apply_defaults(recipe, kwargs, strategy, 384, 1e12, torch.device("cpu"))
+        speed.apply_defaults(recipe, kwargs, strategy, {"matmul_params": 30_000_000, "hidden_size": 384}, 1e14, torch.device("cpu"))
         assert kwargs["torch_compile"] is False, strategy
     lora = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}})
     assert speed.choose_compile(lora, {}, "single", 10**6)[0] is False
@@ -58,12 +68,14 @@ def test_compile_only_for_long_full_training_runs(monkeypatch):
 
 def test_quantized_fine_tuning_keeps_its_compute_dtype():
     recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "qlora"}})
-    assert speed.choose_bf16(recipe, 4096, torch.device("cpu")) == (False, "quantized fine-tuning uses its own compute dtype")
+    model = {"matmul_params": 10**9, "hidden_size": 4096}
+    assert speed.choose_bf16(recipe, model, False, torch.device("cpu")) == (False, "quantized fine-tuning uses its own compute dtype")
 
 
 def test_the_run_says_what_it_chose(make_recipe, capsys):
     run = hftrain.train(make_recipe(max_steps=3, save_steps=100))
-    assert "hftrain: speed defaults: bf16=off (" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "hftrain: speed defaults: torch_compile=off (a short run" in out and "; bf16=off (" in out
     results = json.loads((run.output_dir / "results.json").read_text())
     assert results["bf16"] is False and results["torch_compile"] is False
 
