@@ -11,6 +11,8 @@ import hftrain
 from hftrain import speed
 from hftrain.train import training_arguments
 
+from .conftest import tiny_recipe
+
 
 def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_steps: int = 100, **sections):
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native_bf16)
@@ -81,10 +83,13 @@ def test_the_run_says_what_it_chose(make_recipe, capsys):
 
 
 @pytest.mark.slow
-def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(make_recipe, tmp_path):
+def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(corpus, tmp_path):
     """torch.compile is a default for long runs: it must train the same model and save standard weights."""
-    eager = hftrain.train(make_recipe(max_steps=12, save_steps=6, torch_compile=False, output_dir=str(tmp_path / "eager")))
-    compiled = hftrain.train(make_recipe(max_steps=12, save_steps=6, torch_compile=True, output_dir=str(tmp_path / "compiled")))
+    def run(name: str, compile: bool):
+        raw = tiny_recipe(corpus, tmp_path / name, max_steps=12, save_steps=6, torch_compile=compile)
+        return hftrain.train(hftrain.load_recipe(None, raw))
+
+    eager, compiled = run("eager", False), run("compiled", True)
     loss = lambda run: [e["loss"] for e in run.log_history if "loss" in e]  # noqa: E731
     assert loss(compiled) == pytest.approx(loss(eager), rel=2e-3)
     from safetensors.torch import load_file
