@@ -1,8 +1,13 @@
 """Training throughput: hftrain with its default settings vs a plain run_clm-style Trainer script, side by side.
 
-    python benchmarks/throughput.py [--shapes small,medium,large] [--repeats N] [--steps N]
+    python benchmarks/throughput.py [--shapes small,medium,large] [--repeats N] [--steps N] [--run-steps N]
+                                    [--hftrain-set KEY=VALUE ...]
 
 For each model shape, alternating A/B (the order flips every repeat), each run in its own fresh process:
+
+Both sides are configured for the same run of --run-steps optimizer steps (default 2000: max_steps and the
+cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) and both stop after its first
+--steps steps, which are measured.
 
   hftrain   hftrain.train(hftrain.load_recipe(None, overrides)) where the overrides set only the model shape, the
             data (builtin python-docs corpus, gpt2 tokenizer, seq_len), micro-batch, step count, learning rate,
@@ -21,14 +26,18 @@ Both sides get the same StepClock callback. tokens/s = median over the steps aft
 logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's compile time when a
 side compiles. MFU = tokens/s x training FLOPs per token (hftrain.plan.flops_per_token, 6N + 12LdT) / the matmul
 peak of the dtype the side computes in (observed on its first Linear layer), measured in this run. loss = mean
-of the last 3 logged training losses (both sides log every --log-steps steps).
+of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
+tells which text each side drew (hftrain streams a shuffle window of documents, the baseline samples blocks of
+the whole corpus), so "held-out" is the learning check: the mean fp32 loss of each trained model on the same
+16 blocks of held-out documents that neither side trains on. --hftrain-set measures a lever against the
+defaults (e.g. --hftrain-set training.torch_compile=false).
 
 Time: each run is a fresh process (~15-25 s of imports, data set-up, final save and evaluation on a busy machine,
-none of it timed). The defaults (one A/B pair per shape, 40 / 8 / 6 steps) take about 9 minutes on a 2-core CPU
+none of it timed). The defaults (one A/B pair per shape, 40 / 12 / 8 steps) take about 9 minutes on a 2-core CPU
 shared with other work, about half that on a quiet one; there, --repeats 3 gives medians over repeats. The
 machine may be shared: read the ratios. Ends with one line per shape:
 
-    SHAPE: hftrain X tok/s, baseline Y tok/s, ratio Z, loss hftrain A baseline B
+    SHAPE: hftrain X tok/s, baseline Y tok/s, ratio Z, loss hftrain A baseline B, held-out loss hftrain C baseline D
 """
 
 from __future__ import annotations
@@ -49,8 +58,8 @@ from benchmarks._common import PeakFlops, StepClock, final_loss, median, run_chi
 # counts keep the default run under 10 minutes on a busy 2-core CPU, where a medium step takes 5-10 s.
 SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=40, log_steps=5),
-    "medium": dict(layers=6, heads=6, hidden=384, seq=256, batch=8, lr=1e-3, steps=8, log_steps=2),
-    "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=6, log_steps=2),
+    "medium": dict(layers=6, heads=6, hidden=384, seq=256, batch=8, lr=1e-3, steps=12, log_steps=2),
+    "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=8, log_steps=2),
 }
 SEED = 1234  # hftrain's default training.seed
 RUN_STEPS = 2000  # the run both sides are configured for (max_steps); both stop after --steps of it
@@ -120,7 +129,8 @@ def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, 
     }
 
 
-def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str]) -> dict[str, Any]:
+def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
+                heldout: Path) -> dict[str, Any]:  # fmt: skip
     import hftrain
     import yaml
 
@@ -137,12 +147,14 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
     clock = ProbingClock(steps)
     run = hftrain.train(hftrain.load_recipe(out / "bench-recipe.yaml", settings), callbacks=[clock])
     result = child_result(clock, run.trainer.model, run.trainer.args, run.log_history, shape["seq"])
+    result["heldout_loss"] = heldout_loss(run.model, heldout)
     results_file = out / "results.json"  # what hftrain itself reports, for reference
     result["hftrain_reported"] = json.loads(results_file.read_text()).get("tokens_per_s_median") if results_file.is_file() else None
     return result
 
 
-def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int) -> dict[str, Any]:
+def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int,
+                 heldout: Path) -> dict[str, Any]:  # fmt: skip
     """transformers' run_clm.py, reduced to what this comparison needs."""
     from itertools import chain
 
@@ -183,7 +195,8 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
     trainer = Trainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
                       data_collator=default_data_collator, callbacks=[clock])  # fmt: skip
     trainer.train()
-    return child_result(clock, trainer.model, trainer.args, trainer.state.log_history, shape["seq"])
+    return {**child_result(clock, trainer.model, trainer.args, trainer.state.log_history, shape["seq"]),
+            "heldout_loss": heldout_loss(trainer.model, heldout)}
 
 
 def training_documents() -> list[str]:
@@ -197,13 +210,34 @@ def training_documents() -> list[str]:
     return list(stream.documents(stream.fresh_state()))
 
 
+def heldout_blocks(seq: int, count: int = 16) -> list[list[int]]:
+    """Blocks of the held-out python-docs documents (neither side trains on them), as hftrain's validation set."""
+    from hftrain.data.loader import plan_data, validation_blocks
+    from hftrain.recipe import load_recipe
+    from hftrain.tokenizer import gpt2_tokenizer
+
+    recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}], "seq_len": seq, "eval_blocks": count}})
+    return [b["input_ids"].tolist() for b in validation_blocks(plan_data(recipe.data, SEED), gpt2_tokenizer())]
+
+
+def heldout_loss(model: Any, path: Path) -> float:
+    """Mean loss of the trained model on the shared held-out blocks, in fp32: the same yardstick for both sides
+    (training losses over a few steps mostly tell which text each side happened to draw)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        losses = [float(model(input_ids=torch.tensor([b]), labels=torch.tensor([b])).loss) for b in json.loads(path.read_text())]
+    return sum(losses) / len(losses)
+
+
 def child_main(args: argparse.Namespace) -> None:
     shape = SHAPES[args.shape]
     out = Path(args.workdir)
     if args.child == "hftrain":
-        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set)
+        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout))
     else:
-        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps)
+        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout))
     write_json(args.result, result)
 
 
@@ -217,6 +251,7 @@ def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, 
         "rates": rates, "tokens_per_s": rate, "mfu": rate * first["flops_per_token"] / peak,
         "cpu_util": median([s["cpu_util"] for s in steady]),
         "warmup_s": median([s["warmup_s"] for s in steady]), "loss": median([r["loss"] for r in runs]),
+        "heldout": median([r["heldout_loss"] for r in runs]),
         "dtype": "/".join(sorted({r["dtype"] for r in runs})), "compile": any(r["torch_compile"] for r in runs),
         "threads": first["threads"], "workers": first["workers"], "parameters": first["parameters"],
         "timed_steps": steady[0]["timed_steps"],
@@ -237,7 +272,7 @@ def main() -> None:
                         help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
     parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
-    for hidden in ("--shape", "--workdir", "--result", "--docs"):
+    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -259,6 +294,8 @@ def main() -> None:
             steps = args.steps or SHAPES[name]["steps"]
             log_steps = args.log_steps or SHAPES[name]["log_steps"]
             runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+            heldout = tmp / f"heldout-{name}.json"
+            heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"])))
             for r in range(args.repeats):
                 pair += 1
                 for side in SIDES if pair % 2 else SIDES[::-1]:
@@ -266,7 +303,7 @@ def main() -> None:
                     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
                            "--log-steps", str(log_steps), "--run-steps", str(args.run_steps),
                            *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                           "--docs", str(docs)]  # fmt: skip
+                           "--docs", str(docs), "--heldout", str(heldout)]  # fmt: skip
                     peaks.measure()
                     t0 = time.perf_counter()
                     result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
@@ -285,7 +322,7 @@ def main() -> None:
           "steady-state steps")  # fmt: skip
     print(f"matmul peak (best seen in this run): fp32 {peaks.best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {peaks.best['bf16'] / 1e9:,.1f} GFLOP/s; "
           "cpu = CPU s per wall s in the timed steps (about the thread count when the run had the cores to itself)\n")  # fmt: skip
-    header = f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} {'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7}"
+    header = f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} {'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7} {'held-out':>8}"
     print(header)
     print("-" * len(header))
     for name, sides in summary.items():
@@ -293,14 +330,15 @@ def main() -> None:
             s = sides[side]
             runs_text = " ".join(f"{v:,.0f}" for v in s["rates"])
             print(f"{name:<7} {side:<9} {s['tokens_per_s']:>9,.0f} {runs_text:<22} {100 * s['mfu']:>5.1f}% {s['dtype']:<5} "
-                  f"{'yes' if s['compile'] else 'no':<7} {s['threads']:>7} {s['cpu_util']:>4.1f} {s['workers']:>7} {s['warmup_s']:>9.1f} {s['loss']:>7.4f}")  # fmt: skip
+                  f"{'yes' if s['compile'] else 'no':<7} {s['threads']:>7} {s['cpu_util']:>4.1f} {s['workers']:>7} {s['warmup_s']:>9.1f} {s['loss']:>7.4f} {s['heldout']:>8.4f}")  # fmt: skip
         h = sides["hftrain"]
         print(f"{'':<7} ({sides['steps']} steps, {h['timed_steps']} timed; {h['parameters']:,} parameters)")
     print()
     for name, sides in summary.items():
         h, b = sides["hftrain"], sides["baseline"]
         print(f"{name}: hftrain {h['tokens_per_s']:,.0f} tok/s, baseline {b['tokens_per_s']:,.0f} tok/s, "
-              f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}")  # fmt: skip
+              f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}, "
+              f"held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":
