@@ -5,9 +5,9 @@ rules only fill in what it leaves open. They come from ``benchmarks/throughput.p
 measured on a 2-core AMX Xeon against a plain Trainer script (fp32, eager):
 
     shape              bf16 eager   bf16 + compile   fp32 + compile
-    small (4 x 128)    0.88x        1.35x            1.06x
-    medium (6 x 384)   1.44x        1.65x
-    large (8 x 512)                 1.70x
+    small (4 x 128)    0.88x        1.17-1.35x       1.06x
+    medium (6 x 384)   1.44x        1.31-1.81x
+    large (8 x 512)                 1.58-2.14x
 
 * torch.compile fuses the small operations around the matmuls, including the casts bf16 needs; it costs a
   compile at start (~35-40 s here with warm caches, longer cold). It is chosen when the run is long enough
