@@ -207,7 +207,10 @@ def redact_value(key: str, value: Any) -> Any:
 
 
 def redacted(data: Any, key: str = "") -> Any:
-    """A copy of a nested structure with every secret-looking key's value replaced by ***."""
+    """A copy of a nested structure with every secret-looking key's value replaced by ***
+    (whole, when it is a mapping or list: e.g. a service-account `token: {client_email, private_key_id, ...}`)."""
+    if key and SECRET_KEY.search(key) and isinstance(data, (Mapping, list)) and data:
+        return "***"
     if isinstance(data, Mapping):
         return {k: redacted(v, str(k)) for k, v in data.items()}
     if isinstance(data, list):

@@ -159,7 +159,8 @@ class Source(Section):
     """Relative share of this source in a mixture."""
     storage_options: dict[str, Any] = {}
     """fsspec options for this source's URL, e.g. {endpoint_url: http://host:9000} for an S3-compatible store.
-    By default s3:// credentials and endpoint come from the standard AWS environment and config."""
+    By default s3:// credentials and endpoint come from the standard AWS environment and config, gs:// ones from
+    the standard Google environment (GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata server; {token: anon} for public data)."""
 
     @model_validator(mode="after")
     def _exactly_one_origin(self) -> Source:

@@ -135,6 +135,49 @@ def test_workers_read_disjoint_parts_covering_everything(tmp_path):
     assert all(part for part in seen)
 
 
+@pytest.mark.parametrize("shards", [8, 1])  # 8 shards: split by shard; 1 shard: split by example
+def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_path, tok, shards):
+    """2 ranks x 2 real DataLoader worker processes: one epoch of each part, decoded from the packed blocks."""
+    docs = [f"shard {i % shards} doc {i}" for i in range(96)]
+    for s in range(shards):
+        write_jsonl(tmp_path / "corpus" / f"part-{s}.jsonl", [d for i, d in enumerate(docs) if i % shards == s])
+    val = write_jsonl(tmp_path / "val.jsonl", ["held out text"])
+    section = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "validation": {"path": str(val)},
+                                          "seq_len": 16, "shuffle_window": 1}}).data  # fmt: skip
+    plan = plan_data(section, 0)
+    parts = {}
+    for rank in range(2):
+        loader = ResumableLoader(PackedDataset(plan, tok, rank, 2, None), batch_size=2, num_workers=2)
+        tokens: dict[int, list[int]] = {0: [], 1: []}
+        for n, batch in enumerate(loader):  # batch n comes from worker n % 2
+            tokens[n % 2] += batch["input_ids"].flatten().tolist()
+            epochs = {w: _split_docs(tok, t) for w, t in tokens.items()}
+            if all(len(d) > len(set(d)) for d in epochs.values()):  # every worker has started its second epoch
+                break
+        for w, seen in epochs.items():
+            parts[(rank, w)] = seen[: seen.index(seen[0], 1)]  # the first epoch (unshuffled, so in stream order)
+    flat = [d for part in parts.values() for d in part]
+    assert sorted(flat) == sorted(docs) and len(flat) == len(set(flat))  # all of it, nothing twice
+    assert all(parts.values())
+    if shards == 8:
+        owners = {d.split(" doc")[0]: key for key, part in parts.items() for d in part}
+        assert all(
+            {d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key} for key, part in parts.items()
+        ) and len(owners) == 8  # each shard read by exactly one (rank, worker)
+
+
+def _split_docs(tok, ids: list[int]) -> list[str]:
+    """Documents of a packed token stream (joined by EOS); the last one may be cut, so it is dropped."""
+    docs, cur = [], []
+    for i in ids:
+        if i == tok.eos_token_id:
+            docs.append(tok.decode(cur))
+            cur = []
+        else:
+            cur.append(i)
+    return docs
+
+
 def test_holdout_is_disjoint_from_training(tmp_path, tok):
     docs = [f"doc {i} " + d for i, d in enumerate(make_documents(400))]
     plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", docs), holdout_every=10), 0)

@@ -19,6 +19,7 @@ import fsspec
 import numpy as np
 
 from ..errors import HftrainError
+from .sources import require_backend
 from .stream import BlockStream, Worker, _mix
 
 MANIFEST = "manifest.json"
@@ -88,6 +89,7 @@ class ShardWriter:
 
 
 def read_manifest(root: str, storage_options: dict[str, Any], where: str) -> dict[str, Any]:
+    require_backend(root, f"{where}.pretokenized")
     try:
         with fsspec.open(_join(root, MANIFEST), "r", **storage_options) as f:
             manifest = json.load(f)

@@ -3,12 +3,14 @@
 A source is a list of *shards* (files, or one streamed dataset) and a reader per format. Every document comes
 with the position just after it, so a stream can restart there without re-reading what came before: a byte
 offset in plain text/JSONL, a row in parquet, a record count in compressed or streamed data.
-Files are opened through fsspec, so local paths, file://, s3:// and other fsspec URLs share one code path.
+Files are opened through fsspec, so local paths, file://, s3://, gs:// and other fsspec URLs share one code path.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -22,6 +24,14 @@ TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+# gcsfs (>= 2025) defaults to a filesystem that asks Google's gRPC control plane for each bucket's layout before
+# every open; against any other endpoint (an emulator, a proxy: storage_options.endpoint_url) that lookup blocks
+# ~60 s per shard before falling back. Reading objects needs only the JSON API, so hftrain asks for plain gcsfs
+# unless the variable is already set (true brings gcsfs's experimental zonal/HNS bucket support back).
+if "gcsfs" not in sys.modules:
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)
+OPTIONAL_BACKENDS = {"gs": ("gcsfs", "Google Cloud Storage", "gcs"), "gcs": ("gcsfs", "Google Cloud Storage", "gcs")}
 
 
 @dataclass
@@ -53,6 +63,19 @@ class BadRecords:
         self.skipped += 1
 
 
+def require_backend(path: str, key: str) -> None:
+    """Fail early, naming the recipe key, when a URL's storage library is an extra that is not installed
+    (fsspec's own ImportError would surface later, from a worker, as a listing failure)."""
+    import importlib.util
+
+    scheme = path.split("://", 1)[0].lower() if "://" in path else ""
+    if scheme not in OPTIONAL_BACKENDS:
+        return
+    module, store, extra = OPTIONAL_BACKENDS[scheme]
+    if importlib.util.find_spec(module) is None:
+        raise HftrainError(f"{key}: {path!r} is on {store}, which needs {module}: pip install 'hftrain[{extra}]'.")
+
+
 def shard_problem(err: BaseException) -> str | None:
     """Sort a read error: 'missing', 'changed' or 'corrupt' shard (final), 'transient' (retry), or None (not ours)."""
     import gzip
@@ -82,6 +105,11 @@ def shard_problem(err: BaseException) -> str | None:
         transient += (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, aiohttp.ClientError)
     except ImportError:
         pass
+    gcs_retry = sys.modules.get("gcsfs.retry")  # only loaded (and only the cause) when reading gs://
+    if gcs_retry is not None:
+        if isinstance(err, gcs_retry.HttpError):  # 5xx and throttling are worth retrying; 4xx are not
+            return "transient" if err.code in (408, 429) or (err.code or 0) >= 500 else None
+        transient += (gcs_retry.ChecksumError,)
     return "transient" if isinstance(err, transient) else None
 
 
@@ -116,6 +144,7 @@ def list_shards(source: Source, where: str) -> list[str]:
         return [source.dataset]
     path = source.path
     assert path is not None
+    require_backend(path, f"{where}.path")
     try:
         fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=source.storage_options or None)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
@@ -125,6 +154,8 @@ def list_shards(source: Source, where: str) -> list[str]:
             found = [p for p in fs.glob(path) if not fs.isdir(p)]
         else:
             found = [path] if fs.exists(path) else []
+    except FileNotFoundError:  # e.g. gcsfs listing a bucket that does not exist
+        found = []
     except (OSError, ValueError, ImportError, TypeError) as err:
         raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path, the endpoint and the credentials.") from None
     if not found:
