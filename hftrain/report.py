@@ -132,6 +132,15 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
         rows += [(f"parameters ({name.replace('_', '-')})", count) for name, count in params.items()]
     elif params is not None:
         rows.append(("parameters", params))
+    for label, key in [("eval bits per byte", "eval_bits_per_byte"), ("peak memory (GB)", "peak_mem_gb"),
+                       ("bf16", "bf16"), ("torch.compile", "torch_compile")]:
+        if results.get(key) is not None:
+            rows.append((label, results[key]))
+    for phase in ("data_wait", "forward", "backward", "optimizer"):  # where the step time went
+        if results.get(f"{phase}_frac") is not None:
+            rows.append((f"step time: {phase.replace('_', ' ')} (%)", round(100 * results[f"{phase}_frac"], 1)))
+    if results.get("input_bound") is not None:
+        rows.append(("input-bound", "yes: more data workers, pre-tokenized shards or closer data" if results["input_bound"] else "no"))
     for label, key in [("distributed type", "distributed_type"), ("world size", "world_size"),
                        ("data records skipped", "data_records_skipped")]:
         if results.get(key) is not None:

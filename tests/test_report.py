@@ -65,6 +65,7 @@ def test_report_is_self_contained_with_charts_sample_and_recipe(report: Path, pr
     recipe = (run_dir / "final" / "hftrain_recipe.yaml").read_text(encoding="utf-8")
     assert f'<pre id="recipe">{html.escape(recipe)}</pre>' in page
     assert f"{results['eval_loss']:,.4g}" in page and "world size" in page
+    assert "step time: forward (%)" in page and "input-bound" in page and "eval bits per byte" in page
 
 
 def test_report_escapes_text_and_shows_evals_and_data_wait(pretrained_run, tmp_path: Path) -> None:
