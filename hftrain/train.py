@@ -131,8 +131,11 @@ def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], strategy: str) -> lis
     device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else "cuda")
     if all(key in kwargs for key in ("bf16", "torch_compile")):  # nothing depends on the model's size
         return speed.apply_defaults(recipe, kwargs, strategy, {}, 0.0, device)
-    size, is_new = tokenizer_size_estimate(recipe)
-    model = meta_model(recipe, size, is_new)
+    try:
+        size, is_new = tokenizer_size_estimate(recipe)
+        model = meta_model(recipe, size, is_new)
+    except (OSError, ValueError, KeyError, HftrainError):  # a bad model/tokenizer gets its own message when loaded
+        return speed.apply_defaults(recipe, kwargs, strategy, {"matmul_params": 0, "hidden_size": 0}, 0.0, device)
     tokens = kwargs["per_device_train_batch_size"] * kwargs.get("gradient_accumulation_steps", 1) * recipe.data.seq_len
     counts = parameter_counts(model)
     per_step = tokens * flops_per_token(counts, model.config, recipe.data.seq_len)
