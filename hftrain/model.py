@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, GPTNeo
 
 from .errors import HftrainError
 from .presets import PRESETS
-from .recipe_schema import Recipe
+from .recipe_schema import DROPOUT_FIELDS, Recipe
 
 
 def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
@@ -44,6 +44,7 @@ def build_config(
     fields: dict[str, Any] = PRESETS[m.preset].config_fields()
     overrides = m.architecture_overrides()
     fields.update(overrides)
+    fields.update({k: v for k in DROPOUT_FIELDS if (v := getattr(m, k)) is not None})
     if "intermediate_size" not in overrides and "hidden_size" in overrides:
         fields["intermediate_size"] = 4 * fields["hidden_size"]
     fields["vocab_size"] = resolve_vocab_size(recipe, tokenizer_size, tokenizer_is_new)
@@ -108,6 +109,7 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
             quantization_config=quantization,
             device_map=quantized_device_map(recipe),
+            **{k: v for k in DROPOUT_FIELDS if (v := getattr(m, k)) is not None},  # config overrides
         )
     except (OSError, ValueError) as err:
         raise HftrainError(

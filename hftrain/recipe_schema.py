@@ -24,6 +24,9 @@ class Section(BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------- model
+DROPOUT_FIELDS = ("hidden_dropout", "attention_dropout")
+
+
 class ModelSection(Section):
     """What network to train: a named GPT-NeoX shape built from scratch, or pretrained weights."""
 
@@ -80,8 +83,9 @@ class ModelSection(Section):
         return name
 
     def architecture_overrides(self) -> dict[str, Any]:
-        """The GPTNeoXConfig fields this recipe sets explicitly."""
-        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple"}
+        """The GPTNeoXConfig shape fields this recipe sets explicitly (dropout is training behaviour, not shape)."""
+        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple",
+                *DROPOUT_FIELDS}
         return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 
 

@@ -89,3 +89,17 @@ def test_parameter_counts_of_a_real_model():
     counts = parameter_counts(model)
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts["embedding"] == 384 * 64 and isinstance(model.lm_head, torch.nn.Linear)
+
+
+def test_dropout_applies_to_presets_and_to_pretrained_models_alike(pretrained_run):
+    """Dropout is training behaviour, not shape: a fine-tuning recipe (and `hftrain parity`) may set it."""
+    from hftrain.model import load_pretrained
+
+    preset = load_recipe(None, {"model": {"preset": "pythia-70m", "hidden_dropout": 0.1, "attention_dropout": 0.2}})
+    config = build_config(preset, 50257, False, 0)
+    assert (config.hidden_dropout, config.attention_dropout) == (0.1, 0.2)
+    recipe = load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_dropout": 0.1}})
+    model = load_pretrained(recipe)
+    assert model.config.hidden_dropout == 0.1 and model.config.attention_dropout == 0.0
+    with pytest.raises(HftrainError, match="hidden_size cannot change the shape of a from_pretrained model"):
+        load_pretrained(load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_size": 32}}))
