@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import hftrain  # noqa: E402
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
-from hftrain.data.commands import prepare  # noqa: E402
+from hftrain.data.prepare import prepare  # noqa: E402
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
 from hftrain.recipe import load_recipe  # noqa: E402
 from hftrain.tokenizer import gpt2_tokenizer  # noqa: E402

@@ -127,7 +127,7 @@ def main() -> None:
         return child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.steps)
 
     from hftrain.model import load_pretrained
-    from hftrain.plan import plan
+    from hftrain.estimates import plan
     from hftrain.recipe import load_recipe
 
     with tempfile.TemporaryDirectory(prefix="hftrain-ftmem-") as tmp:

@@ -24,7 +24,7 @@ cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) 
 Both sides get the same StepClock callback. tokens/s = median over the steps after warm-up (first 20%, at least
 2: steps are seconds long) of tokens per step / step time (on_step_end to on_step_end, so data loading and
 logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's compile time when a
-side compiles. MFU = tokens/s x training FLOPs per token (hftrain.plan.flops_per_token, 6N + 12LdT) / the matmul
+side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.flops_per_token, 6N + 12LdT) / the matmul
 peak of the dtype the side computes in (observed on its first Linear layer), measured in this run. loss = mean
 of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
 tells which text each side drew (hftrain streams a shuffle window of documents, the baseline samples blocks of
@@ -111,7 +111,7 @@ def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, 
     import torch
 
     from hftrain.model import parameter_counts
-    from hftrain.plan import flops_per_token
+    from hftrain.model import flops_per_token
 
     counts = parameter_counts(model)
     return {

@@ -15,10 +15,10 @@ _logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)
 
 from .errors import HftrainError  # noqa: E402
 from .recipe import load_recipe  # noqa: E402
-from .plan import plan
-from .train import Run, train
-
-from .notebook import show_errors_plainly
+from .estimates import plan  # noqa: E402
+from .run_record import Run  # noqa: E402
+from .train import train  # noqa: E402
+from .notebook import show_errors_plainly  # noqa: E402
 
 __version__ = "0.1.0"
 show_errors_plainly()

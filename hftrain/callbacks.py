@@ -1,4 +1,5 @@
-"""Trainer callbacks: the JSONL metrics file, the throughput clock's start, and preemption signals."""
+"""Trainer callbacks: the JSONL metrics file, the throughput clock's start, the optimizer step's timing, and
+preemption signals."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import json
 import signal
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-METRICS_FILE = "metrics.jsonl"
+from .layout import RunLayout
+from .step_metrics import StepMetrics
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -21,19 +24,27 @@ class MetricsFileCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "time": round(time.time(), 3), **logs}
-        path = Path(args.output_dir) / METRICS_FILE
+        path = RunLayout(Path(args.output_dir)).metrics
         with path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
 
 class ThroughputClockCallback(TrainerCallback):
-    """Starts the trainer's tokens/s clock when training (re)starts, so start-up time is not counted."""
+    """Starts the tokens/s clock when training (re)starts, so start-up time is not counted; and times each
+    optimizer step (between the Trainer's pre- and post-optimizer-step events) as the "optimizer" phase."""
 
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
+    def __init__(self, metrics: StepMetrics):
+        self.metrics = metrics
+        self._optimizer_phase = ExitStack()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.trainer.start_clock()
+        self.metrics.start(state.global_step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._optimizer_phase.enter_context(self.metrics.timer.phase("optimizer"))
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._optimizer_phase.close()
 
 
 class PreemptionCallback(TrainerCallback):

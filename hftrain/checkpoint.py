@@ -1,37 +1,30 @@
-"""Checkpoints on disk: which ones are complete, which run owns a directory, and loading weights exactly.
+"""The CheckpointManager: one owner for every piece of a run's saved state.
 
-A checkpoint is written into ``output_dir/.staging/checkpoint-N`` and renamed into place only once the
-Trainer's files, the data position and the resolved recipe are all there, then marked complete. A kill
-during a save leaves a staging directory that the next start removes; ``checkpoint-N`` directories without
-the marker (copied by hand, half-deleted) are never resumed from.
+What a checkpoint holds, and who writes it:
+* weights, optimizer, scheduler, RNG and trainer state: the Trainer's own save, called by ``save``;
+* each process's data position (``hftrain_data_state-rankN.json``): ``save``;
+* the resolved recipe (secrets removed), a LoRA adapter's exact base, config + tokenizer for sharded saves:
+  ``_write_extras``.
+A checkpoint is written into ``output_dir/.staging/checkpoint-N`` and renamed into place only once all of
+that is there, then marked complete. A kill during a save leaves a staging directory that the next start
+removes; ``checkpoint-N`` directories without the marker (copied by hand, half-deleted) are never resumed
+from. Rotation (``save_total_limit``) happens here, after the new checkpoint is complete.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import safetensors.torch
-import torch
-
+from .adapter import base_fingerprint, is_adapter_dir
 from .errors import HftrainError
+from .layout import BASE_FILE, COMPLETE_MARKER, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
 from .recipe import fingerprint, save_recipe
 from .recipe_schema import Recipe
-
-COMPLETE_MARKER = "hftrain_complete.json"
-RECIPE_FILE = "hftrain_recipe.yaml"
-RUN_FILE = "hftrain_run.json"
-STAGING = ".staging"
-FINAL = "final"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def data_state_file(rank: int) -> str:
-    return f"hftrain_data_state-rank{rank}.json"
+from .weights import load_checkpoint_weights, save_full_model
 
 
 # --------------------------------------------------------------------------------------- discovery
@@ -41,9 +34,9 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
         return []
     found = []
     for child in output_dir.iterdir():
-        match = _CHECKPOINT.match(child.name)
-        if match and child.is_dir() and (child / COMPLETE_MARKER).is_file():
-            found.append((int(match.group(1)), child))
+        step = checkpoint_step(child)
+        if step is not None and child.is_dir() and (child / COMPLETE_MARKER).is_file():
+            found.append((step, child))
     return [path for _, path in sorted(found)]
 
 
@@ -52,23 +45,9 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def clean_partial(output_dir: Path) -> list[str]:
-    """Remove what interrupted saves left behind; returns what was removed (for the log)."""
-    removed = []
-    staging = output_dir / STAGING
-    if staging.is_dir():
-        removed += [str(p) for p in staging.iterdir()]
-        shutil.rmtree(staging, ignore_errors=True)
-    return removed
-
-
-def rotate(output_dir: Path, keep: int | None) -> None:
-    """Keep the newest `keep` complete checkpoints (None or <= 0: keep all)."""
-    if not keep or keep <= 0:
-        return
-    for old in complete_checkpoints(output_dir)[:-keep]:
-        (old / COMPLETE_MARKER).unlink(missing_ok=True)  # never leave a half-deleted "complete" checkpoint
-        shutil.rmtree(old, ignore_errors=True)
+def step_of(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint was written at (from the Trainer's state file)."""
+    return int(json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))["global_step"])
 
 
 def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
@@ -83,110 +62,131 @@ def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
         pass
 
 
-def write_extras(directory: Path, recipe: Recipe) -> None:
-    """What makes a checkpoint explain itself: the resolved recipe, secrets removed."""
-    save_recipe(recipe, directory / RECIPE_FILE)
+class CheckpointManager:
+    """Staging, publishing, rotation, resume and the final model of one run directory."""
 
+    def __init__(self, layout: RunLayout, recipe: Recipe, keep: int | None):
+        self.layout, self.recipe, self.keep = layout, recipe, keep
+        self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
 
-def gathered_adapter(trainer: Any) -> dict[str, torch.Tensor] | None:
-    """FSDP and ZeRO-3 shard the adapter too: every rank takes part in gathering its full tensors."""
-    if trainer.is_fsdp_enabled:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return {k: v.detach().clone().contiguous() for k, v in get_model_state_dict(trainer.model, options=options).items()}
-    if trainer.is_deepspeed_enabled:
-        import deepspeed
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-        trainable = {k: p for k, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters() if p.requires_grad}
-        with deepspeed.zero.GatheredParameters(list(trainable.values()), modifier_rank=None):
-            state = {k: p.detach().clone().cpu() for k, p in trainable.items()}
-        unset_hf_deepspeed_config()  # else loading the base to merge would partition it with ZeRO-3 collectives
-        return state
-    return None
-
-
-def save_full_model(trainer: Any, directory: Path) -> None:
-    """The model as one standard HF directory (safetensors), however the training sharded or adapted it."""
-    if hasattr(trainer.model, "peft_config"):  # LoRA: the adapter in adapter/, the merged model beside it
-        from .finetune import merge_adapter, save_adapter
-
-        state = gathered_adapter(trainer)
-        if trainer.args.should_save:
-            adapter = directory / "adapter"
-            save_adapter(trainer.model, adapter, trainer.recipe.model.from_pretrained or "", state)
-            trainer.processing_class.save_pretrained(adapter)
-            merge_adapter(adapter, directory, tokenizer_dir=adapter)
-        trainer.accelerator.wait_for_everyone()
-        return
-    if not trainer.is_fsdp_enabled:
-        trainer.save_model(str(directory))  # DDP / single: as is; ZeRO-3: gathers the 16-bit weights
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if trainer.args.should_save:
-        # own, contiguous copies: the gathered tensors' storage is not something safetensors may inspect
-        full = {key: tensor.detach().clone().contiguous() for key, tensor in full.items()}
-        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(directory, state_dict=full)
-        trainer.processing_class.save_pretrained(directory)
-    trainer.accelerator.wait_for_everyone()
-
-
-# ----------------------------------------------------------------------------------- run identity
-def claim_output_dir(output_dir: Path, recipe: Recipe, is_main: bool) -> None:
-    """Refuse an output_dir that holds a different run (model, tokenizer or data); record ours otherwise."""
-    run_file = output_dir / RUN_FILE
-    mine = fingerprint(recipe)
-    if run_file.is_file():
-        theirs = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint", {})
-        differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != mine[part]]
-        has_work = bool(complete_checkpoints(output_dir)) or (output_dir / FINAL).is_dir()
-        if differ and has_work:
-            raise HftrainError(
-                f"training.output_dir: {output_dir} holds a run whose {' and '.join(differ)} differ from this recipe's. "
-                f"Continuing it would mix two runs. Set training.output_dir to a new directory, or delete {output_dir} "
-                "to start fresh. (Changing training settings such as max_steps or learning_rate continues a run.)"
-            )
-    if is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
+    # ----------------------------------------------------------------------------- start of a run
+    def claim(self, is_main: bool) -> None:
+        """Refuse an output_dir that holds a different run (model, tokenizer or data); record ours otherwise,
+        and remove what interrupted saves left behind."""
+        run_file, mine = self.layout.run_file, fingerprint(self.recipe)
+        if run_file.is_file():
+            theirs = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint", {})
+            differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != mine[part]]
+            if differ and (self.complete() or self.layout.final.is_dir()):
+                root = self.layout.root
+                raise HftrainError(
+                    f"training.output_dir: {root} holds a run whose {' and '.join(differ)} differ from this recipe's. "
+                    f"Continuing it would mix two runs. Set training.output_dir to a new directory, or delete {root} "
+                    "to start fresh. (Changing training settings such as max_steps or learning_rate continues a run.)"
+                )
+        if not is_main:
+            return
+        self.layout.root.mkdir(parents=True, exist_ok=True)
         partial = run_file.with_suffix(".tmp")
         partial.write_text(json.dumps({"fingerprint": mine}, indent=2), encoding="utf-8")
         os.replace(partial, run_file)  # other processes never read a half-written file
+        if self.layout.staging.is_dir():
+            for leftover in sorted(self.layout.staging.iterdir()):
+                print(f"hftrain: removed {leftover} (an interrupted save)")
+            shutil.rmtree(self.layout.staging, ignore_errors=True)
 
+    def complete(self) -> list[Path]:
+        return complete_checkpoints(self.layout.root)
 
-# ------------------------------------------------------------------------------------ exact loading
-def load_weights_exactly(model: torch.nn.Module, checkpoint: Path) -> None:
-    """Load a checkpoint's safetensors into `model` through transformers' key mapping, strictly.
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.layout.root)
 
-    transformers 5.x's Trainer loads the raw file with strict=False; for GPT-NeoX the file's `embed_out.weight`
-    then misses the model's `lm_head.weight` and training silently goes on with a fresh output head.
-    """
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    def resume_point(self, setting: bool | str | None) -> Path | None:
+        """training.resume_from_checkpoint: unset/true = latest complete checkpoint, false = never, or a path."""
+        if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
+            return None
+        if isinstance(setting, str) and setting.lower() != "true":
+            path = Path(setting)
+            if not (path / COMPLETE_MARKER).is_file():
+                raise HftrainError(f"training.resume_from_checkpoint: {setting} is not a complete hftrain checkpoint.")
+            return path
+        latest = self.latest()
+        if latest is None and setting in (True, "true", "True"):
+            raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
+        return latest
 
-    files = sorted(checkpoint.glob("model*.safetensors"))
-    if not files:
-        raise HftrainError(f"{checkpoint}: no model*.safetensors weights; this checkpoint cannot be resumed.")
-    transforms = get_model_conversion_mapping(model) or []
-    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-    converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        for key, tensor in safetensors.torch.load_file(str(file), device="cpu").items():
-            state[rename_source_key(key, renamings, converters)[0]] = tensor
-    expected = set(model.state_dict())
-    tied = {k for k in expected - set(state) if _is_tied(model, k)}
-    missing, unexpected = expected - set(state) - tied, set(state) - expected
-    if missing or unexpected:
-        raise HftrainError(
-            f"{checkpoint}: weights do not match the model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}). "
-            "Was it written by a different model recipe?"
-        )
-    model.load_state_dict(state, strict=not tied)
+    # ------------------------------------------------------------------------------------ loading
+    def load_weights(self, model: Any, checkpoint: Path) -> None:
+        """Weights only (full model or adapter), strictly; the Trainer restores optimizer and RNG state."""
+        load_checkpoint_weights(model, checkpoint)
 
+    def data_position(self, checkpoint: Path, rank: int) -> dict[str, Any]:
+        """The data position process `rank` saved in `checkpoint`."""
+        state_file = checkpoint / data_state_file(rank)
+        if not state_file.is_file():
+            raise HftrainError(
+                f"{state_file}: the checkpoint has no data position for this process. It was not written by hftrain "
+                "(or with another process count); resume it with the same process count, or start a new training.output_dir."
+            )
+        return json.loads(state_file.read_text(encoding="utf-8"))
 
-def _is_tied(model: torch.nn.Module, key: str) -> bool:
-    head = getattr(model, "get_output_embeddings", lambda: None)()
-    return bool(model.config.tie_word_embeddings) and head is not None and key.endswith("lm_head.weight")
+    # ------------------------------------------------------------------------------------- saving
+    def save(self, trainer: Any, write_trainer_files: Callable[[], None], data_position: dict[str, Any] | None) -> None:
+        """One checkpoint: the Trainer's files (written by `write_trainer_files` into layout.staging),
+        this process's data position and the extras, then published complete and older ones rotated."""
+        step, rank = trainer.state.global_step, trainer.args.process_index
+        name = f"checkpoint-{step}"
+        staged = self.layout.staged(name)
+        try:
+            write_trainer_files()
+        except OSError as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
+            shutil.rmtree(staged, ignore_errors=True)
+            latest = self.latest()
+            raise HftrainError(
+                f"training.output_dir: could not write {self.layout.root / name} ({err.strerror or err}). "
+                f"{'The previous checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
+                "free space or fix permissions, then run the same command to resume."
+            ) from None
+        if data_position is not None:
+            (staged / data_state_file(rank)).write_text(json.dumps(data_position), encoding="utf-8")
+        trainer.accelerator.wait_for_everyone()
+        if trainer.args.should_save:
+            self._write_extras(staged, trainer)
+            publish(staged, self.layout.checkpoint(step), {"step": step, "world_size": trainer.args.world_size})
+            self._rotate()
+            for notify in self.on_publish:
+                notify(self.layout.checkpoint(step))
+        trainer.accelerator.wait_for_everyone()
+
+    def _write_extras(self, staged: Path, trainer: Any) -> None:
+        """What makes a checkpoint explain itself: the resolved recipe (secrets removed), an adapter's exact
+        base, and for sharded saves the config and tokenizer."""
+        save_recipe(self.recipe, staged / RECIPE_FILE)
+        if is_adapter_dir(staged):
+            base = base_fingerprint(self.recipe.model.from_pretrained or "")
+            (staged / BASE_FILE).write_text(json.dumps(base, indent=2), encoding="utf-8")
+        elif not (staged / "config.json").is_file():
+            trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(staged)
+            trainer.processing_class.save_pretrained(staged)
+
+    def _rotate(self) -> None:
+        """Keep the newest `keep` complete checkpoints (None or <= 0: keep all)."""
+        if not self.keep or self.keep <= 0:
+            return
+        for old in self.complete()[: -self.keep]:
+            (old / COMPLETE_MARKER).unlink(missing_ok=True)  # never leave a half-deleted "complete" checkpoint
+            shutil.rmtree(old, ignore_errors=True)
+
+    def stage_final(self, trainer: Any) -> Path:
+        """Write the final model as one standard HF directory into staging (every process takes part in
+        gathering a sharded model); `publish_final` moves it into final/ once its evaluation is known."""
+        staged = self.layout.staged(RunLayout.FINAL)
+        save_full_model(trainer, staged, self.recipe.model.from_pretrained or "")
+        return staged
+
+    def publish_final(self, staged: Path, info: dict[str, Any]) -> Path:
+        """Main process: the staged final model, with its recipe, replaces final/ atomically."""
+        save_recipe(self.recipe, staged / RECIPE_FILE)
+        (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: not part of a shareable model
+        publish(staged, self.layout.final, info)
+        return self.layout.final

@@ -2,19 +2,28 @@
 
 Active only when (1) CUDA is absent AND (2) hftrain's own CPU launcher started the process (it sets
 ``HFTRAIN_CPU_REHEARSAL``). On a GPU machine, or under a plain ``accelerate launch``, nothing here runs:
-no forced distributed type, no gloo, no use_cpu.
+no forced distributed type, no gloo, no use_cpu. (``fix_bnb_4bit`` is the one CPU fix outside rehearsals.)
 
-Why it exists (accelerate 1.15, DeepSpeed 0.19, see shared/notes/cpu-stack.md):
-* accelerate starts ONE process for a MULTI_CPU config and never enables FSDP or DeepSpeed for CPU
-  processes; so hftrain starts the processes itself with torchrun (gloo) -> ``launch_processes``;
-* FSDP: the Accelerator comes up as MULTI_CPU (plain DDP); its state is switched to FSDP with the plugin
-  the Trainer built from TrainingArguments -> ``after_accelerator``;
-* bitsandbytes 4-bit on an avx512_bf16 CPU: any no-grad forward repacks Linear4bit weights for CPU
-  inference, and training afterwards fails; turning that repacking off fixes it -> ``fix_bnb_4bit``
-  (this one is needed in any CPU process, rehearsal or not; it is still a no-op with CUDA);
-* DeepSpeed: needs DS_ACCELERATOR=cpu, the process group created with gloo *before* TrainingArguments
-  (accelerate state created while ACCELERATE_USE_DEEPSPEED is set), and ``use_configured_state``
-  -> ``training_kwargs``.
+What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what each function does about it:
+
+* ``launch_processes``: accelerate starts ONE process for a ``MULTI_CPU`` config (multi-process CPU means
+  mpirun there) and never enables FSDP or DeepSpeed for CPU processes. So hftrain starts the processes itself
+  with torchrun, on gloo, with the GPUs hidden (``CUDA_VISIBLE_DEVICES=""``): `--cpu` on a GPU machine
+  rehearses on CPU as asked instead of silently running DDP on the GPUs.
+* ``prepare_process`` (the only side effect, called once by ``parallel.resolve_launch``): DeepSpeed on CPU
+  needs ``DS_ACCELERATOR=cpu`` (set by the launcher) and the process group created on gloo *before*
+  TrainingArguments exist, while ``ACCELERATE_USE_DEEPSPEED`` is set; without that, every rank reported
+  num_processes=1, did not split the data and wrote the same files, with no error.
+* ``training_kwargs`` (pure): the TrainingArguments a rehearsal needs: gloo, ``use_cpu`` for DDP/FSDP, the
+  FSDP plugin options from the accelerate YAML, and for ZeRO-3 ``use_cpu=False`` (use_cpu turns DeepSpeed
+  off) with ``use_configured_state`` so the Trainer keeps the state made by ``prepare_process``.
+* ``after_accelerator``: the Accelerator comes up as MULTI_CPU (plain DDP) even with the FSDP plugin; its
+  state is switched to FSDP with the plugin the Trainer built from TrainingArguments. ``parallel.verify``
+  then checks accelerate's state, and the tests check that parameters really are sharded.
+* ``fix_bnb_4bit``: bitsandbytes 4-bit on an avx512_bf16 CPU repacks Linear4bit weights for CPU inference on
+  any no-grad forward, and training afterwards fails ("a view of a leaf Variable that requires grad is being
+  used in an in-place operation"); turning that repacking off fixes it. Needed in any CPU process, a no-op
+  with CUDA.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ def rehearsal_backend() -> str | None:
 def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int) -> int:
     """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns its exit code."""
     env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # asked for a CPU rehearsal: never the GPUs, even where there are some
     env[REHEARSAL_ENV] = backend
     env[CONFIG_ENV] = str(config_path.resolve())
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -53,13 +63,19 @@ def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, n
     return subprocess.call(cmd, env=env)
 
 
-def training_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def prepare_process(backend: str) -> None:
+    """The process-wide set-up a rehearsal needs before TrainingArguments exist (ZeRO-3 only)."""
+    if backend == "zero3":
+        _deepspeed_process_group()
+
+
+def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, Any]:
     """TrainingArguments changes for a CPU rehearsal of the backend the accelerate YAML describes."""
-    backend = rehearsal_backend()
     if backend is None:
         return kwargs
     import yaml
 
+    kwargs = dict(kwargs)
     config_path = Path(os.environ[CONFIG_ENV])
     config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
     kwargs["ddp_backend"] = "gloo"
@@ -71,7 +87,6 @@ def training_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs.update(use_cpu=True, fsdp="full_shard auto_wrap", fsdp_config=fsdp)
     elif backend == "zero3":
         ds_file = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
-        _deepspeed_process_group()
         kwargs.update(
             use_cpu=False,
             deepspeed=str((config_path.parent / ds_file).resolve()) if ds_file else None,

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import evaluate
+from . import text_metrics
 from .errors import HftrainError
 from .recipe_schema import EvalTask
 
@@ -49,7 +49,7 @@ class TrainingEvaluation:
         self.texts = []
         for i, task in enumerate(tasks):
             try:
-                self.texts.append(evaluate.load_texts(task.data, task.text_field, task.limit))
+                self.texts.append(text_metrics.load_texts(task.data, task.text_field, task.limit))
             except HftrainError as err:
                 raise HftrainError(f"monitor.eval_tasks[{i}].data: {err}") from None
 
@@ -66,7 +66,7 @@ class TrainingEvaluation:
         try:
             with torch.no_grad():
                 for task, texts in zip(self.tasks, self.texts):
-                    result = evaluate.evaluate_texts(model, self.tokenizer, texts, [task.metric], task.context, task.stride)
+                    result = text_metrics.evaluate_texts(model, self.tokenizer, texts, [task.metric], task.context, task.stride)
                     out[f"{prefix}_{task_name(task)}_{task.metric}"] = result[task.metric][HEADLINE[task.metric]]
         finally:
             model.train(was_training)

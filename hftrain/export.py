@@ -17,7 +17,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
-    from .finetune import is_adapter_dir, merge_adapter
+    from .adapter import is_adapter_dir, merge_adapter
 
     if is_adapter_dir(checkpoint):
         if not merge:
@@ -29,7 +29,7 @@ def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
     if fsdp and (checkpoint / "config.json").is_file():
         import tempfile
 
-        from .finetune import fsdp_adapter
+        from .adapter import fsdp_adapter
 
         with tempfile.TemporaryDirectory(prefix="hftrain-adapter-") as tmp:
             adapter = fsdp_adapter(checkpoint, fsdp[0], Path(tmp))

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from .errors import HftrainError
+from .layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout
 from .recipe_schema import Recipe
 
 CARD = "README.md"
@@ -83,13 +84,14 @@ def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str) -> Path
     """A temporary folder with the model, card, plot, metrics and recipe: what a push sends."""
     out = Path(tempfile.mkdtemp(prefix="hftrain-push-"))
     for item in model_dir.iterdir():
-        if item.is_file() and item.name not in ("training_args.bin", "hftrain_complete.json"):
+        if item.is_file() and item.name not in ("training_args.bin", COMPLETE_MARKER):
             shutil.copy2(item, out / item.name)
-    for name in ("training_curves.png", "metrics.jsonl", "results.json"):
-        if (run_dir / name).is_file():
-            shutil.copy2(run_dir / name, out / name)
-    results = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").is_file() else {}
-    (out / CARD).write_text(model_card(recipe, results, repo_id, (out / "training_curves.png").is_file()), encoding="utf-8")
+    layout = RunLayout(run_dir)
+    for path in (layout.plot, layout.metrics, layout.results):
+        if path.is_file():
+            shutil.copy2(path, out / path.name)
+    results = json.loads(layout.results.read_text()) if layout.results.is_file() else {}
+    (out / CARD).write_text(model_card(recipe, results, repo_id, (out / RunLayout.PLOT_FILE).is_file()), encoding="utf-8")
     return out
 
 
@@ -182,11 +184,12 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
     from .recipe import load_recipe
 
     path = Path(path)
-    model_dir = path / "final" if (path / "final" / "config.json").is_file() else path
+    final = RunLayout(path).final
+    model_dir = final if (final / "config.json").is_file() else path
     if not (model_dir / "config.json").is_file():
         raise HftrainError(f"{path}: neither a run directory with final/ nor a model directory (no config.json).")
     run_dir = path if model_dir != path else path.parent
-    recipe_file = model_dir / "hftrain_recipe.yaml"
+    recipe_file = model_dir / RECIPE_FILE
     recipe = load_recipe(recipe_file) if recipe_file.is_file() else load_recipe(None, {"model": {"from_pretrained": str(model_dir)}})
     if to:
         return copy_to_fsspec(model_dir, to, recipe.hub.storage_options)

@@ -2,11 +2,17 @@
 
 A preset gives the shape, recipe keys override any field, and the vocabulary is sized so that the tokenizer
 and the embedding always match. `from_pretrained` starts a new run from existing weights.
+
+The model's size and FLOPs live here too (``measure_model``): measured once per run on the meta device, they
+feed the speed defaults, MFU and `hftrain plan`. Training FLOPs per token follow the PaLM appendix:
+6 N + 12 L d T, where N counts the parameters that do matmuls (all but the input embedding, so the output
+head is included), L layers, d hidden size, T context.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,11 +74,11 @@ def build_config(
     )
 
 
-def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool) -> PreTrainedModel:
+def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool, strategy: str) -> PreTrainedModel:
     """The model a run starts from: pretrained weights, or a fresh preset model (seeded by training.seed)."""
     m = recipe.model
     if m.from_pretrained:
-        model = load_pretrained(recipe)
+        model = load_pretrained(recipe, strategy)
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
             raise HftrainError(
                 f"tokenizer: {len(tokenizer)} tokens but {m.from_pretrained} has only "
@@ -87,7 +93,7 @@ def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool) -> PreTr
     return model
 
 
-def load_pretrained(recipe: Recipe) -> PreTrainedModel:
+def load_pretrained(recipe: Recipe, strategy: str = "single") -> PreTrainedModel:
     m = recipe.model
     if m.architecture_overrides():
         raise HftrainError(
@@ -98,7 +104,7 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
         print(f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {m.from_pretrained} will run.", flush=True)
     from .finetune import quantization_config, quantized_device_map
 
-    quantization = quantization_config(recipe)
+    quantization = quantization_config(recipe, strategy)
     try:
         return AutoModelForCausalLM.from_pretrained(
             m.from_pretrained,
@@ -108,14 +114,18 @@ def load_pretrained(recipe: Recipe) -> PreTrainedModel:
             # quantized: bf16 keeps the embeddings and head small too (fp32 leftovers otherwise)
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
             quantization_config=quantization,
-            device_map=quantized_device_map(recipe),
+            device_map=quantized_device_map(recipe, strategy),
             **{k: v for k in DROPOUT_FIELDS if (v := getattr(m, k)) is not None},  # config overrides
         )
     except (OSError, ValueError) as err:
-        raise HftrainError(
-            f"model.from_pretrained: cannot load {m.from_pretrained!r} ({str(err).splitlines()[0]}). "
-            "Give a model directory with config.json and weights, or a hub id reachable from here."
-        ) from None
+        raise _cannot_load(m.from_pretrained, err) from None
+
+
+def _cannot_load(name: str, err: Exception) -> HftrainError:
+    return HftrainError(
+        f"model.from_pretrained: cannot load {name!r} ({str(err).splitlines()[0]}). "
+        "Give a model directory with config.json and weights, or a hub id reachable from here."
+    )
 
 
 def check_context(recipe: Recipe, config: Any) -> None:
@@ -129,10 +139,12 @@ def check_context(recipe: Recipe, config: Any) -> None:
 
 def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> PreTrainedModel:
     """The model with no memory allocated (meta device), for sizing and planning."""
-    if recipe.model.from_pretrained:
-        config = AutoConfig.from_pretrained(
-            recipe.model.from_pretrained, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code
-        )
+    m = recipe.model
+    if m.from_pretrained:
+        try:
+            config = AutoConfig.from_pretrained(m.from_pretrained, revision=m.revision, trust_remote_code=m.trust_remote_code)
+        except (OSError, ValueError) as err:
+            raise _cannot_load(m.from_pretrained, err) from None
     else:
         config = build_config(recipe, tokenizer_size, tokenizer_is_new, eos_token_id=0)
     with torch.device("meta"):
@@ -147,3 +159,46 @@ def parameter_counts(model: PreTrainedModel) -> dict[str, int]:
     tied = head_module is not None and head_module.weight is model.get_input_embeddings().weight
     head = 0 if head_module is None or tied else head_module.weight.numel()
     return {"total": total, "embedding": embed, "head": head, "non_embedding": total - embed - head}
+
+
+def flops_per_token(counts: dict[str, int], config: Any, seq_len: int) -> float:
+    matmul_params = counts["total"] - counts["embedding"]
+    return 6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+
+
+def tokenizer_size_estimate(recipe: Recipe) -> tuple[int, bool]:
+    """Tokenizer size without training one: (size, is a new tokenizer). A tokenizer to train counts as its
+    configured vocab_size; a tokenizer.path that does not load gets the tokenizer's own message."""
+    tok = recipe.tokenizer
+    if tok.train is not None:
+        return tok.train.vocab_size, True
+    if tok.path is not None:
+        from .tokenizer import from_path
+
+        return len(from_path(tok)), False
+    return 50257, False
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A recipe's model measured once on the meta device (nothing allocated)."""
+
+    meta: PreTrainedModel
+    counts: dict[str, int]
+    flops_per_token: float
+
+    @property
+    def config(self) -> Any:
+        return self.meta.config
+
+    @property
+    def matmul_params(self) -> int:
+        return self.counts["total"] - self.counts["embedding"]
+
+
+def measure_model(recipe: Recipe) -> ModelShape:
+    """Size and training FLOPs per token of the recipe's model: for the speed defaults, MFU and `hftrain plan`."""
+    size, is_new = tokenizer_size_estimate(recipe)
+    model = meta_model(recipe, size, is_new)
+    counts = parameter_counts(model)
+    return ModelShape(model, counts, flops_per_token(counts, model.config, recipe.data.seq_len))

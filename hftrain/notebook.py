@@ -36,6 +36,7 @@ def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") 
     """Train `recipe` in `num_processes` processes from a notebook; returns the final model directory."""
     from . import cpu_compat
     from .launch import relaunch
+    from .layout import RunLayout
     from .recipe import recipe_to_dict
     from .yaml_io import dump_yaml
 
@@ -44,7 +45,7 @@ def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") 
         path.touch(mode=0o600)  # the child processes need the recipe as it is, secrets included
         path.write_text(dump_yaml(recipe_to_dict(recipe, redact=False)), encoding="utf-8")
         code = relaunch([str(path)], accelerate_config, num_processes, cpu=cpu_compat.on_cpu(), recipe=recipe)
-    final = Path(recipe.training.output_dir) / "final"
+    final = RunLayout(Path(recipe.training.output_dir)).final
     if code != 0:
         raise HftrainError(f"notebook launch: the {num_processes} training processes failed (exit {code}); see their output above.")
     if not (final / "config.json").is_file():

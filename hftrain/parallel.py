@@ -3,18 +3,46 @@ batch, and a check that the run really is distributed the way it claims.
 
 The backend itself (DDP, FSDP, DeepSpeed ZeRO-3) is chosen by the launcher: ``accelerate launch
 --config_file accelerate_configs/X.yaml`` (or torchrun), or hftrain's own CPU launcher (cpu_compat.py).
-Never report FSDP while running DDP: ``verify`` compares accelerate's real state with the strategy.
+``resolve_launch`` reads it once per run into a ``Launch`` that is passed on (model loading, fine-tuning,
+speed defaults, the Trainer). Never report FSDP while running DDP: ``verify`` compares accelerate's real
+state with the strategy.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from . import cpu_compat
 from .errors import HftrainError
 from .recipe_schema import Recipe
 
 LABELS = {"single": "single", "ddp": "DDP", "fsdp": "FSDP", "zero3": "ZeRO-3", "device_map": "device_map"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process was started, resolved once per run (``resolve_launch``) and passed on."""
+
+    strategy: str  # single | ddp | fsdp | zero3 | device_map
+    world_size: int
+    local_rank: int
+    rehearsal: str | None  # the backend of a CPU rehearsal (cpu_compat.py); None on GPUs and plain launches
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.strategy]
+
+
+def resolve_launch(recipe: Recipe) -> Launch:
+    """The run's launch, checked against the recipe; a CPU rehearsal's process set-up happens here, once."""
+    launch = Launch(resolve_strategy(recipe), world_size(), int(os.environ.get("LOCAL_RANK", "0")), cpu_compat.rehearsal_backend())
+    if launch.rehearsal:
+        cpu_compat.prepare_process(launch.rehearsal)
+    return launch
 
 
 def world_size() -> int:
@@ -23,8 +51,6 @@ def world_size() -> int:
 
 def launched_strategy() -> str:
     """What the launcher set up for this process: single, ddp, fsdp or zero3."""
-    from . import cpu_compat
-
     rehearsal = cpu_compat.rehearsal_backend()
     if rehearsal:
         return rehearsal
@@ -106,9 +132,13 @@ def verify(trainer: Any, strategy: str) -> dict[str, Any]:
     if strategy == "zero3" and acc.state.deepspeed_plugin.zero_stage != 3:
         problems.append(f"DeepSpeed ZeRO stage is {acc.state.deepspeed_plugin.zero_stage}")
     if problems:
+        hint = "Check the accelerate config and launcher (see README, Distributed training)."
+        if strategy in ("fsdp", "zero3") and not torch.cuda.is_available():
+            hint = (f"accelerate runs {LABELS[strategy]} on GPUs only; on this CPU-only machine rehearse it with "
+                    f"`hftrain train RECIPE --accelerate-config {strategy} --nproc 2` (gloo processes).")  # fmt: skip
         raise HftrainError(
             f"parallelism: this run was to be {LABELS[strategy]} with {world_size()} process(es), but "
-            f"{'; '.join(problems)}. Check the accelerate config and launcher (see README, Distributed training)."
+            f"{'; '.join(problems)}. {hint}"
         )
     return real
 
@@ -125,6 +155,14 @@ def spread_over_devices(model: Any, recipe: Recipe) -> Any:
             f"parallelism.max_memory: the model does not fit the devices' budget, so {len(offloaded)} module(s) "
             f"({', '.join(offloaded[:3])}...) would be offloaded to disk, and disk-offloaded parameters do not train. "
             "Raise the budget, add devices, or use fsdp/zero3 with CPU offload."
+        )
+    on_cpu = sorted(name for name, where in device_map.items() if where == "cpu")
+    if on_cpu and any(where not in ("cpu", "disk") for where in device_map.values()):
+        raise HftrainError(
+            f"parallelism.max_memory: the GPUs' budget holds only part of the model, so {len(on_cpu)} module(s) "
+            f"({', '.join(on_cpu[:3])}...) would be placed on the CPU. Beside a GPU, accelerate offloads CPU-placed "
+            "layers (their weights live on the meta device between forwards), so they would not train. Raise the GPU "
+            "budget, add GPUs, or use fsdp/zero3 with CPU offload."
         )
     devices = set(device_map.values())
     if len(devices) == 1:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HftrainError
+from .layout import RunLayout
 from .recipe import load_recipe
 
 BACKENDS = {"single": None, "DDP": "ddp", "FSDP": "fsdp", "ZeRO-3": "zero3"}
@@ -61,8 +62,9 @@ def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[st
 
 
 def _read_run(out: Path) -> dict[str, Any]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    layout = RunLayout(out)
+    lines = [json.loads(line) for line in layout.metrics.read_text(encoding="utf-8").splitlines()]
+    results = json.loads(layout.results.read_text(encoding="utf-8"))
     steps = {e["step"]: (e["loss"], e["grad_norm"]) for e in lines if "loss" in e and "grad_norm" in e}
     return {"steps": steps, "distributed_type": results["distributed_type"], "world_size": results["world_size"]}
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-PLOT_FILE = "training_curves.png"
-
 
 def plot_curves(log_history: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     import matplotlib

@@ -17,16 +17,16 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from .layout import RunLayout
 from .recipe_schema import ProfileSection
 
-PROFILE_DIR = "profile"
 TOP_OPERATIONS = 15
 
 
 class ProfilerCallback(TrainerCallback):
     def __init__(self, section: ProfileSection, output_dir: Path, process_index: int):
         self.section, self.rank = section, process_index
-        self.out = output_dir / PROFILE_DIR
+        self.out = RunLayout(output_dir).profile
         self.profiler: Any = None
         self.started_at = 0.0
         self.summary_path: Path | None = None

@@ -8,7 +8,6 @@ network, no JavaScript and no other file to display the same everywhere.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import io
@@ -17,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HftrainError
+from .layout import RECIPE_FILE, RunLayout, checkpoint_step
 
-REPORT_FILE = "report.html"
 MAX_EVAL_ROWS = 200
 
 # (id, title, metrics key(s), y label, colour); the loss chart also draws eval_loss.
@@ -45,7 +44,7 @@ blockquote { background: #f6f8ff; border-left: 4px solid #5b7db1; margin: 8px 0;
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The log lines of metrics.jsonl (a torn last line, e.g. after a kill, is skipped)."""
-    path = run_dir / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
         raise HftrainError(f"{run_dir} is not a run directory: no metrics.jsonl; give the training.output_dir of a run")
     records = []
@@ -173,11 +172,10 @@ def eval_sections(run_dir: Path) -> str:
 
 def find_recipe(run_dir: Path) -> Path | None:
     """final/hftrain_recipe.yaml, else the newest checkpoint's."""
-    final = run_dir / "final" / "hftrain_recipe.yaml"
+    final = RunLayout(run_dir).final_recipe()
     if final.is_file():
         return final
-    found = [(int(p.parent.name.split("-")[1]), p) for p in run_dir.glob("checkpoint-*/hftrain_recipe.yaml")
-             if p.parent.name.split("-")[1].isdigit()]
+    found = [(step, p) for p in run_dir.glob(f"checkpoint-*/{RECIPE_FILE}") if (step := checkpoint_step(p.parent)) is not None]
     return max(found)[1] if found else None
 
 
@@ -185,7 +183,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write run_dir/report.html (or `out`) and return its path."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
-    results_path = run_dir / "results.json"
+    results_path = RunLayout(run_dir).results
     results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
 
     figures, missing = [], []
@@ -225,23 +223,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
 <h2>Resolved recipe</h2>{recipe_html}
 </body></html>
 """
-    path = Path(out) if out is not None else run_dir / REPORT_FILE
+    path = Path(out) if out is not None else RunLayout(run_dir).report
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the `report` command to an argparse subparsers object."""
-    p = subparsers.add_parser("report", help="write a self-contained HTML report of a run (charts, results, sample, recipe)",
-                              description="Write RUN_DIR/report.html: one HTML file with no external resources.")
-    p.add_argument("run_dir", help="a run's training.output_dir (holds metrics.jsonl)")
-    p.add_argument("--out", metavar="FILE", help="write here instead of RUN_DIR/report.html")
-    return p
-
-
-def run(args: argparse.Namespace) -> int:
-    """`hftrain report`: write the page and print its path."""
-    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
-    print(f"report: {path}")
-    return 0

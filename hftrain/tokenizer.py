@@ -14,10 +14,10 @@ from typing import Callable, Iterable
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from .errors import HftrainError
-from .recipe_schema import Recipe
+from .layout import RunLayout
+from .recipe_schema import Recipe, TokenizerSection
 
 EOS = "<|endoftext|>"
-TOKENIZER_SUBDIR = "tokenizer"
 
 
 def gpt2_tokenizer() -> PreTrainedTokenizerBase:
@@ -69,7 +69,7 @@ def _load(
     """
     section = recipe.tokenizer
     if section.train is not None:
-        saved = output_dir / TOKENIZER_SUBDIR
+        saved = RunLayout(output_dir).tokenizer
         if (saved / "tokenizer.json").is_file():
             return AutoTokenizer.from_pretrained(saved), True
         spec = section.train
@@ -80,16 +80,21 @@ def _load(
     if section.path is not None:
         if section.trust_remote_code:
             print(f"hftrain: warning: tokenizer.trust_remote_code is on: Python code shipped with {section.path} will run.", flush=True)
-        try:
-            tok = AutoTokenizer.from_pretrained(section.path, trust_remote_code=section.trust_remote_code)
-        except (OSError, ValueError) as err:
-            raise HftrainError(
-                f"tokenizer.path: cannot load a tokenizer from {section.path!r} ({str(err).splitlines()[0]}). "
-                "Give a directory holding tokenizer.json (or a hub id reachable from here)."
-            ) from None
+        tok = from_path(section)
         if tok.eos_token is None:
             raise HftrainError(f"tokenizer.path: {section.path} has no eos_token; documents are joined with EOS, so it needs one.")
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         return tok, False
     return gpt2_tokenizer(), False
+
+
+def from_path(section: TokenizerSection) -> PreTrainedTokenizerBase:
+    """tokenizer.path loaded with transformers, or the message saying what to give instead."""
+    try:
+        return AutoTokenizer.from_pretrained(section.path, trust_remote_code=section.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise HftrainError(
+            f"tokenizer.path: cannot load a tokenizer from {section.path!r} ({str(err).splitlines()[0]}). "
+            "Give a directory holding tokenizer.json (or a hub id reachable from here)."
+        ) from None

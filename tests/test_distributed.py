@@ -17,7 +17,8 @@ import torch
 import yaml
 
 import hftrain
-from hftrain import checkpoint as ckpt
+from hftrain import layout
+from hftrain.layout import RunLayout
 from hftrain import parallel
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
@@ -58,11 +59,11 @@ def test_backend_trains_resumes_and_exports(tiny_yaml, tmp_path, backend):
     results = json.loads((straight_dir / "results.json").read_text())
     assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)
     for rank in (0, 1):
-        assert (straight_dir / "checkpoint-3" / ckpt.data_state_file(rank)).is_file()
+        assert (straight_dir / "checkpoint-3" / layout.data_state_file(rank)).is_file()
 
     # resume from the straight run's step-3 checkpoint, as a killed run would have left it
     resumed_dir.mkdir()
-    for name in ("checkpoint-3", "tokenizer", ckpt.RUN_FILE):
+    for name in ("checkpoint-3", "tokenizer", RunLayout.RUN_FILE):
         (shutil.copytree if (straight_dir / name).is_dir() else shutil.copy)(straight_dir / name, resumed_dir / name)
     launch(tiny_yaml, backend, resumed_dir, *settings)
     straight, resumed = metrics(straight_dir), metrics(resumed_dir)
@@ -175,11 +176,11 @@ def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
 
     monkeypatch.delenv(cpu_compat.REHEARSAL_ENV, raising=False)
     kwargs = {"max_steps": 3}
-    assert cpu_compat.training_kwargs(dict(kwargs)) == kwargs
+    assert cpu_compat.training_kwargs(dict(kwargs), cpu_compat.rehearsal_backend()) == kwargs
     monkeypatch.setenv(cpu_compat.REHEARSAL_ENV, "fsdp")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # on a GPU machine nothing changes
     assert cpu_compat.rehearsal_backend() is None
-    assert cpu_compat.training_kwargs(dict(kwargs)) == kwargs
+    assert cpu_compat.training_kwargs(dict(kwargs), cpu_compat.rehearsal_backend()) == kwargs
 
 
 @pytest.mark.parametrize("kind", ["torchrun", "slurm"])
@@ -206,3 +207,30 @@ def test_plan_recommends_a_strategy():
     assert "recommendation: FSDP (or ZeRO-3): 329 GB of training state does not fit one GPU, but sharded over 16 GPUs it is 20.6 GB each" in big.stdout
     small = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "--gpus", "8")
     assert "recommendation: DDP" in small.stdout
+
+
+def test_cpu_rehearsal_hides_the_gpus_from_its_processes(monkeypatch, tmp_path):
+    """`--cpu` on a machine with CUDA: the children must not see the GPUs (else accelerate runs DDP on them)."""
+    from hftrain import cpu_compat
+
+    seen = {}
+    monkeypatch.setattr(cpu_compat.subprocess, "call", lambda cmd, env: seen.update(env) or 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cpu_compat.launch_processes(["train", "r.yaml"], ROOT / "accelerate_configs" / "fsdp.yaml", "fsdp", 2) == 0
+    assert seen["CUDA_VISIBLE_DEVICES"] == "" and seen[cpu_compat.REHEARSAL_ENV] == "fsdp"
+    probe = "import torch, hftrain.cpu_compat as c; print(torch.cuda.is_available(), c.rehearsal_backend())"
+    env = {k: v for k, v in seen.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "fsdp"]  # in the child: no CUDA, so the rehearsal is active
+
+
+def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
+    """accelerate's dispatch_model offloads CPU-placed layers when a GPU is the main device: they would not train."""
+    from transformers import GPTNeoXForCausalLM
+
+    recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}})
+    from hftrain.model import build_config
+
+    config = build_config(recipe, 320, True, eos_token_id=0)
+    with pytest.raises(HftrainError, match=r"would be placed on the CPU\. Beside a GPU, accelerate offloads CPU-placed layers"):
+        parallel.spread_over_devices(GPTNeoXForCausalLM(config), recipe)

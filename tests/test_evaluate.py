@@ -1,4 +1,4 @@
-"""hftrain.evaluate: sliding-window perplexity, bits per byte, last-word accuracy, data loading, the CLI, lm-eval."""
+"""hftrain.text_metrics and `hftrain eval`: sliding-window perplexity, bits per byte, last-word accuracy, data loading, the CLI, lm-eval."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from hftrain import evaluate as ev
+from hftrain import text_metrics as ev
+from hftrain.commands import eval as eval_command
 from hftrain.errors import HftrainError
 
 from .conftest import make_documents, write_jsonl
@@ -43,7 +44,7 @@ def predictable_passages(n: int) -> list[str]:
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="hftrain")
-    ev.add_parser(parser.add_subparsers(dest="command"))
+    eval_command.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["eval", *argv])
 
 
@@ -205,7 +206,7 @@ def test_cli_prints_a_table_and_writes_json(pretrained_run, trained, tmp_path, c
     out = tmp_path / "out" / "results.json"
     args = parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "perplexity", "--metric", "bits_per_byte",
                  "--context", "64", "--stride", "32", "--json", str(out))
-    assert ev.run(args) == 0
+    assert eval_command.run(args, []) == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
     assert lines[0].split() == ["name", "measure", "value"]
@@ -222,7 +223,7 @@ def test_cli_prints_a_table_and_writes_json(pretrained_run, trained, tmp_path, c
 
 def test_cli_last_word_accuracy_with_limit(pretrained_run, tmp_path, capsys):
     data = write_jsonl(tmp_path / "passages.jsonl", predictable_passages(10))
-    assert ev.run(parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "last_word_accuracy", "--limit", "4")) == 0
+    assert eval_command.run(parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "last_word_accuracy", "--limit", "4"), []) == 0
     rows = {tuple(line.split()[:2]): line.split()[2] for line in capsys.readouterr().out.splitlines()[1:]}
     assert rows[("last_word_accuracy", "total")] == "4"
 
@@ -230,16 +231,16 @@ def test_cli_last_word_accuracy_with_limit(pretrained_run, tmp_path, capsys):
 def test_cli_errors_name_the_argument(pretrained_run, tmp_path):
     data = str(write_jsonl(tmp_path / "held.jsonl", HELD_OUT[:3]))
     with pytest.raises(HftrainError, match=f"{tmp_path}: not a model directory \\(no config.json\\)"):
-        ev.run(parse(str(tmp_path), "--data", data))
+        eval_command.run(parse(str(tmp_path), "--data", data), [])
     with pytest.raises(HftrainError, match="either --data"):
-        ev.run(parse(str(pretrained_run.final_dir)))
+        eval_command.run(parse(str(pretrained_run.final_dir)), [])
     with pytest.raises(HftrainError, match="either --data"):
-        ev.run(parse(str(pretrained_run.final_dir), "--data", data, "--lm-eval", "local_lambada"))
+        eval_command.run(parse(str(pretrained_run.final_dir), "--data", data, "--lm-eval", "local_lambada"), [])
     with pytest.raises(HftrainError, match="--stride 9 is larger than --context 8"):
-        ev.run(parse(str(pretrained_run.final_dir), "--data", data, "--context", "8", "--stride", "9"))
+        eval_command.run(parse(str(pretrained_run.final_dir), "--data", data, "--context", "8", "--stride", "9"), [])
     (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
     with pytest.raises(HftrainError, match="empty.jsonl: no documents"):
-        ev.run(parse(str(pretrained_run.final_dir), "--data", str(tmp_path / "empty.jsonl")))
+        eval_command.run(parse(str(pretrained_run.final_dir), "--data", str(tmp_path / "empty.jsonl")), [])
     with pytest.raises(SystemExit):
         parse(str(pretrained_run.final_dir), "--data", data, "--metric", "accuracy")
 
@@ -273,7 +274,7 @@ def lm_eval_installed() -> None:
 def test_lm_eval_shipped_task_and_include_path_agree_with_our_scoring(lm_eval_installed, pretrained_run, trained, tmp_path, capsys):
     # The shipped local_lambada task (natural English: the tiny model gets ~nothing right), through the CLI.
     out = tmp_path / "lm_eval.json"
-    assert ev.run(parse(str(pretrained_run.final_dir), "--lm-eval", "local_lambada", "--limit", "3", "--json", str(out))) == 0
+    assert eval_command.run(parse(str(pretrained_run.final_dir), "--lm-eval", "local_lambada", "--limit", "3", "--json", str(out)), []) == 0
     printed = capsys.readouterr().out
     assert "local_lambada" in printed and "acc,none" in printed
     saved = json.loads(out.read_text())["lm_eval"]

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hftrain import checkpoint as ckpt
+from hftrain.layout import RunLayout
 
 from .conftest import make_documents, tiny_recipe, write_jsonl
 
@@ -127,12 +128,12 @@ def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert died.returncode == -signal.SIGKILL
     assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-10"]
-    assert (run_dir / ckpt.STAGING / "checkpoint-20").is_dir()  # the half-written one, never renamed into place
+    assert (run_dir / RunLayout.STAGING / "checkpoint-20").is_dir()  # the half-written one, never renamed into place
     again = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe), f"training.output_dir={run_dir}"],
                            capture_output=True, text=True, timeout=600)  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     assert "removed" in again.stdout and "resuming from" in again.stdout and "checkpoint-10" in again.stdout
-    assert not (run_dir / ckpt.STAGING).exists()
+    assert not (run_dir / RunLayout.STAGING).exists()
     assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-20", "checkpoint-30"]
 
 
@@ -162,7 +163,7 @@ def test_disk_full_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(
     assert f"could not write {tmp_path / 'run' / 'checkpoint-20'} (No space left on device)" in message
     assert f"The previous checkpoint {tmp_path / 'run' / 'checkpoint-10'} is intact" in message
     assert [p.name for p in ckpt.complete_checkpoints(tmp_path / "run")] == ["checkpoint-10"]
-    assert not (tmp_path / "run" / ckpt.STAGING / "checkpoint-20").exists()
+    assert not (tmp_path / "run" / RunLayout.STAGING / "checkpoint-20").exists()
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])

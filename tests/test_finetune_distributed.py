@@ -85,11 +85,11 @@ def test_quantized_combinations_bitsandbytes_cannot_run(pretrained_run, tmp_path
 
 def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tmp_path, monkeypatch):
     recipe = load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "qlora"))
-    assert finetune.quantized_device_map(recipe) is None  # CPU: nothing to choose
+    assert finetune.quantized_device_map(recipe, "ddp") is None  # CPU: nothing to choose
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert finetune.quantized_device_map(recipe) == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
+    assert finetune.quantized_device_map(recipe, "ddp") == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
 
 
 def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hftrain
-from hftrain.data.commands import prepare
+from hftrain.data.prepare import prepare
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks
 from hftrain.data.loader import train_documents
 from hftrain.data.stream import BlockStream, Worker

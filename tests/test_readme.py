@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from hftrain.cli import _parser
+from hftrain.cli import build_parser
 
 from .conftest import ROOT
 
@@ -48,7 +48,7 @@ def _hftrain_invocations() -> list[list[str]]:
 def test_every_hftrain_command_in_the_readme_parses():
     invocations = _hftrain_invocations()
     assert len(invocations) >= 4
-    parser = _parser()
+    parser = build_parser()
     for words in invocations:
         if "--help" in words:
             continue
@@ -59,7 +59,7 @@ def test_every_hftrain_command_in_the_readme_parses():
 
 def test_subcommands_named_in_the_table_exist():
     named = set(re.findall(r"`hftrain ([\w-]+)", README))
-    known = set(_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
+    known = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
     assert named and named <= known, named - known
 
 

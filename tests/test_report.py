@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hftrain.errors import HftrainError
-from hftrain.report import add_parser, run, write_report
+from hftrain.commands.report import add_parser, run
+from hftrain.report import write_report
 
 CHART_IDS = ["chart-loss", "chart-grad-norm", "chart-learning-rate", "chart-tokens-per-s"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -85,7 +86,7 @@ def test_report_escapes_text_and_shows_evals_and_data_wait(pretrained_run, tmp_p
     out = tmp_path / "elsewhere" / "r.html"
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
-    assert run(parser.parse_args(["report", str(run_dir), "--out", str(out)])) == 0
+    assert run(parser.parse_args(["report", str(run_dir), "--out", str(out)]), []) == 0
     page = out.read_text(encoding="utf-8")
     assert "<script" not in page.lower() and "<b>" not in page
     assert page.count(html.escape(evil)) == 2  # the sample and the recipe

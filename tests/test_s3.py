@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import hftrain
-from hftrain import checkpoint as ckpt
+from hftrain.layout import RunLayout
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
 from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
@@ -159,7 +159,7 @@ def test_training_from_s3_resumes_exactly(s3, tmp_path):
     straight = hftrain.train(load_recipe(None, raw))
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
-    for name in ("checkpoint-6", "tokenizer", ckpt.RUN_FILE):
+    for name in ("checkpoint-6", "tokenizer", RunLayout.RUN_FILE):
         (shutil.copytree if (tmp_path / "straight" / name).is_dir() else shutil.copy)(tmp_path / "straight" / name, resumed_dir / name)
     raw["training"]["output_dir"] = str(resumed_dir)
     resumed = hftrain.train(load_recipe(None, raw))

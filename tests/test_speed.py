@@ -9,7 +9,9 @@ import torch
 
 import hftrain
 from hftrain import speed
-from hftrain.train import training_arguments
+from hftrain.arguments import training_arguments
+from hftrain.model import measure_model
+from hftrain.parallel import Launch
 
 from .conftest import tiny_recipe
 
@@ -18,8 +20,12 @@ def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_ste
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native_bf16)
     sections.setdefault("model", {"preset": preset})
     sections["training"] = {"max_steps": max_steps, "output_dir": "unused", **sections.get("training", {})}
-    args, _, _, decisions = training_arguments(hftrain.load_recipe(None, sections), "single")
-    return args, decisions
+    settings = settings_for(hftrain.load_recipe(None, sections))
+    return settings.args, settings.speed_choices
+
+
+def settings_for(recipe):
+    return training_arguments(recipe, Launch("single", 1, 0, None), measure_model(recipe))
 
 
 def test_bf16_on_a_cpu_with_native_bf16_where_it_was_measured_to_pay(monkeypatch):
@@ -44,7 +50,7 @@ def test_bf16_on_a_cpu_with_native_bf16_where_it_was_measured_to_pay(monkeypatch
 
 def speed_line(monkeypatch, recipe) -> str:
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
-    return "; ".join(training_arguments(recipe, "single")[3])
+    return "; ".join(settings_for(recipe).speed_choices)
 
 
 def test_the_recipe_always_wins(monkeypatch):

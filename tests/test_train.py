@@ -13,6 +13,8 @@ import torch
 
 import hftrain
 from hftrain import checkpoint as ckpt
+from hftrain import layout
+from hftrain.layout import RunLayout
 from hftrain.errors import HftrainError
 
 from .conftest import make_documents, tiny_recipe, write_jsonl
@@ -47,11 +49,11 @@ def test_checkpoints_are_complete_and_rotated(pretrained_run):
     assert kept == ["checkpoint-20", "checkpoint-30"]  # save_total_limit 2 (hftrain default)
     last = out / "checkpoint-30"
     for name in ("model.safetensors", "config.json", "tokenizer.json", "trainer_state.json", "optimizer.pt",
-                 "scheduler.pt", ckpt.RECIPE_FILE, ckpt.data_state_file(0), ckpt.COMPLETE_MARKER):
+                 "scheduler.pt", layout.RECIPE_FILE, layout.data_state_file(0), layout.COMPLETE_MARKER):
         assert (last / name).is_file(), name
     assert not list(out.rglob("pytorch_model*.bin"))  # weights only as safetensors
     assert not (pretrained_run.final_dir / "training_args.bin").exists()  # no pickles in the shareable model
-    assert not (out / ckpt.STAGING).exists() or not any((out / ckpt.STAGING).iterdir())
+    assert not (out / RunLayout.STAGING).exists() or not any((out / RunLayout.STAGING).iterdir())
 
 
 def test_final_model_loads_in_plain_transformers(pretrained_run, tmp_path):
@@ -95,7 +97,7 @@ def test_resume_is_exact(tmp_path):
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
     straight = losses(_run(data, straight_dir, **settings))
     split_dir.mkdir()
-    for name in ("checkpoint-8", "tokenizer", ckpt.RUN_FILE):
+    for name in ("checkpoint-8", "tokenizer", RunLayout.RUN_FILE):
         copy = shutil.copytree if (straight_dir / name).is_dir() else shutil.copy
         copy(straight_dir / name, split_dir / name)
     resumed = losses(_run(data, split_dir, **settings))
@@ -109,14 +111,14 @@ def test_interrupted_save_is_ignored_and_cleaned(tmp_path):
     out = tmp_path / "run"
     _run(data, out, max_steps=10, save_steps=5)
     # a kill during a save leaves a staging dir; a hand-copied checkpoint without marker is not trusted
-    (out / ckpt.STAGING / "checkpoint-15").mkdir(parents=True)
-    (out / ckpt.STAGING / "checkpoint-15" / "model.safetensors").write_bytes(b"partial")
+    (out / RunLayout.STAGING / "checkpoint-15").mkdir(parents=True)
+    (out / RunLayout.STAGING / "checkpoint-15" / "model.safetensors").write_bytes(b"partial")
     shutil.copytree(out / "checkpoint-10", out / "checkpoint-99")
-    (out / "checkpoint-99" / ckpt.COMPLETE_MARKER).unlink()
+    (out / "checkpoint-99" / layout.COMPLETE_MARKER).unlink()
     assert ckpt.latest_checkpoint(out) == out / "checkpoint-10"
     run = _run(data, out, max_steps=12, save_steps=5)
     assert run.trainer.state.global_step == 12
-    assert not (out / ckpt.STAGING / "checkpoint-15").exists()
+    assert not (out / RunLayout.STAGING / "checkpoint-15").exists()
 
 
 def test_output_dir_of_another_run_is_refused(tmp_path):

@@ -1,17 +1,16 @@
-"""What a recipe's model is and what it costs, computed on the meta device (nothing is allocated).
-
-Training FLOPs per token follow the PaLM appendix: 6 N + 12 L d T, where N counts the parameters that do
-matmuls (all but the input embedding, so the output head is included), L layers, d hidden size, T context.
+"""`hftrain plan` / `hftrain.plan(recipe)`: what a recipe's model is and what it costs to train, computed on
+the meta device (nothing is allocated): parameters, FLOPs, memory per dtype, per fine-tuning method and per
+parallel strategy on N GPUs, with advice. Sizes and FLOPs come from model.measure_model.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
-from .model import meta_model, parameter_counts
+from .adapter import DEFAULT_TARGETS
+from .model import measure_model
 from .recipe_schema import Recipe
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -19,47 +18,9 @@ ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 
 
-def flops_per_token(counts: dict[str, int], config: Any, seq_len: int) -> float:
-    matmul_params = counts["total"] - counts["embedding"]
-    return 6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
-
-
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
-    """Best matmul FLOP/s seen in a short burst: the MFU denominator when the recipe gives no peak."""
-    n = 4096 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline or best == 0.0:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
-    return best
-
-
-def tokenizer_size_estimate(recipe: Recipe) -> tuple[int, bool]:
-    """Tokenizer size without training one: (size, is a new tokenizer)."""
-    tok = recipe.tokenizer
-    if tok.train is not None:
-        return tok.train.vocab_size, True
-    if tok.path is not None:
-        from transformers import AutoTokenizer
-
-        return len(AutoTokenizer.from_pretrained(tok.path, trust_remote_code=tok.trust_remote_code)), False
-    return 50257, False
-
-
 def plan(recipe: Recipe) -> dict[str, Any]:
-    size, is_new = tokenizer_size_estimate(recipe)
-    model = meta_model(recipe, size, is_new)
-    config = model.config
-    counts = parameter_counts(model)
-    per_token = flops_per_token(counts, config, recipe.data.seq_len)
+    shape = measure_model(recipe)
+    model, config, counts, per_token = shape.meta, shape.config, shape.counts, shape.flops_per_token
     t = recipe.training
     tokens_per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * recipe.data.seq_len
     memory = {}
@@ -96,8 +57,6 @@ def finetune_memory(model: Any, recipe: Recipe) -> dict[str, Any]:
     """Weights / gradients / AdamW bytes per fine-tuning method, as hftrain trains them: full and LoRA keep fp32
     weights; qlora / lora_8bit quantize every linear layer but the output head, and peft's
     prepare_model_for_kbit_training upcasts the rest (embeddings, head, norms, biases) to fp32."""
-    from .finetune import DEFAULT_TARGETS
-
     lora = recipe.finetune.lora
     targets = lora.get("target_modules") or DEFAULT_TARGETS.get(model.config.model_type, [])
     targets = [targets] if isinstance(targets, str) else targets

@@ -1,4 +1,5 @@
-"""`hftrain eval`: measure a model on fixed text the way published numbers are measured.
+"""Measure a model on fixed text the way published numbers are measured (`hftrain eval`, and monitor.eval_tasks
+during training).
 
 Why: a run's validation loss is the mean over packed blocks of held-out training data; it depends on the
 tokenizer and on where blocks are cut, so it cannot compare models, tokenizers or papers. Here: strided
@@ -11,15 +12,13 @@ such as s3://) or, for `hf:NAME[:CONFIG[:SPLIT]]`, `datasets`.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
-from unittest import mock
 
 from .data.sources import BadRecords, list_shards, read_shard, shard_problem
 from .errors import HftrainError
@@ -243,6 +242,21 @@ def resolve_task_dir(src: Path, dst: Path) -> Path:
     return dst
 
 
+@contextmanager
+def _offline() -> Iterator[None]:
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set for the lm-eval call, then restored as they were."""
+    saved = {name: os.environ.get(name) for name in OFFLINE_VARS}
+    os.environ.update(dict.fromkeys(OFFLINE_VARS, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | None = None, limit: int | None = None) -> dict[str, Any]:
     """lm-eval-harness tasks on a model directory, offline. hftrain's shipped tasks (hftrain/eval_tasks, e.g.
     local_lambada) are always available; include_path adds a directory of task YAMLs. Returns lm-eval's output."""
@@ -250,8 +264,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         raise HftrainError(f"{model_dir}: not a model directory (no config.json); give a run's final/ or checkpoint-N")
     if include_path is not None and not Path(include_path).is_dir():
         raise HftrainError(f"--include-path {include_path}: not a directory of lm-eval task YAMLs")
-    offline = mock.patch.dict(os.environ, dict.fromkeys(OFFLINE_VARS, "1"))  # set for the call, then restored
-    with offline, tempfile.TemporaryDirectory(prefix="hftrain-lm-eval-") as tmp:
+    with _offline(), tempfile.TemporaryDirectory(prefix="hftrain-lm-eval-") as tmp:
         try:
             import lm_eval
             from lm_eval.tasks import TaskManager
@@ -271,57 +284,3 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         results = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(Path(model_dir).resolve())}, tasks=tasks,
                                           task_manager=manager, limit=limit, device=device, batch_size=1, log_samples=False)
     return dict(results or {})
-
-
-# ------------------------------------------------------------------------------------------ output and CLI
-def format_results(results: dict[str, dict[str, Any]]) -> str:
-    """An aligned table of the numeric values of {name: {measure: value}}."""
-    rows = [("name", "measure", "value")]
-    for name, values in results.items():
-        for key, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                text = f"{value:,}" if isinstance(value, int) else f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4e}"
-                rows.append((name, key, text))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}" for a, b, c in rows)
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the `eval` command to an argparse subparsers object."""
-    p = subparsers.add_parser("eval", help="perplexity, bits per byte, last-word accuracy or lm-eval tasks of a model",
-                              description="Evaluate MODEL_DIR on --data with --metric, or on lm-eval tasks with --lm-eval.")
-    p.add_argument("model_dir", help="a standard Hugging Face model directory (a run's final/ or checkpoint-N)")
-    p.add_argument("--data", metavar="PATH_OR_URL",
-                   help=".jsonl/.jsonl.gz/.txt file, directory or glob, local or s3://...; or hf:NAME[:CONFIG[:SPLIT]]")
-    p.add_argument("--metric", action="append", choices=METRICS, help="repeat for several (default: perplexity)")
-    p.add_argument("--text-field", default="text", help="the JSONL key / dataset column holding the text")
-    p.add_argument("--context", type=int, help="tokens per window (default: max_position_embeddings, at most 1024)")
-    p.add_argument("--stride", type=int, help="tokens a window advances (default: context // 2)")
-    p.add_argument("--limit", type=int, help="first N documents of --data, or N examples per lm-eval task")
-    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
-    p.add_argument("--lm-eval", metavar="TASKS", help="comma-separated lm-eval tasks (shipped: local_lambada)")
-    p.add_argument("--include-path", metavar="DIR", help="a directory of extra lm-eval task YAMLs")
-    return p
-
-
-def run(args: argparse.Namespace) -> int:
-    """`hftrain eval`: print the results table, and write JSON with --json."""
-    if bool(args.data) == bool(args.lm_eval):
-        raise HftrainError("eval: give either --data PATH_OR_URL (with --metric) or --lm-eval TASKS")
-    if args.lm_eval:
-        if args.metric or args.context is not None or args.stride is not None:
-            raise HftrainError("eval: --metric, --context and --stride go with --data, not --lm-eval")
-        tasks = [task.strip() for task in args.lm_eval.split(",") if task.strip()]
-        output = run_lm_eval(args.model_dir, tasks, args.include_path, args.limit)
-        table, payload = output.get("results", {}), {"model_dir": str(args.model_dir), "lm_eval": output}
-    else:
-        model, tokenizer = load_model(args.model_dir)
-        texts = load_texts(args.data, args.text_field, args.limit)
-        table = evaluate_texts(model, tokenizer, texts, args.metric or ["perplexity"], args.context, args.stride)
-        payload = {"model_dir": str(args.model_dir), "data": args.data, "results": table}
-    print(format_results(table))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
-    return 0

@@ -1,0 +1,21 @@
+"""Sampling a continuation from a trained model: the run's end-of-training sample and `Run.generate`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48, seed: int = 0) -> str:
+    """A continuation of `prompt` (top-k 40, temperature 0.8), leaving the model's train/eval mode as it was."""
+    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
+    torch.manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8, pad_token_id=tokenizer.eos_token_id
+        )
+    model.train(was_training)
+    return tokenizer.decode(out[0], skip_special_tokens=True)

@@ -1,0 +1,49 @@
+"""The recipe's ``training`` section: generated from transformers' ``TrainingArguments``, so its keys, types
+and help texts are exactly Hugging Face's (no hand-kept copy to drift)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+
+def _training_section() -> type[BaseModel]:
+    """A pydantic model with exactly TrainingArguments' fields, types and help texts."""
+    from transformers import TrainingArguments
+
+    hints = typing.get_type_hints(TrainingArguments)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainingArguments):
+        if not f.init or f.name.startswith("_"):
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        annotation = hints.get(f.name, Any)
+        if f.name == "resume_from_checkpoint":
+            annotation = bool | str  # hftrain: true = latest complete checkpoint, false = never, or a path
+        fields[f.name] = (annotation | None, Field(default=default, description=f.metadata.get("help")))
+    return create_model(
+        "TrainingSection",
+        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),
+        __doc__="Hugging Face TrainingArguments, with their own names and meanings.",
+        __validators__={"_no_token": field_validator("hub_token")(_no_token_in_recipes)},
+        **fields,
+    )
+
+
+def _no_token_in_recipes(value: Any) -> Any:
+    if value:
+        raise ValueError(
+            "tokens never go in a recipe (it is saved with every checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
+        )
+    return value
+
+
+TrainingSection = _training_section()

@@ -1,0 +1,171 @@
+"""The shape of the code base, checked so that it stays readable as it grows.
+
+Rules (they hold for all later work too):
+1. No import cycle inside hftrain/. Every import counts: module level, inside functions (lazy), inside
+   try blocks; only imports under ``if TYPE_CHECKING:`` are exempt.
+2. Library modules never import command modules. Command modules are hftrain/cli.py, hftrain/__main__.py and
+   everything in hftrain/commands/; every other module under hftrain/ is a library module.
+3. No module in hftrain/ over 400 lines (as `wc -l` counts them) and no function over 60 lines.
+4. `hftrain explain SECTION` works for every section of the recipe schema.
+5. The Trainer private methods HftrainTrainer overrides exist, with the parameters it relies on, in the
+   installed transformers, and pyproject.toml caps transformers to the range where that was checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "hftrain"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+COMMAND_MODULES = re.compile(r"^hftrain\.(cli|__main__|commands(\..*)?)$")
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside `if TYPE_CHECKING:` blocks."""
+    exempt = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            exempt |= {id(n) for child in node.body for n in ast.walk(child)}
+    return exempt
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The hftrain modules `name` imports. `from PKG import X` counts as importing PKG.X when X is a module
+    (the package itself is already initialised by then), else as importing PKG."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    exempt, found = _type_checking_nodes(tree), set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            subs = {f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules}
+            found |= subs if len(subs) == len(node.names) else subs | {target}
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_inside_hftrain():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    probe = tmp_path / "probe.py"  # a lazy import inside a function counts
+    probe.write_text("def f():\n    from . import train\n    from .commands import plan\n", encoding="utf-8")
+    modules = {"hftrain.train": Path(), "hftrain.commands": Path(), "hftrain.commands.plan": Path()}
+    assert imported_modules("hftrain.probe", probe, modules) == {"hftrain.train", "hftrain.commands.plan"}
+
+
+def test_library_modules_never_import_command_modules():
+    offenders = [f"{lib} imports {dep}" for lib, deps in import_graph().items() if not COMMAND_MODULES.match(lib)
+                 for dep in deps if COMMAND_MODULES.match(dep)]  # fmt: skip
+    assert offenders == []
+
+
+def _long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]  # fmt: skip
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    sizes = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")}
+    too_long = [f"{p.relative_to(ROOT)} ({n} lines)" for p, n in sizes.items() if n > MAX_MODULE_LINES]
+    assert too_long == []
+    assert [f for path in sizes for f in _long_functions(path)] == []
+
+
+def test_sections_of_explain_come_from_the_schema(capsys):
+    from hftrain.cli import main
+    from hftrain.recipe import inner_model
+    from hftrain.recipe_docs import recipe_sections
+    from hftrain.recipe_schema import Recipe
+
+    sections = recipe_sections()
+    assert sections == [n for n, f in Recipe.model_fields.items() if inner_model(f.annotation)] and "profile" in sections
+    for section in sections:
+        assert main(["explain", section]) == 0
+        out = capsys.readouterr().out
+        first_key = next(iter(inner_model(Recipe.model_fields[section].annotation).model_fields))
+        assert out.startswith(f"{section}:") and f"  {first_key}: " in out
+
+
+@pytest.mark.parametrize("word, override", [
+    ("training.max_steps=5", True), ("data.train={path: s3://b/x.jsonl}", True), ("model.preset=pythia-14m", True),
+    ("runs/year=2024", False), ("s3://bucket/year=2024/x.jsonl", False), ("--out=x", False),
+])  # fmt: skip
+def test_only_dotted_keys_are_overrides(word, override):
+    from hftrain.cli import split_overrides
+
+    assert split_overrides(["plan", "recipe.yaml", word])[1] == ([word] if override else [])
+    assert split_overrides(["report", word])[1] == []  # commands without a recipe take no overrides
+
+
+def test_trainer_private_overrides_match_the_installed_transformers():
+    import transformers
+    from transformers import Trainer
+
+    from hftrain.trainer import PRIVATE_OVERRIDES, HftrainTrainer
+
+    own = {name for name, value in vars(HftrainTrainer).items() if name.startswith("_") and not name.startswith("__")
+           and callable(value) and hasattr(Trainer, name)}  # fmt: skip
+    assert own == set(PRIVATE_OVERRIDES), "list every overridden private Trainer method in PRIVATE_OVERRIDES"
+    for name in PRIVATE_OVERRIDES:
+        ours = list(inspect.signature(getattr(HftrainTrainer, name)).parameters)
+        theirs = list(inspect.signature(getattr(Trainer, name)).parameters)
+        assert ours == theirs, f"Trainer.{name}{theirs} changed in transformers {transformers.__version__}"
+    pin = re.search(r'"transformers>=([\d.]+),<([\d.]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pin, "pyproject.toml must bound transformers: the overrides are checked against that range"
+    low, high = (tuple(int(x) for x in v.split(".")) for v in pin.groups())
+    installed = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    assert low[:2] <= installed < high[:2]
