@@ -15,7 +15,7 @@ import torch
 from hftrain import evaluate as ev
 from hftrain.errors import HftrainError
 
-from .conftest import make_documents, write_jsonl
+from .support.data import make_documents, write_jsonl
 
 
 @pytest.fixture(scope="module")
