@@ -13,7 +13,8 @@ from hftrain.arguments import training_arguments
 from hftrain.model import measure_model
 from hftrain.parallel import Launch
 
-from .conftest import tiny_recipe
+from .support.checks import loss_records
+from .support.data import tiny_recipe
 
 
 def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_steps: int = 100, **sections):
@@ -96,7 +97,7 @@ def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(corpus
         return hftrain.train(hftrain.load_recipe(None, raw))
 
     eager, compiled = run("eager", False), run("compiled", True)
-    loss = lambda run: [e["loss"] for e in run.log_history if "loss" in e]  # noqa: E731
+    loss = lambda run: [e["loss"] for e in loss_records(run.log_history)]  # noqa: E731
     assert loss(compiled) == pytest.approx(loss(eager), rel=2e-3)
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
