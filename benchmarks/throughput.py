@@ -2,11 +2,9 @@
 
     python benchmarks/throughput.py [--shapes small,medium,large] [--repeats N] [--steps N] [--run-steps N]
                                     [--hftrain-set KEY=VALUE ...] [--device cpu|cuda] [--json PATH]
-    python benchmarks/throughput.py --device cuda --shapes gpu-160m --json bench.json   # on a GPU
 
-On a GPU (--device cuda) the baseline runs TrainingArguments' defaults on the GPU (fp32, as run_clm.py without
---bf16), hftrain its defaults there (bf16, and torch.compile for a long run); MFU is also given against the
-GPU's spec-sheet bf16 peak (benchmarks/gpu_peaks.py). --json writes the summary for scripts/gpu_check.sh.
+--device cuda (shape gpu-160m): the baseline keeps TrainingArguments' defaults (fp32, run_clm.py without --bf16),
+hftrain its own (bf16; compile for a long run); MFU also against the spec-sheet peak (gpu_peaks.py).
 
 For each model shape, alternating A/B (the order flips every repeat), each run in its own fresh process:
 
@@ -269,17 +267,14 @@ def json_summary(summary: dict[str, Any], peaks: dict[str, float], device: str, 
         gpu["device_name"] = torch.cuda.get_device_name()
         spec, gpu["spec_card"] = spec_bf16_tflops(gpu["device_name"])
         gpu["spec_bf16_flops"] = spec * 1e12 if spec else None
-    shapes = {}
+    shapes, spec = {}, gpu.get("spec_bf16_flops")
     for name, sides in summary.items():
         entry = {side: {k: v for k, v in sides[side].items() if k != "rates"} for side in SIDES}
         for side in SIDES:
-            r = sides[side]
-            spec = gpu.get("spec_bf16_flops")
-            entry[side]["mfu_spec"] = r["tokens_per_s"] * r["flops_per_token"] / spec if spec else None
+            entry[side]["mfu_spec"] = sides[side]["tokens_per_s"] * sides[side]["flops_per_token"] / spec if spec else None
         entry["ratio"] = sides["hftrain"]["tokens_per_s"] / sides["baseline"]["tokens_per_s"]
         shapes[name] = {**SHAPES[name], **entry, "steps": sides["steps"]}
     return {"device": device, **gpu, "matmul_peak_flops": peaks, "seconds": round(seconds, 1), "shapes": shapes}
-
 
 
 def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, Any]:
@@ -298,75 +293,10 @@ def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, 
     }  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="small,medium,large", help="comma-separated: " + ", ".join(SHAPES))
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
-                             "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
-    parser.add_argument("--run-steps", type=int, default=RUN_STEPS,
-                        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
-                             "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
-    parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
-    parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
-    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout"):
-        parser.add_argument(hidden, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        return child_main(args)
-
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in shapes if s not in SHAPES]
-    if unknown:
-        parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
-    started = time.perf_counter()
-    if args.device == "cuda" and not _cuda():
-        parser.error("--device cuda: no CUDA device here")
-    peaks = PeakFlops(args.device)
-    summary: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
-        tmp = Path(tmp)
-        docs = tmp / "documents.json"
-        docs.write_text(json.dumps(training_documents()))
-        pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
-        for name in shapes:
-            steps = args.steps or SHAPES[name]["steps"]
-            log_steps = args.log_steps or SHAPES[name]["log_steps"]
-            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-            heldout = tmp / f"heldout-{name}.json"
-            heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"])))
-            for r in range(args.repeats):
-                pair += 1
-                for side in SIDES if pair % 2 else SIDES[::-1]:
-                    tag = f"{name}-{side}-{r}"
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
-                           "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
-                           *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                           "--docs", str(docs), "--heldout", str(heldout)]  # fmt: skip
-                    peaks.measure()
-                    t0 = time.perf_counter()
-                    result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
-                    runs[side].append(result)
-                    s = steady_state(result["clock"], result["tokens_per_step"])
-                    print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
-                          f"({steps} steps, {time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
-            if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
-                print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
-                      f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
-            summary[name] = {"runs": runs, "steps": steps}
-        peaks.measure()
-    summary = {name: {**{side: summarize(s["runs"][side], peaks.best) for side in SIDES}, "steps": s["steps"]} for name, s in summary.items()}
-
-    if args.json:
-        write_json(args.json, json_summary(summary, peaks.best, args.device, time.perf_counter() - started))
-    print(f"\nall runs took {time.perf_counter() - started:.0f} s; tokens/s = median over repeats of the per-run median over "
+def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float) -> None:
+    print(f"\nall runs took {seconds:.0f} s; tokens/s = median over repeats of the per-run median over "
           "steady-state steps")  # fmt: skip
-    print(f"matmul peak (best seen in this run): fp32 {peaks.best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {peaks.best['bf16'] / 1e9:,.1f} GFLOP/s; "
+    print(f"matmul peak (best seen in this run): fp32 {best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {best['bf16'] / 1e9:,.1f} GFLOP/s; "
           "cpu = CPU s per wall s in the timed steps (about the thread count when the run had the cores to itself)\n")  # fmt: skip
     header = f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} {'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7} {'held-out':>8}"
     print(header)
@@ -385,6 +315,83 @@ def main() -> None:
         print(f"{name}: hftrain {h['tokens_per_s']:,.0f} tok/s, baseline {b['tokens_per_s']:,.0f} tok/s, "
               f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}, "
               f"held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}")  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="small,medium,large", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
+                             "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
+    parser.add_argument("--run-steps", type=int, default=RUN_STEPS,
+                        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
+                             "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
+    parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
+    parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in args.shape_list if s not in SHAPES]
+    if unknown and not args.child:
+        parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    if args.device == "cuda" and not _cuda():
+        parser.error("--device cuda: no CUDA device here")
+    return args
+
+
+def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str, dict[str, Any]]:
+    """Every shape's A/B runs, each side in a fresh process; the order flips at every pair."""
+    summary: dict[str, dict[str, Any]] = {}
+    docs = tmp / "documents.json"
+    docs.write_text(json.dumps(training_documents()))
+    pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
+    for name in args.shape_list:
+        steps = args.steps or SHAPES[name]["steps"]
+        log_steps = args.log_steps or SHAPES[name]["log_steps"]
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        heldout = tmp / f"heldout-{name}.json"
+        heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"])))
+        for r in range(args.repeats):
+            pair += 1
+            for side in SIDES if pair % 2 else SIDES[::-1]:
+                tag = f"{name}-{side}-{r}"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
+                       "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
+                       *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
+                       "--docs", str(docs), "--heldout", str(heldout)]  # fmt: skip
+                peaks.measure()
+                t0 = time.perf_counter()
+                result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
+                runs[side].append(result)
+                s = steady_state(result["clock"], result["tokens_per_step"])
+                print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
+                      f"({steps} steps, {time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
+        if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
+            print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
+                  f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
+        summary[name] = {"runs": runs, "steps": steps}
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        return child_main(args)
+    started = time.perf_counter()
+    peaks = PeakFlops(args.device)
+    with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
+        runs = run_pairs(args, peaks, Path(tmp))
+        peaks.measure()
+    summary = {name: {**{side: summarize(s["runs"][side], peaks.best) for side in SIDES}, "steps": s["steps"]} for name, s in runs.items()}
+    if args.json:
+        write_json(args.json, json_summary(summary, peaks.best, args.device, time.perf_counter() - started))
+    print_tables(summary, peaks.best, time.perf_counter() - started)
 
 
 if __name__ == "__main__":

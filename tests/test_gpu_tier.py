@@ -109,3 +109,19 @@ def test_spec_sheet_bf16_peaks_by_device_name(name, tflops):
     numbers = mfu(1000.0, 1e9, {"spec_bf16_flops": tflops and tflops * 1e12, "measured_bf16_flops": 5e14})
     assert numbers["mfu_measured"] == pytest.approx(1e12 / 5e14)
     assert numbers["mfu_spec"] == (pytest.approx(1e12 / (tflops * 1e12)) if tflops else None)  # unknown GPU: measured peak only
+
+
+def test_the_gpu_tests_recipes_validate(tmp_path):
+    """Typos in a gpu test's recipe should not wait for a GPU to show: each recipe the tier trains validates here."""
+    import hftrain
+
+    from .gpu import test_gpu_backends, test_gpu_finetune, test_gpu_training
+
+    recipes = [test_gpu_training.quickstart_recipe(tmp_path / "q"), test_gpu_training.pythia_recipe(tmp_path / "p"),
+               test_gpu_backends.small_recipe(tmp_path, tmp_path / "b")]  # fmt: skip
+    recipes += [test_gpu_finetune.recipe(tmp_path / "base", m, tmp_path / m) for m in test_gpu_finetune.METHODS]
+    for raw in recipes:
+        recipe = hftrain.load_recipe(None, raw)
+        assert recipe.training.output_dir.startswith(str(tmp_path))
+    pythia = hftrain.load_recipe(None, recipes[1])
+    assert pythia.data.seq_len == 2048 and pythia.model.preset == "pythia-160m" and pythia.training.bf16
