@@ -123,19 +123,20 @@ def median(values: Sequence[float]) -> float:
 
 
 class PeakFlops:
-    """Best fp32 and bf16 matmul FLOP/s seen on the CPU (hftrain.hardware.measure_peak_flops, hftrain's own MFU
+    """Best fp32 and bf16 matmul FLOP/s seen on the CPU or GPU (hftrain.hardware.measure_peak_flops, hftrain's own MFU
     denominator). Measured again before every run and the best kept: on a shared machine one measurement may
     catch a busy moment, and MFU against it would overshoot."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.best = {"fp32": 0.0, "bf16": 0.0}
+        self.device = device
 
     def measure(self, seconds: float = 0.5) -> dict[str, float]:
         import torch
 
         from hftrain.hardware import measure_peak_flops
 
-        cpu = torch.device("cpu")
+        device = torch.device(self.device)
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            self.best[name] = max(self.best[name], measure_peak_flops(cpu, dtype, seconds))
+            self.best[name] = max(self.best[name], measure_peak_flops(device, dtype, seconds))
         return self.best

@@ -1,7 +1,10 @@
 """Training throughput: hftrain with its default settings vs a plain run_clm-style Trainer script, side by side.
 
     python benchmarks/throughput.py [--shapes small,medium,large] [--repeats N] [--steps N] [--run-steps N]
-                                    [--hftrain-set KEY=VALUE ...]
+                                    [--hftrain-set KEY=VALUE ...] [--device cpu|cuda] [--json PATH]
+
+--device cuda (shape gpu-160m): the baseline keeps TrainingArguments' defaults (fp32, run_clm.py without --bf16),
+hftrain its own (bf16; compile for a long run); MFU also against the spec-sheet peak (gpu_peaks.py).
 
 For each model shape, alternating A/B (the order flips every repeat), each run in its own fresh process:
 
@@ -60,6 +63,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=40, log_steps=5),
     "medium": dict(layers=6, heads=6, hidden=384, seq=256, batch=8, lr=1e-3, steps=12, log_steps=2),
     "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=8, log_steps=2),
+    # GPU shapes (--device cuda): the pythia-160m shape at 2048 tokens of context
+    "gpu-160m": dict(layers=12, heads=12, hidden=768, seq=2048, batch=8, lr=6e-4, steps=20, log_steps=4),
 }
 SEED = 1234  # hftrain's default training.seed
 RUN_STEPS = 2000  # the run both sides are configured for (max_steps); both stop after --steps of it
@@ -130,7 +135,7 @@ def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, 
 
 
 def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
-                heldout: Path) -> dict[str, Any]:  # fmt: skip
+                heldout: Path, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     import hftrain
     import yaml
 
@@ -142,6 +147,8 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
         "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }  # fmt: skip
+    if device == "cpu" and _cuda():
+        overrides["training"]["use_cpu"] = True
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-recipe.yaml").write_text(yaml.safe_dump(overrides), encoding="utf-8")
     clock = ProbingClock(steps)
@@ -154,7 +161,7 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
 
 
 def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int,
-                 heldout: Path) -> dict[str, Any]:  # fmt: skip
+                 heldout: Path, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     """transformers' run_clm.py, reduced to what this comparison needs."""
     from itertools import chain
 
@@ -188,7 +195,7 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     model = GPTNeoXForCausalLM(config)
     args = TrainingArguments(
-        output_dir=str(out), use_cpu=True, **schedule(shape, run_steps), lr_scheduler_type="cosine", weight_decay=0.1,
+        output_dir=str(out), use_cpu=device == "cpu", **schedule(shape, run_steps), lr_scheduler_type="cosine", weight_decay=0.1,
         adam_beta2=0.95, seed=SEED, report_to=[], save_strategy="no", logging_steps=log_steps,
     )  # fmt: skip
     clock = ProbingClock(steps)
@@ -227,7 +234,8 @@ def heldout_loss(model: Any, path: Path) -> float:
 
     model.eval()
     with torch.no_grad():
-        losses = [float(model(input_ids=torch.tensor([b]), labels=torch.tensor([b])).loss) for b in json.loads(path.read_text())]
+        blocks = [torch.tensor([b], device=model.device) for b in json.loads(path.read_text())]
+        losses = [float(model(input_ids=b, labels=b).loss) for b in blocks]
     return sum(losses) / len(losses)
 
 
@@ -235,13 +243,40 @@ def child_main(args: argparse.Namespace) -> None:
     shape = SHAPES[args.shape]
     out = Path(args.workdir)
     if args.child == "hftrain":
-        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout))
+        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout), args.device)
     else:
-        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout))
+        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout), args.device)
     write_json(args.result, result)
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 # ------------------------------------------------------------------------------------------------ parent
+def json_summary(summary: dict[str, Any], peaks: dict[str, float], device: str, seconds: float) -> dict[str, Any]:
+    """The per-shape numbers, ratios and peaks; on CUDA also MFU against the GPU's spec-sheet bf16 peak."""
+    gpu: dict[str, Any] = {}
+    if device == "cuda":
+        import torch
+
+        from benchmarks.gpu_peaks import spec_bf16_tflops
+
+        gpu["device_name"] = torch.cuda.get_device_name()
+        spec, gpu["spec_card"] = spec_bf16_tflops(gpu["device_name"])
+        gpu["spec_bf16_flops"] = spec * 1e12 if spec else None
+    shapes, spec = {}, gpu.get("spec_bf16_flops")
+    for name, sides in summary.items():
+        entry = {side: {k: v for k, v in sides[side].items() if k != "rates"} for side in SIDES}
+        for side in SIDES:
+            entry[side]["mfu_spec"] = sides[side]["tokens_per_s"] * sides[side]["flops_per_token"] / spec if spec else None
+        entry["ratio"] = sides["hftrain"]["tokens_per_s"] / sides["baseline"]["tokens_per_s"]
+        shapes[name] = {**SHAPES[name], **entry, "steps": sides["steps"]}
+    return {"device": device, **gpu, "matmul_peak_flops": peaks, "seconds": round(seconds, 1), "shapes": shapes}
+
+
 def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, Any]:
     steady = [steady_state(r["clock"], r["tokens_per_step"]) for r in runs]
     rates = [s["tokens_per_s"] for s in steady]
@@ -253,74 +288,15 @@ def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, 
         "warmup_s": median([s["warmup_s"] for s in steady]), "loss": median([r["loss"] for r in runs]),
         "heldout": median([r["heldout_loss"] for r in runs]),
         "dtype": "/".join(sorted({r["dtype"] for r in runs})), "compile": any(r["torch_compile"] for r in runs),
-        "threads": first["threads"], "workers": first["workers"], "parameters": first["parameters"],
+        "threads": first["threads"], "workers": first["workers"], "parameters": first["parameters"], "flops_per_token": first["flops_per_token"],
         "timed_steps": steady[0]["timed_steps"],
     }  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="small,medium,large", help="comma-separated: " + ", ".join(SHAPES))
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
-                             "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
-    parser.add_argument("--run-steps", type=int, default=RUN_STEPS,
-                        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
-                             "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
-    parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
-    parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
-    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout"):
-        parser.add_argument(hidden, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        return child_main(args)
-
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in shapes if s not in SHAPES]
-    if unknown:
-        parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
-    started = time.perf_counter()
-    peaks = PeakFlops()
-    summary: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
-        tmp = Path(tmp)
-        docs = tmp / "documents.json"
-        docs.write_text(json.dumps(training_documents()))
-        pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
-        for name in shapes:
-            steps = args.steps or SHAPES[name]["steps"]
-            log_steps = args.log_steps or SHAPES[name]["log_steps"]
-            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-            heldout = tmp / f"heldout-{name}.json"
-            heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"])))
-            for r in range(args.repeats):
-                pair += 1
-                for side in SIDES if pair % 2 else SIDES[::-1]:
-                    tag = f"{name}-{side}-{r}"
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
-                           "--log-steps", str(log_steps), "--run-steps", str(args.run_steps),
-                           *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                           "--docs", str(docs), "--heldout", str(heldout)]  # fmt: skip
-                    peaks.measure()
-                    t0 = time.perf_counter()
-                    result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
-                    runs[side].append(result)
-                    s = steady_state(result["clock"], result["tokens_per_step"])
-                    print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
-                          f"({steps} steps, {time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
-            if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
-                print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
-                      f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
-            summary[name] = {"runs": runs, "steps": steps}
-        peaks.measure()
-    summary = {name: {**{side: summarize(s["runs"][side], peaks.best) for side in SIDES}, "steps": s["steps"]} for name, s in summary.items()}
-
-    print(f"\nall runs took {time.perf_counter() - started:.0f} s; tokens/s = median over repeats of the per-run median over "
+def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float) -> None:
+    print(f"\nall runs took {seconds:.0f} s; tokens/s = median over repeats of the per-run median over "
           "steady-state steps")  # fmt: skip
-    print(f"matmul peak (best seen in this run): fp32 {peaks.best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {peaks.best['bf16'] / 1e9:,.1f} GFLOP/s; "
+    print(f"matmul peak (best seen in this run): fp32 {best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {best['bf16'] / 1e9:,.1f} GFLOP/s; "
           "cpu = CPU s per wall s in the timed steps (about the thread count when the run had the cores to itself)\n")  # fmt: skip
     header = f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} {'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7} {'held-out':>8}"
     print(header)
@@ -339,6 +315,83 @@ def main() -> None:
         print(f"{name}: hftrain {h['tokens_per_s']:,.0f} tok/s, baseline {b['tokens_per_s']:,.0f} tok/s, "
               f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}, "
               f"held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}")  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="small,medium,large", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
+                             "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
+    parser.add_argument("--run-steps", type=int, default=RUN_STEPS,
+                        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
+                             "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
+    parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
+    parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in args.shape_list if s not in SHAPES]
+    if unknown and not args.child:
+        parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    if args.device == "cuda" and not _cuda():
+        parser.error("--device cuda: no CUDA device here")
+    return args
+
+
+def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str, dict[str, Any]]:
+    """Every shape's A/B runs, each side in a fresh process; the order flips at every pair."""
+    summary: dict[str, dict[str, Any]] = {}
+    docs = tmp / "documents.json"
+    docs.write_text(json.dumps(training_documents()))
+    pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
+    for name in args.shape_list:
+        steps = args.steps or SHAPES[name]["steps"]
+        log_steps = args.log_steps or SHAPES[name]["log_steps"]
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        heldout = tmp / f"heldout-{name}.json"
+        heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"])))
+        for r in range(args.repeats):
+            pair += 1
+            for side in SIDES if pair % 2 else SIDES[::-1]:
+                tag = f"{name}-{side}-{r}"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
+                       "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
+                       *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
+                       "--docs", str(docs), "--heldout", str(heldout)]  # fmt: skip
+                peaks.measure()
+                t0 = time.perf_counter()
+                result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
+                runs[side].append(result)
+                s = steady_state(result["clock"], result["tokens_per_step"])
+                print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
+                      f"({steps} steps, {time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
+        if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
+            print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
+                  f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
+        summary[name] = {"runs": runs, "steps": steps}
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        return child_main(args)
+    started = time.perf_counter()
+    peaks = PeakFlops(args.device)
+    with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
+        runs = run_pairs(args, peaks, Path(tmp))
+        peaks.measure()
+    summary = {name: {**{side: summarize(s["runs"][side], peaks.best) for side in SIDES}, "steps": s["steps"]} for name, s in runs.items()}
+    if args.json:
+        write_json(args.json, json_summary(summary, peaks.best, args.device, time.perf_counter() - started))
+    print_tables(summary, peaks.best, time.perf_counter() - started)
 
 
 if __name__ == "__main__":

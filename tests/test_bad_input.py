@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import make_documents, tiny_recipe, write_jsonl
+from .support.data import make_documents, tiny_recipe, write_jsonl
 
 
 def _case_files(tmp: Path) -> dict[str, Path]:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT, run_cli, tiny_recipe
+from .support.checks import loss_records
+from .support.cli import ROOT, run_cli
+from .support.data import tiny_recipe
 
 
 def write_recipe(tmp_path: Path, corpus: Path, **training) -> Path:
@@ -33,7 +35,7 @@ def test_train_prints_the_summary_and_writes_outputs(tmp_path, corpus):
     assert (run / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run.rglob("events.out.tfevents.*")), "TensorBoard logs"
     state = json.loads((run / "checkpoint-10" / "trainer_state.json").read_text())
-    assert [e["step"] for e in state["log_history"] if "loss" in e] == [4, 8]  # overrides took effect
+    assert [e["step"] for e in loss_records(state["log_history"])] == [4, 8]  # overrides took effect
     assert json.loads((run / "results.json").read_text())["step"] == 12
 
 
@@ -88,7 +90,7 @@ def test_quickstart_as_shipped(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "runs" / "quickstart"
     history = json.loads((run / "checkpoint-600" / "trainer_state.json").read_text())["log_history"]
-    first = next(e["loss"] for e in history if "loss" in e)
+    first = next(e["loss"] for e in loss_records(history))
     results = json.loads((run / "results.json").read_text())
     assert results["step"] == 600
     assert first > 7.5 and results["eval_loss"] < first - 2.5, (first, results["eval_loss"])

@@ -14,7 +14,7 @@ from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
 from hftrain.tokenizer import gpt2_tokenizer
 
-from .conftest import make_documents, write_jsonl
+from .support.data import make_documents, write_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ or to one process fails the test.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,13 @@ import yaml
 
 import hftrain
 from hftrain import layout
-from hftrain.layout import RunLayout
 from hftrain import parallel
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
 
-from .conftest import ROOT, make_documents, run_cli, tiny_recipe, write_jsonl
-
-EXPECTED_TYPE = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "zero3": "DEEPSPEED"}
+from .support.checks import assert_resumed_matches, copy_checkpoint, metrics_losses, train_log
+from .support.cli import EXPECTED_TYPE, ROOT, launch, run_cli
+from .support.data import make_documents, tiny_recipe, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +34,6 @@ def tiny_yaml(tmp_path_factory) -> Path:
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path
-
-
-def metrics(out: Path) -> dict[int, float]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {e["step"]: e["loss"] for e in lines if "loss" in e}
-
-
-def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    result = run_cli("train", str(recipe), "--accelerate-config", backend, "--nproc", "2",
-                     f"training.output_dir={out}", *overrides)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 @pytest.mark.slow
@@ -62,13 +48,10 @@ def test_backend_trains_resumes_and_exports(tiny_yaml, tmp_path, backend):
         assert (straight_dir / "checkpoint-3" / layout.data_state_file(rank)).is_file()
 
     # resume from the straight run's step-3 checkpoint, as a killed run would have left it
-    resumed_dir.mkdir()
-    for name in ("checkpoint-3", "tokenizer", RunLayout.RUN_FILE):
-        (shutil.copytree if (straight_dir / name).is_dir() else shutil.copy)(straight_dir / name, resumed_dir / name)
+    copy_checkpoint(straight_dir, resumed_dir, "checkpoint-3")
     launch(tiny_yaml, backend, resumed_dir, *settings)
-    straight, resumed = metrics(straight_dir), metrics(resumed_dir)
-    for step in (4, 5, 6):
-        assert resumed[step] == pytest.approx(straight[step], rel=1e-5), (backend, step)
+    straight, resumed = metrics_losses(straight_dir), metrics_losses(resumed_dir)
+    assert_resumed_matches(straight, resumed, (4, 5, 6), label=backend)
 
     # consolidate the last (possibly sharded) checkpoint into one model plain transformers loads
     exported = tmp_path / "exported"
@@ -106,7 +89,7 @@ def test_global_batch_sets_accumulation_and_a_different_world_size_is_refused(ti
     out = tmp_path / "gb"
     launch(tiny_yaml, "ddp", out, "training.max_steps=4", "training.save_steps=4", "parallelism.global_batch_size=16",
            "training.per_device_train_batch_size=4")  # fmt: skip
-    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line][-1]
+    last = train_log(out)[-1]
     assert last["tokens_seen"] == 4 * 16 * 32  # 4 steps x 16 sequences (2 processes x 4 x accumulation 2)
     raw = yaml.safe_load(tiny_yaml.read_text())
     raw["training"].update(output_dir=str(out), max_steps=6, per_device_train_batch_size=4)

@@ -16,7 +16,7 @@ from hftrain import text_metrics as ev
 from hftrain.commands import eval as eval_command
 from hftrain.errors import HftrainError
 
-from .conftest import make_documents, write_jsonl
+from .support.data import make_documents, write_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,8 @@ import yaml
 from hftrain import checkpoint as ckpt
 from hftrain.layout import RunLayout
 
-from .conftest import make_documents, tiny_recipe, write_jsonl
-
-
-def losses_of(out: Path) -> dict[int, float]:
-    last = max(ckpt.complete_checkpoints(out), key=lambda p: int(p.name.split("-")[1]))
-    history = json.loads((last / "trainer_state.json").read_text())["log_history"]
-    return {e["step"]: e["loss"] for e in history if "loss" in e}
+from .support.checks import assert_resumed_matches, checkpoint_losses
+from .support.data import make_documents, tiny_recipe, write_jsonl
 
 
 @pytest.mark.slow
@@ -51,10 +46,9 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     straight = tmp_path / "straight"
     done = subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    resumed, reference = losses_of(interrupted), losses_of(straight)
+    resumed, reference = checkpoint_losses(interrupted), checkpoint_losses(straight)
     assert sorted(resumed) == list(range(1, 121))  # no step lost or repeated
-    for s in range(step + 1, 121):
-        assert resumed[s] == pytest.approx(reference[s], rel=1e-5), s
+    assert_resumed_matches(reference, resumed, range(step + 1, 121))
 
 
 def _recipe_file(tmp_path, **training):
@@ -94,10 +88,9 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     assert f"resuming from {survivor}" in again.stdout
     straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600)
     assert straight.returncode == 0
-    resumed, reference = losses_of(run_dir), losses_of(tmp_path / "straight")
+    resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 81))
-    for s in range(1, 81):
-        assert resumed[s] == pytest.approx(reference[s], rel=1e-5), s
+    assert_resumed_matches(reference, resumed, range(1, 81))
 
 
 KILL_INSIDE_SAVE = """
@@ -256,7 +249,6 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     assert again.returncode == 0, again.stderr[-2000:]
     straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env, capture_output=True, text=True, timeout=600)
     assert straight.returncode == 0, straight.stderr[-2000:]
-    resumed, reference = losses_of(run_dir), losses_of(tmp_path / "straight")
+    resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 41))
-    for s in range(1, 41):
-        assert resumed[s] == pytest.approx(reference[s], rel=1e-5), s
+    assert_resumed_matches(reference, resumed, range(1, 41))

@@ -4,7 +4,6 @@ loss masks and packing without cross-attention; adapters merged into a model pla
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 
@@ -19,41 +18,7 @@ from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
 
-from .conftest import sentence
-
-COLOUR = {"cat": "red", "dog": "green", "bird": "quiet", "fish": "old", "horse": "big", "cow": "small", "sheep": "happy",
-          "fox": "fast", "owl": "slow", "bear": "young"}  # fmt: skip
-
-
-def instructions(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        noun = rng.choice(list(COLOUR))
-        out.append({"prompt": f"{sentence(rng)} the {noun} is", "completion": f" {COLOUR[noun]}."})
-    return out
-
-
-def write_examples(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def finetune_recipe(base, tmp_path, method, **training):
-    return {
-        "model": {"from_pretrained": str(base)},
-        "tokenizer": {"path": str(base)},
-        "data": {
-            "train": {"path": str(write_examples(tmp_path / "train.jsonl", instructions(400, 1))), "format": "prompt_completion"},
-            "validation": {"path": str(write_examples(tmp_path / "held.jsonl", instructions(40, 2))), "format": "prompt_completion"},
-            "seq_len": 64, "eval_blocks": 16,
-        },
-        "finetune": {"method": method, "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0}},
-        "training": {"output_dir": str(tmp_path / method), "max_steps": 30, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
-                     "warmup_steps": 0, "logging_steps": 5, "save_steps": 30, "eval_on_start": True, "eval_strategy": "no",
-                     "report_to": "none", "disable_tqdm": True, **training},
-        "monitor": {"peak_tflops": 0.1, "sample_max_new_tokens": 4, "plot": False, "sample_prompt": "the fox is"},
-    }  # fmt: skip
+from .support.data import finetune_recipe, instructions, write_examples
 
 
 def held_out_losses(run):

@@ -15,9 +15,9 @@ from hftrain import finetune
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
 
-from .conftest import run_cli
-from .test_distributed import EXPECTED_TYPE, launch
-from .test_finetune import finetune_recipe
+from .support.checks import loss_records, read_metrics
+from .support.cli import EXPECTED_TYPE, launch, run_cli
+from .support.data import finetune_recipe
 
 WORKING = [("lora", "ddp"), ("lora", "fsdp"), ("lora", "zero3"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "ddp")]
 
@@ -37,8 +37,8 @@ def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend)
     results = json.loads((out / "results.json").read_text())
     assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)  # really distributed
 
-    log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    losses = [e["loss"] for e in log if "loss" in e]
+    log = read_metrics(out)
+    losses = [e["loss"] for e in loss_records(log)]
     evals = [e["eval_loss"] for e in log if "eval_loss" in e]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     assert results["eval_loss"] < evals[0]  # held-out answer loss falls from the base model's

@@ -1,4 +1,4 @@
-"""gs:// sources through the real gcsfs client, talking HTTP to a local GCS JSON API endpoint (tests/gcs_server.py)."""
+"""gs:// sources through the real gcsfs client, talking HTTP to a local GCS JSON API endpoint (tests/support/gcs.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe, recipe_to_dict
 
-from .conftest import make_documents, tiny_recipe
-from .gcs_server import gcs  # noqa: F401  (the fixture)
+from .support.checks import losses
+from .support.data import make_documents, tiny_recipe
 
 
 def jsonl(docs: list[str]) -> bytes:
@@ -93,7 +93,7 @@ def test_training_from_a_gcs_glob_learns(gcs, tmp_path):
     raw = tiny_recipe(tmp_path / "unused.jsonl", tmp_path / "run", max_steps=20, save_steps=20)
     raw["data"]["train"] = {"path": "gs://corpus/pile/*.jsonl.gz"}
     result = hftrain.train(load_recipe(None, raw))
-    loss = {e["step"]: e["loss"] for e in result.log_history if "loss" in e}
+    loss = losses(result)
     assert loss[1] - loss[20] > 1.0
     assert any(r.startswith("GET /download/storage/v1/b/corpus/o/pile%2Fpart-") for r in gcs.requests)
 

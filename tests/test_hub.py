@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import hftrain
 from hftrain.errors import HftrainError
 
-from .conftest import tiny_recipe
+from .support.data import tiny_recipe
 
 TOKEN = "hf_localTESTtoken0123456789"
 
@@ -110,7 +110,7 @@ def test_training_data_from_an_hf_url(local_hub, monkeypatch, tmp_path):
     from hftrain.data.loader import plan_data
     from hftrain.data.stream import DocumentStream
 
-    from .conftest import make_documents
+    from .support.data import make_documents
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     HfFileSystem.clear_instance_cache()

@@ -1,4 +1,4 @@
-"""The local Hub emulator (tests/hub_server.py), driven only through the real huggingface_hub client and transformers."""
+"""The local Hub emulator (tests/support/hub.py), driven only through the real huggingface_hub client and transformers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .hub_server import LocalHub, local_hub  # noqa: F401 - `local_hub` is a fixture
+from .support.hub import LocalHub
 
 TOKEN = "hf_local_test_token"
 SENTENCES = [

@@ -10,7 +10,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from .conftest import ROOT, tiny_recipe
+from .support.cli import ROOT
+from .support.data import tiny_recipe
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import fsspec
 import pytest
@@ -13,15 +12,11 @@ from fsspec.implementations.local import LocalFileSystem
 import hftrain
 from hftrain.errors import HftrainError
 
-from .conftest import make_documents, tiny_recipe, write_jsonl
+from .support.checks import read_metrics, train_log
+from .support.cli import ROOT
+from .support.data import make_documents, tiny_recipe, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
 LAMBADA = ROOT / "hftrain" / "eval_tasks" / "local_lambada.jsonl"
-
-
-def train_log(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [rec for rec in map(json.loads, lines) if "loss" in rec]
 
 
 def test_log_lines_say_where_the_step_time_went(make_recipe, tmp_path):
@@ -103,7 +98,7 @@ def test_eval_steps_report_perplexity_bits_per_byte_and_tasks(make_recipe, tmp_p
     raw["monitor"]["eval_tasks"] = [{"data": str(LAMBADA), "metric": "last_word_accuracy", "limit": 10},
                                     {"data": str(LAMBADA), "name": "lambada_text", "metric": "bits_per_byte", "limit": 10}]
     run = hftrain.train(hftrain.load_recipe(None, raw))
-    lines = [json.loads(line) for line in (run.output_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run.output_dir)
     evals = [rec for rec in lines if "eval_loss" in rec]
     assert [rec["step"] for rec in evals][:2] == [5, 10]
     for rec in evals:

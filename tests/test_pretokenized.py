@@ -16,7 +16,8 @@ from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
 from hftrain.tokenizer import gpt2_tokenizer
 
-from .conftest import make_documents, tiny_recipe, write_jsonl
+from .support.checks import losses
+from .support.data import make_documents, tiny_recipe, write_jsonl
 
 
 def gpt2_recipe(data, out, **training):
@@ -54,8 +55,8 @@ def test_training_from_shards_learns_and_resumes_exactly(prepared):
            "tokenizer": {"path": str(tmp_path / "prep" / "tokenizer")}}  # fmt: skip
     raw["training"] = {**raw["training"], "output_dir": str(tmp_path / "a"), "max_steps": 10, "save_steps": 5}
     run = hftrain.train(load_recipe(None, raw))
-    losses = {e["step"]: e["loss"] for e in run.log_history if "loss" in e}
-    assert losses[1] - losses[10] > 1.0
+    per_step = losses(run)
+    assert per_step[1] - per_step[10] > 1.0
     plan = plan_data(load_recipe(None, raw).data, 0)
     straight = iter(ResumableLoader(PackedDataset(plan, None, 0, 1, None), 4, 2))
     expected = [next(straight)["input_ids"] for _ in range(20)]

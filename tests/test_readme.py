@@ -9,7 +9,7 @@ import pytest
 
 from hftrain.cli import build_parser
 
-from .conftest import ROOT
+from .support.cli import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"```(?:bash)?\n(.*?)```", README, flags=re.S)

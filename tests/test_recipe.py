@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hftrain.errors import HftrainError
 from hftrain.recipe import fingerprint, load_recipe, parse_overrides, recipe_to_dict
 
-from .conftest import ROOT
+from .support.cli import ROOT
 
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 

@@ -17,6 +17,8 @@ from hftrain.errors import HftrainError
 from hftrain.commands.report import add_parser, run
 from hftrain.report import write_report
 
+from .support.checks import read_metrics
+
 CHART_IDS = ["chart-loss", "chart-grad-norm", "chart-learning-rate", "chart-tokens-per-s"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # matplotlib's tab: colours of the four charts' lines (loss, grad norm, learning rate, tokens/s).
@@ -74,7 +76,7 @@ def test_report_escapes_text_and_shows_evals_and_data_wait(pretrained_run, tmp_p
     run_dir = tmp_path / "run"
     (run_dir / "final").mkdir(parents=True)
     evil = '<script>alert("x")</script> & <b>'
-    lines = [json.loads(line) for line in (src / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    lines = read_metrics(src)
     lines = [{**rec, "data_wait_frac": 0.1 + 0.01 * rec["step"]} if "loss" in rec else rec for rec in lines]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines) + '{"step": 9', encoding="utf-8")
     results = json.loads((src / "results.json").read_text(encoding="utf-8"))

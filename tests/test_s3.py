@@ -5,21 +5,20 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import shutil
 
 import pytest
 import yaml
 
 import hftrain
-from hftrain.layout import RunLayout
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
 from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe, recipe_to_dict
 from hftrain.tokenizer import gpt2_tokenizer
 
-from .conftest import make_documents, tiny_recipe
-from .s3_support import FaultProxy
+from .support.checks import assert_resumed_matches, copy_checkpoint, losses
+from .support.data import make_documents, tiny_recipe
+from .support.s3_proxy import FaultProxy
 
 
 def jsonl(docs: list[str]) -> bytes:
@@ -158,13 +157,9 @@ def test_training_from_s3_resumes_exactly(s3, tmp_path):
     raw["data"]["train"] = {"path": f"s3://{bucket}/corpus/*.jsonl.gz"}
     straight = hftrain.train(load_recipe(None, raw))
     resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    for name in ("checkpoint-6", "tokenizer", RunLayout.RUN_FILE):
-        (shutil.copytree if (tmp_path / "straight" / name).is_dir() else shutil.copy)(tmp_path / "straight" / name, resumed_dir / name)
+    copy_checkpoint(tmp_path / "straight", resumed_dir, "checkpoint-6")
     raw["training"]["output_dir"] = str(resumed_dir)
     resumed = hftrain.train(load_recipe(None, raw))
-    a = {e["step"]: e["loss"] for e in straight.log_history if "loss" in e}
-    b = {e["step"]: e["loss"] for e in resumed.log_history if "loss" in e}
+    a, b = losses(straight), losses(resumed)
     assert a[1] - a[12] > 1.0  # it learns from S3 data
-    for step in range(7, 13):
-        assert b[step] == pytest.approx(a[step], rel=1e-5)
+    assert_resumed_matches(a, b, range(7, 13))

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .s3_support import FaultProxy, S3Endpoint, s3, s3_server  # noqa: F401
+from .support.s3 import S3Endpoint
+from .support.s3_proxy import FaultProxy
 
 ROWS = [{"text": f"row {i}", "n": i} for i in range(50)]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS).encode()

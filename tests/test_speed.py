@@ -14,7 +14,9 @@ import hftrain
 from hftrain import speed, speed_probe
 from hftrain.speed_probe import Measurement, ProbeShape
 
-from .conftest import ROOT, tiny_recipe
+from .support.checks import loss_records
+from .support.cli import ROOT
+from .support.data import tiny_recipe
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 # Measurements of the machines this project has run on (matmul seconds per step, fp32 vs bf16 at one shape).
@@ -148,7 +150,7 @@ def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(corpus
         return hftrain.train(hftrain.load_recipe(None, raw))
 
     eager, compiled = run("eager", False), run("compiled", True)
-    loss = lambda run: [e["loss"] for e in run.log_history if "loss" in e]  # noqa: E731
+    loss = lambda run: [e["loss"] for e in loss_records(run.log_history)]  # noqa: E731
     assert loss(compiled) == pytest.approx(loss(eager), rel=2e-3)
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM

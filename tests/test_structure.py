@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from .support.cli import ROOT
 
 PACKAGE = ROOT / "hftrain"
 MAX_MODULE_LINES = 400

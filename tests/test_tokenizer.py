@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hftrain.tokenizer import gpt2_tokenizer, train_bpe
 
-from .conftest import make_documents
+from .support.data import make_documents
 
 
 def test_builtin_gpt2_is_the_real_gpt2_bpe():

@@ -17,11 +17,8 @@ from hftrain import layout
 from hftrain.layout import RunLayout
 from hftrain.errors import HftrainError
 
-from .conftest import make_documents, tiny_recipe, write_jsonl
-
-
-def losses(run) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in run.log_history if "loss" in e}
+from .support.checks import assert_resumed_matches, copy_checkpoint, loss_records, losses, train_log
+from .support.data import make_documents, tiny_recipe, write_jsonl
 
 
 def test_loss_falls_and_outputs_are_written(pretrained_run):
@@ -34,8 +31,7 @@ def test_loss_falls_and_outputs_are_written(pretrained_run):
     assert run.metrics["eval_loss"] < first - 2.0
     assert run.metrics["eval_perplexity"] == pytest.approx(2.718281828 ** run.metrics["eval_loss"], rel=1e-6)
     out = run.output_dir
-    entries = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train_lines = [e for e in entries if "loss" in e]
+    train_lines = train_log(out)
     assert {"tokens_seen", "tokens_per_s", "mfu", "grad_norm", "learning_rate"} <= set(train_lines[-1])
     assert train_lines[-1]["tokens_seen"] == 30 * 8 * 32
     results = json.loads((out / "results.json").read_text())
@@ -96,14 +92,10 @@ def test_resume_is_exact(tmp_path):
     settings = dict(max_steps=16, save_steps=8, logging_steps=1, learning_rate=2e-3, warmup_steps=2)
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
     straight = losses(_run(data, straight_dir, **settings))
-    split_dir.mkdir()
-    for name in ("checkpoint-8", "tokenizer", RunLayout.RUN_FILE):
-        copy = shutil.copytree if (straight_dir / name).is_dir() else shutil.copy
-        copy(straight_dir / name, split_dir / name)
+    copy_checkpoint(straight_dir, split_dir, "checkpoint-8")
     resumed = losses(_run(data, split_dir, **settings))
     assert sorted(resumed) == list(range(1, 17))
-    for step in range(9, 17):
-        assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step
+    assert_resumed_matches(straight, resumed, range(9, 17))
 
 
 def test_interrupted_save_is_ignored_and_cleaned(tmp_path):
@@ -184,7 +176,7 @@ def test_tokens_per_usd_when_priced(tmp_path, corpus):
     raw = tiny_recipe(corpus, tmp_path / "p", max_steps=4, logging_steps=2)
     raw["monitor"]["price_per_hour"] = 3.6
     run = hftrain.train(hftrain.load_recipe(None, raw))
-    last = [e for e in run.log_history if "loss" in e][-1]
+    last = loss_records(run.log_history)[-1]
     assert last["tokens_per_usd"] == pytest.approx(last["tokens_per_s"] * 1000, rel=1e-3)
 
 
@@ -194,7 +186,7 @@ def test_bf16_and_gradient_accumulation(tmp_path, corpus):
                gradient_accumulation_steps=2, logging_steps=4)
     per_step = losses(run)
     assert per_step[12] < per_step[4] - 0.5
-    last = [e for e in run.log_history if "loss" in e][-1]
+    last = loss_records(run.log_history)[-1]
     assert last["tokens_seen"] == 12 * 2 * 4 * 32
 
 

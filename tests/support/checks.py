@@ -1,0 +1,69 @@
+"""Checks the tests share: per-step losses from a run's logs, the straight-vs-resumed comparison, and leaving a
+run directory as a run killed after a checkpoint would have left it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+import pytest
+
+from hftrain import checkpoint as ckpt
+from hftrain.layout import TRAINER_STATE_FILE, RunLayout
+
+# ---------------------------------------------------------------------------------------------- losses
+
+
+def loss_records(history: Iterable[dict]) -> list[dict]:
+    """The training-step entries of a log: those with a "loss" (evaluation entries have "eval_loss" instead)."""
+    return [e for e in history if "loss" in e]
+
+
+def step_losses(history: Iterable[dict]) -> dict[int, float]:
+    """{step: loss} of a log's training steps."""
+    return {e["step"]: e["loss"] for e in loss_records(history)}
+
+
+def losses(run: Any) -> dict[int, float]:
+    """{step: loss} of a run trained in this process (its `log_history`)."""
+    return step_losses(run.log_history)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Every entry of a run directory's metrics.jsonl, in order."""
+    return [json.loads(line) for line in RunLayout(run_dir).metrics.read_text(encoding="utf-8").splitlines()]
+
+
+def train_log(run_dir: Path) -> list[dict]:
+    """The training-step entries of a run directory's metrics.jsonl."""
+    return loss_records(read_metrics(run_dir))
+
+
+def metrics_losses(run_dir: Path) -> dict[int, float]:
+    """{step: loss} from a run directory's metrics.jsonl (for runs in other processes)."""
+    return step_losses(read_metrics(run_dir))
+
+
+def checkpoint_losses(run_dir: Path) -> dict[int, float]:
+    """{step: loss} as saved in a run directory's latest complete checkpoint (its trainer_state.json)."""
+    last = ckpt.complete_checkpoints(run_dir)[-1]
+    return step_losses(json.loads((last / TRAINER_STATE_FILE).read_text())["log_history"])
+
+
+# ---------------------------------------------------------------------------------------------- resuming
+
+
+def copy_checkpoint(run_dir: Path, new_dir: Path, checkpoint: str) -> None:
+    """Make `new_dir` what the run in `run_dir` would have left had it been killed right after `checkpoint`: that
+    checkpoint, the trained tokenizer and the run file (so a resume there is the same run's own resume)."""
+    new_dir.mkdir()
+    for name in (checkpoint, RunLayout.TOKENIZER_DIR, RunLayout.RUN_FILE):
+        (shutil.copytree if (run_dir / name).is_dir() else shutil.copy)(run_dir / name, new_dir / name)
+
+
+def assert_resumed_matches(straight: dict[int, float], resumed: dict[int, float], steps: Iterable[int], label: Any = None) -> None:
+    """The straight-vs-resumed check: at every one of `steps`, the resumed run's loss is the straight run's (rel 1e-5)."""
+    for step in steps:
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step if label is None else (label, step)

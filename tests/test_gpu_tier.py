@@ -1,0 +1,127 @@
+"""The GPU acceptance tier, checked where there is no GPU: the `gpu` marker's selection (listed by -m gpu, never
+selected by other -m expressions, never passed without CUDA), scripts/gpu_check.sh's dry run and its report,
+the spec-sheet peaks. What the gpu tests measure is only known on a GPU (scripts/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_peaks import mfu, spec_bf16_tflops
+
+from .support.cli import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_report  # noqa: E402
+
+ITEM_MODULES = {"training": "test_gpu_training", "finetune": "test_gpu_finetune", "backends": "test_gpu_backends",
+                "benchmark": "test_gpu_benchmark"}  # fmt: skip
+
+
+def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
+    listed = pytest_run("tests/gpu", "-m", "gpu", "--collect-only", "-q").stdout
+    ids = [line for line in listed.splitlines() if "::" in line]
+    for module in ITEM_MODULES.values():  # at least one per acceptance item
+        assert any(f"tests/gpu/{module}.py::" in i for i in ids), (module, listed[-2000:])
+    for selection in ([], ["-m", "not slow"]):  # addopts' -m 'not gpu'; a user's own -m, which replaces it
+        out = pytest_run("tests/gpu", "--collect-only", "-q", *selection).stdout
+        assert not [line for line in out.splitlines() if "::" in line], (selection, out[-1500:])
+        assert f"{len(ids)} deselected" in out
+    ran = pytest_run("tests/gpu", "-m", "gpu", "-q", "-rs")
+    assert ran.returncode == 0 and f"{len(ids)} skipped" in ran.stdout and " passed" not in ran.stdout, ran.stdout[-1500:]
+    assert "gpu tier: no CUDA device here" in ran.stdout
+
+
+def test_gpu_check_dry_run_reports_the_environment_and_the_plan(tmp_path):
+    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path / "report")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "gpu_check: no GPU: dry run" in result.stdout and "benchmarks/throughput.py --device cuda" in result.stdout
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["verdict"] == "no GPU: dry run" and report["dry_run"] and not report["passed"]
+    env = report["environment"]
+    assert env["gpu_count"] == 0 and env["missing"] == [] and env["date"]
+    assert all(env["versions"][p] for p in ("torch", "transformers", "accelerate", "deepspeed", "peft", "bitsandbytes"))
+    for key, module in ITEM_MODULES.items():
+        item = report["items"][key]
+        assert item["status"] == "DRY RUN" and item["tests"] == [] and item["numbers"] == []
+        assert item["planned"] and all(f"tests/gpu/{module}.py::" in t for t in item["planned"])
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert md.startswith("# hftrain GPU acceptance report: no GPU: dry run") and "- would run: `tests/gpu/test_gpu_backends.py::" in md
+
+
+SYNTHETIC = """
+import pytest
+
+def test_ok():
+    pass
+
+def test_world2():
+    pytest.skip("needs 2 GPUs, this machine has 1")
+
+def test_broken():
+    assert 1 == 2
+"""
+
+
+def test_report_statuses_from_a_real_junit_file(tmp_path):
+    """A pytest run of stand-in gpu modules gives the junit.xml the report reads: passes, a skip for want of GPUs
+    (does not fail the item), a failure (fails it), an item not run; numbers and the benchmark's result."""
+    gpu = tmp_path / "tests" / "gpu"
+    gpu.mkdir(parents=True)
+    for init in (tmp_path / "tests" / "__init__.py", gpu / "__init__.py"):
+        init.write_text("")
+    (gpu / "test_gpu_backends.py").write_text(textwrap.dedent(SYNTHETIC).replace("def test_broken():\n    assert 1 == 2\n", ""))
+    (gpu / "test_gpu_finetune.py").write_text(textwrap.dedent(SYNTHETIC))
+    pytest_run("tests", "-q", "-o", "addopts=", "--junitxml", str(tmp_path / "junit.xml"), cwd=tmp_path)
+    (tmp_path / "items").mkdir()
+    (tmp_path / "items" / "fsdp_world1.json").write_text(json.dumps({"item": "backends", "test": "fsdp_world1", "numbers": {"resume_max_rel_loss_diff": 0.0}}))
+    bench = {"shapes": {"gpu-160m": {"ratio": 1.5, **{s: {"tokens_per_s": 1e5, "mfu": 0.3, "mfu_spec": 0.2, "dtype": "bf16",
+             "compile": True, "heldout": 7.0} for s in ("hftrain", "baseline")}}}}  # fmt: skip
+    (tmp_path / "benchmark.json").write_text(json.dumps(bench))
+    assert gpu_report.main([str(tmp_path), "--bench-rc", "0"]) == 1  # not all items passed
+    report = json.loads((tmp_path / "report.json").read_text())
+    status = {k: v["status"] for k, v in report["items"].items()}
+    assert status == {"backends": "PASS", "finetune": "FAIL", "training": "NOT RUN", "benchmark": "PASS"}
+    assert report["verdict"] == "FAIL" and report["items"]["backends"]["numbers"][0]["test"] == "fsdp_world1"
+    assert report["items"]["benchmark"]["numbers"][0]["numbers"]["ratio"] == 1.5
+    md = (tmp_path / "report.md").read_text()
+    assert "## finetune: FAIL" in md and "- skipped: `tests.gpu.test_gpu_backends::test_world2`" in md and "ratio 1.5" in md
+    assert gpu_report.main([str(tmp_path), "--bench-rc", "1"]) == 1
+    assert json.loads((tmp_path / "report.json").read_text())["items"]["benchmark"]["status"] == "FAIL"
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.4), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA L4", 121.0), ("NVIDIA L40S", None), ("NVIDIA H100 NVL", None), ("Tesla T4", None)])  # fmt: skip
+def test_spec_sheet_bf16_peaks_by_device_name(name, tflops):
+    assert spec_bf16_tflops(name)[0] == tflops
+    numbers = mfu(1000.0, 1e9, {"spec_bf16_flops": tflops and tflops * 1e12, "measured_bf16_flops": 5e14})
+    assert numbers["mfu_measured"] == pytest.approx(1e12 / 5e14)
+    assert numbers["mfu_spec"] == (pytest.approx(1e12 / (tflops * 1e12)) if tflops else None)  # unknown GPU: measured peak only
+
+
+def test_the_gpu_tests_recipes_validate(tmp_path):
+    """Typos in a gpu test's recipe should not wait for a GPU to show: each recipe the tier trains validates here."""
+    import hftrain
+
+    from .gpu import test_gpu_backends, test_gpu_finetune, test_gpu_training
+
+    recipes = [test_gpu_training.quickstart_recipe(tmp_path / "q"), test_gpu_training.pythia_recipe(tmp_path / "p"),
+               test_gpu_backends.small_recipe(tmp_path, tmp_path / "b")]  # fmt: skip
+    recipes += [test_gpu_finetune.recipe(tmp_path / "base", m, tmp_path / m) for m in test_gpu_finetune.METHODS]
+    for raw in recipes:
+        recipe = hftrain.load_recipe(None, raw)
+        assert recipe.training.output_dir.startswith(str(tmp_path))
+    pythia = hftrain.load_recipe(None, recipes[1])
+    assert pythia.data.seq_len == 2048 and pythia.model.preset == "pythia-160m" and pythia.training.bf16
