@@ -55,7 +55,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import PeakFlops, StepClock, final_loss, median, run_child, steady_state, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    PeakFlops, StepClock, final_loss, median, run_child, steady_state, step_durations, warmup_steps, write_json,
+)
 
 # name: layers, heads, hidden, context, micro-batch, learning rate, default steps and logging interval. The step
 # counts keep the default run under 10 minutes on a busy 2-core CPU, where a medium step takes 5-10 s.
@@ -63,6 +65,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=40, log_steps=5),
     "medium": dict(layers=6, heads=6, hidden=384, seq=256, batch=8, lr=1e-3, steps=12, log_steps=2),
     "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=8, log_steps=2),
+    # character-level: where hftrain's own per-step overhead shows; also run by the minimal loop (side "loop")
+    "char": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=80, log_steps=10, char=True),
     # GPU shapes (--device cuda): the pythia-160m shape at 2048 tokens of context
     "gpu-160m": dict(layers=12, heads=12, hidden=768, seq=2048, batch=8, lr=6e-4, steps=20, log_steps=4),
 }
@@ -70,6 +74,7 @@ SEED = 1234  # hftrain's default training.seed
 RUN_STEPS = 2000  # the run both sides are configured for (max_steps); both stop after --steps of it
 WARMUP = 2  # learning-rate warm-up steps: short, so that the measured first steps already learn
 SIDES = ("hftrain", "baseline")
+LOOP = "loop"  # the minimal hand-written loop: a third side, on shapes marked char
 
 
 def schedule(shape: dict[str, Any], run_steps: int) -> dict[str, Any]:
@@ -110,9 +115,13 @@ class ProbingClock(StepClock):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.probe.attach(model)
         super().on_train_begin(args, state, control, **kwargs)
+        self.wall_at_train_begin = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "wall_at_train_begin": self.wall_at_train_begin}
 
 
-def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
+def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
     import torch
 
     from hftrain.model import parameter_counts
@@ -120,11 +129,11 @@ def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, 
 
     counts = parameter_counts(model)
     return {
-        "clock": clock.to_json(),
+        "clock": clock if isinstance(clock, dict) else clock.to_json(),
         "tokens_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * seq,
         "loss": final_loss(log_history),
         "losses": [e["loss"] for e in log_history if "loss" in e],
-        "dtype": clock.probe.dtype,
+        "dtype": clock.probe.dtype if not isinstance(clock, dict) else "fp32",
         "args_bf16": bool(args.bf16),
         "torch_compile": bool(args.torch_compile),
         "threads": torch.get_num_threads(),
@@ -135,14 +144,14 @@ def child_result(clock: ProbingClock, model: Any, args: Any, log_history: list, 
 
 
 def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
-                heldout: Path, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+                heldout: Path, device: str = "cpu", tokenizer_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
     import hftrain
     import yaml
 
     overrides = {
         "model": {"preset": "cpu-small", "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
                   "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"]},
-        "tokenizer": {"builtin": "gpt2"},
+        "tokenizer": {"path": tokenizer_dir} if tokenizer_dir else {"builtin": "gpt2"},
         "data": {"train": [{"builtin": "python-docs"}], "seq_len": shape["seq"], "eval_blocks": 4},
         "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
@@ -161,39 +170,16 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
 
 
 def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int,
-                 heldout: Path, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+                 heldout: Path, device: str = "cpu", tokenizer_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
     """transformers' run_clm.py, reduced to what this comparison needs."""
-    from itertools import chain
+    from transformers import Trainer, TrainingArguments, default_data_collator, set_seed
 
-    import datasets
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArguments, default_data_collator, set_seed
+    from benchmarks._loop import clm_blocks, load_tokenizer, neox_model
 
-    from hftrain.tokenizer import gpt2_tokenizer
-
-    block_size = shape["seq"]
-    tokenizer = gpt2_tokenizer()
-    raw = datasets.Dataset.from_dict({"text": json.loads(docs_file.read_text())})
-
-    def tokenize_function(examples: dict[str, list]) -> Any:
-        return tokenizer(examples["text"])
-
-    def group_texts(examples: dict[str, list]) -> dict[str, list]:
-        concatenated = {k: list(chain(*examples[k])) for k in examples}
-        total_length = (len(concatenated["input_ids"]) // block_size) * block_size
-        result = {k: [t[i : i + block_size] for i in range(0, total_length, block_size)] for k, t in concatenated.items()}
-        result["labels"] = result["input_ids"].copy()
-        return result
-
-    tokenized = raw.map(tokenize_function, batched=True, remove_columns=["text"])
-    train_dataset = tokenized.map(group_texts, batched=True)
-
+    tokenizer = load_tokenizer(tokenizer_dir)
+    train_dataset = clm_blocks(docs_file, tokenizer, shape["seq"])
     set_seed(SEED)
-    vocab = -(-len(tokenizer) // 128) * 128  # hftrain pads a tokenizer's size to a multiple of 128: 50,304
-    config = GPTNeoXConfig(vocab_size=vocab, hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
-                           num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
-                           max_position_embeddings=1024, bos_token_id=tokenizer.eos_token_id,
-                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    model = GPTNeoXForCausalLM(config)
+    model = neox_model(shape, tokenizer)
     args = TrainingArguments(
         output_dir=str(out), use_cpu=device == "cpu", **schedule(shape, run_steps), lr_scheduler_type="cosine", weight_decay=0.1,
         adam_beta2=0.95, seed=SEED, report_to=[], save_strategy="no", logging_steps=log_steps,
@@ -204,6 +190,14 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
     trainer.train()
     return {**child_result(clock, trainer.model, trainer.args, trainer.state.log_history, shape["seq"]),
             "heldout_loss": heldout_loss(trainer.model, heldout)}
+
+
+def run_minimal_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path, run_steps: int, heldout: Path,
+                     tokenizer_dir: str | None) -> dict[str, Any]:  # fmt: skip
+    from benchmarks._loop import run_loop
+
+    model, _, args, history, clock = run_loop(shape, steps, log_steps, docs_file, run_steps, SEED, WARMUP, tokenizer_dir)
+    return {**child_result(clock, model, args, history, shape["seq"]), "heldout_loss": heldout_loss(model, heldout)}
 
 
 def training_documents() -> list[str]:
@@ -217,14 +211,14 @@ def training_documents() -> list[str]:
     return list(stream.documents(stream.fresh_state()))
 
 
-def heldout_blocks(seq: int, count: int = 16) -> list[list[int]]:
+def heldout_blocks(seq: int, tokenizer_dir: str | None, count: int = 16) -> list[list[int]]:
     """Blocks of the held-out python-docs documents (neither side trains on them), as hftrain's validation set."""
+    from benchmarks._loop import load_tokenizer
     from hftrain.data.loader import plan_data, validation_blocks
     from hftrain.recipe import load_recipe
-    from hftrain.tokenizer import gpt2_tokenizer
 
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}], "seq_len": seq, "eval_blocks": count}})
-    return [b["input_ids"].tolist() for b in validation_blocks(plan_data(recipe.data, SEED), gpt2_tokenizer())]
+    return [b["input_ids"].tolist() for b in validation_blocks(plan_data(recipe.data, SEED), load_tokenizer(tokenizer_dir))]
 
 
 def heldout_loss(model: Any, path: Path) -> float:
@@ -243,9 +237,14 @@ def child_main(args: argparse.Namespace) -> None:
     shape = SHAPES[args.shape]
     out = Path(args.workdir)
     if args.child == "hftrain":
-        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout), args.device)
+        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout), args.device,
+                             args.tokenizer)  # fmt: skip
+    elif args.child == LOOP:
+        result = run_minimal_loop(shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer)
     else:
-        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout), args.device)
+        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout), args.device,
+                              args.tokenizer)  # fmt: skip
+    result["spawned_at"] = float(args.spawned_at)
     write_json(args.result, result)
 
 
@@ -269,16 +268,33 @@ def json_summary(summary: dict[str, Any], peaks: dict[str, float], device: str, 
         gpu["spec_bf16_flops"] = spec * 1e12 if spec else None
     shapes, spec = {}, gpu.get("spec_bf16_flops")
     for name, sides in summary.items():
-        entry = {side: {k: v for k, v in sides[side].items() if k != "rates"} for side in SIDES}
-        for side in SIDES:
+        present = [side for side in (*SIDES, LOOP) if side in sides]
+        entry = {side: {k: v for k, v in sides[side].items() if k != "rates"} for side in present}
+        for side in present:
             entry[side]["mfu_spec"] = sides[side]["tokens_per_s"] * sides[side]["flops_per_token"] / spec if spec else None
         entry["ratio"] = sides["hftrain"]["tokens_per_s"] / sides["baseline"]["tokens_per_s"]
+        entry["wall_clock_ratio"] = sides["baseline"]["wall_full_run_s"] / sides["hftrain"]["wall_full_run_s"]
+        if LOOP in sides:
+            entry["hftrain_over_loop"] = sides["hftrain"]["tokens_per_s"] / sides[LOOP]["tokens_per_s"]
         shapes[name] = {**SHAPES[name], **entry, "steps": sides["steps"]}
     return {"device": device, **gpu, "matmul_peak_flops": peaks, "seconds": round(seconds, 1), "shapes": shapes}
 
 
-def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, Any]:
+def start_up(result: dict[str, Any]) -> dict[str, float]:
+    """Seconds from the process start to training (imports, data, model), to the end of the first step, and to
+    the end of the warm-up steps (which hold a compile)."""
+    clock = result["clock"]
+    setup = clock["wall_at_train_begin"] - result["spawned_at"]
+    durations = step_durations(clock)
+    skip = warmup_steps(len(durations))
+    return {"setup_s": setup, "first_step_s": setup + durations[0], "to_steady_s": setup + sum(durations[:skip]), "warm_steps": skip}
+
+
+def summarize(runs: list[dict[str, Any]], peaks: dict[str, float], run_steps: int) -> dict[str, Any]:
     steady = [steady_state(r["clock"], r["tokens_per_step"]) for r in runs]
+    starts = [start_up(r) for r in runs]
+    # the wall clock of the whole run both sides are configured for: start-up, warm-up, then the steady pace
+    walls = [st["to_steady_s"] + (run_steps - st["warm_steps"]) * sd["step_s"] for st, sd in zip(starts, steady)]
     rates = [s["tokens_per_s"] for s in steady]
     rate, first = median(rates), runs[0]
     peak = peaks.get(first["dtype"], peaks["fp32"])
@@ -289,7 +305,8 @@ def summarize(runs: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, 
         "heldout": median([r["heldout_loss"] for r in runs]),
         "dtype": "/".join(sorted({r["dtype"] for r in runs})), "compile": any(r["torch_compile"] for r in runs),
         "threads": first["threads"], "workers": first["workers"], "parameters": first["parameters"], "flops_per_token": first["flops_per_token"],
-        "timed_steps": steady[0]["timed_steps"],
+        "timed_steps": steady[0]["timed_steps"], "first_step_s": median([st["first_step_s"] for st in starts]),
+        "setup_s": median([st["setup_s"] for st in starts]), "wall_full_run_s": median(walls), "run_steps": run_steps,
     }  # fmt: skip
 
 
@@ -302,7 +319,7 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
     print(header)
     print("-" * len(header))
     for name, sides in summary.items():
-        for side in SIDES:
+        for side in [side for side in (*SIDES, LOOP) if side in sides]:
             s = sides[side]
             runs_text = " ".join(f"{v:,.0f}" for v in s["rates"])
             print(f"{name:<7} {side:<9} {s['tokens_per_s']:>9,.0f} {runs_text:<22} {100 * s['mfu']:>5.1f}% {s['dtype']:<5} "
@@ -315,11 +332,25 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
         print(f"{name}: hftrain {h['tokens_per_s']:,.0f} tok/s, baseline {b['tokens_per_s']:,.0f} tok/s, "
               f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}, "
               f"held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}")  # fmt: skip
+    for name, sides in summary.items():
+        h, b = sides["hftrain"], sides["baseline"]
+        print(f"{name} start-up: time to first step hftrain {h['first_step_s']:.1f} s, baseline {b['first_step_s']:.1f} s; "
+              f"compile/warm-up steps hftrain {h['warmup_s']:.1f} s ({'compiled' if h['compile'] else 'eager'}), "
+              f"baseline {b['warmup_s']:.1f} s")  # fmt: skip
+        print(f"{name} wall clock of a {h['run_steps']}-step run (start-up + warm-up + steps at the measured pace): "
+              f"hftrain {h['wall_full_run_s']:,.0f} s, baseline {b['wall_full_run_s']:,.0f} s, "
+              f"ratio {b['wall_full_run_s'] / h['wall_full_run_s']:.2f}")  # fmt: skip
+        if LOOP in sides:
+            loop = sides[LOOP]
+            over = h["tokens_per_s"] / loop["tokens_per_s"]
+            print(f"{name} minimal loop: {loop['tokens_per_s']:,.0f} tok/s; hftrain / loop {over:.3f} "
+                  f"(hftrain's per-step overhead {100 * (1 - over):+.1f}%, {h['dtype']}, {'compiled' if h['compile'] else 'eager'}), "
+                  f"baseline / loop {b['tokens_per_s'] / loop['tokens_per_s']:.3f}; time to first step loop {loop['first_step_s']:.1f} s")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="small,medium,large", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--shapes", default="small,medium,large,char", help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--repeats", type=int, default=1,
                         help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
                              "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
@@ -332,8 +363,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
-    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout"):
+    parser.add_argument("--child", choices=(*SIDES, LOOP), help=argparse.SUPPRESS)
+    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout", "--tokenizer", "--spawned-at"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -349,22 +380,31 @@ def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str
     """Every shape's A/B runs, each side in a fresh process; the order flips at every pair."""
     summary: dict[str, dict[str, Any]] = {}
     docs = tmp / "documents.json"
-    docs.write_text(json.dumps(training_documents()))
+    documents = training_documents()
+    docs.write_text(json.dumps(documents))
+    char_tokenizer = None
+    if any(SHAPES[name].get("char") for name in args.shape_list):
+        from benchmarks._loop import write_char_tokenizer
+
+        char_tokenizer = str(write_char_tokenizer(documents, tmp / "char-tokenizer"))
     pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
     for name in args.shape_list:
         steps = args.steps or SHAPES[name]["steps"]
         log_steps = args.log_steps or SHAPES[name]["log_steps"]
-        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        tokenizer = char_tokenizer if SHAPES[name].get("char") else None
+        sides = (*SIDES, LOOP) if SHAPES[name].get("char") else SIDES
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         heldout = tmp / f"heldout-{name}.json"
-        heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"])))
+        heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"], tokenizer)))
         for r in range(args.repeats):
             pair += 1
-            for side in SIDES if pair % 2 else SIDES[::-1]:
+            for side in sides if pair % 2 else sides[::-1]:
                 tag = f"{name}-{side}-{r}"
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
                        "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
                        *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                       "--docs", str(docs), "--heldout", str(heldout)]  # fmt: skip
+                       "--docs", str(docs), "--heldout", str(heldout), *(["--tokenizer", tokenizer] if tokenizer else []),
+                       "--spawned-at", repr(time.time())]  # fmt: skip
                 peaks.measure()
                 t0 = time.perf_counter()
                 result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
@@ -388,7 +428,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
         runs = run_pairs(args, peaks, Path(tmp))
         peaks.measure()
-    summary = {name: {**{side: summarize(s["runs"][side], peaks.best) for side in SIDES}, "steps": s["steps"]} for name, s in runs.items()}
+    summary = {name: {**{side: summarize(r, peaks.best, args.run_steps) for side, r in s["runs"].items()}, "steps": s["steps"]}
+               for name, s in runs.items()}  # fmt: skip
     if args.json:
         write_json(args.json, json_summary(summary, peaks.best, args.device, time.perf_counter() - started))
     print_tables(summary, peaks.best, time.perf_counter() - started)

@@ -19,6 +19,7 @@ from .errors import HftrainError
 from .model import ModelShape
 from .parallel import Launch
 from .recipe_schema import Recipe
+from .speed import SpeedPlan
 
 
 @dataclass
@@ -26,15 +27,14 @@ class TrainingSettings:
     args: TrainingArguments
     resume: bool | str | None  # training.resume_from_checkpoint as the recipe gives it
     push_to_hub: bool
-    keep_checkpoints: int | None  # training.save_total_limit
-    speed_choices: list[str]  # one line per speed default chosen (speed.py)
+    speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed.py)
 
 
-def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape) -> TrainingSettings:
+def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded_speed: dict[str, bool] | None = None) -> TrainingSettings:
     kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), launch.world_size)
     resume = kwargs.pop("resume_from_checkpoint", None)
     push = bool(kwargs.pop("push_to_hub", False))
-    keep = kwargs.pop("save_total_limit", None)
+    kwargs.pop("save_total_limit", None)  # the CheckpointManager rotates, once a new checkpoint is complete
     if not kwargs.get("max_steps") or kwargs["max_steps"] <= 0:
         raise HftrainError(
             "training.max_steps: required. hftrain streams its data, so a run is measured in optimizer steps, "
@@ -43,17 +43,28 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape) -> Tra
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs = cpu_compat.training_kwargs(kwargs, launch.rehearsal)
-    choices = speed_defaults(recipe, kwargs, launch, shape)
+    plan = speed_defaults(recipe, kwargs, launch, shape, recorded_speed)
     try:
         args = TrainingArguments(**kwargs)
     except (ValueError, TypeError) as err:
         raise HftrainError(f"training: {err}") from None
-    return TrainingSettings(args, resume, push, keep, choices)
+    return TrainingSettings(args, resume, push, plan)
 
 
-def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape: ModelShape) -> list[str]:
-    """bf16 / torch_compile where the recipe leaves them unset (speed.py), from the model's measured size."""
-    device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else "cuda")
-    tokens = kwargs["per_device_train_batch_size"] * kwargs.get("gradient_accumulation_steps", 1) * recipe.data.seq_len
-    size = {"matmul_params": shape.matmul_params, "hidden_size": shape.config.hidden_size}
-    return speed.apply_defaults(recipe, kwargs, launch.strategy, size, tokens * shape.flops_per_token, device)
+def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape: ModelShape,
+                   recorded: dict[str, bool] | None) -> SpeedPlan:  # fmt: skip
+    """bf16 / fp16 / tf32 / torch_compile where the recipe leaves them unset: as recorded at the run's start
+    (a resumed run), else decided by measurement on this device (speed.py), the same in every process."""
+    kwargs.setdefault("ddp_find_unused_parameters", False)
+    unset = [key for key in speed.LEVER_KEYS if key not in kwargs]
+    if not unset:
+        return speed.SpeedPlan()
+    if recorded:
+        kept = {key: value for key, value in recorded.items() if key in unset}
+        kwargs.update(kept)
+        return speed.SpeedPlan(values=kept, reasons=[f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"])
+    device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else f"cuda:{launch.local_rank}")
+    decided = parallel.agree("speed", lambda: speed.decide_here(recipe, kwargs, launch.strategy, shape, device).to_json())
+    plan = speed.SpeedPlan.from_json(decided)
+    kwargs.update(plan.values)
+    return plan

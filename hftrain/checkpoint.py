@@ -70,12 +70,28 @@ class CheckpointManager:
         self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
 
     # ----------------------------------------------------------------------------- start of a run
-    def claim(self, is_main: bool) -> None:
-        """Refuse an output_dir that holds a different run (model, tokenizer or data); record ours otherwise,
-        and remove what interrupted saves left behind."""
+    def recorded_speed(self) -> dict[str, bool] | None:
+        """The speed levers (bf16, compile, ...) recorded when this run started, for a run that resumes: exact
+        resume needs the same precision and compile choices, even where a new measurement would differ."""
+        if self.recipe.training_kwargs().get("resume_from_checkpoint") in (False, "false", "False"):
+            return None
+        record = self._run_record()
+        if record.get("fingerprint") != fingerprint(self.recipe) or not self.complete():
+            return None
+        return record.get("speed")
+
+    def _run_record(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.layout.run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+    def claim(self, is_main: bool, speed: dict[str, bool]) -> None:
+        """Refuse an output_dir that holds a different run (model, tokenizer or data); record ours (with the
+        speed levers it runs with) otherwise, and remove what interrupted saves left behind."""
         run_file, mine = self.layout.run_file, fingerprint(self.recipe)
         if run_file.is_file():
-            theirs = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint", {})
+            theirs = self._run_record().get("fingerprint", {})
             differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != mine[part]]
             if differ and (self.complete() or self.layout.final.is_dir()):
                 root = self.layout.root
@@ -88,7 +104,7 @@ class CheckpointManager:
             return
         self.layout.root.mkdir(parents=True, exist_ok=True)
         partial = run_file.with_suffix(".tmp")
-        partial.write_text(json.dumps({"fingerprint": mine}, indent=2), encoding="utf-8")
+        partial.write_text(json.dumps({"fingerprint": mine, "speed": speed}, indent=2), encoding="utf-8")
         os.replace(partial, run_file)  # other processes never read a half-written file
         if self.layout.staging.is_dir():
             for leftover in sorted(self.layout.staging.iterdir()):

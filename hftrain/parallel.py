@@ -10,9 +10,10 @@ state with the strategy.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -178,3 +179,32 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def agree(name: str, decide: Callable[[], dict[str, Any]], timeout_s: float = 600.0) -> dict[str, Any]:
+    """One decision for every process of the run: rank 0 makes it, the others read it from the launcher's
+    key-value store (torchrun's, which accelerate launch uses too). Measured choices such as the speed
+    defaults must agree: two DDP ranks in different precisions would train on, silently, with mixed gradients.
+
+    Without that store (one process, or another launcher) every process decides for itself."""
+    rank = int(os.environ.get("RANK", "0"))
+    store = _launcher_store(timeout_s) if world_size() > 1 else None
+    if store is None:
+        return decide()
+    key = f"hftrain/{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        value = decide()
+        store.set(key, json.dumps(value))
+        return value
+    return json.loads(store.get(key))  # waits until rank 0 has decided
+
+
+def _launcher_store(timeout_s: float) -> Any:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or "MASTER_ADDR" not in os.environ:
+        return None
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=timedelta(seconds=timeout_s))  # fmt: skip

@@ -135,6 +135,11 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
                        ("bf16", "bf16"), ("torch.compile", "torch_compile")]:
         if results.get(key) is not None:
             rows.append((label, results[key]))
+    speed = results.get("speed")
+    if isinstance(speed, dict) and speed.get("reasons"):
+        rows.append(("speed choices", "; ".join(speed["reasons"])))
+        for dtype, seconds in (speed.get("measured") or {}).get("matmul_seconds", {}).items():
+            rows.append((f"measured matmul s/step ({dtype})", round(seconds, 4)))
     for phase in ("data_wait", "forward", "backward", "optimizer"):  # where the step time went
         if results.get(f"{phase}_frac") is not None:
             rows.append((f"step time: {phase.replace('_', ' ')} (%)", round(100 * results[f"{phase}_frac"], 1)))

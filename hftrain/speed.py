@@ -1,24 +1,21 @@
-"""Speed defaults: torch.compile and bf16 autocast, chosen per run when the recipe leaves them unset.
+"""Speed defaults: autocast dtype (bf16 / fp16 / tf32) and torch.compile, decided per run by measurement on the
+device the run uses, where the recipe leaves them unset. A recipe that sets ``training.bf16``, ``training.fp16``,
+``training.tf32`` or ``training.torch_compile`` keeps its choice; a resumed run keeps the choices recorded at
+its start (the CheckpointManager records them), so its losses continue exactly.
 
-A recipe that sets ``training.torch_compile``, ``training.bf16`` or ``training.fp16`` keeps its choice; these
-rules only fill in what it leaves open. They come from ``benchmarks/throughput.py`` (README, "Performance"),
-measured on a 2-core AMX Xeon against a plain Trainer script (fp32, eager):
+How each lever is decided (speed_probe.py measures, this module decides; the decision is pure, so tests feed
+it the measurements of any machine):
 
-    shape              bf16 eager   bf16 + compile   fp32 + compile
-    small (4 x 128)    0.88x        1.17-1.35x       1.06x
-    medium (6 x 384)   1.44x        1.31-1.81x
-    large (8 x 512)                 1.58-2.14x
-
-* torch.compile fuses the small operations around the matmuls, including the casts bf16 needs; it costs a
-  compile at start (~35-40 s here with warm caches, longer cold). It is chosen when the run is long enough
-  to win that back several times (an eager estimate of at least COMPILE_MIN_EAGER_SECONDS), and only where
-  it is routinely used: full training, one process or DDP, no gradient checkpointing.
-* bf16 autocast. On a GPU with bf16 (Ampere and later) it is the standard way to train. On a CPU it needs
-  native bf16 (AVX-512 BF16 or AMX) and matmuls that hold the work (BF16_CPU_MIN_MATMUL_PARAMS); then it is
-  on when compiled, or eager from hidden size BF16_CPU_EAGER_MIN_HIDDEN (narrower eager models lose to the
-  casts: 0.88x above; on an AVX-512 BF16 EPYC a 64-wide model 0.83x, a 512-wide one 1.78x). Small models
-  (the quickstart: 1.3M matmul parameters, 1.07x) keep exact fp32. Quantized fine-tuning (qlora,
-  lora_8bit) has its own compute dtype and is left alone.
+* dtype. The probe times the model's matmuls (one layer's linear layers and the head, forward and backward,
+  on the run's micro-batch, casts included) in fp32 and each candidate dtype. A dtype is chosen when its
+  measured speedup is at least DTYPE_MIN_SPEEDUP: the rest of the step (norms, softmax, the optimizer) does
+  not speed up, so a thin margin would not survive. Seen on 2-core CPUs: bf16 4x fp32 with AMX (chosen),
+  0.5x on AVX-512 BF16 without AMX and much less without any bf16 instructions (fp32 kept).
+* torch.compile fuses the small operations around the matmuls; it costs a compile at start (COMPILE_WARMUP_S:
+  cold, or warm when this machine already compiled this shape). The run's eager time is estimated from the
+  measured matmul time (MATMUL_SHARE of a step); compile is chosen when its expected saving (COMPILE_SAVING of
+  the eager time) pays the warm-up back at least twice, and only where it is routinely used: full training,
+  one process or DDP, no gradient checkpointing.
 * DDP without ``find_unused_parameters``: the Trainer turns it on for any model without gradient
   checkpointing, which costs an extra pass over the autograd graph every step (and a warning). Every
   GPT-NeoX parameter that requires a gradient gets one at every step, full training or adapters alike.
@@ -26,82 +23,106 @@ measured on a 2-core AMX Xeon against a plain Trainer script (fp32, eager):
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .model import ModelShape
 from .recipe_schema import Recipe
+from .speed_probe import Measurement, ProbeShape, compile_is_warm, mark_compiled, measure
 
-COMPILE_MIN_EAGER_SECONDS = 5 * 60  # compile when the eager run would take longer than this
-BF16_CPU_MIN_MATMUL_PARAMS = 4_000_000  # parameters in matmuls (layers + output head)
-BF16_CPU_EAGER_MIN_HIDDEN = 256
-# Sustained fp32 training FLOP/s, to estimate a run's eager duration before it starts. Nominal, not measured:
-# the same recipe on the same machine must get the same defaults however busy the machine is.
-CPU_FLOPS_PER_THREAD = 40e9  # the small shape above ran at ~41 GFLOP/s per thread
-GPU_FLOPS = 100e12  # a datacenter GPU at a typical MFU
-
-
-@lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """AVX-512 BF16 or AMX: the CPU multiplies bf16 in hardware (else bf16 is emulated and slow)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+DTYPE_MIN_SPEEDUP = 1.3  # measured matmul speedup a dtype needs over fp32
+MATMUL_SHARE = 0.6  # share of an eager fp32 step spent in the matmuls (profiled: 51-60% on CPU)
+COMPILE_SAVING = 0.15  # share of the eager step time torch.compile saves (measured 1.06-1.35x)
+COMPILE_WARMUP_S = {"cold": 90.0, "warm": 20.0}  # compile time at start (CPU, 2 cores; GPUs are faster)
+PRECISION_KEYS = ("bf16", "fp16", "tf32")
+LEVER_KEYS = (*PRECISION_KEYS, "torch_compile")
 
 
-def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float) -> tuple[bool, str]:
+@dataclass
+class SpeedPlan:
+    """The levers chosen for a run, each with its reason (for the log, results.json and the report)."""
+
+    values: dict[str, bool] = field(default_factory=dict)  # TrainingArguments keys hftrain set
+    reasons: list[str] = field(default_factory=list)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"values": self.values, "reasons": self.reasons, "measured": self.measured}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeedPlan:
+        return cls(dict(data["values"]), list(data["reasons"]), dict(data["measured"]))
+
+
+def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.device) -> tuple[str, str]:
+    """"fp32" or the autocast dtype to train in, with the reason."""
+    if recipe.finetune.method in ("qlora", "lora_8bit"):
+        return "fp32", "quantized fine-tuning uses its own compute dtype"
+    if measured is None:
+        return "fp32", f"no measurement on {device.type}"
+    options = {d: measured.speedup(d) for d in measured.seconds if d != "fp32"}
+    if device.type == "cuda" and "bf16" in options:
+        options.pop("fp16", None)  # bf16 where the GPU has it: fp16 needs loss scaling for the same speed
+    best = max(options, key=options.get) if options else None
+    speeds = ", ".join(f"{d} {s:.2f}x" for d, s in options.items())
+    if best is None or options[best] < DTYPE_MIN_SPEEDUP:
+        return "fp32", f"measured matmul speed vs fp32: {speeds}; none reaches {DTYPE_MIN_SPEEDUP}x"
+    return best, f"measured matmul speed vs fp32: {speeds}"
+
+
+def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool) -> tuple[bool, str]:
     if recipe.finetune.method != "full":
         return False, "adapters: compile rarely pays for the small trainable part"
     if strategy not in ("single", "ddp"):
         return False, f"not with {strategy}"
     if kwargs.get("gradient_checkpointing"):
         return False, "not with gradient checkpointing"
-    minutes = f"~{eager_seconds / 60:.0f} min eager"
-    if eager_seconds < COMPILE_MIN_EAGER_SECONDS:
-        return False, f"a short run ({minutes}): the compile would not pay back"
-    return True, f"a long run ({minutes}): the compile pays back"
+    warmup = COMPILE_WARMUP_S["warm" if warm else "cold"]
+    saving = eager_seconds * COMPILE_SAVING
+    about = f"~{eager_seconds / 60:.0f} min eager, saves ~{saving:.0f} s against a ~{warmup:.0f} s {'warm' if warm else 'cold'} compile"
+    if saving < 2 * warmup:
+        return False, f"a short run ({about}): the compile would not pay back"
+    return True, f"a long run ({about}): the compile pays back"
 
 
-def choose_bf16(recipe: Recipe, model: dict[str, int], compiled: bool, device: torch.device) -> tuple[bool, str]:
-    """`model`: {"matmul_params", "hidden_size"}."""
-    if recipe.finetune.method in ("qlora", "lora_8bit"):
-        return False, "quantized fine-tuning uses its own compute dtype"
-    if device.type == "cuda":
-        supported = torch.cuda.is_bf16_supported()
-        return supported, "this GPU computes in bf16" if supported else "this GPU has no bf16"
-    if device.type != "cpu":
-        return False, f"no rule for {device.type}"
-    if not cpu_has_native_bf16():
-        return False, "this CPU has no native bf16 (AVX-512 BF16 / AMX)"
-    millions = f"{model['matmul_params'] / 1e6:.1f}M matmul parameters"
-    if model["matmul_params"] < BF16_CPU_MIN_MATMUL_PARAMS:
-        return False, f"{millions} < {BF16_CPU_MIN_MATMUL_PARAMS / 1e6:.0f}M: too little work for bf16 to pay"
-    if compiled:
-        return True, f"native bf16 CPU, {millions}, compiled"
-    if model["hidden_size"] < BF16_CPU_EAGER_MIN_HIDDEN:
-        return False, f"eager and hidden size {model['hidden_size']} < {BF16_CPU_EAGER_MIN_HIDDEN}: the casts cost more than bf16 saves"
-    return True, f"native bf16 CPU, {millions}, hidden size {model['hidden_size']}"
-
-
-def sustained_flops(device: torch.device) -> float:
-    return GPU_FLOPS if device.type == "cuda" else CPU_FLOPS_PER_THREAD * torch.get_num_threads()
-
-
-def apply_defaults(recipe: Recipe, kwargs: dict[str, Any], strategy: str, model: dict[str, int], flops_per_step: float,
-                   device: torch.device) -> list[str]:  # fmt: skip
-    """Fill in torch_compile / bf16 where the recipe is silent; returns one line per decision, for the log.
-    `model`: {"matmul_params", "hidden_size"}; `flops_per_step`: training FLOPs of one step on one device."""
-    decisions = []
-    kwargs.setdefault("ddp_find_unused_parameters", False)
+def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device,
+           warm_compile: bool) -> SpeedPlan:  # fmt: skip
+    """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets."""
+    plan = SpeedPlan(measured={"device": str(device), "matmul_seconds": dict(measured.seconds) if measured else {},
+                               "cached": bool(measured and measured.cached)})  # fmt: skip
+    dtype = "fp32"
+    if not any(key in kwargs for key in PRECISION_KEYS):
+        dtype, why = choose_dtype(recipe, measured, device)
+        plan.values.update({key: dtype == key for key in PRECISION_KEYS if key in dtype_keys(device)})
+        plan.reasons.append(f"{dtype if dtype != 'fp32' else 'fp32 (no autocast)'} ({why})")
     if "torch_compile" not in kwargs:
-        eager = kwargs["max_steps"] * flops_per_step / sustained_flops(device)
-        kwargs["torch_compile"], why = choose_compile(recipe, kwargs, strategy, eager)
-        decisions.append(f"torch_compile={'on' if kwargs['torch_compile'] else 'off'} ({why})")
-    if not any(key in kwargs for key in ("bf16", "fp16")):
-        kwargs["bf16"], why = choose_bf16(recipe, model, bool(kwargs["torch_compile"]), device)
-        decisions.append(f"bf16={'on' if kwargs['bf16'] else 'off'} ({why})")
-    return decisions
+        step = measured.seconds.get(dtype, measured.seconds["fp32"]) / MATMUL_SHARE if measured else float("inf")
+        on, why = choose_compile(recipe, kwargs, strategy, kwargs["max_steps"] * step, warm_compile)
+        plan.values["torch_compile"] = on
+        plan.reasons.append(f"torch_compile={'on' if on else 'off'} ({why})")
+    return plan
+
+
+def dtype_keys(device: torch.device) -> tuple[str, ...]:
+    """The TrainingArguments precision keys that apply on this device (tf32 is a CUDA setting)."""
+    return PRECISION_KEYS if device.type == "cuda" else ("bf16",)
+
+
+def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:
+    c = shape.config
+    return ProbeShape(tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len, hidden=c.hidden_size,
+                      intermediate=c.intermediate_size, vocab=c.vocab_size, layers=c.num_hidden_layers)  # fmt: skip
+
+
+def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
+    """Measure on `device` (or read this machine's cached measurement) and decide."""
+    probe = probe_shape(recipe, kwargs, shape)
+    accumulation = kwargs.get("gradient_accumulation_steps", 1)
+    measured = measure(probe, device)
+    per_step = Measurement({k: v * accumulation for k, v in measured.seconds.items()}, measured.device, measured.cached)
+    plan = decide(recipe, kwargs, strategy, per_step, device, compile_is_warm(probe, device))
+    if plan.values.get("torch_compile"):
+        mark_compiled(probe, device)
+    return plan

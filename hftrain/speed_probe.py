@@ -17,9 +17,10 @@ import json
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -83,9 +84,13 @@ def cache_file() -> Path:
     return Path(root) / "speed.json"
 
 
+def _key(shape: ProbeShape, device: torch.device) -> str:
+    return f"v{CACHE_VERSION}|{machine_id(device)}|{json.dumps(asdict(shape), sort_keys=True)}"
+
+
 def measure(shape: ProbeShape, device: torch.device) -> Measurement:
     """The cached measurement for this machine and shape, else a fresh one (then cached)."""
-    key = f"v{CACHE_VERSION}|{machine_id(device)}|{json.dumps(asdict(shape), sort_keys=True)}"
+    key = _key(shape, device)
     cache = _read_cache()
     if key in cache:
         return Measurement(cache[key], str(device), cached=True)
@@ -93,6 +98,23 @@ def measure(shape: ProbeShape, device: torch.device) -> Measurement:
     cache[key] = seconds
     _write_cache(cache)
     return Measurement(seconds, str(device))
+
+
+def compile_is_warm(shape: ProbeShape, device: torch.device) -> bool:
+    """This machine compiled this shape before (hftrain chose compile for it) and inductor's cache is still there."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        kept = Path(cache_dir()).is_dir() and any(Path(cache_dir()).iterdir())
+    except (ImportError, OSError):
+        kept = False
+    return kept and bool(_read_cache().get(_key(shape, device) + "|compiled"))
+
+
+def mark_compiled(shape: ProbeShape, device: torch.device) -> None:
+    cache = _read_cache()
+    cache[_key(shape, device) + "|compiled"] = True
+    _write_cache(cache)
 
 
 def _read_cache() -> dict[str, Any]:
@@ -114,44 +136,77 @@ def _write_cache(cache: dict[str, Any]) -> None:
         pass  # a read-only home: measure again next time
 
 
+PROBE_TOKENS = 512  # rows of the probe's matmuls; their time scales linearly to the run's micro-batch
+PROBE_VOCAB = 8192  # columns of the probe's head; its time scales linearly to the vocabulary
+TOO_SLOW = 4.0  # a dtype this many times slower than fp32 on a small matmul is not probed further
+
+
 def _time_dtype(shape: ProbeShape, device: torch.device, dtype: str) -> float:
-    """Seconds for the model's matmuls in one training step (all layers + head, forward and backward)."""
-    torch.manual_seed(0)
+    """Seconds for the model's matmuls in one training step (all layers + head, forward and backward), from a
+    probe of at most PROBE_TOKENS x PROBE_VOCAB scaled up: the cost stays about a second whatever the model."""
+    if dtype != "fp32":
+        slowdown = _small_matmul_seconds(device, dtype) / _small_matmul_seconds(device, "fp32")
+        if slowdown > TOO_SLOW:  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): 10-50x slower
+            return _time_dtype(shape, device, "fp32") * slowdown
+    tokens, vocab = min(shape.tokens, PROBE_TOKENS), min(shape.vocab, PROBE_VOCAB)
     d, i = shape.hidden, shape.intermediate
-    layer = [torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, i), torch.nn.Linear(i, d)]
-    head = torch.nn.Linear(d, shape.vocab, bias=False)
-    modules = torch.nn.ModuleList([*layer, head]).to(device)
-    x = torch.randn(shape.tokens, d, device=device, requires_grad=True)
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    layer = torch.nn.ModuleList([torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, i), torch.nn.Linear(i, d)])
+    head = torch.nn.ModuleList([torch.nn.Linear(d, vocab, bias=False)])
+    x = torch.randn(tokens, d, device=device, requires_grad=True)
+    seconds = {}
+    with _tf32(dtype == "tf32"):
+        for name, modules in (("layer", layer.to(device)), ("head", head.to(device))):
+            seconds[name] = _time_passes(modules, x, device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype))
+    scale = shape.tokens / tokens
+    return scale * (shape.layers * seconds["layer"] + seconds["head"] * shape.vocab / vocab)
+
+
+@contextmanager
+def _tf32(on: bool) -> Iterator[None]:
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = on
     try:
-        _pass(modules, x, device, autocast)  # warm-up: kernels chosen, memory allocated
-        start, runs = time.perf_counter(), 0
-        while runs < 2 or time.perf_counter() - start < PROBE_SECONDS:
-            _pass(modules, x, device, autocast)
-            runs += 1
-        layer_and_head = (time.perf_counter() - start) / runs
+        yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    head_share = _head_share(shape)
-    return layer_and_head * ((1 - head_share) * shape.layers + head_share)
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _head_share(shape: ProbeShape) -> float:
-    """The head's share of one probe pass's FLOPs: the layer part is then scaled to all layers."""
-    d, i = shape.hidden, shape.intermediate
-    layer = 3 * d * d + d * d + 2 * d * i
-    return shape.vocab * d / (layer + shape.vocab * d)
+def _small_matmul_seconds(device: torch.device, dtype: str) -> float:
+    a = torch.randn(256, 256, device=device)
+    b = torch.randn(256, 256, device=device)
+    cast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    a, b = a.to(cast), b.to(cast)
+    best = float("inf")
+    with _tf32(dtype == "tf32"):
+        for _ in range(5):
+            start = time.perf_counter()
+            a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    return max(best, 1e-9)
+
+
+def _time_passes(modules: torch.nn.ModuleList, x: torch.Tensor, device: torch.device, autocast: torch.dtype | None) -> float:
+    """Median seconds of one forward + backward pass (see _pass), after one warm-up pass."""
+    _pass(modules, x, device, autocast)  # warm-up: kernels chosen, memory allocated
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < PROBE_SECONDS and len(times) < 50):
+        begin = time.perf_counter()
+        _pass(modules, x, device, autocast)
+        times.append(time.perf_counter() - begin)
+    return sorted(times)[len(times) // 2]
 
 
 def _pass(modules: torch.nn.ModuleList, x: torch.Tensor, device: torch.device, autocast: torch.dtype | None) -> None:
-    qkv, dense, up, down, head = modules
+    """Forward + backward through one layer's linears (query_key_value, dense, the MLP pair) or the head."""
     with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-        h = qkv(x)[:, : x.shape[1]]
-        h = dense(h)
-        h = down(up(h))
-        out = head(h)
+        if len(modules) == 4:
+            qkv, dense, up, down = modules
+            out = down(up(dense(qkv(x)[:, : x.shape[1]])))
+        else:
+            out = modules[0](x)
     out.float().sum().backward()
     modules.zero_grad(set_to_none=True)
     x.grad = None

@@ -35,6 +35,7 @@ from .plot import plot_curves
 from .profiling import ProfilerCallback
 from .recipe_schema import Recipe
 from .results import build_results, summary
+from .speed import LEVER_KEYS
 from .run_record import Run
 from .step_metrics import MetricsOptions, StepMetrics
 from .tokenizer import load_tokenizer
@@ -45,19 +46,20 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks)."""
     launch = parallel.resolve_launch(recipe)
     shape = measure_model(recipe)
-    settings = training_arguments(recipe, launch, shape)
+    layout = RunLayout(Path(recipe.training.output_dir))
+    checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
+    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_speed())
     args = settings.args
-    layout = RunLayout(Path(args.output_dir))
-    checkpoints = CheckpointManager(layout, recipe, settings.keep_checkpoints)
     data = plan_data(recipe.data, args.seed)
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
     with args.main_process_first(desc="preparing the output directory"):
-        checkpoints.claim(args.process_index == 0)
+        levers = {key: value for key in LEVER_KEYS if (value := getattr(args, key)) is not None}
+        checkpoints.claim(args.process_index == 0, levers)
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
     resume = checkpoints.resume_point(settings.resume)
     if args.process_index == 0:
-        if settings.speed_choices:
-            print(f"hftrain: speed defaults: {'; '.join(settings.speed_choices)}", flush=True)
+        if settings.speed.reasons:
+            print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
         if resume is not None:
             print(f"hftrain: resuming from {resume}")
     if data.pretokenized is not None:
@@ -69,10 +71,11 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     trainer = build_trainer(recipe, launch, shape, settings, checkpoints, data, model, tokenizer, resume, callbacks)
     pusher = CheckpointPusher(recipe, args, settings.push_to_hub)
     checkpoints.on_publish.append(pusher.on_checkpoint)
+    known = {"parameters": shape.counts, "speed": settings.speed.to_json()}  # for results.json
     if resume is not None and step_of(resume) >= args.max_steps:
-        return already_finished(trainer, recipe, resume, shape, pusher)
+        return already_finished(trainer, recipe, resume, known, pusher)
     fit(trainer, resume)
-    return finish(trainer, recipe, shape, pusher)
+    return finish(trainer, recipe, known, pusher)
 
 
 def build_trainer(
@@ -125,7 +128,7 @@ def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
         )
 
 
-def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, shape: ModelShape, pusher: CheckpointPusher) -> Run:
+def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, known: dict[str, Any], pusher: CheckpointPusher) -> Run:
     """The checkpoint is at max_steps: nothing to train (the Trainer would still take one more step)."""
     from transformers.trainer_callback import TrainerState
 
@@ -136,11 +139,12 @@ def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, shap
         metrics = json.loads(layout.results.read_text(encoding="utf-8")) if layout.results.is_file() else {}
         return Run(recipe, layout.root, layout.final, trainer, metrics=metrics)
     trainer.options.checkpoints.load_weights(trainer.model, resume)
-    return finish(trainer, recipe, shape, pusher)
+    return finish(trainer, recipe, known, pusher)
 
 
-def finish(trainer: HftrainTrainer, recipe: Recipe, shape: ModelShape, pusher: CheckpointPusher) -> Run:
-    """Save the final model, evaluate it, write the results, plot and summary, and share it."""
+def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any], pusher: CheckpointPusher) -> Run:
+    """Save the final model, evaluate it, write the results, plot and summary, and share it. `known`: what
+    results.json records from the run's start (parameters, speed choices with their measurements)."""
     checkpoints = trainer.options.checkpoints
     layout = checkpoints.layout
     staged = checkpoints.stage_final(trainer)
@@ -149,7 +153,7 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, shape: ModelShape, pusher: C
     if not trainer.args.should_save:
         return run
     checkpoints.publish_final(staged, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
-    results = build_results(trainer.state.global_step, metrics, run.log_history, run_facts(trainer, shape))
+    results = build_results(trainer.state.global_step, metrics, run.log_history, {**run_facts(trainer), **known})
     if recipe.monitor.sample_max_new_tokens:
         run.sample = results["sample"] = sample(run.model, trainer.processing_class, recipe.monitor.sample_prompt,
                                                 recipe.monitor.sample_max_new_tokens)  # fmt: skip
@@ -164,7 +168,7 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, shape: ModelShape, pusher: C
     return run
 
 
-def run_facts(trainer: HftrainTrainer, shape: ModelShape) -> dict[str, Any]:
+def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
     """What results.json records about how the run ran, beyond its metrics."""
     loader = trainer.train_loader
     skipped = 0 if loader is None else sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
@@ -172,7 +176,6 @@ def run_facts(trainer: HftrainTrainer, shape: ModelShape) -> dict[str, Any]:
         **trainer.options.metrics.run_split(),
         "bf16": trainer.args.bf16,
         "torch_compile": trainer.args.torch_compile,
-        "parameters": shape.counts,
         **trainer.distribution,
         "data_records_skipped": skipped,
     }

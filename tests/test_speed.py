@@ -1,92 +1,145 @@
-"""Speed defaults: bf16 autocast and torch.compile are chosen per run where the recipe is silent, never over it."""
+"""Speed defaults: the autocast dtype and torch.compile are decided per run by measurement on the machine at
+hand (speed_probe.py measures, speed.py decides), never over the recipe, and kept by a resumed run."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import hftrain
-from hftrain import speed
-from hftrain.arguments import training_arguments
-from hftrain.model import measure_model
-from hftrain.parallel import Launch
+from hftrain import speed, speed_probe
+from hftrain.speed_probe import Measurement, ProbeShape
 
 from .support.checks import loss_records
+from .support.cli import ROOT
 from .support.data import tiny_recipe
 
-
-def args_for(monkeypatch, native_bf16: bool, preset: str = "cpu-medium", max_steps: int = 100, **sections):
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native_bf16)
-    sections.setdefault("model", {"preset": preset})
-    sections["training"] = {"max_steps": max_steps, "output_dir": "unused", **sections.get("training", {})}
-    settings = settings_for(hftrain.load_recipe(None, sections))
-    return settings.args, settings.speed_choices
-
-
-def settings_for(recipe):
-    return training_arguments(recipe, Launch("single", 1, 0, None), measure_model(recipe))
+CPU, GPU = torch.device("cpu"), torch.device("cuda")
+# Measurements of the machines this project has run on (matmul seconds per step, fp32 vs bf16 at one shape).
+HALF_SPEED_BF16 = Measurement({"fp32": 1.0, "bf16": 2.0}, "cpu")  # Xeon, AVX-512 BF16, no AMX: bf16 at half fp32
+AMX = Measurement({"fp32": 1.0, "bf16": 0.25}, "cpu")  # Xeon with AMX: bf16 at 4x fp32
+EMULATED = Measurement({"fp32": 1.0, "bf16": 50.0}, "cpu")  # EPYC without AVX-512: bf16 emulated, 50x slower
+SMALL_GAIN = Measurement({"fp32": 1.0, "bf16": 0.9}, "cpu")  # a small model: the casts eat the gain
 
 
-def test_bf16_on_a_cpu_with_native_bf16_where_it_was_measured_to_pay(monkeypatch):
-    args, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=50)  # hidden 384, eager: 1.44x
-    assert not args.torch_compile and args.bf16
-    assert "bf16=on (native bf16 CPU, 30.0M matmul parameters, hidden size 384)" in decisions
-    args, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=5000)  # compiled: 1.65x
-    assert args.torch_compile and args.bf16 and "bf16=on (native bf16 CPU, 30.0M matmul parameters, compiled)" in decisions
-    small = {"model": {"preset": "cpu-small"}, "data": {"seq_len": 64}, "training": {"per_device_train_batch_size": 12}}
-    args, decisions = args_for(monkeypatch, True, max_steps=2000, **small)  # the benchmark's small shape: 1.35x
-    assert args.torch_compile and args.bf16
-    args, decisions = args_for(monkeypatch, True, max_steps=200, **small)  # eager bf16 would be 0.88x
-    assert not args.torch_compile and not args.bf16 and "hidden size 128 < 256" in decisions[1]
-    args, decisions = args_for(monkeypatch, True, "cpu-tiny")  # GPT-2's 50k-token head: 3.3M
-    assert not args.bf16 and "3.3M matmul parameters < 4M" in decisions[1]
-    args, decisions = args_for(monkeypatch, False, "cpu-medium")
-    assert not args.bf16 and "no native bf16" in decisions[1]
-    quickstart = hftrain.load_recipe("recipes/quickstart.yaml")  # 1.3M: exact fp32, eager (a 2-minute run)
-    assert speed_line(monkeypatch, quickstart).startswith("torch_compile=off (a short run (~2 min eager)")
-    assert "bf16=off" in speed_line(monkeypatch, quickstart)
+def recipe_for(**training):
+    return hftrain.load_recipe(None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 100, "output_dir": "x", **training}})
 
 
-def speed_line(monkeypatch, recipe) -> str:
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
-    return "; ".join(settings_for(recipe).speed_choices)
+def test_the_dtype_follows_the_measurement_not_the_cpu_flags():
+    recipe = recipe_for()
+    assert speed.choose_dtype(recipe, HALF_SPEED_BF16, CPU)[0] == "fp32"
+    assert speed.choose_dtype(recipe, EMULATED, CPU)[0] == "fp32"
+    assert speed.choose_dtype(recipe, SMALL_GAIN, CPU)[0] == "fp32"
+    dtype, why = speed.choose_dtype(recipe, AMX, CPU)
+    assert dtype == "bf16" and why == "measured matmul speed vs fp32: bf16 4.00x"
+    assert "bf16 0.50x; none reaches 1.3x" in speed.choose_dtype(recipe, HALF_SPEED_BF16, CPU)[1]
 
 
-def test_the_recipe_always_wins(monkeypatch):
-    args, decisions = args_for(monkeypatch, True, "cpu-medium", training={"bf16": False, "torch_compile": False}, max_steps=10**6)
-    assert not args.bf16 and not args.torch_compile and decisions == []
-    args, decisions = args_for(monkeypatch, False, "cpu-tiny", training={"bf16": True})
-    assert args.bf16 and all(not d.startswith("bf16") for d in decisions)
-
-
-def test_compile_only_for_long_full_training_runs(monkeypatch):
-    short, _ = args_for(monkeypatch, True, "cpu-medium", max_steps=50)
-    long, decisions = args_for(monkeypatch, True, "cpu-medium", max_steps=20_000)
-    assert not short.torch_compile and long.torch_compile and "compile pays back" in decisions[0]
-    recipe = hftrain.load_recipe(None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 20_000, "output_dir": "x"}})
-    for strategy in ("fsdp", "zero3", "device_map"):
-        kwargs = {"max_steps": 20_000, "per_device_train_batch_size": 8}
-        speed.apply_defaults(recipe, kwargs, strategy, {"matmul_params": 30_000_000, "hidden_size": 384}, 1e14, torch.device("cpu"))
-        assert kwargs["torch_compile"] is False, strategy
-    lora = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}})
-    assert speed.choose_compile(lora, {}, "single", 10**6)[0] is False
-    assert speed.choose_compile(recipe, {"gradient_checkpointing": True}, "single", 10**6)[0] is False
+def test_gpu_dtypes_bf16_first_then_fp16_then_tf32():
+    recipe = recipe_for()
+    h100 = Measurement({"fp32": 1.0, "tf32": 0.4, "fp16": 0.12, "bf16": 0.12}, "cuda")
+    t4 = Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.2}, "cuda")  # no bf16, no tf32 cores
+    assert speed.choose_dtype(recipe, h100, GPU)[0] == "bf16"
+    assert speed.choose_dtype(recipe, t4, GPU)[0] == "fp16"
+    plan = speed.decide(recipe, {"max_steps": 100}, "single", h100, GPU, warm_compile=False)
+    assert plan.values == {"bf16": True, "fp16": False, "tf32": False, "torch_compile": False}
 
 
 def test_quantized_fine_tuning_keeps_its_compute_dtype():
     recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "qlora"}})
-    model = {"matmul_params": 10**9, "hidden_size": 4096}
-    assert speed.choose_bf16(recipe, model, False, torch.device("cpu")) == (False, "quantized fine-tuning uses its own compute dtype")
+    assert speed.choose_dtype(recipe, AMX, CPU) == ("fp32", "quantized fine-tuning uses its own compute dtype")
 
 
-def test_the_run_says_what_it_chose(make_recipe, capsys):
+def test_compile_when_its_saving_pays_the_warmup_back_twice():
+    recipe = recipe_for()
+    saving_needed = 2 * speed.COMPILE_WARMUP_S["cold"] / speed.COMPILE_SAVING
+    assert speed.choose_compile(recipe, {}, "single", 0.9 * saving_needed, warm=False)[0] is False
+    assert speed.choose_compile(recipe, {}, "single", 1.1 * saving_needed, warm=False)[0] is True
+    assert speed.choose_compile(recipe, {}, "single", 0.9 * saving_needed, warm=True)[0] is True  # a warm cache pays sooner
+    for strategy in ("fsdp", "zero3", "device_map"):
+        assert speed.choose_compile(recipe, {}, strategy, 10**6, warm=True)[0] is False
+    lora = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}})
+    assert speed.choose_compile(lora, {}, "single", 10**6, warm=True)[0] is False
+    assert speed.choose_compile(recipe, {"gradient_checkpointing": True}, "single", 10**6, warm=True)[0] is False
+    step = 1.0  # seconds of fp32 matmuls per step: a 10-step run stays eager, a 10,000-step one compiles
+    short = speed.decide(recipe_for(max_steps=10), {"max_steps": 10}, "single", Measurement({"fp32": step}, "cpu"), CPU, False)
+    long = speed.decide(recipe_for(), {"max_steps": 10_000}, "single", Measurement({"fp32": step}, "cpu"), CPU, False)
+    assert short.values["torch_compile"] is False and long.values["torch_compile"] is True
+
+
+def test_the_recipe_always_wins():
+    plan = speed.decide(recipe_for(bf16=False), {"max_steps": 10**6, "bf16": False, "torch_compile": False}, "single", AMX, CPU, True)
+    assert plan.values == {} and plan.reasons == []
+    plan = speed.decide(recipe_for(bf16=True), {"max_steps": 10, "bf16": True}, "single", HALF_SPEED_BF16, CPU, False)
+    assert "bf16" not in plan.values and list(plan.values) == ["torch_compile"]
+
+
+def test_the_probe_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path))
+    shape = ProbeShape(tokens=12 * 64, hidden=128, intermediate=512, vocab=50304, layers=4)
+    first = speed_probe.measure(shape, CPU)
+    assert set(first.seconds) == {"fp32", "bf16"} and not first.cached and all(v > 0 for v in first.seconds.values())
+    again = speed_probe.measure(shape, CPU)
+    assert again.cached and again.seconds == first.seconds
+    key = next(iter(json.loads((tmp_path / "speed.json").read_text())))
+    assert f"threads={torch.get_num_threads()}" in key and f"torch={torch.__version__}" in key and '"hidden": 128' in key
+    other = speed_probe.measure(ProbeShape(12 * 64, 64, 256, 512, 2), CPU)
+    assert not other.cached
+
+
+def test_the_run_says_what_it_chose_with_the_measurements(make_recipe, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     run = hftrain.train(make_recipe(max_steps=3, save_steps=100))
     out = capsys.readouterr().out
-    assert "hftrain: speed defaults: torch_compile=off (a short run" in out and "; bf16=off (" in out
+    assert "hftrain: speed defaults: " in out and "measured matmul speed vs fp32: bf16 " in out and "torch_compile=off (a short run" in out
     results = json.loads((run.output_dir / "results.json").read_text())
-    assert results["bf16"] is False and results["torch_compile"] is False
+    assert results["torch_compile"] is False and results["speed"]["values"]["torch_compile"] is False
+    assert set(results["speed"]["measured"]["matmul_seconds"]) == {"fp32", "bf16"}
+    assert results["bf16"] is results["speed"]["values"]["bf16"]
+
+
+def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corpus, capsys, monkeypatch, tmp_path):
+    """Exact resume needs the same precision and compile: a new measurement must not change them mid-run."""
+    monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(speed, "decide_here", lambda *a: speed.SpeedPlan({"bf16": False, "torch_compile": False}, ["fp32 (test)"]))
+    hftrain.train(make_recipe(max_steps=4, save_steps=2))
+    record = json.loads((tmp_path / "run" / "hftrain_run.json").read_text())
+    assert record["speed"] == {"bf16": False, "fp16": False, "torch_compile": False}
+
+    def would_switch(*args):  # this machine now measures bf16 as faster
+        return speed.SpeedPlan({"bf16": True, "torch_compile": False}, ["bf16 (test)"])
+
+    monkeypatch.setattr(speed, "decide_here", would_switch)
+    capsys.readouterr()
+    run = hftrain.train(make_recipe(max_steps=6, save_steps=2))
+    out = capsys.readouterr().out
+    assert "speed defaults: kept from the run's start: bf16=False" in out and run.trainer.args.bf16 is False
+    fresh = hftrain.train(hftrain.load_recipe(None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2)))
+    assert fresh.trainer.args.bf16 is True  # the check can fail: a new run does take the new measurement
+
+
+AGREE = """
+import json, os, sys
+from hftrain import parallel
+value = parallel.agree("probe", lambda: {"rank": int(os.environ["RANK"])})
+print(json.dumps(value))
+"""
+
+
+def test_every_process_gets_rank_0s_decision(tmp_path):
+    """Two DDP ranks deciding bf16 separately could disagree and train on, silently, in mixed precisions."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE, encoding="utf-8")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    values = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert values == [{"rank": 0}, {"rank": 0}]
 
 
 @pytest.mark.slow
