@@ -109,9 +109,14 @@ def after_accelerator(trainer: Any) -> None:
         return
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+    from accelerate import PartialState
+
     state = trainer.accelerator.state
     state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
     state.distributed_type = DistributedType.FSDP
+    # AcceleratorState copies the distributed type from PartialState whenever accelerate makes one again
+    # (preparing the optimizer and scheduler, syncing RNG state): switch it there too, or it reverts to MULTI_CPU
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     trainer.is_fsdp_enabled = True
 
 

@@ -252,11 +252,8 @@ def test_fsdp_qlora_check_rejects_unsharded_uint8_weights(runs):
         check_quantized(relabelled, "qlora", strategy="fsdp", world=2)
 
 
-# ------------------------------------------------------------------------------------------------ known gap
+# --------------------------------------------------------------------------- accelerate's state during training
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="cpu_compat.after_accelerator switches AcceleratorState to FSDP but not PartialState; "
-                   "accelerate's next AcceleratorState() (AcceleratedOptimizer, scheduler, RNG sync) copies MULTI_CPU back. "
-                   "Harmless so far (shards, checkpoints and losses are FSDP's); fix: also set PartialState._shared_state['distributed_type'].")  # fmt: skip
 def test_cpu_fsdp_rehearsal_keeps_accelerates_distributed_type_during_training(runs):
     observations, _ = runs.get("pretrain", "fsdp")
     assert [o["distributed_type_at_train_begin"] for o in observations] == ["FSDP", "FSDP"]
