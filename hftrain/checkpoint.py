@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,12 +51,22 @@ def step_of(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))["global_step"])
 
 
-def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
-    """Mark a fully written staging directory complete and move it into place atomically."""
+def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
+    """Mark a fully written staging directory complete and move it into place. A directory already there is
+    replaced only if hftrain wrote it (it holds the marker); it is moved aside first, so that a kill at any point
+    leaves either the old or the new one complete."""
     (staged / COMPLETE_MARKER).write_text(json.dumps(info, indent=2), encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staged, final)
+    if target.exists() and not (target / COMPLETE_MARKER).is_file():
+        raise HftrainError(
+            f"{target}: already exists and was not written by hftrain (no {COMPLETE_MARKER}), so it stays as it is. "
+            "Move it out of training.output_dir, then run the same command again to continue."
+        )
+    replaced = staged.parent / f"replaced-{target.name}"
+    if target.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(target, replaced)
+    os.replace(staged, target)
+    shutil.rmtree(replaced, ignore_errors=True)
     try:
         staged.parent.rmdir()  # only if no other save is in progress
     except OSError:
@@ -87,9 +98,17 @@ class CheckpointManager:
             return {}
 
     def claim(self, is_main: bool, speed: dict[str, bool]) -> None:
-        """Refuse an output_dir that holds a different run (model, tokenizer or data); record ours (with the
-        speed levers it runs with) otherwise, and remove what interrupted saves left behind."""
-        run_file, mine = self.layout.run_file, fingerprint(self.recipe)
+        """Refuse an output_dir that holds a different run (model, tokenizer or data) or a final/ hftrain did not
+        write; record ours (with the speed levers it runs with) otherwise, and remove what interrupted saves left
+        behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside first."""
+        run_file, mine, final = self.layout.run_file, fingerprint(self.recipe), self.layout.final
+        if final.exists() and not (final / COMPLETE_MARKER).is_file():
+            raise HftrainError(
+                f"training.output_dir: {final} was not written by hftrain (it has no {COMPLETE_MARKER}); this run would "
+                "replace it with its own final model. Move it elsewhere, or set training.output_dir to another directory."
+            )
+        if is_main and self._starts_over() and (self.complete() or final.is_dir()):
+            print(f"hftrain: training.resume_from_checkpoint=false: moved the earlier run to {self._move_aside()}", flush=True)
         if run_file.is_file():
             theirs = self._run_record().get("fingerprint", {})
             differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != mine[part]]
@@ -110,6 +129,22 @@ class CheckpointManager:
             for leftover in sorted(self.layout.staging.iterdir()):
                 print(f"hftrain: removed {leftover} (an interrupted save)")
             shutil.rmtree(self.layout.staging, ignore_errors=True)
+
+    def _starts_over(self) -> bool:
+        return self.recipe.training_kwargs().get("resume_from_checkpoint") in (False, "false", "False")
+
+    def _move_aside(self) -> Path:
+        """The earlier run's own files (complete checkpoints, final/, logs, results, its tokenizer) into
+        previous-<UTC time>/; anything hftrain did not write stays where it is."""
+        layout = self.layout
+        aside = layout.root / time.strftime("previous-%Y%m%dT%H%M%SZ", time.gmtime())
+        aside.mkdir()
+        own = [*self.complete(), layout.final, layout.metrics, layout.results, layout.plot, layout.report,
+               layout.profile, layout.tokenizer, layout.run_file]  # fmt: skip
+        for path in own:
+            if path.exists():
+                os.replace(path, aside / path.name)
+        return aside
 
     def complete(self) -> list[Path]:
         return complete_checkpoints(self.layout.root)
@@ -190,8 +225,10 @@ class CheckpointManager:
         if not self.keep or self.keep <= 0:
             return
         for old in self.complete()[: -self.keep]:
-            (old / COMPLETE_MARKER).unlink(missing_ok=True)  # never leave a half-deleted "complete" checkpoint
-            shutil.rmtree(old, ignore_errors=True)
+            doomed = self.layout.staged(f"rotated-{old.name}")  # a kill mid-delete leaves it in staging, removed at start
+            doomed.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def stage_final(self, trainer: Any) -> Path:
         """Write the final model as one standard HF directory into staging (every process takes part in

@@ -200,5 +200,6 @@ def measure_model(recipe: Recipe) -> ModelShape:
     """Size and training FLOPs per token of the recipe's model: for the speed defaults, MFU and `hftrain plan`."""
     size, is_new = tokenizer_size_estimate(recipe)
     model = meta_model(recipe, size, is_new)
+    check_context(recipe, model.config)  # `hftrain plan` refuses what `hftrain train` refuses
     counts = parameter_counts(model)
     return ModelShape(model, counts, flops_per_token(counts, model.config, recipe.data.seq_len))

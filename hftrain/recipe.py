@@ -57,26 +57,27 @@ def load_recipe(
     are per-section dicts (``training={"max_steps": 50}``), the notebook form. Raises HftrainError.
     """
     source = str(path) if path else "<defaults>"
-    raw: dict[str, Any] = {"training": dict(TRAINING_DEFAULTS)}
-    stem = Path(path).stem if path else "run"
-    raw["training"]["output_dir"] = f"runs/{stem}"
-    if path is not None:
-        _deep_merge(raw, read_recipe_file(Path(path)))
+    user: dict[str, Any] = read_recipe_file(Path(path)) if path is not None else {}
     if isinstance(overrides, Mapping):
-        _deep_merge(raw, copy.deepcopy(dict(overrides)))
+        _deep_merge(user, copy.deepcopy(dict(overrides)))
     elif overrides:
-        _deep_merge(raw, parse_overrides(overrides))
+        apply_overrides(user, overrides)
     if sections:
-        _deep_merge(raw, copy.deepcopy(sections))
-    return validate_recipe(raw, source)
+        _deep_merge(user, copy.deepcopy(sections))
+    stem = Path(path).stem if path else "run"
+    raw: dict[str, Any] = {"training": {**TRAINING_DEFAULTS, "output_dir": f"runs/{stem}"}}
+    return validate_recipe(_deep_merge(raw, user), source)
 
 
 def read_recipe_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise HftrainError(f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml).")
-    text = path.read_text(encoding="utf-8")
     try:
-        data = load_yaml(text)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise HftrainError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8.") from None
+    try:
+        data = load_yaml(text, strict=True)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -97,7 +98,14 @@ def read_recipe_file(path: Path) -> dict[str, Any]:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["training.max_steps=50", "data.seq_len=128"]`` -> nested dict, values typed as YAML."""
-    tree: dict[str, Any] = {}
+    return apply_overrides({}, items)
+
+
+def apply_overrides(tree: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides to `tree`, left to right: the value (typed as YAML) replaces what
+    stands at that key, whole (``data.train={path: x}`` replaces the recipe's data.train, it is not merged into
+    it); a dotted key changes one field, so ``data.train.seq_len=...`` after ``data.train={...}`` edits the new
+    value. A later override of the same key wins."""
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
@@ -106,12 +114,18 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = load_yaml(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise HftrainError(f"override {item!r}: {part} is given both as a value and as a section")
+        node, parts = tree, key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise HftrainError(
+                    f"override {item!r}: {where} is a {type(child).__name__} here, not a section with keys; "
+                    f"give it whole ({where}=...) instead of one of its keys"
+                )
+            node = child
         node[parts[-1]] = value
     return tree
 

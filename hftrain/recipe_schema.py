@@ -13,13 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .presets import PRESETS
-from .recipe_training import TrainingSection
+from .recipe_training import TrainingSection, bool_is_not_a_number
 
 
 class Section(BaseModel):
     """Base of every recipe section: unknown keys are errors, docstrings are field docs."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    _no_bool_for_number = field_validator("*", mode="before")(bool_is_not_a_number)
 
 
 # ----------------------------------------------------------------------------------------------- model

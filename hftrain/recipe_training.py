@@ -33,7 +33,8 @@ def _training_section() -> type[BaseModel]:
         "TrainingSection",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),
         __doc__="Hugging Face TrainingArguments, with their own names and meanings.",
-        __validators__={"_no_token": field_validator("hub_token")(_no_token_in_recipes)},
+        __validators__={"_no_token": field_validator("hub_token")(_no_token_in_recipes),
+                        "_no_bool_for_number": field_validator("*", mode="before")(bool_is_not_a_number)},
         **fields,
     )
 
@@ -43,6 +44,25 @@ def _no_token_in_recipes(value: Any) -> Any:
         raise ValueError(
             "tokens never go in a recipe (it is saved with every checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
         )
+    return value
+
+
+
+def _admits(annotation: Any, kind: type) -> bool:
+    """Whether a field annotation (Optional[...], unions, Literal[...]) accepts values of `kind`."""
+    if annotation is kind or annotation is Any:
+        return True
+    if typing.get_origin(annotation) is typing.Literal:
+        return any(isinstance(v, kind) for v in typing.get_args(annotation))
+    return any(_admits(arg, kind) for arg in typing.get_args(annotation))
+
+
+def bool_is_not_a_number(cls: type[BaseModel], value: Any, info: Any) -> Any:
+    """`true` for a number field is a mistake (pydantic would read it as 1: `max_steps: true` trained 1 step)."""
+    if isinstance(value, bool) and info.field_name in cls.model_fields:
+        annotation = cls.model_fields[info.field_name].annotation
+        if not _admits(annotation, bool) and (_admits(annotation, int) or _admits(annotation, float)):
+            raise ValueError(f"{str(value).lower()} is not a number; give a number here")
     return value
 
 

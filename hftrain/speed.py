@@ -13,9 +13,11 @@ it the measurements of any machine):
   0.5x on AVX-512 BF16 without AMX and much less without any bf16 instructions (fp32 kept).
 * torch.compile fuses the small operations around the matmuls; it costs a compile at start (COMPILE_WARMUP_S:
   cold, or warm when this machine already compiled this shape). The run's eager time is estimated from the
-  measured matmul time (MATMUL_SHARE of a step); compile is chosen when its expected saving (COMPILE_SAVING of
-  the eager time) pays the warm-up back at least twice, and only where it is routinely used: full training,
-  one process or DDP, no gradient checkpointing.
+  measured matmul time (MATMUL_SHARE of a step); compile is chosen when its expected saving (COMPILE_SAVING, by
+  device and dtype, from the benchmark) pays the warm-up back at least twice, and only where it is routinely
+  used: full training, one process or DDP, no gradient checkpointing. On CPUs in fp32 it saves nothing: 1.06x
+  on an AMX Xeon, 0.86-0.96x on an EPYC without AVX-512 (benchmarks/throughput.py, medium and large shapes);
+  with bf16 it fuses the casts around the matmuls (bf16 eager 0.88x, bf16 + compile 1.35x on the AMX Xeon).
 * DDP without ``find_unused_parameters``: the Trainer turns it on for any model without gradient
   checkpointing, which costs an extra pass over the autograd graph every step (and a warning). Every
   GPT-NeoX parameter that requires a gradient gets one at every step, full training or adapters alike.
@@ -34,7 +36,9 @@ from .speed_probe import Measurement, ProbeShape, compile_is_warm, mark_compiled
 
 DTYPE_MIN_SPEEDUP = 1.3  # measured matmul speedup a dtype needs over fp32
 MATMUL_SHARE = 0.6  # share of an eager fp32 step spent in the matmuls (profiled: 51-60% on CPU)
-COMPILE_SAVING = 0.15  # share of the eager step time torch.compile saves (measured 1.06-1.35x)
+# share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
+COMPILE_SAVING = {("cpu", "fp32"): 0.0, ("cpu", "bf16"): 0.3, ("cuda", "fp32"): 0.15, ("cuda", "tf32"): 0.15,
+                  ("cuda", "bf16"): 0.15, ("cuda", "fp16"): 0.15}  # fmt: skip
 COMPILE_WARMUP_S = {"cold": 90.0, "warm": 20.0}  # compile time at start (CPU, 2 cores; GPUs are faster)
 PRECISION_KEYS = ("bf16", "fp16", "tf32")
 LEVER_KEYS = (*PRECISION_KEYS, "torch_compile")
@@ -72,15 +76,18 @@ def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.dev
     return best, f"measured matmul speed vs fp32: {speeds}"
 
 
-def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool) -> tuple[bool, str]:
+def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool,
+                   saving_share: float) -> tuple[bool, str]:  # fmt: skip
     if recipe.finetune.method != "full":
         return False, "adapters: compile rarely pays for the small trainable part"
     if strategy not in ("single", "ddp"):
         return False, f"not with {strategy}"
     if kwargs.get("gradient_checkpointing"):
         return False, "not with gradient checkpointing"
+    if saving_share <= 0:
+        return False, "it was measured to save nothing for this device and precision"
     warmup = COMPILE_WARMUP_S["warm" if warm else "cold"]
-    saving = eager_seconds * COMPILE_SAVING
+    saving = eager_seconds * saving_share
     about = f"~{eager_seconds / 60:.0f} min eager, saves ~{saving:.0f} s against a ~{warmup:.0f} s {'warm' if warm else 'cold'} compile"
     if saving < 2 * warmup:
         return False, f"a short run ({about}): the compile would not pay back"
@@ -98,8 +105,10 @@ def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Meas
         plan.values.update({key: dtype == key for key in PRECISION_KEYS if key in dtype_keys(device)})
         plan.reasons.append(f"{dtype if dtype != 'fp32' else 'fp32 (no autocast)'} ({why})")
     if "torch_compile" not in kwargs:
+        dtype = next((key for key in ("bf16", "fp16", "tf32") if kwargs.get(key)), dtype)  # the recipe's own, if set
         step = measured.seconds.get(dtype, measured.seconds["fp32"]) / MATMUL_SHARE if measured else float("inf")
-        on, why = choose_compile(recipe, kwargs, strategy, kwargs["max_steps"] * step, warm_compile)
+        share = COMPILE_SAVING.get((device.type, dtype), 0.0)
+        on, why = choose_compile(recipe, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share)
         plan.values["torch_compile"] = on
         plan.reasons.append(f"torch_compile={'on' if on else 'off'} ({why})")
     return plan

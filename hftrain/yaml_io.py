@@ -1,8 +1,10 @@
-"""YAML reading with the scalar rules users expect (YAML 1.2's, not PyYAML's YAML 1.1).
+"""YAML reading with the scalar rules users expect (YAML 1.2's, not PyYAML's YAML 1.1), and without its traps.
 
 PyYAML follows YAML 1.1, where ``3e-4`` is a *string* (a float needs a dot) and ``no``/``yes``/``on``/``off``
 are booleans. Recipes are full of learning rates written ``3e-4`` and of TrainingArguments values such as
 ``save_strategy: no``, so the loader reads ``3e-4`` as a float and only ``true``/``false`` as booleans.
+A recipe file may not repeat a key (PyYAML keeps the last one silently), and aliases may not expand it past
+MAX_EXPANDED_VALUES values (a "billion laughs" file is a few lines that expand to gigabytes).
 """
 
 from __future__ import annotations
@@ -40,8 +42,41 @@ RecipeLoader.add_implicit_resolver(
 )
 
 
-def load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=RecipeLoader)  # noqa: S506 - RecipeLoader is a SafeLoader
+class StrictRecipeLoader(RecipeLoader):
+    """RecipeLoader that refuses a key given twice in one mapping (recipe files; overrides may repeat keys)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {seen[key].line + 1}); keep one of them",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_EXPANDED_VALUES = 100_000
+
+
+def load_yaml(text: str, strict: bool = False) -> Any:
+    data = yaml.load(text, Loader=StrictRecipeLoader if strict else RecipeLoader)  # noqa: S506 - SafeLoader subclasses
+    if expanded_size(data, {}) > MAX_EXPANDED_VALUES:
+        raise yaml.YAMLError(f"aliases expand it to more than {MAX_EXPANDED_VALUES:,} values; write the values out")
+    return data
+
+
+def expanded_size(data: Any, memo: dict[int, int]) -> int:
+    """How many values `data` holds once every alias is expanded (shared objects counted each time they appear),
+    computed in time linear in the file: sizes of shared objects are remembered."""
+    if not isinstance(data, (dict, list)):
+        return 1
+    if id(data) not in memo:
+        children = list(data.keys()) + list(data.values()) if isinstance(data, dict) else data
+        memo[id(data)] = 1 + sum(expanded_size(child, memo) for child in children)
+    return memo[id(data)]
 
 
 def dump_yaml(data: Any) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hftrain.layout import RunLayout
 from .support.checks import loss_records
 from .support.cli import ROOT, run_cli
 from .support.data import tiny_recipe
@@ -32,11 +33,11 @@ def test_train_prints_the_summary_and_writes_outputs(tmp_path, corpus):
     assert f"final checkpoint: {tmp_path / 'run' / 'final'}" in out
     assert "validation loss" in out and "perplexity" in out and "sample: 'The " in out
     run = tmp_path / "run"
-    assert (run / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert RunLayout(run).plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run.rglob("events.out.tfevents.*")), "TensorBoard logs"
     state = json.loads((run / "checkpoint-10" / "trainer_state.json").read_text())
     assert [e["step"] for e in loss_records(state["log_history"])] == [4, 8]  # overrides took effect
-    assert json.loads((run / "results.json").read_text())["step"] == 12
+    assert json.loads(RunLayout(run).results.read_text())["step"] == 12
 
 
 def test_bad_recipe_exits_2_with_one_message(tmp_path, corpus):
@@ -91,9 +92,9 @@ def test_quickstart_as_shipped(tmp_path):
     run = tmp_path / "runs" / "quickstart"
     history = json.loads((run / "checkpoint-600" / "trainer_state.json").read_text())["log_history"]
     first = next(e["loss"] for e in loss_records(history))
-    results = json.loads((run / "results.json").read_text())
+    results = json.loads(RunLayout(run).results.read_text())
     assert results["step"] == 600
     assert first > 7.5 and results["eval_loss"] < first - 2.5, (first, results["eval_loss"])
     assert "final checkpoint: runs/quickstart/final" in result.stdout
-    assert (run / "training_curves.png").is_file() and results["sample"].startswith("Return the ")
+    assert RunLayout(run).plot.is_file() and results["sample"].startswith("Return the ")
     assert "it/s" in result.stderr  # the progress bar

@@ -20,6 +20,7 @@ from hftrain import layout
 from hftrain import parallel
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
+from hftrain.layout import RunLayout
 
 from .support.checks import assert_resumed_matches, copy_checkpoint, metrics_losses, train_log
 from .support.cli import EXPECTED_TYPE, ROOT, launch, run_cli
@@ -42,7 +43,7 @@ def test_backend_trains_resumes_and_exports(tiny_yaml, tmp_path, backend):
     settings = ("training.max_steps=6", "training.save_steps=3", "training.logging_steps=1")
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
     launch(tiny_yaml, backend, straight_dir, *settings)
-    results = json.loads((straight_dir / "results.json").read_text())
+    results = json.loads(RunLayout(straight_dir).results.read_text())
     assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)
     for rank in (0, 1):
         assert (straight_dir / "checkpoint-3" / layout.data_state_file(rank)).is_file()

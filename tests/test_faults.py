@@ -29,7 +29,7 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
 
     interrupted = tmp_path / "interrupted"
     proc = subprocess.Popen([*cmd, f"training.output_dir={interrupted}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = interrupted / "metrics.jsonl"
+    metrics = RunLayout(interrupted).metrics
     deadline = time.time() + 300
     while (not metrics.exists() or len(metrics.read_text().splitlines()) < 10) and time.time() < deadline:
         time.sleep(0.02)
@@ -39,7 +39,7 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     saved = ckpt.latest_checkpoint(interrupted)
     step = int(saved.name.split("-")[1])
     assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
-    assert 10 <= step < 120 and not (interrupted / "final").exists()
+    assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
 
     again = subprocess.run([*cmd, f"training.output_dir={interrupted}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -77,7 +77,7 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     killed_at = random.Random().randint(k + 1, 60)  # the test picks the step
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for_step(run_dir / "metrics.jsonl", killed_at, proc)
+    _wait_for_step(RunLayout(run_dir).metrics, killed_at, proc)
     proc.kill()  # SIGKILL: no handler runs
     proc.wait()
     survivor = ckpt.latest_checkpoint(run_dir)
@@ -204,13 +204,13 @@ def test_max_restarts_resumes_after_a_crash(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "hftrain", "train", str(recipe), "--max-restarts", "2",
                              f"training.output_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    _wait_for_step(run_dir / "metrics.jsonl", 25, proc)
+    _wait_for_step(RunLayout(run_dir).metrics, 25, proc)
     for child in psutil.Process(proc.pid).children(recursive=True):
         child.kill()  # the training process dies; its supervisor stays
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert "training died (signal SIGKILL); restart 1 of 2, resuming from the last complete checkpoint" in err
-    assert json.loads((run_dir / "results.json").read_text())["step"] == 60
+    assert json.loads(RunLayout(run_dir).results.read_text())["step"] == 60
 
 
 @pytest.mark.slow
@@ -232,7 +232,7 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    _wait_for_step(run_dir / "metrics.jsonl", random.Random().randint(7, 30), proc)
+    _wait_for_step(RunLayout(run_dir).metrics, random.Random().randint(7, 30), proc)
     import psutil
 
     family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -242,7 +242,7 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
         except ProcessLookupError:
             pass
     proc.wait()
-    assert not (run_dir / "final").exists()
+    assert not RunLayout(run_dir).final.exists()
     survivor = ckpt.latest_checkpoint(run_dir)
     assert survivor is not None
     again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)

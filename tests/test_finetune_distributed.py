@@ -14,6 +14,7 @@ import yaml
 from hftrain import finetune
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
+from hftrain.layout import RunLayout
 
 from .support.checks import loss_records, read_metrics
 from .support.cli import EXPECTED_TYPE, launch, run_cli
@@ -34,7 +35,7 @@ def recipe_file(base, tmp_path, method, **training):
 def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend):
     out = tmp_path / "out"
     launch(recipe_file(pretrained_run.final_dir, tmp_path, method), backend, out)
-    results = json.loads((out / "results.json").read_text())
+    results = json.loads(RunLayout(out).results.read_text())
     assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)  # really distributed
 
     log = read_metrics(out)
@@ -43,13 +44,13 @@ def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend)
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     assert results["eval_loss"] < evals[0]  # held-out answer loss falls from the base model's
 
-    adapter = safetensors.torch.load_file(out / "final" / "adapter" / "adapter_model.safetensors")
+    adapter = safetensors.torch.load_file(RunLayout(out).final / "adapter" / "adapter_model.safetensors")
     lora_b = [t for k, t in adapter.items() if "lora_B" in k]
     assert lora_b and all(t.ndim == 2 and t.abs().sum() > 0 for t in lora_b)  # gathered whole, and trained (B starts at 0)
 
     from transformers import AutoModelForCausalLM
 
-    merged = AutoModelForCausalLM.from_pretrained(out / "final").eval()  # the merged standard model
+    merged = AutoModelForCausalLM.from_pretrainedRunLayout(out).final.eval()  # the merged standard model
     base = AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir).eval()
     ids = torch.arange(1, 20).unsqueeze(0)
     with torch.no_grad():

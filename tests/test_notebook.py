@@ -10,6 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from hftrain.layout import RunLayout
 from .support.cli import ROOT
 from .support.data import tiny_recipe
 
@@ -27,7 +28,7 @@ def test_finetune_lora_notebook_runs_top_to_bottom(tmp_path):
     assert any("image/png" in o.get("data", {}) for o in outputs), "run.plot() shows the curves inline"
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "before:" in text and "after: " in text and "held-out loss by step:" in text
-    evals = json.loads((tmp_path / "runs" / "notebook-lora" / "results.json").read_text())
+    evals = json.loads(RunLayout(tmp_path / "runs" / "notebook-lora").results.read_text())
     assert evals["step"] == 60
     assert (tmp_path / "runs" / "notebook-export" / "model.safetensors").is_file()
 
@@ -55,5 +56,5 @@ def test_notebook_launcher_trains_on_two_processes(tmp_path, corpus):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    info = json.loads((tmp_path / "run" / "results.json").read_text())
+    info = json.loads(RunLayout(tmp_path / "run").results.read_text())
     assert (info["distributed_type"], info["world_size"]) == ("MULTI_CPU", 2)

@@ -11,6 +11,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 import hftrain
 from hftrain.errors import HftrainError
+from hftrain.layout import RunLayout
 
 from .support.checks import read_metrics, train_log
 from .support.cli import ROOT
@@ -31,7 +32,7 @@ def test_log_lines_say_where_the_step_time_went(make_recipe, tmp_path):
         assert 0.6 < sum(split) <= 1.0, rec
         assert rec["tokens_per_s_per_device"] == rec["tokens_per_s"]  # one process
         assert 0.05 < rec["peak_mem_gb"] < 20
-    results = json.loads((run.output_dir / "results.json").read_text())
+    results = json.loads(RunLayout(run.output_dir).results.read_text())
     assert results["input_bound"] is False and 0 <= results["data_wait_frac"] < 0.2
     assert results["forward_frac"] > 0 and results["backward_frac"] > results["forward_frac"] / 2
 
@@ -68,7 +69,7 @@ def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, ca
     out = capsys.readouterr().out
     assert "hftrain: warning: input-bound:" in out  # live, during training
     assert "training.dataloader_num_workers (now 0)" in out and "hftrain data prepare" in out
-    results = json.loads((run.output_dir / "results.json").read_text())
+    results = json.loads(RunLayout(run.output_dir).results.read_text())
     assert results["input_bound"] is True and results["data_wait_frac"] > 0.5
     summary = out[out.index("final checkpoint:"):]
     assert "input-bound:" in summary  # and again in the end-of-run summary
@@ -107,7 +108,7 @@ def test_eval_steps_report_perplexity_bits_per_byte_and_tasks(make_recipe, tmp_p
         assert 0 <= rec["eval_local_lambada_last_word_accuracy"] <= 1
         assert rec["eval_lambada_text_bits_per_byte"] > 0
     assert evals[-1]["eval_bits_per_byte"] < evals[0]["eval_bits_per_byte"]  # learning shows in bits per byte too
-    results = json.loads((run.output_dir / "results.json").read_text())
+    results = json.loads(RunLayout(run.output_dir).results.read_text())
     assert "eval_lambada_text_bits_per_byte" in results and "eval_runtime" not in results
 
 

@@ -16,6 +16,7 @@ import pytest
 from hftrain.errors import HftrainError
 from hftrain.commands.report import add_parser, run
 from hftrain.report import write_report
+from hftrain.layout import RunLayout
 
 from .support.checks import read_metrics
 
@@ -48,7 +49,7 @@ def report(pretrained_run) -> Path:
 
 def test_report_is_self_contained_with_charts_sample_and_recipe(report: Path, pretrained_run) -> None:
     run_dir = Path(pretrained_run.output_dir)
-    assert report == run_dir / "report.html"
+    assert report == RunLayout(run_dir).report
     page = report.read_text(encoding="utf-8")
     assert "<script" not in page.lower() and "@import" not in page
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I), "a reference to an external resource"
@@ -63,9 +64,9 @@ def test_report_is_self_contained_with_charts_sample_and_recipe(report: Path, pr
     # Training logs the data-wait fraction: its chart is there too.
     assert "chart-data-wait" in tags and png_of(tags["chart-data-wait"]).startswith(PNG_SIGNATURE)
 
-    results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+    results = json.loads(RunLayout(run_dir).results.read_text(encoding="utf-8"))
     assert results["sample"] and html.escape(results["sample"]) in page
-    recipe = (run_dir / "final" / "hftrain_recipe.yaml").read_text(encoding="utf-8")
+    recipe = RunLayout(run_dir).final_recipe().read_text(encoding="utf-8")
     assert f'<pre id="recipe">{html.escape(recipe)}</pre>' in page
     assert f"{results['eval_loss']:,.4g}" in page and "world size" in page
     assert "step time: forward (%)" in page and "input-bound" in page and "eval bits per byte" in page
@@ -74,15 +75,15 @@ def test_report_is_self_contained_with_charts_sample_and_recipe(report: Path, pr
 def test_report_escapes_text_and_shows_evals_and_data_wait(pretrained_run, tmp_path: Path) -> None:
     src = Path(pretrained_run.output_dir)
     run_dir = tmp_path / "run"
-    (run_dir / "final").mkdir(parents=True)
+    RunLayout(run_dir).final.mkdir(parents=True)
     evil = '<script>alert("x")</script> & <b>'
     lines = read_metrics(src)
     lines = [{**rec, "data_wait_frac": 0.1 + 0.01 * rec["step"]} if "loss" in rec else rec for rec in lines]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines) + '{"step": 9', encoding="utf-8")
-    results = json.loads((src / "results.json").read_text(encoding="utf-8"))
-    (run_dir / "results.json").write_text(json.dumps({**results, "sample": evil}), encoding="utf-8")
-    recipe = (src / "final" / "hftrain_recipe.yaml").read_text(encoding="utf-8") + f"# {evil}\n"
-    (run_dir / "final" / "hftrain_recipe.yaml").write_text(recipe, encoding="utf-8")
+    RunLayout(run_dir).metrics.write_text("".join(json.dumps(rec) + "\n" for rec in lines) + '{"step": 9', encoding="utf-8")
+    results = json.loads(RunLayout(src).results.read_text(encoding="utf-8"))
+    RunLayout(run_dir).results.write_text(json.dumps({**results, "sample": evil}), encoding="utf-8")
+    recipe = RunLayout(src).final_recipe().read_text(encoding="utf-8") + f"# {evil}\n"
+    RunLayout(run_dir).final_recipe().write_text(recipe, encoding="utf-8")
     (run_dir / "eval_heldout.json").write_text(json.dumps({"model_dir": "final", "results": {"perplexity": 12.5, "bits_per_byte": 1.25}}))
 
     out = tmp_path / "elsewhere" / "r.html"

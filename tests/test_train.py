@@ -34,7 +34,7 @@ def test_loss_falls_and_outputs_are_written(pretrained_run):
     train_lines = train_log(out)
     assert {"tokens_seen", "tokens_per_s", "mfu", "grad_norm", "learning_rate"} <= set(train_lines[-1])
     assert train_lines[-1]["tokens_seen"] == 30 * 8 * 32
-    results = json.loads((out / "results.json").read_text())
+    results = json.loads(RunLayout(out).results.read_text())
     assert results["eval_loss"] == pytest.approx(run.metrics["eval_loss"])
     assert run.sample.startswith("The ")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from hftrain.layout import RunLayout
 from ..support.cli import ROOT
 
 REPORT_ENV = "GPU_REPORT_DIR"
@@ -61,11 +62,11 @@ def shipped_recipe(name: str, output_dir: Path, **training: Any) -> dict[str, An
 
 
 def results(out: Path) -> dict[str, Any]:
-    return json.loads((out / "results.json").read_text())
+    return json.loads(RunLayout(out).results.read_text())
 
 
 def logged(out: Path, key: str = "loss") -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in RunLayout(out).metrics.read_text().splitlines()]
     return {r["step"]: r[key] for r in rows if key in r}
 
 
@@ -74,7 +75,7 @@ def flops_per_token(out: Path, seq_len: int) -> float:
 
     from hftrain.model import flops_per_token as per_token
 
-    return per_token(results(out)["parameters"], AutoConfig.from_pretrained(out / "final"), seq_len)
+    return per_token(results(out)["parameters"], AutoConfig.from_pretrainedRunLayout(out).final, seq_len)
 
 
 def gpu_count() -> int:

@@ -1,0 +1,109 @@
+"""The second bad-input pass: mistakes new users make, each with its own message (exit 2, no traceback), and
+nothing lost: a folder hftrain did not write stays byte-identical, "start over" never mixes two runs.
+
+Cases run in-process through the CLI's own entry point (`hftrain.cli.main`): an exception other than hftrain's
+one-line error would escape it and fail the test, as a traceback would in a terminal."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hftrain
+from hftrain.cli import main
+from hftrain.layout import RunLayout
+
+from .support.data import make_documents, tiny_recipe, write_jsonl
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.err + captured.out
+
+
+@pytest.fixture
+def recipe_file(tmp_path: Path) -> Path:
+    data = write_jsonl(tmp_path / "good.jsonl", make_documents(300))
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe(data, tmp_path / "run", max_steps=4, save_steps=2)), encoding="utf-8")
+    return path
+
+
+# (name, file text replacing the recipe or None, overrides, command, expected message)
+CASES = [
+    ("number given as true", None, ["training.max_steps=true"], "plan", "training.max_steps: true is not a number; give a number here"),
+    ("duplicate key", "model: {preset: cpu-tiny}\ntraining:\n  max_steps: 5\n  max_steps: 50\n", [], "plan",
+     "line 4, column 3: not valid YAML (duplicate key 'max_steps' (first given on line 3); keep one of them)"),
+    ("alias bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n", [], "plan",
+     "not valid YAML (aliases expand it to more than 100,000 values; write the values out)"),
+    ("non-UTF-8 recipe", b"model: {preset: cpu-tiny}\n# caf\xe9\n", [], "plan", "not UTF-8 text (byte 31); save the recipe as UTF-8"),
+    ("plan: seq_len past the context", None, ["data.seq_len=4096"], "plan",
+     "data.seq_len: 4096 is longer than the model's context (max_position_embeddings = 512)"),
+    ("key of a list", None, ["data.train=[{path: a.jsonl}]", "data.train.path=b.jsonl"], "plan",
+     "data.train is a list here, not a section with keys; give it whole (data.train=...)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, text, overrides, command, expected", CASES, ids=[c[0] for c in CASES])
+def test_mistake_gets_its_message(capsys, recipe_file, name, text, overrides, command, expected):
+    if text is not None:
+        (recipe_file.write_bytes if isinstance(text, bytes) else recipe_file.write_text)(text)
+    code, printed = cli(capsys, command, str(recipe_file), *overrides)
+    assert code == 2 and expected in printed, printed
+    assert "Traceback" not in printed
+
+
+def test_a_whole_value_replaces_and_a_dotted_key_edits(recipe_file):
+    """The README's S3 example gave "exactly one of path, dataset, builtin" when data.train={...} was merged."""
+    quick = hftrain.load_recipe("recipes/quickstart.yaml", ['data.train={path: "s3://corpus/*.jsonl.gz"}'])
+    assert [s.path for s in quick.data.train] == ["s3://corpus/*.jsonl.gz"] and quick.data.train[0].builtin is None
+    later = hftrain.load_recipe(recipe_file, ["data.train={path: a.jsonl, text_field: body}", "data.train.path=b.jsonl"])
+    assert (later.data.train[0].path, later.data.train[0].text_field) == ("b.jsonl", "body")  # the new value, edited
+    twice = hftrain.load_recipe(recipe_file, ["training.max_steps=5", "training.max_steps=7"])
+    assert twice.training.max_steps == 7  # left to right, the later one wins
+    section = hftrain.load_recipe(recipe_file, ["training={max_steps: 9}"])
+    assert section.training.max_steps == 9 and section.training.learning_rate == 6e-4  # hftrain's defaults stay below
+
+
+def test_a_final_folder_hftrain_did_not_write_is_refused_and_untouched(capsys, recipe_file, tmp_path):
+    final = RunLayout(tmp_path / "run").final
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"the user's own model")
+    before = tree_digest(final)
+    code, printed = cli(capsys, "train", str(recipe_file))
+    assert code == 2 and f"training.output_dir: {final} was not written by hftrain" in printed
+    assert tree_digest(final) == before
+
+
+def test_start_over_moves_the_earlier_run_aside_and_never_mixes_them(capsys, recipe_file, tmp_path):
+    """resume_from_checkpoint=false used to leave the old checkpoints beside the new ones: rotation then deleted
+    the new run's, the next start resumed the old one, and the old weights became the new final model."""
+    run_dir = tmp_path / "run"
+    assert cli(capsys, "train", str(recipe_file))[0] == 0
+    earlier = tree_digest(run_dir)
+    code, printed = cli(capsys, "train", str(recipe_file), "training.resume_from_checkpoint=false", "training.max_steps=6")
+    assert code == 0 and "moved the earlier run to" in printed
+    (aside,) = run_dir.glob("previous-*")
+    assert tree_digest(aside) == earlier  # every file of the earlier run, byte for byte
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    code, printed = cli(capsys, "train", str(recipe_file), "training.max_steps=8")  # resumes the new run, not the old
+    assert code == 0 and f"resuming from {run_dir / 'checkpoint-6'}" in printed
+
+
+def test_a_checkpoint_folder_hftrain_did_not_write_is_never_replaced(capsys, recipe_file, tmp_path):
+    foreign = tmp_path / "run" / "checkpoint-2"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    code, printed = cli(capsys, "train", str(recipe_file))
+    assert code == 2 and f"{foreign}: already exists and was not written by hftrain" in printed
+    assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
