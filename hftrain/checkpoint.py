@@ -84,7 +84,7 @@ class CheckpointManager:
     def recorded_speed(self) -> dict[str, bool] | None:
         """The speed levers (bf16, compile, ...) recorded when this run started, for a run that resumes: exact
         resume needs the same precision and compile choices, even where a new measurement would differ."""
-        if self.recipe.training_kwargs().get("resume_from_checkpoint") in (False, "false", "False"):
+        if self._starts_over():
             return None
         record = self._run_record()
         if record.get("fingerprint") != fingerprint(self.recipe) or not self.complete():
@@ -134,13 +134,14 @@ class CheckpointManager:
         return self.recipe.training_kwargs().get("resume_from_checkpoint") in (False, "false", "False")
 
     def _move_aside(self) -> Path:
-        """The earlier run's own files (complete checkpoints, final/, logs, results, its tokenizer) into
-        previous-<UTC time>/; anything hftrain did not write stays where it is."""
+        """The earlier run's own files (complete checkpoints, final/, logs, results) into previous-<UTC time>/;
+        anything hftrain did not write stays where it is, and so does a trained tokenizer (it is reused, part of
+        the directory's run identity like the data)."""
         layout = self.layout
         aside = layout.root / time.strftime("previous-%Y%m%dT%H%M%SZ", time.gmtime())
         aside.mkdir()
         own = [*self.complete(), layout.final, layout.metrics, layout.results, layout.plot, layout.report,
-               layout.profile, layout.tokenizer, layout.run_file]  # fmt: skip
+               layout.profile, layout.run_file]  # fmt: skip
         for path in own:
             if path.exists():
                 os.replace(path, aside / path.name)

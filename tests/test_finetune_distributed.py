@@ -50,7 +50,7 @@ def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend)
 
     from transformers import AutoModelForCausalLM
 
-    merged = AutoModelForCausalLM.from_pretrainedRunLayout(out).final.eval()  # the merged standard model
+    merged = AutoModelForCausalLM.from_pretrained(RunLayout(out).final).eval()  # the merged standard model
     base = AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir).eval()
     ids = torch.arange(1, 20).unsqueeze(0)
     with torch.no_grad():

@@ -75,7 +75,7 @@ def flops_per_token(out: Path, seq_len: int) -> float:
 
     from hftrain.model import flops_per_token as per_token
 
-    return per_token(results(out)["parameters"], AutoConfig.from_pretrainedRunLayout(out).final, seq_len)
+    return per_token(results(out)["parameters"], AutoConfig.from_pretrained(RunLayout(out).final), seq_len)
 
 
 def gpu_count() -> int:
