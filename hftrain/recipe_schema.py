@@ -148,7 +148,12 @@ class Source(Section):
     pretokenized: str | None = None
     """A directory or URL written by `hftrain data prepare`: packed token blocks, read without tokenizing."""
     text_field: str = "text"
-    """The column/key holding the text (jsonl, parquet, datasets). Plain .txt files are one document each."""
+    """The column/key holding the text (jsonl, parquet, datasets)."""
+    document_boundary: Literal["file", "blank_line", "line"] = "file"
+    """Plain text files: file = each file is one document (one EOS at its end); blank_line = documents are
+    separated by one or more empty lines; line = each non-empty line is a document. Files are read in
+    bounded pieces whatever their size, and a long document is tokenized in pieces cut where the tokenizer's
+    pre-tokenizer splits, so its tokens are those of the whole document."""
     format: Literal["auto", "txt", "jsonl", "parquet", "prompt_completion", "chat"] = "auto"
     """File format; auto decides by extension (.gz/.zst compression is always detected). prompt_completion
     (JSONL with prompt and completion) and chat (JSONL with messages) are instruction data: the loss is on the

@@ -69,8 +69,13 @@ def _load_files(path: str, text_field: str, limit: int | None) -> list[str]:
     source, texts = Source(path=path, text_field=text_field), []
     for shard in list_shards(source, "--data"):
         try:
+            parts: list[str] = []  # evaluation keeps whole documents: join the pieces of long ones
             for record in read_shard(source, shard, (0, 0), _FailOnBadRecord("fail")):
-                texts.append(record.text)
+                parts.append(record.text)
+                if not record.end:
+                    continue
+                texts.append("".join(parts))
+                parts = []
                 if limit is not None and len(texts) >= limit:
                     return texts
         except Exception as err:

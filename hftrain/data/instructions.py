@@ -10,7 +10,7 @@ labels, position ids; the windows, shuffling and resumable positions are BlockSt
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -61,16 +61,14 @@ class ExampleStream(BlockStream):
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.truncated = 0
 
-    def _fill(self, start: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
-        doc_state = copy.deepcopy(start["docs"])
+    def _fill(self, start: dict[str, Any], pieces: Iterator[tuple[Any, bool]], live: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
         pending = [tuple(x) for x in start["carry"]]  # an example read but not yet placed
-        docs = self.docs.documents(doc_state)
         blocks: list[np.ndarray] = []
         rows: list[tuple[list[int], list[int]]] = []
         used = 0
         while len(blocks) < self.window:
             if not pending:
-                example = next(docs, None)
+                example, _ = next(pieces, (None, True))  # examples are never cut into pieces
                 if example is None:
                     break
                 ids, labels = encode_example(self.tokenizer, example, self.eos)
@@ -88,9 +86,8 @@ class ExampleStream(BlockStream):
             pending = []
         if rows:  # only when the stream ended (one pass, e.g. validation): keep the partial block
             blocks.append(self._block(rows))
-        docs.close()
         # a window closes right after a block is flushed, so only a not-yet-placed example carries over
-        return blocks, {"docs": doc_state, "carry": [list(p) for p in pending]}
+        return blocks, {"docs": copy.deepcopy(live), "carry": [list(p) for p in pending]}
 
     def _block(self, rows: list[tuple[list[int], list[int]]]) -> np.ndarray:
         block = np.empty((3, self.seq_len), dtype=np.int64)

@@ -137,7 +137,10 @@ class PretokenizedStream(BlockStream):
             random.Random(_mix(self.seed, w.index, epoch, 7)).shuffle(mine)
         return mine, not by_shard
 
-    def _fill(self, start: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def _reader(self, start: dict[str, Any]) -> tuple[Any, Any]:
+        return None, None  # blocks are read by position in _fill: no document reader
+
+    def _fill(self, start: dict[str, Any], pieces: Any = None, live: Any = None) -> tuple[list[np.ndarray], dict[str, Any]]:
         cur, blocks = dict(start), []
         empty_epochs = 0
         while len(blocks) < self.window:

@@ -1,8 +1,9 @@
 """Sources: turn one recipe `Source` into a resumable stream of documents.
 
-A source is a list of *shards* (files, or one streamed dataset) and a reader per format. Every document comes
-with the position just after it, so a stream can restart there without re-reading what came before: a byte
-offset in plain text/JSONL, a row in parquet, a record count in compressed or streamed data.
+A source is a list of *shards* (files, or one streamed dataset) and a reader per format. Every document (or
+piece of a long one: text_pieces.py) comes with the position just after it, so a stream can restart there
+without re-reading what came before: a byte offset in plain text/JSONL, a row in parquet, a record count in
+compressed JSONL or streamed data.
 Files are opened through fsspec, so local paths, file://, s3://, gs:// and other fsspec URLs share one code path.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import fsspec
@@ -19,6 +19,7 @@ import fsspec
 from ..errors import HftrainError
 from ..recipe_schema import Source
 from .builtin_corpus import module_docstrings, python_docs_files
+from .text_pieces import Record, record_pieces, text_pieces
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -32,22 +33,6 @@ if "gcsfs" not in sys.modules:
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)
 OPTIONAL_BACKENDS = {"gs": ("gcsfs", "Google Cloud Storage", "gcs"), "gcs": ("gcsfs", "Google Cloud Storage", "gcs")}
-
-
-@dataclass
-class Record:
-    """One document and the stream position just after it: (resume offset, records read so far).
-
-    The resume offset is a byte offset for plain text/JSONL, a row for parquet, a record count otherwise.
-    Records read so far is also the 1-based line number of a JSONL record.
-    """
-
-    text: Any  # a str; a dict for instruction formats (prompt/completion or messages)
-    pos: tuple[int, int]
-
-    @property
-    def index(self) -> int:
-        return self.pos[1] - 1
 
 
 class BadRecords:
@@ -149,11 +134,15 @@ def list_shards(source: Source, where: str) -> list[str]:
         fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=source.storage_options or None)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         if fs.isdir(path):
-            found = [p for p in fs.find(path) if _readable(p, source.format)]
+            listed = fs.find(path)
         elif any(ch in path for ch in "*?["):
-            found = [p for p in fs.glob(path) if not fs.isdir(p)]
+            listed = [p for p in fs.glob(path) if not fs.isdir(p)]
         else:
-            found = [path] if fs.exists(path) else []
+            listed = [path] if fs.exists(path) else []
+            found = listed  # a file named on its own is read whatever its extension
+        if fs.isdir(path) or any(ch in path for ch in "*?["):
+            found = [p for p in listed if _readable(p, source.format)]
+            _check_extensions(listed, found, path, where)
     except FileNotFoundError:  # e.g. gcsfs listing a bucket that does not exist
         found = []
     except (OSError, ValueError, ImportError, TypeError) as err:
@@ -163,14 +152,26 @@ def list_shards(source: Source, where: str) -> list[str]:
     return sorted(p if "://" in p or not protocol else protocol + p for p in found)
 
 
-def read_shard(source: Source, shard: str, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
-    """Documents of one shard from `pos` on ((0, 0) for the start, else a previous Record's pos)."""
+def _check_extensions(listed: list[str], found: list[str], path: str, where: str) -> None:
+    """A directory or glob reads only files with a known extension; say so when that leaves nothing."""
+    if listed and not found:
+        sample = ", ".join(sorted({"." + p.rsplit(".", 1)[-1] if "." in p.rsplit("/", 1)[-1] else p.rsplit("/", 1)[-1] for p in listed})[:5])
+        raise HftrainError(
+            f"{where}.path: {path!r} matches {len(listed)} file(s) ({sample}) but none with a known extension "
+            f"({', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES)}, optionally compressed); "
+            f"set {where}.format to read them anyway."
+        )
+
+
+def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords) -> Iterator[Record]:
+    """Documents (or pieces of long ones) of one shard from `pos` on ((0, 0) for the start, else a previous
+    Record's pos)."""
     if source.builtin == "python-docs":
         if pos[1] == 0:
             yield Record(module_docstrings(shard), (1, 1))
         return
     if source.dataset is not None:
-        yield from _read_dataset(source, pos[1])
+        yield from _read_dataset(source, pos)
         return
     fmt = file_format(shard, source.format)
     options = source.storage_options
@@ -178,12 +179,13 @@ def read_shard(source: Source, shard: str, pos: tuple[int, int], bad: BadRecords
         yield from _read_jsonl(_open(shard, options), shard, _example_reader(source), pos, bad)
         return
     if fmt == "parquet":
-        yield from _read_parquet(_open(shard, options), shard, source.text_field, pos[1], bad)
+        yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad)
     elif fmt == "jsonl":
         yield from _read_jsonl(_open(shard, options), shard, _text_reader(source.text_field), pos, bad)
-    elif pos[1] == 0:
+    else:
+        _, codec = _split_compression(shard)
         with _open(shard, options) as f:
-            yield Record(f.read().decode("utf-8", errors="replace"), (1, 1))
+            yield from text_pieces(f, codec is None, pos, source.document_boundary, lambda problem: bad(shard, problem, "Convert it to UTF-8 text or remove it"))
 
 
 def _open(shard: str, options: dict[str, Any]) -> Any:
@@ -221,10 +223,12 @@ def _example_reader(source: Source) -> Any:
     return take
 
 
-def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, int], bad: BadRecords) -> Iterator[Record]:
-    """Plain files seek to the byte offset; compressed ones decompress and skip the lines already read."""
+def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, ...], bad: BadRecords) -> Iterator[Record]:
+    """Plain files seek to the byte offset; compressed ones decompress and skip the lines already read.
+    pos[2], when given, is how many characters of the next record's text were read already."""
     _, codec = _split_compression(shard)
-    offset, lineno = pos
+    offset, lineno = pos[0], pos[1]
+    skip = pos[2] if len(pos) > 2 else 0
     with f:
         if codec is None:
             f.seek(offset)
@@ -234,6 +238,7 @@ def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, int], bad: BadRec
             for _ in range(lineno):
                 next(lines, None)
         for raw in lines:
+            before = (offset if codec is None else lineno, lineno)
             lineno += 1
             offset += len(raw)
             if not raw.strip():
@@ -248,24 +253,31 @@ def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, int], bad: BadRec
             if problem:
                 bad(where, problem, "Fix that line or set the field names on this source")
                 continue
-            yield Record(value, (offset if codec is None else lineno, lineno))
+            if isinstance(value, str) and not value.strip():
+                continue  # an empty or whitespace-only text is no document
+            yield from record_pieces(value, before, (offset if codec is None else lineno, lineno), skip)
+            skip = 0
 
 
 def _lines(f: Any) -> Iterator[bytes]:
     """Lines of a binary stream; decompressing file objects do not all support iteration."""
-    rest = b""
+    parts: list[bytes] = []  # of a line longer than one read (joined once: no quadratic copying)
     while chunk := f.read(1 << 20):
-        *complete, rest = (rest + chunk).split(b"\n")
+        *complete, rest = chunk.split(b"\n")
         for line in complete:
-            yield line + b"\n"
-    if rest:
-        yield rest
+            yield b"".join(parts) + line + b"\n"
+            parts = []
+        parts.append(rest)
+    if tail := b"".join(parts):
+        yield tail
 
 
-def _read_parquet(f: Any, shard: str, field: str, offset: int, bad: BadRecords) -> Iterator[Record]:
-    """Offset: the row index of the next row; row groups before it are not read."""
+def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords) -> Iterator[Record]:
+    """pos[0]: the row index of the next row (row groups before it are not read); pos[2], when given, the
+    characters of that row's text read already."""
     import pyarrow.parquet as pq
 
+    offset, skip = pos[0], (pos[2] if len(pos) > 2 else 0)
     with f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
@@ -283,16 +295,20 @@ def _read_parquet(f: Any, shard: str, field: str, offset: int, bad: BadRecords) 
                 if row < offset:
                     continue
                 if isinstance(text, str):
-                    yield Record(text, (row + 1, row + 1))
+                    if not text.strip():
+                        continue
+                    yield from record_pieces(text, (row, row), (row + 1, row + 1), skip if row == offset else 0)
                 else:
                     bad(f"{shard} (row {row})", f"{field!r} is not a string", "Clean that row")
             start += rows
 
 
-def _read_dataset(source: Source, offset: int) -> Iterator[Record]:
-    """A Hugging Face dataset streamed with `datasets`; offset = records already read (skipped by streaming)."""
+def _read_dataset(source: Source, pos: tuple[int, ...]) -> Iterator[Record]:
+    """A Hugging Face dataset streamed with `datasets`; pos[1] = records already read (skipped by streaming),
+    pos[2] when given: characters of the next record's text read already."""
     import datasets
 
+    offset, skip = pos[1], (pos[2] if len(pos) > 2 else 0)
     try:
         stream = datasets.load_dataset(source.dataset, source.dataset_config, split=source.split, streaming=True)
     except Exception as err:  # datasets raises many types for "not found / no network"
@@ -304,4 +320,4 @@ def _read_dataset(source: Source, offset: int) -> Iterator[Record]:
                 f"data: dataset {source.dataset!r} row {index} has no string field {source.text_field!r} "
                 f"(has: {', '.join(row)}). Set text_field on this source."
             )
-        yield Record(text, (index + 1, index + 1))
+        yield from record_pieces(text, (index, index), (index + 1, index + 1), skip if index == offset else 0)

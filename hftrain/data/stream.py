@@ -26,10 +26,13 @@ import numpy as np
 
 from ..errors import HftrainError
 from ..recipe_schema import Source
+from .chunking import SafeCut
 from .sources import BadRecords, list_shards, read_shard, shard_problem
+from .text_pieces import Record
 
 Split = Literal["train", "holdout", "all"]
 _TOKENIZE_BATCH = 32
+MIN_BATCH_CHARS, MAX_BATCH_CHARS = 4096, 1 << 18  # characters tokenized per call: bounds memory and the carry
 READ_RETRIES = 6  # transient read errors per shard position before giving up (backoff 0.5 s .. 30 s)
 
 
@@ -101,25 +104,39 @@ class DocumentStream:
         held = key % self.holdout_every == 0
         return held if self.split == "holdout" else not held
 
-    def documents(self, state: dict[str, Any]) -> Iterator[str]:
-        """Yield documents forever (or one epoch if not loop), advancing `state` in place after each."""
+    def pieces(self, state: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
+        """Yield (text, document ends here) forever (or one epoch if not loop), advancing `state` in place
+        after each. Long documents come in pieces (text_pieces.py); short ones, and examples, whole."""
         rng = _rng_from_json(state["rng"])
         self.bad.skipped = state.get("skipped", 0)
         weights = [p.source.weight for p in self.plans]
         active = list(range(len(self.plans)))
-        readers: dict[int, Iterator[str]] = {}
+        readers: dict[int, Iterator[Record]] = {}
+        current = state.get("open")  # a source whose document is in progress is read on until it ends
         while active:
-            s = rng.choices(active, weights=[weights[i] for i in active])[0] if len(active) > 1 else active[0]
+            if current is not None:
+                s = current
+            elif len(active) > 1:
+                s = rng.choices(active, weights=[weights[i] for i in active])[0]
+                state["rng"] = _rng_to_json(rng)
+            else:
+                s = active[0]
             reader = readers.get(s) or readers.setdefault(s, self._source_docs(s, state["cursors"][s]))
-            text = next(reader, None)
-            state["rng"] = _rng_to_json(rng)
+            record = next(reader, None)
             state["skipped"] = self.bad.skipped
-            if text is None:
+            if record is None:
                 active.remove(s)
+                current = None
                 continue
-            yield text
+            current = None if record.end else s
+            state["open"] = current
+            yield record.text, record.end
 
-    def _source_docs(self, s: int, cur: dict[str, Any]) -> Iterator[str]:
+    def documents(self, state: dict[str, Any]) -> Iterator[Any]:
+        """Yield whole documents or examples; a long text document comes in pieces (see pieces())."""
+        return (text for text, _ in self.pieces(state))
+
+    def _source_docs(self, s: int, cur: dict[str, Any]) -> Iterator[Record]:
         plan = self.plans[s]
         while True:
             mine, by_example = self._my_shards(s, cur["epoch"])
@@ -136,19 +153,21 @@ class DocumentStream:
             cur.update(epoch=cur["epoch"] + 1, shard=0, pos=[0, 0], docs=0)
 
 
-    def _shard_docs(self, s: int, shard: int, cur: dict[str, Any], by_example: bool) -> Iterator[str]:
+    def _shard_docs(self, s: int, shard: int, cur: dict[str, Any], by_example: bool) -> Iterator[Record]:
         """One shard's kept documents from cur["pos"]. A transient read error (reset connection, 5xx,
         throttling) reopens the shard at the last position with backoff: nothing is lost or read twice."""
         plan, failures = self.plans[s], 0
         name = plan.shards[shard]
+        in_doc = len(cur["pos"]) > 2  # resuming inside a document
         while True:
             try:
                 for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad):
                     cur["pos"] = list(rec.pos)
                     failures = 0
-                    if rec.text and self._keep(s, shard, rec.index, by_example):
-                        cur["docs"] += 1
-                        yield rec.text
+                    if (rec.text or in_doc) and self._keep(s, shard, rec.index, by_example):
+                        cur["docs"] += rec.end
+                        yield rec
+                    in_doc = not rec.end
                 return
             except Exception as err:  # sorted below; anything unknown is re-raised untouched
                 kind = shard_problem(err)
@@ -167,6 +186,9 @@ class DocumentStream:
                     "transient": f"could not be read after {READ_RETRIES} retries",
                 }[kind]
                 self.bad(name, f"{what} ({type(err).__name__}: {err})", "Restore or remove that shard")
+                if in_doc:  # skipped mid-document: end that document here rather than join it to the next
+                    cur["docs"] += 1
+                    yield Record("", tuple(cur["pos"]))
                 return
 
 
@@ -180,51 +202,109 @@ class BlockStream:
         self.seed, self.worker, self.shuffle = docs.seed, docs.worker, docs.shuffle
         self.eos = int(tokenizer.eos_token_id)
         self.dtype = np.int32 if len(tokenizer) < 2**31 else np.int64
+        self.cutter = SafeCut(tokenizer)
 
     def fresh_state(self) -> dict[str, Any]:
-        return {"start": {"docs": self.docs.fresh_state(), "carry": []}, "window": 0, "emitted": 0}
+        return {"start": {"docs": self.docs.fresh_state(), "carry": [], "pending": ""}, "window": 0, "emitted": 0}
 
     def blocks(self, state: dict[str, Any]) -> Iterator[tuple[np.ndarray, dict[str, Any]]]:
         """Yield (block, position after it). Positions are full states: pass one back to continue from it."""
         state = copy.deepcopy(state)
-        while True:
-            start = copy.deepcopy(state["start"])
-            blocks, after = self._fill(state["start"])
-            if not blocks:
-                return
-            order = np.arange(len(blocks))
-            if self.window > 1 and self.shuffle:
-                order = np.random.default_rng(_mix(self.seed, self.worker.index, state["window"])).permutation(len(blocks))
-            for k in range(state["emitted"], len(blocks)):
-                pos = {"start": start, "window": state["window"], "emitted": k + 1}
-                if k + 1 == len(blocks):
-                    pos = {"start": after, "window": state["window"] + 1, "emitted": 0}
-                yield blocks[order[k]], pos
-            state = {"start": after, "window": state["window"] + 1, "emitted": 0}
+        pieces, live = self._reader(state["start"])
+        try:
+            while True:
+                start = copy.deepcopy(state["start"])
+                blocks, after = self._fill(start, pieces, live)
+                if not blocks:
+                    return
+                order = np.arange(len(blocks))
+                if self.window > 1 and self.shuffle:
+                    order = np.random.default_rng(_mix(self.seed, self.worker.index, state["window"])).permutation(len(blocks))
+                for k in range(state["emitted"], len(blocks)):
+                    pos = {"start": start, "window": state["window"], "emitted": k + 1}
+                    if k + 1 == len(blocks):
+                        pos = {"start": after, "window": state["window"] + 1, "emitted": 0}
+                    yield blocks[order[k]], pos
+                state = {"start": after, "window": state["window"] + 1, "emitted": 0}
+        finally:
+            if pieces is not None:
+                pieces.close()
 
-    def _fill(self, start: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """Read documents from `start` until a window of blocks is full; return it and the state after it."""
-        doc_state = copy.deepcopy(start["docs"])
-        carry = np.asarray(start["carry"], dtype=self.dtype)
-        pieces, have, blocks = [carry], len(carry), []
-        docs = self.docs.documents(doc_state)
+    def _reader(self, start: dict[str, Any]) -> tuple[Any, Any]:
+        """The document reader for windows from `start` on, and its state (a copy it advances in place)."""
+        live = copy.deepcopy(start["docs"])
+        return self.docs.pieces(live), live
+
+    def _fill(self, start: dict[str, Any], pieces: Iterator[tuple[str, bool]], live: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Tokenize pieces until a window of blocks is full; return it and the state after it. `pieces` reads
+        on from `start` (its state is `live`), so one reader serves window after window."""
+        tokens = TokenRun(start["carry"], self.dtype)
+        pending = start.get("pending", "")
+        blocks: list[np.ndarray] = tokens.take_blocks(self.seq_len)
         while len(blocks) < self.window:
-            batch = [d for _, d in zip(range(_TOKENIZE_BATCH), docs)]
-            if not batch:
+            need = (self.window - len(blocks)) * self.seq_len - len(tokens)
+            texts, ends, pending = self._batch(pieces, pending, max(MIN_BATCH_CHARS, min(MAX_BATCH_CHARS, 2 * need)))
+            if not texts:
                 break
-            ids = self.tokenizer(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
-            for seq in ids:
-                pieces.append(np.asarray(seq, dtype=self.dtype))
-                pieces.append(np.asarray([self.eos], dtype=self.dtype))
-                have += len(seq) + 1
-            if have >= self.seq_len:
-                flat = np.concatenate(pieces)
-                n = len(flat) // self.seq_len
-                blocks.extend(flat[: n * self.seq_len].reshape(n, self.seq_len))
-                pieces, have = [flat[n * self.seq_len :]], len(flat) - n * self.seq_len
-        docs.close()
-        tail = np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
-        return blocks, {"docs": doc_state, "carry": tail.tolist()}
+            ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+            for seq, end in zip(ids, ends):
+                tokens.add(seq, self.eos if end else None)
+            blocks.extend(tokens.take_blocks(self.seq_len))
+        if len(blocks) > self.window:  # exactly `window` blocks: the surplus starts the next window
+            tokens.put_back(np.concatenate(blocks[self.window :]))
+            blocks = blocks[: self.window]
+        return blocks, {"docs": copy.deepcopy(live), "carry": tokens.rest().tolist(), "pending": pending}
+
+    def _batch(self, pieces: Iterator[tuple[str, bool]], pending: str, budget: int) -> tuple[list[str], list[bool], str]:
+        """Up to _TOKENIZE_BATCH texts, about `budget` characters, each a document or a safely cut part of one;
+        the text after the last safe cut of an unfinished document is returned as the new `pending`."""
+        texts: list[str] = []
+        ends: list[bool] = []
+        chars = 0
+        while len(texts) < _TOKENIZE_BATCH and chars < budget:
+            item = next(pieces, None)
+            if item is None:
+                break
+            text, end = item
+            text = pending + text
+            cut = len(text) if end else self.cutter.cut(text)
+            pending = text[cut:]
+            if cut or end:
+                texts.append(text[:cut])
+                ends.append(end)
+                chars += cut
+        return texts, ends, pending
+
+
+class TokenRun:
+    """Token ids waiting to be cut into blocks: a list of arrays, joined only when blocks are taken."""
+
+    def __init__(self, carry: list[int], dtype: Any):
+        self.dtype = dtype
+        self.parts = [np.asarray(carry, dtype=dtype)]
+        self.count = len(carry)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, ids: list[int], eos: int | None) -> None:
+        self.parts.append(np.asarray(ids if eos is None else [*ids, eos], dtype=self.dtype))
+        self.count += len(ids) + (eos is not None)
+
+    def take_blocks(self, seq_len: int) -> list[np.ndarray]:
+        if self.count < seq_len:
+            return []
+        flat = np.concatenate(self.parts)
+        n = len(flat) // seq_len
+        self.parts, self.count = [flat[n * seq_len :]], len(flat) - n * seq_len
+        return list(flat[: n * seq_len].reshape(n, seq_len))
+
+    def put_back(self, ids: np.ndarray) -> None:
+        self.parts.insert(0, ids)
+        self.count += len(ids)
+
+    def rest(self) -> np.ndarray:
+        return np.concatenate(self.parts)
 
 
 def _rng_to_json(rng: random.Random) -> list[Any]:
