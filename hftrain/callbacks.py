@@ -30,8 +30,8 @@ class MetricsFileCallback(TrainerCallback):
 
 
 class ThroughputClockCallback(TrainerCallback):
-    """Starts the tokens/s clock when training (re)starts, so start-up time is not counted; and times each
-    optimizer step (between the Trainer's pre- and post-optimizer-step events) as the "optimizer" phase."""
+    """Starts the tokens/s clock after the first step of a (re)start, so start-up time is not counted; and times
+    each optimizer step (between the Trainer's pre- and post-optimizer-step events) as the "optimizer" phase."""
 
     def __init__(self, metrics: StepMetrics):
         self.metrics = metrics
@@ -45,6 +45,9 @@ class ThroughputClockCallback(TrainerCallback):
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._optimizer_phase.close()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.metrics.step_done(state.global_step)
 
 
 class PreemptionCallback(TrainerCallback):

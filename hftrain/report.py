@@ -132,6 +132,7 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
     elif params is not None:
         rows.append(("parameters", params))
     for label, key in [("eval bits per byte", "eval_bits_per_byte"), ("peak memory (GB)", "peak_mem_gb"),
+                       ("time to first step (s)", "time_to_first_step_s"),
                        ("bf16", "bf16"), ("torch.compile", "torch_compile")]:
         if results.get(key) is not None:
             rows.append((label, results[key]))

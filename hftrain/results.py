@@ -43,8 +43,10 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
              if k.startswith("eval_") and k not in ("eval_loss", "eval_perplexity", "eval_bits_per_byte")]  # fmt: skip
     if extra:
         lines.append("evaluation: " + ", ".join(extra))
+    if results.get("time_to_first_step_s") is not None:
+        lines.append(f"start-up: {results['time_to_first_step_s']:.1f} s from process start to the end of the first step (not in tokens/s)")
     if results["tokens_per_s_median"]:
-        lines.append(f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median), MFU {100 * (results['mfu_median'] or 0):.2f}%")
+        lines.append(f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median, steady state), MFU {100 * (results['mfu_median'] or 0):.2f}%")
     if results.get("data_wait_frac") is not None:
         if results["input_bound"]:
             lines.append(input_bound_advice(results["data_wait_frac"], threshold, workers))

@@ -1,6 +1,10 @@
 """What every training log line gets beyond the loss: tokens seen, tokens/s (total and per device), MFU,
 tokens per dollar, the share of step time per phase (step_timing.py) and peak memory; and the input-bound
-verdict, live (once) and for the whole run."""
+verdict, live (once) and for the whole run.
+
+The first step after a (re)start is start-up, not steady state: it waits for the first window of data, for
+DataLoader workers to spawn and for compilation. It is reported on its own as the time to the first step
+(from the process's start), and kept out of tokens/s, MFU and the input-bound verdict."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .step_timing import PHASES, StepTimer, input_bound_advice, peak_memory_gb
+from .step_timing import PHASES, StepTimer, input_bound_advice, peak_memory_gb, process_age_s
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,21 @@ class StepMetrics:
         self.timer = StepTimer(split=device.type == "cpu")
         self._last_step: int | None = None
         self._warned_input_bound = False
+        self._starting = False
+        self.time_to_first_step_s: float | None = None
 
     def start(self, step: int) -> None:
         """Training (re)starts at `step`: what came before (model loading, resume) is not step time."""
+        self._last_step = step
+        self._starting = True
+        self.timer.restart()
+
+    def step_done(self, step: int) -> None:
+        """After each optimizer step: the first one after a (re)start ends start-up; the clocks start there."""
+        if not self._starting:
+            return
+        self._starting = False
+        self.time_to_first_step_s = round(process_age_s(), 2)
         self._last_step = step
         self.timer.restart()
 
@@ -68,6 +84,7 @@ class StepMetrics:
         """The run-wide share of step time per phase, peak memory and the input-bound verdict (results.json)."""
         out: dict[str, Any] = {f"{name}_frac": round(f, 4) for name in PHASES if (f := self.timer.run_fraction(name)) is not None}
         out["peak_mem_gb"] = round(peak_memory_gb(self.device), 3)
+        out["time_to_first_step_s"] = self.time_to_first_step_s
         wait = out.get("data_wait_frac")
         out["input_bound"] = wait is not None and wait > self.options.input_bound_threshold and self.timer.intervals >= 2
         return out

@@ -81,6 +81,13 @@ class StepTimer:
         return self.total[name] / self.wall_total if self.wall_total else None
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (interpreter and imports included), from the OS."""
+    import psutil  # a dependency of accelerate
+
+    return max(time.time() - psutil.Process().create_time(), 0.0)
+
+
 def peak_memory_gb(device: torch.device) -> float:
     """This process's peak memory: allocated device memory on CUDA, the resident-set high-water mark on CPU."""
     if device.type == "cuda":
