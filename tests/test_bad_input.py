@@ -3,6 +3,7 @@ And secrets: planted tokens and keys never reach a file a run writes or anything
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from .support.data import make_documents, tiny_recipe, write_jsonl
+from .support.trackers import tracker_env
 
 
 def _case_files(tmp: Path) -> dict[str, Path]:
@@ -74,11 +76,12 @@ def test_planted_secrets_never_leak(tmp_path, s3_server):
     raw = tiny_recipe(tmp_path / "unused", tmp_path / "run", max_steps=6, save_steps=3)
     raw["data"]["train"] = {"path": f"s3://{bucket}/c.jsonl",
                             "storage_options": {"secret": s3_server.secret + "", "key": s3_server.key}}  # fmt: skip
-    raw["training"]["report_to"] = ["tensorboard"]
+    trackers = [name for name in ("trackio", "wandb", "mlflow") if importlib.util.find_spec(name)]
+    raw["training"]["report_to"] = ["tensorboard", *trackers]  # and what each tracker stores (test_trackers.py)
     raw["monitor"]["plot"] = True
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    env = {**os.environ, **s3_server.env(), **SECRETS}
+    env = {**os.environ, **s3_server.env(), **tracker_env(tmp_path / "trackers"), **SECRETS}
     env["AWS_SECRET_ACCESS_KEY"] = s3_server.secret  # the endpoint needs the real one; the planted ones ride along
     env["HFTRAIN_TEST_PLANTED"] = SECRETS["AWS_SECRET_ACCESS_KEY"]
     result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True,
@@ -93,6 +96,9 @@ def test_planted_secrets_never_leak(tmp_path, s3_server):
     printed = result.stdout + result.stderr + error.stdout + error.stderr
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     assert len(files) > 20
+    stored = [p for p in (tmp_path / "trackers").rglob("*") if p.is_file()]
+    assert len(stored) >= (10 if trackers else 0), stored  # the trackers' databases, run files and logs
+    files += stored
     for secret in [SECRETS["HF_TOKEN"], SECRETS["AWS_SESSION_TOKEN"], SECRETS["AWS_SECRET_ACCESS_KEY"]]:
         assert secret not in printed
         for path in files:

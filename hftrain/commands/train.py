@@ -41,8 +41,10 @@ def _without_option(argv: list[str], option: str) -> list[str]:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from ..recipe import load_recipe
+    from ..sagemaker_job import adapt, current_job
 
-    recipe = load_recipe(args.recipe, overrides)  # validated here, before any process is started
+    job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
+    recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
     if args.max_restarts > 0:
         from ..launch import supervise
 
@@ -54,6 +56,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from ..parallel import shutdown
     from ..train import train
 
-    train(recipe)
+    if job is None:
+        train(recipe)
+    else:
+        from ..sagemaker_job import MetricLinesCallback, deliver
+
+        deliver(train(recipe, callbacks=[MetricLinesCallback()]), job)
     shutdown()
     return 0

@@ -119,8 +119,10 @@ class S3Endpoint:
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Endpoint]:
-    """moto's ThreadedMotoServer on 127.0.0.1 and a free port, for the whole session."""
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """moto's ThreadedMotoServer on 127.0.0.1 and a free port, for the whole session. Its request recorder
+    (off until a test starts it, tests.support.sagemaker) writes to a temporary file, not the working directory."""
+    os.environ.setdefault("MOTO_RECORDER_FILEPATH", str(tmp_path_factory.mktemp("moto") / "recording.jsonl"))
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one INFO line per request otherwise
