@@ -14,11 +14,12 @@ from typing import Any
 import torch
 from transformers import TrainingArguments
 
-from . import cpu_compat, parallel, speed
+from . import cpu_compat, parallel, run_length, speed
 from .errors import HftrainError
 from .model import ModelShape
 from .parallel import Launch
 from .recipe_schema import Recipe
+from .run_length import RunLength
 from .speed import SpeedPlan
 
 
@@ -28,18 +29,18 @@ class TrainingSettings:
     resume: bool | str | None  # training.resume_from_checkpoint as the recipe gives it
     push_to_hub: bool
     speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed.py)
+    length: RunLength  # max_steps and where it came from (run_length.py)
 
 
-def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded_speed: dict[str, bool] | None = None) -> TrainingSettings:
+def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded_speed: dict[str, bool] | None = None,
+                       manifest_tokens: int | None = None) -> TrainingSettings:  # fmt: skip
+    """TrainingArguments for this launch; `manifest_tokens`: the prepared data's size (epochs need it)."""
     kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), launch.world_size)
     resume = kwargs.pop("resume_from_checkpoint", None)
     push = bool(kwargs.pop("push_to_hub", False))
     kwargs.pop("save_total_limit", None)  # the CheckpointManager rotates, once a new checkpoint is complete
-    if not kwargs.get("max_steps") or kwargs["max_steps"] <= 0:
-        raise HftrainError(
-            "training.max_steps: required. hftrain streams its data, so a run is measured in optimizer steps, "
-            "not epochs; set e.g. training.max_steps=1000."
-        )
+    length = run_length.resolve(recipe, kwargs, launch.world_size, manifest_tokens)
+    kwargs["max_steps"] = length.max_steps
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs = cpu_compat.training_kwargs(kwargs, launch.rehearsal)
@@ -48,7 +49,7 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, record
         args = TrainingArguments(**kwargs)
     except (ValueError, TypeError) as err:
         raise HftrainError(f"training: {err}") from None
-    return TrainingSettings(args, resume, push, plan)
+    return TrainingSettings(args, resume, push, plan, length)
 
 
 def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape: ModelShape,

@@ -42,8 +42,19 @@ def plan(recipe: Recipe) -> dict[str, Any]:
         "memory_bytes": memory,
         "finetune_bytes": finetune_memory(model, recipe),
         "finetune_method": recipe.finetune.method,
-        "max_steps": t.max_steps,
+        "max_steps": _planned_steps(recipe),
     }
+
+
+def _planned_steps(recipe: Recipe) -> int | None:
+    """max_steps as `train` derives it on one process (run_length.py); None when it needs the data's size."""
+    from .errors import HftrainError
+    from .run_length import resolve
+
+    try:
+        return resolve(recipe, recipe.training_kwargs(), 1, None).max_steps
+    except HftrainError:
+        return None
 
 
 def quant_4bit_bytes(numel: int, double_quant: bool) -> float:

@@ -194,6 +194,9 @@ class DataSection(Section):
     """Without a validation source, every N-th training document is held out for validation."""
     eval_blocks: int = Field(default=32, gt=0)
     """How many seq_len blocks the validation set holds (read once, kept in memory)."""
+    train_tokens: int | None = Field(default=None, gt=0)
+    """Size the run in tokens instead of steps: max_steps = ceil(train_tokens / (global batch x seq_len)).
+    training.max_steps, when also set, wins (see the README's "Run length")."""
     seq_len: int = Field(default=256, gt=1)
     """Tokens per training block. Documents are joined with EOS and cut into blocks of exactly this length."""
     shuffle_window: int = Field(default=256, ge=1)

@@ -43,6 +43,8 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
              if k.startswith("eval_") and k not in ("eval_loss", "eval_perplexity", "eval_bits_per_byte")]  # fmt: skip
     if extra:
         lines.append("evaluation: " + ", ".join(extra))
+    if isinstance(results.get("run_length"), dict):
+        lines.append(results["run_length"]["note"])
     if results.get("time_to_first_step_s") is not None:
         lines.append(f"start-up: {results['time_to_first_step_s']:.1f} s from process start to the end of the first step (not in tokens/s)")
     if results["tokens_per_s_median"]:

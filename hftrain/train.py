@@ -48,9 +48,9 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     shape = measure_model(recipe)
     layout = RunLayout(Path(recipe.training.output_dir))
     checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
-    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_speed())
+    data = plan_data(recipe.data, recipe.training.seed)
+    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_speed(), data.manifest_tokens)
     args = settings.args
-    data = plan_data(recipe.data, args.seed)
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
     with args.main_process_first(desc="preparing the output directory"):
         levers = {key: value for key in LEVER_KEYS if (value := getattr(args, key)) is not None}
@@ -58,6 +58,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
     resume = checkpoints.resume_point(settings.resume)
     if args.process_index == 0:
+        print(f"hftrain: {settings.length.note}", flush=True)
         if settings.speed.reasons:
             print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
         if resume is not None:
@@ -71,7 +72,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     trainer = build_trainer(recipe, launch, shape, settings, checkpoints, data, model, tokenizer, resume, callbacks)
     pusher = CheckpointPusher(recipe, args, settings.push_to_hub)
     checkpoints.on_publish.append(pusher.on_checkpoint)
-    known = {"parameters": shape.counts, "speed": settings.speed.to_json()}  # for results.json
+    known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
     if resume is not None and step_of(resume) >= args.max_steps:
         return already_finished(trainer, recipe, resume, known, pusher)
     fit(trainer, resume)

@@ -40,6 +40,11 @@ class DataPlan:
     def pretokenized(self) -> Source | None:
         return self.section.train[0] if self.manifest is not None else None
 
+    @property
+    def manifest_tokens(self) -> int | None:
+        """Training tokens in the prepared shards (None for text streamed and tokenized on the fly)."""
+        return int(self.manifest["tokens"]) if self.manifest is not None else None
+
 
 def plan_data(section: DataSection, seed: int) -> DataPlan:
     """List every source's shards once (and fail early, naming the source, if one is empty or missing)."""
