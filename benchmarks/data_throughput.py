@@ -7,6 +7,10 @@ a local S3 endpoint (moto's server, needs the test extra), and pre-tokenized sha
 settings, and the training tokens/s of a 6-layer / 384-hidden / context-256 NeoX at batch 8 on the same machine.
 Medians over the repeats; the machine is shared, so read the ratios. The goal: data >= 20x training.
 Ends with one line per path:  PATH: data X tok/s, training Y tok/s, ratio Z
+
+Then `hftrain data prepare` on a generated corpus of --prepare-mb (default 100) MB of plain JSONL, on 1 and on 2
+processes, side by side (the shards are identical; only the time differs):
+    prepare: 1 process X tok/s, 2 processes Y tok/s, ratio Z
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -58,6 +63,35 @@ def data_rate(section_raw: dict, tokens: int, workers: int) -> float:
     return seen / (time.perf_counter() - start)
 
 
+def write_corpus(root: Path, megabytes: int, shards: int = 8) -> Path:
+    """Plain JSONL shards of about `megabytes` MB in all: the standard library's docstrings, repeated."""
+    docs = [d for d in (module_docstrings(f) for f in python_docs_files()) if d]
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+    root.mkdir(parents=True, exist_ok=True)
+    per_shard = megabytes * 2**20 // shards
+    for i in range(shards):
+        with (root / f"part-{i:02d}.jsonl").open("w", encoding="utf-8") as f:
+            written = 0
+            while written < per_shard:
+                f.write(lines)
+                written += len(lines)
+    return root
+
+
+def prepare_rates(corpus: Path, out: Path, repeats: int) -> dict[int, float]:
+    """Median tokens/s of `hftrain data prepare` on 1 and 2 processes, alternating so both see the same noise."""
+    recipe = load_recipe(None, {"data": {"train": {"path": str(corpus)}, "seq_len": SEQ},
+                                "tokenizer": {"builtin": "gpt2"}})  # fmt: skip
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    for r in range(repeats):
+        for processes in (1, 2):
+            start = time.perf_counter()
+            manifest = prepare(recipe, str(out / f"p{processes}-{r}"), shard_mb=256, processes=processes)
+            rates[processes].append(manifest["tokens"] / (time.perf_counter() - start))
+            shutil.rmtree(out / f"p{processes}-{r}")
+    return {p: statistics.median(v) for p, v in rates.items()}
+
+
 def training_rate(data: Path, out: Path) -> float:
     raw = {
         "model": {"preset": "cpu-medium"},
@@ -76,6 +110,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=1_000_000, help="tokens read per data measurement")
+    parser.add_argument("--prepare-mb", type=int, default=100, help="size of the corpus `data prepare` is timed on")
+    parser.add_argument("--prepare-repeats", type=int, default=1)
     args = parser.parse_args()
     workers = 0  # TrainingArguments' default dataloader_num_workers, hftrain's too
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,11 +148,13 @@ def main() -> None:
             print(f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s", flush=True)
         if server is not None:
             server.stop()
+        prep = prepare_rates(write_corpus(tmp / "corpus", args.prepare_mb), tmp / "prep", args.prepare_repeats)
     train_rate = statistics.median(training)
     print()
     for name, values in results.items():
         rate = statistics.median(values)
         print(f"{name}: data {rate:,.0f} tok/s, training {train_rate:,.0f} tok/s, ratio {rate / train_rate:,.1f}")
+    print(f"prepare: 1 process {prep[1]:,.0f} tok/s, 2 processes {prep[2]:,.0f} tok/s, ratio {prep[2] / prep[1]:.2f}")
 
 
 if __name__ == "__main__":

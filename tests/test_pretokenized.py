@@ -89,9 +89,31 @@ def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
     raw["data"] = {"train": {"pretokenized": out}, "seq_len": 32, "eval_blocks": 4}
     run = hftrain.train(load_recipe(None, raw))
     assert run.trainer.state.global_step == 4 and manifest["blocks"] > 100
-    s3.client().delete_object(Bucket=bucket, Key="tokenized/tiny-32/train-00001.bin")
+    second = manifest["shards"][1]["name"]
+    s3.client().delete_object(Bucket=bucket, Key=f"tokenized/tiny-32/{second}")
     plan = plan_data(load_recipe(None, raw).data, 0)
     stream = train_blocks(plan, None, Worker())
-    with pytest.raises(HftrainError, match="train-00001.bin: shard listed in the manifest is missing"):
-        for _ in stream.blocks(stream.fresh_state()):
+    with pytest.raises(HftrainError, match=f"{second}: shard listed in the manifest is missing"):
+        for _ in zip(range(100_000), stream.blocks(stream.fresh_state())):  # an endless stream: bounded
             pass
+
+
+def test_prepare_on_two_processes_writes_the_same_shards_and_shows_progress(tmp_path, monkeypatch, capsys):
+    from hftrain.data import prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module.Progress, "EVERY_S", 0.0)
+    docs = make_documents(400)
+    data = write_jsonl(tmp_path / "d.jsonl", docs)
+    (tmp_path / "book.txt").write_text(" ".join(docs) * 20, encoding="utf-8")  # a long document too
+    raw = gpt2_recipe(data, tmp_path / "unused")
+    raw["data"]["train"] = [{"path": str(data)}, {"path": str(tmp_path / "book.txt")}]
+    raw["data"]["validation"] = {"path": str(data)}
+    recipe = load_recipe(None, raw)
+    one = prepare(recipe, str(tmp_path / "one"), shard_mb=0.05, processes=1)
+    two = prepare(recipe, str(tmp_path / "two"), shard_mb=0.05, processes=2)
+    assert one["tokens"] > 100_000 and len(one["shards"]) > 3
+    assert one["shards"] == two["shards"] and one["tokens"] == two["tokens"]
+    for shard in one["shards"]:
+        assert (tmp_path / "one" / shard["name"]).read_bytes() == (tmp_path / "two" / shard["name"]).read_bytes()
+    err = capsys.readouterr().err
+    assert "prepare: " in err and " tokens/s, " in err and "% of the data read, ETA " in err

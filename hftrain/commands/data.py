@@ -13,6 +13,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prep.add_argument("recipe")
     prep.add_argument("--out", required=True, help="directory or URL (s3://...) for the shards")
     prep.add_argument("--shard-size-mb", type=float, default=1024.0, help="shard size (default 1024 MB)")
+    prep.add_argument("--processes", type=int, default=None, metavar="N",
+                      help="tokenize on N processes (default: every core); the shards are the same for any N")
     insp = sub.add_parser("inspect", help="sources, shard counts, first blocks decoded, token estimate")
     insp.add_argument("recipe")
     insp.add_argument("--blocks", type=int, default=2, help="how many blocks to decode (default 2)")
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     recipe = load_recipe(args.recipe, overrides)
     if args.data_command == "prepare":
-        prepare(recipe, args.out, args.shard_size_mb)
+        prepare(recipe, args.out, args.shard_size_mb, processes=args.processes)
     else:
         print(inspect(recipe, args.blocks))
     return 0

@@ -214,5 +214,8 @@ def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
             break
     if not out:
         what = "data.validation" if plan.validation else "the held-out training documents (data.holdout_every)"
-        raise HftrainError(f"{what}: less text than one block of data.seq_len={section.seq_len} tokens; give more validation text or lower data.seq_len.")
+        fix = "give more validation text or lower data.seq_len" if plan.validation else (
+            "give data.validation, or more documents (a .txt file is one document unless the source's document_boundary "
+            "is blank_line or line), or lower data.holdout_every or data.seq_len")
+        raise HftrainError(f"{what}: less text than one block of data.seq_len={section.seq_len} tokens; {fix}.")
     return out

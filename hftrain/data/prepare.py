@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from ..recipe_schema import Recipe
 from ..tokenizer import load_tokenizer
+from ..errors import HftrainError
 from .loader import first_documents, plan_data, train_documents, validation_blocks
+from .prepare_pool import PrepareJob, run_units
 from .pretokenized import ShardWriter
-from .stream import BlockStream
+from .sources import COMPRESSION
+from .stream import BlockStream, SourcePlan, TokenRun
 
 
-def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Tokenize one pass over the training data into packed shards + manifest at `out` (local or URL)."""
+def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None,
+            processes: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Tokenize one pass over the training data into packed shards + manifest at `out` (local or URL), on
+    `processes` processes (default: every core), one input shard per task (prepare_pool.py). The output is the
+    same whatever the process count."""
     options = storage_options or {}
+    processes = processes or os.cpu_count() or 1
     plan = plan_data(recipe.data, recipe.training.seed)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
@@ -26,23 +36,86 @@ def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str
         fs, root = fsspec.core.url_to_fs(out, **options)
         fs.makedirs(root, exist_ok=True)
         fs.put(str(Path(tmp) / "tok"), root.rstrip("/") + "/tokenizer", recursive=True)
-    writer = ShardWriter(out, recipe.data.seq_len, tokenizer, int(shard_mb * 2**20), options)
-    docs = train_documents(plan, loop=False)
-    docs.shuffle = False  # shards keep the source order; training shuffles by window
-    stream = BlockStream(docs, tokenizer, recipe.data.seq_len, window=1024)
-    start = time.perf_counter()
-    for block, _ in stream.blocks(stream.fresh_state()):
-        writer.add(block)
+    seq_len, shard_bytes = recipe.data.seq_len, int(shard_mb * 2**20)
+    units = [(s, k) for s, source in enumerate(plan.train) for k in range(len(source.shards))]
+    job = PrepareJob(plan, tokenizer, out, shard_bytes, options)
+    progress = Progress(plan.train)
+    tails = ShardWriter(out, seq_len, tokenizer, shard_bytes, options, prefix="train-tails")
+    carry, shards = TokenRun([], np.int32 if len(tokenizer) < 2**31 else np.int64), []
+    for result in run_units(job, units, processes, progress.report):
+        shards += result.shards
+        carry.add(result.tail.tolist(), None)
+        for block in carry.take_blocks(seq_len):
+            tails.add(block)
+        progress.done(result.unit, sum(s["blocks"] for s in result.shards) * seq_len)
+    if not shards and not tails.blocks:
+        raise HftrainError(f"data.train: less text than one block of data.seq_len={seq_len} tokens to prepare; give more data or lower data.seq_len.")
     validation = [b["input_ids"].numpy() for b in validation_blocks(plan, tokenizer)]
-    manifest = writer.finish(validation, recipe.data.model_dump(mode="json"))
-    seconds = time.perf_counter() - start
+    manifest = tails.finish(validation, recipe.data.model_dump(mode="json"), before=shards)
+    seconds = progress.elapsed()
     print(
         f"prepared {out}: {len(manifest['shards'])} shard(s), {manifest['blocks']:,} blocks of {manifest['seq_len']} = "
-        f"{manifest['tokens']:,} tokens ({manifest['tokens'] / max(seconds, 1e-9):,.0f} tokens/s), "
+        f"{manifest['tokens']:,} tokens ({manifest['tokens'] / max(seconds, 1e-9):,.0f} tokens/s on {min(processes, len(units))} process(es)), "
         f"{manifest['validation']['blocks']} validation blocks, dtype {manifest['dtype']}.\n"
         f"train from it with:  data.train: {{pretokenized: {out}}}   tokenizer: {{path: {out.rstrip('/')}/tokenizer}}"
     )
     return manifest
+
+
+class Progress:
+    """A line on stderr every few seconds: tokens so far, tokens/s, and (for files) the share read and an ETA."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, sources: list[SourcePlan]):
+        self.sources = sources
+        self.start = self.last = time.perf_counter()
+        self.sizes = [_shard_sizes(s) for s in sources]
+        self.total = sum(sum(s) for s in self.sizes if s) if all(self.sizes) else None
+        self.read: dict[tuple[int, int], int] = {}  # bytes read per (source, shard)
+        self.tokens: dict[tuple[int, int], int] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def report(self, unit: tuple[int, int], read: int, tokens: int) -> None:
+        """A unit's progress so far (plain files: bytes read; compressed: counted when done)."""
+        source, shard = unit
+        if not self.sources[source].shards[shard].endswith(tuple(COMPRESSION)):
+            self.read[unit] = read
+        self.tokens[unit] = tokens
+        self._show()
+
+    def done(self, unit: tuple[int, int], tokens: int) -> None:
+        sizes = self.sizes[unit[0]]
+        self.read[unit] = sizes[unit[1]] if sizes else 0
+        self.tokens[unit] = tokens
+        self._show()
+
+    def _show(self) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.EVERY_S:
+            return
+        self.last = now
+        tokens = sum(self.tokens.values())
+        line = f"prepare: {tokens / 1e6:,.1f}M tokens, {tokens / max(now - self.start, 1e-9):,.0f} tokens/s"
+        if self.total:
+            done = min(sum(self.read.values()) / self.total, 1.0)
+            if done > 0:
+                eta = (now - self.start) * (1 - done) / done
+                line += f", {100 * done:.0f}% of the data read, ETA {int(eta // 60)}m{int(eta % 60):02d}s"
+        print(line, file=sys.stderr, flush=True)
+
+
+def _shard_sizes(source: SourcePlan) -> list[int] | None:
+    """Each shard's size in bytes (None for datasets, the builtin corpus, or more than 10,000 shards)."""
+    if source.source.path is None or len(source.shards) > 10_000:
+        return None
+    try:
+        fs, _ = fsspec.core.url_to_fs(source.shards[0], **source.source.storage_options)
+        return [int(fs.size(shard) or 0) for shard in source.shards]
+    except (OSError, ValueError):
+        return None
 
 
 def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:

@@ -44,8 +44,9 @@ def _join(root: str, name: str) -> str:
 class ShardWriter:
     """Appends blocks to train-NNNNN.bin files of at most shard_bytes each, then writes the manifest."""
 
-    def __init__(self, out: str, seq_len: int, tokenizer: Any, shard_bytes: int, storage_options: dict[str, Any]):
-        self.out, self.seq_len, self.options = out.rstrip("/"), seq_len, storage_options
+    def __init__(self, out: str, seq_len: int, tokenizer: Any, shard_bytes: int, storage_options: dict[str, Any],
+                 prefix: str = "train"):  # fmt: skip
+        self.out, self.seq_len, self.options, self.prefix = out.rstrip("/"), seq_len, storage_options, prefix
         self.dtype = block_dtype(len(tokenizer))
         self.blocks_per_shard = max(1, shard_bytes // (seq_len * self.dtype.itemsize))
         self.shards: list[dict[str, Any]] = []
@@ -55,19 +56,30 @@ class ShardWriter:
     def add(self, block: np.ndarray) -> None:
         if self._file is None or self.shards[-1]["blocks"] >= self.blocks_per_shard:
             self._close()
-            name = f"train-{len(self.shards):05d}.bin"
+            name = f"{self.prefix}-{len(self.shards):05d}.bin"
             self._file = fsspec.open(_join(self.out, name), "wb", **self.options).open()
             self.shards.append({"name": name, "blocks": 0})
         self._file.write(block.astype(self.dtype).tobytes())
         self.shards[-1]["blocks"] += 1
+
+    @property
+    def blocks(self) -> int:
+        return sum(s["blocks"] for s in self.shards)
+
+    def close(self) -> list[dict[str, Any]]:
+        """Close the open shard; the shards written, in order."""
+        self._close()
+        return self.shards
 
     def _close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
-    def finish(self, validation: list[np.ndarray], source: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, validation: list[np.ndarray], source: dict[str, Any], before: list[dict[str, Any]] = ()) -> dict[str, Any]:
+        """Write validation.bin and the manifest; `before`: shards other writers wrote, listed first."""
         self._close()
+        self.shards = [*before, *self.shards]
         with fsspec.open(_join(self.out, "validation.bin"), "wb", **self.options) as f:
             for block in validation:
                 f.write(block.astype(self.dtype).tobytes())

@@ -80,6 +80,7 @@ class DocumentStream:
     shuffle: bool = True
     loop: bool = True
     bad: BadRecords = field(default_factory=lambda: BadRecords("fail"))
+    only: tuple[int, int] | None = None  # (source, shard): read just that shard, keeping its identity (data prepare)
 
     def fresh_state(self) -> dict[str, Any]:
         cursors = [{"epoch": 0, "shard": 0, "pos": [0, 0], "docs": 0} for _ in self.plans]
@@ -88,6 +89,8 @@ class DocumentStream:
 
     def _my_shards(self, s: int, epoch: int) -> tuple[list[int], bool]:
         """Shard indices this worker reads in `epoch`, and whether records must be split by example."""
+        if self.only is not None:
+            return [self.only[1]], False
         n, w = len(self.plans[s].shards), self.worker
         by_shard = n >= w.count
         mine = list(range(w.index, n, w.count)) if by_shard else list(range(n))
@@ -110,7 +113,7 @@ class DocumentStream:
         rng = _rng_from_json(state["rng"])
         self.bad.skipped = state.get("skipped", 0)
         weights = [p.source.weight for p in self.plans]
-        active = list(range(len(self.plans)))
+        active = [self.only[0]] if self.only is not None else list(range(len(self.plans)))
         readers: dict[int, Iterator[Record]] = {}
         current = state.get("open")  # a source whose document is in progress is read on until it ends
         while active:
@@ -145,9 +148,14 @@ class DocumentStream:
                 yield from self._shard_docs(s, shard, cur, by_example)
                 cur["shard"] += 1
                 cur["pos"] = [0, 0]
-            if cur["docs"] == 0:
+            if cur["docs"] == 0 and self.only is None:  # one shard alone may hold nothing: its source is checked as a whole
                 what = "held-out documents (lower data.holdout_every or give data.validation)" if self.split == "holdout" else "documents"
-                raise HftrainError(f"{plan.where}: no {what} found in {plan.source.path or plan.source.dataset or plan.source.builtin}.")
+                hint = ""
+                if self.split == "train" and self.holdout_every:
+                    hint = (" Every data.holdout_every-th document is held out for validation, and this source's documents all "
+                            "were: give data.validation, or more documents (a .txt file is one document unless the source's "
+                            "document_boundary is blank_line or line).")
+                raise HftrainError(f"{plan.where}: no {what} found in {plan.source.path or plan.source.dataset or plan.source.builtin}.{hint}")
             if not self.loop:
                 return
             cur.update(epoch=cur["epoch"] + 1, shard=0, pos=[0, 0], docs=0)
@@ -243,7 +251,7 @@ class BlockStream:
         blocks: list[np.ndarray] = tokens.take_blocks(self.seq_len)
         while len(blocks) < self.window:
             need = (self.window - len(blocks)) * self.seq_len - len(tokens)
-            texts, ends, pending = self._batch(pieces, pending, max(MIN_BATCH_CHARS, min(MAX_BATCH_CHARS, 2 * need)))
+            texts, ends, pending = next_batch(pieces, pending, self.cutter, max(MIN_BATCH_CHARS, min(MAX_BATCH_CHARS, 2 * need)))
             if not texts:
                 break
             ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
@@ -255,25 +263,37 @@ class BlockStream:
             blocks = blocks[: self.window]
         return blocks, {"docs": copy.deepcopy(live), "carry": tokens.rest().tolist(), "pending": pending}
 
-    def _batch(self, pieces: Iterator[tuple[str, bool]], pending: str, budget: int) -> tuple[list[str], list[bool], str]:
-        """Up to _TOKENIZE_BATCH texts, about `budget` characters, each a document or a safely cut part of one;
-        the text after the last safe cut of an unfinished document is returned as the new `pending`."""
-        texts: list[str] = []
-        ends: list[bool] = []
-        chars = 0
-        while len(texts) < _TOKENIZE_BATCH and chars < budget:
-            item = next(pieces, None)
-            if item is None:
-                break
-            text, end = item
-            text = pending + text
-            cut = len(text) if end else self.cutter.cut(text)
-            pending = text[cut:]
-            if cut or end:
-                texts.append(text[:cut])
-                ends.append(end)
-                chars += cut
-        return texts, ends, pending
+
+def next_batch(pieces: Iterator[tuple[str, bool]], pending: str, cutter: SafeCut, budget: int = MAX_BATCH_CHARS) -> tuple[list[str], list[bool], str]:
+    """Up to _TOKENIZE_BATCH texts, about `budget` characters, each a document or a safely cut part of one (so
+    that tokenizing each gives the tokens of the whole). The text after the last safe cut of an unfinished
+    document is returned as the new `pending`, to be put before the next piece."""
+    texts: list[str] = []
+    ends: list[bool] = []
+    chars = 0
+    while len(texts) < _TOKENIZE_BATCH and chars < budget:
+        item = next(pieces, None)
+        if item is None:
+            break
+        text, end = item
+        text = pending + text
+        cut = len(text) if end else cutter.cut(text)
+        pending = text[cut:]
+        if cut or end:
+            texts.append(text[:cut])
+            ends.append(end)
+            chars += cut
+    return texts, ends, pending
+
+
+def text_batches(pieces: Iterator[tuple[str, bool]], cutter: SafeCut) -> Iterator[tuple[list[str], list[bool]]]:
+    """next_batch() until the documents end (one pass, no saved position: `hftrain data prepare`)."""
+    pending = ""
+    while True:
+        texts, ends, pending = next_batch(pieces, pending, cutter)
+        if not texts:
+            return
+        yield texts, ends
 
 
 class TokenRun:
