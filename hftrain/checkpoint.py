@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .adapter import base_fingerprint, is_adapter_dir
 from .errors import HftrainError
+from .files import read_json
 from .layout import BASE_FILE, COMPLETE_MARKER, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
 from .recipe import fingerprint, save_recipe
 from .recipe_schema import Recipe
@@ -48,7 +49,7 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 def step_of(checkpoint: Path) -> int:
     """The optimizer step a checkpoint was written at (from the Trainer's state file)."""
-    return int(json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))["global_step"])
+    return int(read_json(checkpoint / TRAINER_STATE_FILE, "the Trainer's state")["global_step"])
 
 
 def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
@@ -71,6 +72,22 @@ def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
         staged.parent.rmdir()  # only if no other save is in progress
     except OSError:
         pass
+
+
+def writable_directory(root: Path) -> None:
+    """training.output_dir exists (created here) as a directory this process can write, or the message saying why not."""
+    if root.exists() and not root.is_dir():
+        raise HftrainError(f"training.output_dir: {root} is a file, not a directory. Set training.output_dir to a directory path.")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".hftrain-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise HftrainError(
+            f"training.output_dir: cannot write to {root} ({err.strerror or err}). "
+            "Give a directory on a writable file system where you have write permission."
+        ) from None
 
 
 class CheckpointManager:
@@ -121,7 +138,7 @@ class CheckpointManager:
                 )
         if not is_main:
             return
-        self.layout.root.mkdir(parents=True, exist_ok=True)
+        writable_directory(self.layout.root)
         partial = run_file.with_suffix(".tmp")
         partial.write_text(json.dumps({"fingerprint": mine, "speed": speed}, indent=2), encoding="utf-8")
         os.replace(partial, run_file)  # other processes never read a half-written file
@@ -180,7 +197,7 @@ class CheckpointManager:
                 f"{state_file}: the checkpoint has no data position for this process. It was not written by hftrain "
                 "(or with another process count); resume it with the same process count, or start a new training.output_dir."
             )
-        return json.loads(state_file.read_text(encoding="utf-8"))
+        return read_json(state_file, "this process's data position")
 
     # ------------------------------------------------------------------------------------- saving
     def save(self, trainer: Any, write_trainer_files: Callable[[], None], data_position: dict[str, Any] | None) -> None:

@@ -105,6 +105,7 @@ def load_pretrained(recipe: Recipe, strategy: str = "single") -> PreTrainedModel
     from .finetune import quantization_config, quantized_device_map
 
     quantization = quantization_config(recipe, strategy)
+    local_weights(m.from_pretrained)
     try:
         return AutoModelForCausalLM.from_pretrained(
             m.from_pretrained,
@@ -119,6 +120,19 @@ def load_pretrained(recipe: Recipe, strategy: str = "single") -> PreTrainedModel
         )
     except (OSError, ValueError) as err:
         raise _cannot_load(m.from_pretrained, err) from None
+
+
+def local_weights(name: str) -> None:
+    """A local from_pretrained directory's weights are whole (not a git-lfs pointer, not cut short)."""
+    from pathlib import Path
+
+    from .files import CorruptFile, check_weights
+
+    if Path(name).is_dir():
+        try:
+            check_weights(Path(name))
+        except CorruptFile as err:
+            raise HftrainError(f"model.from_pretrained: {err}") from None
 
 
 def _cannot_load(name: str, err: Exception) -> HftrainError:
@@ -141,6 +155,7 @@ def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> P
     """The model with no memory allocated (meta device), for sizing and planning."""
     m = recipe.model
     if m.from_pretrained:
+        local_weights(m.from_pretrained)  # `hftrain plan` refuses the weights `hftrain train` would refuse
         try:
             config = AutoConfig.from_pretrained(m.from_pretrained, revision=m.revision, trust_remote_code=m.trust_remote_code)
         except (OSError, ValueError) as err:

@@ -82,6 +82,12 @@ class ModelSection(Section):
             raise ValueError(f"unknown preset {name!r}; " + (f"did you mean {close[0]}?" if close else "see `hftrain presets`"))
         return name
 
+    @model_validator(mode="after")
+    def _a_shape_to_build(self) -> ModelSection:
+        if self.preset is None and self.from_pretrained is None:
+            raise ValueError("preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained")
+        return self
+
     def architecture_overrides(self) -> dict[str, Any]:
         """The GPTNeoXConfig shape fields this recipe sets explicitly (dropout is training behaviour, not shape)."""
         skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple",
@@ -201,6 +207,13 @@ class DataSection(Section):
 
     _wrap_train = field_validator("train", mode="before")(_as_list)
 
+    @field_validator("train")
+    @classmethod
+    def _some_training_data(cls, sources: list[Source]) -> list[Source]:
+        if not sources:
+            raise ValueError("an empty list: give at least one source, e.g. {path: data.jsonl} or {builtin: python-docs}")
+        return sources
+
     @model_validator(mode="after")
     def _one_kind_of_data(self) -> DataSection:
         if len(self.train) > 1 and any(s.pretokenized for s in self.train):
@@ -292,6 +305,9 @@ class FaultsSection(Section):
     """A NaN/Inf loss or gradient norm: stop at once (the last good checkpoint is kept) or skip that optimizer step."""
     max_skipped_steps: int = Field(default=10, ge=0)
     """With skip: stop anyway once this many steps have been skipped in one run (something is wrong for good)."""
+    network_timeout_s: float = Field(default=60.0, gt=0)
+    """An endpoint (S3, GCS, the Hub) that accepts the connection but does not answer is an error naming it within
+    this many seconds, retries included: every network client gets connect and read timeouts from it."""
 
 
 # --------------------------------------------------------------------------------------------- monitor
