@@ -43,9 +43,8 @@ def _retry(action: Callable[[], Any], what: str) -> Any:
             late = time.monotonic() + 2.0 * attempt + network.attempt_timeout() > deadline
             if attempt == PUSH_RETRIES or late or not retryable(err):
                 known = as_user_error(err)
-                if known is not None:
-                    raise HftrainError(f"{what} failed: {known}") from None
-                raise HftrainError(f"{what} failed after {attempt} attempt(s): {type(err).__name__}: {str(err).splitlines()[0]}") from None
+                detail = str(known) if known is not None else f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                raise HftrainError(f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {detail}") from None
             print(f"hftrain: {what} failed ({type(err).__name__}); retry {attempt} of {PUSH_RETRIES - 1}", file=sys.stderr, flush=True)
             time.sleep(2.0 * attempt)
 
