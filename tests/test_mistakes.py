@@ -7,6 +7,8 @@ one-line error would escape it and fail the test, as a traceback would in a term
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,46 @@ def test_a_checkpoint_folder_hftrain_did_not_write_is_never_replaced(capsys, rec
     code, printed = cli(capsys, "train", str(recipe_file))
     assert code == 2 and f"{foreign}: already exists and was not written by hftrain" in printed
     assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+# ------------------------------------------------------------------------------------------- --max-restarts
+_CHILD = """import os, signal, sys
+from pathlib import Path
+log = Path(sys.argv[1]); codes = sys.argv[2].split(",")
+runs = len(log.read_text().split()) if log.exists() else 0
+log.write_text(log.read_text() + " run" if log.exists() else "run")
+code = codes[min(runs, len(codes) - 1)]
+if code == "KILL":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(code))
+"""
+
+
+@pytest.mark.parametrize("codes, expected_runs, expected_exit", [
+    ("2", 1, 2),  # a configuration error fails the same way every time: never restarted
+    ("0", 1, 0), ("130", 1, 130),
+    ("KILL,0", 2, 0), ("75,0", 2, 0), ("1,1,0", 3, 0),  # a crash, a preemption of the child alone, a bug: restarted
+    ("KILL,2", 2, 2),  # restarted after the crash, then the configuration error is final
+    ("1,1,1,1", 3, 1),  # no restarts left
+])  # fmt: skip
+def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, codes, expected_runs, expected_exit):
+    from hftrain.launch import supervise
+
+    log = tmp_path / "runs.txt"
+    code = supervise([str(log), codes], 2, command=[sys.executable, "-c", _CHILD])
+    assert (code, len(log.read_text().split())) == (expected_exit, expected_runs)
+    err = capsys.readouterr().err
+    if codes == "2":
+        assert "hftrain: not restarted: a problem in the recipe or data (a restart would fail the same way)." in err
+        assert "restart 1" not in err
+
+
+def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file):
+    """Found by the child process (the recipe itself is valid): exit 2 once, not N + 1 times."""
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("mine")
+    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3",
+                             f"training.output_dir={in_the_way}"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count(f"training.output_dir: {in_the_way} is a file, not a directory") == 1
+    assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
+    assert "Traceback" not in result.stderr and in_the_way.read_text() == "mine"
