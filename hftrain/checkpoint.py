@@ -52,6 +52,27 @@ def step_of(checkpoint: Path) -> int:
     return int(read_json(checkpoint / TRAINER_STATE_FILE, "the Trainer's state")["global_step"])
 
 
+def unreadable(checkpoint: Path) -> str | None:
+    """Why a complete checkpoint's files cannot be read back (None when they can): the Trainer's state, the data
+    positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
+    import zipfile
+
+    from .files import CorruptFile, check_safetensors
+
+    try:
+        step_of(checkpoint)
+        for state in sorted(checkpoint.glob(data_state_file(0).replace("0", "*"))):
+            read_json(state)
+        for weights in sorted(checkpoint.glob("*.safetensors")):
+            check_safetensors(weights)
+        for archive in sorted(checkpoint.glob("*.pt")) + sorted(checkpoint.glob("*.pth")):
+            zipfile.ZipFile(archive).close()  # torch.save's format: a cut-short file has no central directory
+    except (CorruptFile, KeyError, ValueError, zipfile.BadZipFile, OSError) as err:
+        text = str(err) if isinstance(err, CorruptFile) else f"{type(err).__name__}: {err}"
+        return text.replace(f"{checkpoint}{os.sep}", "").split(". ")[0]
+    return None
+
+
 def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
     """Mark a fully written staging directory complete and move it into place. A directory already there is
     replaced only if hftrain wrote it (it holds the marker); it is moved aside first, so that a kill at any point
@@ -170,19 +191,44 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         return latest_checkpoint(self.layout.root)
 
-    def resume_point(self, setting: bool | str | None) -> Path | None:
-        """training.resume_from_checkpoint: unset/true = latest complete checkpoint, false = never, or a path."""
+    def resume_point(self, setting: bool | str | None, is_main: bool = True) -> Path | None:
+        """training.resume_from_checkpoint: unset/true = the newest complete checkpoint that loads, false = never,
+        or a path (which must load)."""
         if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
             return None
         if isinstance(setting, str) and setting.lower() != "true":
             path = Path(setting)
             if not (path / COMPLETE_MARKER).is_file():
                 raise HftrainError(f"training.resume_from_checkpoint: {setting} is not a complete hftrain checkpoint.")
+            problem = unreadable(path)
+            if problem is not None:
+                raise HftrainError(f"training.resume_from_checkpoint: {setting} cannot be loaded ({problem}).")
             return path
-        latest = self.latest()
+        latest = self._newest_loadable(is_main)
         if latest is None and setting in (True, "true", "True"):
             raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
         return latest
+
+    def _newest_loadable(self, is_main: bool) -> Path | None:
+        """The newest complete checkpoint whose files read back. An unreadable one (truncated weights, a corrupt
+        state file) is renamed unreadable-checkpoint-N, byte for byte as it was, with a warning; only refusals
+        (another run, backend or process count) are errors, and those come later, from a readable checkpoint."""
+        done = self.complete()
+        for checkpoint in reversed(done):
+            problem = unreadable(checkpoint)
+            if problem is None:
+                return checkpoint
+            aside = checkpoint.with_name(f"unreadable-{checkpoint.name}")
+            if is_main:
+                os.replace(checkpoint, aside)
+                print(f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run resumes "
+                      "from the newest checkpoint that loads.", flush=True)  # fmt: skip
+        if done:
+            raise HftrainError(
+                f"training.output_dir: none of the checkpoints in {self.layout.root} can be loaded (see the warnings above); "
+                "restore one, or set training.resume_from_checkpoint=false to start over (the earlier run is moved aside)."
+            )
+        return None
 
     # ------------------------------------------------------------------------------------ loading
     def load_weights(self, model: Any, checkpoint: Path) -> None:

@@ -57,7 +57,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         levers = {key: value for key in LEVER_KEYS if (value := getattr(args, key)) is not None}
         checkpoints.claim(args.process_index == 0, levers)
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
-    resume = checkpoints.resume_point(settings.resume)
+        resume = checkpoints.resume_point(settings.resume, args.process_index == 0)
     if args.process_index == 0:
         if settings.speed.reasons:
             print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)

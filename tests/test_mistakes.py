@@ -154,3 +154,39 @@ def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file
     assert result.returncode == 2 and result.stderr.count(f"training.output_dir: {in_the_way} is a file, not a directory") == 1
     assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
     assert "Traceback" not in result.stderr and in_the_way.read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------------- resume fallback
+def _losses(run_dir: Path) -> dict[int, float]:
+    import json
+
+    lines = [json.loads(line) for line in (run_dir / RunLayout.METRICS_FILE).read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in lines if "loss" in r and "step" in r}
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated trainer_state.json"])
+def test_resume_falls_back_to_the_newest_checkpoint_that_loads(capsys, recipe_file, tmp_path, damage):
+    run_dir = tmp_path / "run"
+    assert cli(capsys, "train", str(recipe_file))[0] == 0  # checkpoint-2, checkpoint-4, final/
+    newest = run_dir / "checkpoint-4"
+    name = "model.safetensors" if damage == "truncated weights" else "trainer_state.json"
+    (newest / name).write_bytes((newest / name).read_bytes()[:200])
+    damaged = tree_digest(newest)
+    code, printed = cli(capsys, "train", str(recipe_file), "training.max_steps=6")
+    aside = run_dir / "unreadable-checkpoint-4"
+    assert code == 0 and f"hftrain: warning: {newest} cannot be loaded ({name}" in printed, printed[-3000:]
+    assert f"kept as {aside}" in printed and f"resuming from {run_dir / 'checkpoint-2'}" in printed
+    assert tree_digest(aside) == damaged  # nothing of it deleted or changed
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert set(_losses(run_dir)) >= {3, 4, 5, 6}  # the steps after checkpoint-2 trained again, to the new max_steps
+
+
+def test_an_explicit_resume_path_that_does_not_load_is_refused(capsys, recipe_file, tmp_path):
+    assert cli(capsys, "train", str(recipe_file))[0] == 0
+    newest = tmp_path / "run" / "checkpoint-4"
+    (newest / "trainer_state.json").write_text('{"global_step": 4, "log_hist')
+    before = tree_digest(tmp_path / "run")
+    code, printed = cli(capsys, "train", str(recipe_file), f"training.resume_from_checkpoint={newest}", "training.max_steps=6")
+    assert code == 2 and "Traceback" not in printed
+    assert f"training.resume_from_checkpoint: {newest} cannot be loaded (trainer_state.json (the Trainer's state): not valid JSON" in printed
+    assert tree_digest(tmp_path / "run") == before
