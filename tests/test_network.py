@@ -104,3 +104,19 @@ def test_a_refused_token_says_to_set_hf_token(tmp_path):
     expected = f"creating hub repo tester/denied failed after 1 attempt: {endpoint}: 401 Unauthorized: the Hub refused the token. Set HF_TOKEN"
     assert expected in result.stderr, result.stderr
     assert "hf_PLANTED_wrong_token" not in printed
+
+
+def test_s3_without_credentials_and_a_refused_endpoint(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    raw = tiny_recipe(tmp_path / "unused.jsonl", tmp_path / "run")
+    raw["data"]["train"] = {"path": "s3://corpus/*.jsonl"}
+    recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    env = _aws_env("http://127.0.0.1:9")  # nothing listens on the discard port
+    refused, took = _run(["train", str(recipe)], env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and took < 60, refused.stderr[-2000:]
+    assert "http://127.0.0.1:9: cannot connect (" in refused.stderr, refused.stderr
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        env.pop(name)
+    missing, _ = _run(["train", str(recipe)], env)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
+    assert "S3: no credentials found. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in missing.stderr
