@@ -3,8 +3,8 @@ connection and never answers) is an error naming it within a bound, retries incl
 
 The bound is ``faults.network_timeout_s`` (default ``DEFAULT_BOUND_S`` = 60 s): ``configure`` applies it to
 
-* fsspec's defaults for s3:// (s3fs/aiobotocore: a connect timeout, and a read timeout per attempt of s3fs's
-  own retry loop; botocore does not retry on top of it) and gs:// (gcsfs: a time limit per request). Options a recipe gives in
+* fsspec's defaults for s3:// (s3fs/aiobotocore: connect and read timeouts sized for s3fs's and botocore's retries
+  together) and gs:// (gcsfs: a time limit per request). Options a recipe gives in
   ``storage_options`` win; ``storage_options_with_timeouts`` merges the timeouts into them key by key;
 * huggingface_hub: its shared HTTP client (used by create_repo, upload_folder, ...; unbounded by default) and
   the metadata and download timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT, inherited by child processes).
@@ -19,9 +19,11 @@ from typing import Any
 
 DEFAULT_BOUND_S = 60.0
 S3FS_ATTEMPTS = 5  # s3fs.S3FileSystem.retries: its own loop re-sends a request that timed out reading
+BOTOCORE_ATTEMPTS = 2  # botocore's attempts per request (a 500, a reset, a time-out), inside each s3fs attempt
 ATTEMPT_SHARE = 0.2  # the Hub client's per-request timeout; hub.py's retries stop at the bound
 
 _bound = DEFAULT_BOUND_S
+_configured = False
 
 
 def bound() -> float:
@@ -35,11 +37,14 @@ def attempt_timeout() -> float:
 
 
 def s3_options() -> dict[str, Any]:
-    """s3fs.S3FileSystem keyword arguments that bound every request, retries included: s3fs itself tries a request
-    that timed out S3FS_ATTEMPTS times (with ~2 s of back-off in all), so botocore does not retry as well."""
+    """s3fs.S3FileSystem keyword arguments that bound every request, retries included: s3fs tries a request that
+    timed out S3FS_ATTEMPTS times (~2 s of back-off in all), botocore BOTOCORE_ATTEMPTS times inside each (~1 s of
+    back-off each); so a read time-out of bound / 14 leaves a silent endpoint at most ~0.85 of the bound. A refused
+    or unanswered connection is not retried by s3fs: 2 x bound / 8."""
     return {
-        "config_kwargs": {"connect_timeout": max(0.5, _bound * 0.25), "read_timeout": max(0.5, _bound / (S3FS_ATTEMPTS + 1)),
-                          "retries": {"total_max_attempts": 1, "mode": "standard"}},
+        "config_kwargs": {"connect_timeout": max(0.5, _bound / 8),
+                          "read_timeout": max(0.5, _bound / (S3FS_ATTEMPTS * BOTOCORE_ATTEMPTS + 4)),
+                          "retries": {"total_max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"}},
     }  # fmt: skip
 
 
@@ -65,8 +70,11 @@ def storage_options_with_timeouts(url: str, options: dict[str, Any] | None) -> d
 def configure(bound_s: float | None = None) -> None:
     """Apply the bound (None: the default) to fsspec's s3/gs defaults and to huggingface_hub, in this process
     and, through the environment, its children."""
-    global _bound
-    _bound = float(bound_s) if bound_s else DEFAULT_BOUND_S
+    global _bound, _configured
+    wanted = float(bound_s) if bound_s else DEFAULT_BOUND_S
+    if _configured and wanted == _bound:
+        return  # the Hub client in use (a push in flight) is kept
+    _bound, _configured = wanted, True
     import fsspec.config
 
     fsspec.config.conf["s3"] = s3_options()

@@ -179,7 +179,7 @@ def test_readme_s3_example(tmp_path, s3_server):
     from .support.data import make_documents
 
     s3_server.make_bucket("corpus")
-    s3_server.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(300)).encode()))
+    s3_server.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()))
     env = {**os.environ, **s3_server.env()}
     result = _run_line(S3_LINE, _scratch(tmp_path), env=env, extra=SHORT)
     assert "final checkpoint: runs/quickstart/final" in result.stdout
