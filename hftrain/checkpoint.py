@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .adapter import base_fingerprint, is_adapter_dir
 from .errors import HftrainError
+from .files import read_json
 from .layout import BASE_FILE, COMPLETE_MARKER, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
 from .recipe import fingerprint, save_recipe
 from .recipe_schema import Recipe
@@ -48,7 +49,28 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 def step_of(checkpoint: Path) -> int:
     """The optimizer step a checkpoint was written at (from the Trainer's state file)."""
-    return int(json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))["global_step"])
+    return int(read_json(checkpoint / TRAINER_STATE_FILE, "the Trainer's state")["global_step"])
+
+
+def unreadable(checkpoint: Path) -> str | None:
+    """Why a complete checkpoint's files cannot be read back (None when they can): the Trainer's state, the data
+    positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
+    import zipfile
+
+    from .files import CorruptFile, check_safetensors
+
+    try:
+        step_of(checkpoint)
+        for state in sorted(checkpoint.glob(data_state_file(0).replace("0", "*"))):
+            read_json(state)
+        for weights in sorted(checkpoint.glob("*.safetensors")):
+            check_safetensors(weights)
+        for archive in sorted(checkpoint.glob("*.pt")) + sorted(checkpoint.glob("*.pth")):
+            zipfile.ZipFile(archive).close()  # torch.save's format: a cut-short file has no central directory
+    except (CorruptFile, KeyError, ValueError, zipfile.BadZipFile, OSError) as err:
+        text = str(err) if isinstance(err, CorruptFile) else f"{type(err).__name__}: {err}"
+        return text.replace(f"{checkpoint}{os.sep}", "").split(". ")[0]
+    return None
 
 
 def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
@@ -71,6 +93,22 @@ def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
         staged.parent.rmdir()  # only if no other save is in progress
     except OSError:
         pass
+
+
+def writable_directory(root: Path) -> None:
+    """training.output_dir exists (created here) as a directory this process can write, or the message saying why not."""
+    if root.exists() and not root.is_dir():
+        raise HftrainError(f"training.output_dir: {root} is a file, not a directory. Set training.output_dir to a directory path.")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".hftrain-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise HftrainError(
+            f"training.output_dir: cannot write to {root} ({err.strerror or err}). "
+            "Give a directory on a writable file system where you have write permission."
+        ) from None
 
 
 class CheckpointManager:
@@ -121,7 +159,7 @@ class CheckpointManager:
                 )
         if not is_main:
             return
-        self.layout.root.mkdir(parents=True, exist_ok=True)
+        writable_directory(self.layout.root)
         partial = run_file.with_suffix(".tmp")
         partial.write_text(json.dumps({"fingerprint": mine, "speed": speed}, indent=2), encoding="utf-8")
         os.replace(partial, run_file)  # other processes never read a half-written file
@@ -153,19 +191,44 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         return latest_checkpoint(self.layout.root)
 
-    def resume_point(self, setting: bool | str | None) -> Path | None:
-        """training.resume_from_checkpoint: unset/true = latest complete checkpoint, false = never, or a path."""
+    def resume_point(self, setting: bool | str | None, is_main: bool = True) -> Path | None:
+        """training.resume_from_checkpoint: unset/true = the newest complete checkpoint that loads, false = never,
+        or a path (which must load)."""
         if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
             return None
         if isinstance(setting, str) and setting.lower() != "true":
             path = Path(setting)
             if not (path / COMPLETE_MARKER).is_file():
                 raise HftrainError(f"training.resume_from_checkpoint: {setting} is not a complete hftrain checkpoint.")
+            problem = unreadable(path)
+            if problem is not None:
+                raise HftrainError(f"training.resume_from_checkpoint: {setting} cannot be loaded ({problem}).")
             return path
-        latest = self.latest()
+        latest = self._newest_loadable(is_main)
         if latest is None and setting in (True, "true", "True"):
             raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
         return latest
+
+    def _newest_loadable(self, is_main: bool) -> Path | None:
+        """The newest complete checkpoint whose files read back. An unreadable one (truncated weights, a corrupt
+        state file) is renamed unreadable-checkpoint-N, byte for byte as it was, with a warning; only refusals
+        (another run, backend or process count) are errors, and those come later, from a readable checkpoint."""
+        done = self.complete()
+        for checkpoint in reversed(done):
+            problem = unreadable(checkpoint)
+            if problem is None:
+                return checkpoint
+            aside = checkpoint.with_name(f"unreadable-{checkpoint.name}")
+            if is_main:
+                os.replace(checkpoint, aside)
+                print(f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run resumes "
+                      "from the newest checkpoint that loads.", flush=True)  # fmt: skip
+        if done:
+            raise HftrainError(
+                f"training.output_dir: none of the checkpoints in {self.layout.root} can be loaded (see the warnings above); "
+                "restore one, or set training.resume_from_checkpoint=false to start over (the earlier run is moved aside)."
+            )
+        return None
 
     # ------------------------------------------------------------------------------------ loading
     def load_weights(self, model: Any, checkpoint: Path) -> None:
@@ -180,7 +243,7 @@ class CheckpointManager:
                 f"{state_file}: the checkpoint has no data position for this process. It was not written by hftrain "
                 "(or with another process count); resume it with the same process count, or start a new training.output_dir."
             )
-        return json.loads(state_file.read_text(encoding="utf-8"))
+        return read_json(state_file, "this process's data position")
 
     # ------------------------------------------------------------------------------------- saving
     def save(self, trainer: Any, write_trainer_files: Callable[[], None], data_position: dict[str, Any] | None) -> None:

@@ -14,7 +14,9 @@ import sys
 from types import ModuleType
 
 from .commands import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train
-from .errors import HftrainError, Preempted
+from . import network
+from .errors import Preempted
+from .user_errors import as_user_error
 
 # name -> module, in the order `hftrain --help` lists them
 COMMANDS: dict[str, ModuleType] = {
@@ -53,17 +55,23 @@ def run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; hftrain's errors, and the exceptions a user can fix (user_errors.py), become one line and
+    exit status 2. Anything else is a bug in hftrain and keeps its traceback."""
     try:
+        network.configure()  # the default bound until a recipe gives its own (faults.network_timeout_s)
         return run(sys.argv[1:] if argv is None else argv)
     except Preempted as err:
         print(f"hftrain: {err}", file=sys.stderr)
         return err.exit_code
-    except HftrainError as err:
-        print(f"hftrain: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("hftrain: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        known = as_user_error(err)
+        if known is None:
+            raise
+        print(f"hftrain: error: {known}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

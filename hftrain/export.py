@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from .errors import HftrainError
+from .files import check_weights
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
@@ -19,11 +20,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
     from .adapter import is_adapter_dir, merge_adapter
 
+    if not checkpoint.is_dir():
+        raise HftrainError(f"{checkpoint}: no such checkpoint directory.")
+    if out.exists() and not out.is_dir():
+        raise HftrainError(f"--out {out}: is a file; give a new directory to write the model into.")
     if is_adapter_dir(checkpoint):
         if not merge:
             raise HftrainError(f"{checkpoint}: a LoRA adapter checkpoint; add --merge to write base + adapter as one model.")
-        if out.exists() and any(out.iterdir()):
-            raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
+        _new_out(out)
         return merge_adapter(checkpoint, out, tokenizer_dir=checkpoint)
     fsdp = sorted(checkpoint.glob("pytorch_model_fsdp_*"))
     if fsdp and (checkpoint / "config.json").is_file():
@@ -36,14 +40,12 @@ def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
             if adapter is not None:
                 if not merge:
                     raise HftrainError(f"{checkpoint}: a LoRA adapter checkpoint (sharded by FSDP); add --merge to write base + adapter as one model.")
-                if out.exists() and any(out.iterdir()):
-                    raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
+                _new_out(out)
                 return merge_adapter(adapter, out, tokenizer_dir=checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise HftrainError(f"{checkpoint}: not an hftrain checkpoint or model directory (no config.json).")
-    if out.exists() and any(out.iterdir()):
-        raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
-    out.mkdir(parents=True, exist_ok=True)
+    check_weights(checkpoint)  # a truncated or placeholder model.safetensors is not exported as if it were a model
+    _new_out(out)
     deepspeed = (checkpoint / "latest").is_file()
     if fsdp:
         from accelerate.utils import merge_fsdp_weights
@@ -61,3 +63,13 @@ def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
     for shard in checkpoint.glob("model-*.safetensors"):
         shutil.copy2(shard, out / shard.name)
     return out
+
+
+def _new_out(out: Path) -> None:
+    """--out is a new (or empty) directory, created here."""
+    if out.exists() and any(out.iterdir()):
+        raise HftrainError(f"--out {out}: exists and is not empty; give a new directory.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise HftrainError(f"--out {out}: cannot create it ({err.strerror or err}); give a directory you can write.") from None

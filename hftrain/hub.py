@@ -21,6 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from .errors import HftrainError
+from .files import read_json
 from .layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout
 from .recipe_schema import Recipe
 
@@ -30,12 +31,20 @@ SHAREABLE = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.yaml",
 
 
 def _retry(action: Callable[[], Any], what: str) -> Any:
+    """`action()`, tried again after a failure that another try can fix, within the network bound."""
+    from . import network
+    from .user_errors import as_user_error, retryable
+
+    deadline = time.monotonic() + network.bound()
     for attempt in range(1, PUSH_RETRIES + 1):
         try:
             return action()
         except Exception as err:  # network, HTTP, S3: report without the token (the clients never print it)
-            if attempt == PUSH_RETRIES:
-                raise HftrainError(f"{what} failed after {PUSH_RETRIES} attempts: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+            late = time.monotonic() + 2.0 * attempt + network.attempt_timeout() > deadline
+            if attempt == PUSH_RETRIES or late or not retryable(err):
+                known = as_user_error(err)
+                detail = str(known) if known is not None else f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                raise HftrainError(f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {detail}") from None
             print(f"hftrain: {what} failed ({type(err).__name__}); retry {attempt} of {PUSH_RETRIES - 1}", file=sys.stderr, flush=True)
             time.sleep(2.0 * attempt)
 
@@ -90,7 +99,7 @@ def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str) -> Path
     for path in (layout.plot, layout.metrics, layout.results):
         if path.is_file():
             shutil.copy2(path, out / path.name)
-    results = json.loads(layout.results.read_text()) if layout.results.is_file() else {}
+    results = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
     (out / CARD).write_text(model_card(recipe, results, repo_id, (out / RunLayout.PLOT_FILE).is_file()), encoding="utf-8")
     return out
 

@@ -57,22 +57,42 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])
 
 
-FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data", 75: "preempted", 130: "interrupted"}
+# Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same
+# way again), or stopped by the user. Everything else (a crash signal, a preemption exit 75 that the supervisor
+# itself did not receive, an unexpected exit) is restarted.
+FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data (a restart would fail the same way)", 130: "interrupted"}
 
 
-def supervise(hftrain_args: list[str], max_restarts: int) -> int:
-    """Run `hftrain HFTRAIN_ARGS` in a child process; after a crash, run it again (it resumes) up to N times."""
+def supervise(hftrain_args: list[str], max_restarts: int, command: list[str] | None = None) -> int:
+    """Run `hftrain HFTRAIN_ARGS` in a child process; after a failure a restart can fix, run it again (it resumes)
+    up to N times. A SIGTERM / SIGUSR1 sent to the supervisor goes to the child, and its exit (75, preempted) is
+    final, so a scheduler that stops the job can requeue it. `command`: what to run instead of `python -m hftrain`."""
     import signal
 
-    restarts = 0
-    while True:
-        code = subprocess.call([sys.executable, "-m", "hftrain", *hftrain_args])
-        if code in FINAL_EXIT_CODES:
-            return code
-        what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        if restarts >= max_restarts:
-            print(f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).", file=sys.stderr, flush=True)
-            return code if code > 0 else 1
-        restarts += 1
-        print(f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
-              file=sys.stderr, flush=True)  # fmt: skip
+    restarts, received = 0, []
+    child: list[subprocess.Popen] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if child:
+            child[0].send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        while True:
+            child[:] = [subprocess.Popen([*(command or [sys.executable, "-m", "hftrain"]), *hftrain_args])]
+            code = child[0].wait()
+            if code in FINAL_EXIT_CODES or received:
+                if code not in (0, 130):
+                    print(f"hftrain: not restarted: {FINAL_EXIT_CODES.get(code, 'the job was told to stop')}.", file=sys.stderr, flush=True)
+                return code if code >= 0 else 128 - code
+            what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            if restarts >= max_restarts:
+                print(f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).", file=sys.stderr, flush=True)
+                return code if code > 0 else 1
+            restarts += 1
+            print(f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, GPTNeo
 from .errors import HftrainError
 from .presets import PRESETS
 from .recipe_schema import DROPOUT_FIELDS, Recipe
+from .remote_code import allow
 
 
 def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
@@ -100,16 +101,15 @@ def load_pretrained(recipe: Recipe, strategy: str = "single") -> PreTrainedModel
             f"model: {', '.join(m.architecture_overrides())} cannot change the shape of a from_pretrained model; "
             "remove them, or build from a preset instead."
         )
-    if m.trust_remote_code:
-        print(f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {m.from_pretrained} will run.", flush=True)
     from .finetune import quantization_config, quantized_device_map
 
     quantization = quantization_config(recipe, strategy)
+    local_weights(m.from_pretrained)
     try:
         return AutoModelForCausalLM.from_pretrained(
             m.from_pretrained,
             revision=m.revision,
-            trust_remote_code=m.trust_remote_code,
+            trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained),
             attn_implementation=m.attn_implementation,
             # quantized: bf16 keeps the embeddings and head small too (fp32 leftovers otherwise)
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
@@ -119,6 +119,19 @@ def load_pretrained(recipe: Recipe, strategy: str = "single") -> PreTrainedModel
         )
     except (OSError, ValueError) as err:
         raise _cannot_load(m.from_pretrained, err) from None
+
+
+def local_weights(name: str) -> None:
+    """A local from_pretrained directory's weights are whole (not a git-lfs pointer, not cut short)."""
+    from pathlib import Path
+
+    from .files import CorruptFile, check_weights
+
+    if Path(name).is_dir():
+        try:
+            check_weights(Path(name))
+        except CorruptFile as err:
+            raise HftrainError(f"model.from_pretrained: {err}") from None
 
 
 def _cannot_load(name: str, err: Exception) -> HftrainError:
@@ -141,14 +154,16 @@ def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> P
     """The model with no memory allocated (meta device), for sizing and planning."""
     m = recipe.model
     if m.from_pretrained:
+        local_weights(m.from_pretrained)  # `hftrain plan` refuses the weights `hftrain train` would refuse
         try:
-            config = AutoConfig.from_pretrained(m.from_pretrained, revision=m.revision, trust_remote_code=m.trust_remote_code)
+            remote = allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained)
+            config = AutoConfig.from_pretrained(m.from_pretrained, revision=m.revision, trust_remote_code=remote)
         except (OSError, ValueError) as err:
             raise _cannot_load(m.from_pretrained, err) from None
     else:
         config = build_config(recipe, tokenizer_size, tokenizer_is_new, eos_token_id=0)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained))
 
 
 def parameter_counts(model: PreTrainedModel) -> dict[str, int]:
@@ -172,9 +187,13 @@ def tokenizer_size_estimate(recipe: Recipe) -> tuple[int, bool]:
     tok = recipe.tokenizer
     if tok.train is not None:
         return tok.train.vocab_size, True
-    if tok.path is not None:
-        from .tokenizer import from_path
+    from .tokenizer import check_model_tokenizer, from_path, gpt2_tokenizer
 
+    if recipe.model.from_pretrained:  # `hftrain plan` refuses the tokenizer `hftrain train` would refuse
+        loaded = from_path(tok) if tok.path is not None else gpt2_tokenizer()
+        check_model_tokenizer(recipe, loaded)
+        return len(loaded), False
+    if tok.path is not None:
         return len(from_path(tok)), False
     return 50257, False
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HftrainError
+from .files import read_json
 from .layout import RunLayout
 from .recipe import load_recipe
 
@@ -64,7 +65,7 @@ def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[st
 def _read_run(out: Path) -> dict[str, Any]:
     layout = RunLayout(out)
     lines = [json.loads(line) for line in layout.metrics.read_text(encoding="utf-8").splitlines()]
-    results = json.loads(layout.results.read_text(encoding="utf-8"))
+    results = read_json(layout.results, "the run's results")
     steps = {e["step"]: (e["loss"], e["grad_norm"]) for e in lines if "loss" in e and "grad_norm" in e}
     return {"steps": steps, "distributed_type": results["distributed_type"], "world_size": results["world_size"]}
 

@@ -66,7 +66,11 @@ def load_recipe(
         _deep_merge(user, copy.deepcopy(sections))
     stem = Path(path).stem if path else "run"
     raw: dict[str, Any] = {"training": {**TRAINING_DEFAULTS, "output_dir": f"runs/{stem}"}}
-    return validate_recipe(_deep_merge(raw, user), source)
+    recipe = validate_recipe(_deep_merge(raw, user), source)
+    from .network import configure
+
+    configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
+    return recipe
 
 
 def read_recipe_file(path: Path) -> dict[str, Any]:
@@ -244,7 +248,7 @@ def save_recipe(recipe: Recipe, path: Path) -> None:
 
 
 # Keys that may change between the starts of one run without making it a different run.
-_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code"}, "data": {"eval_blocks", "on_bad_record"}}
+_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code", "replace_model_tokenizer"}, "data": {"eval_blocks", "on_bad_record"}}
 
 
 def fingerprint(recipe: Recipe) -> dict[str, str]:

@@ -10,6 +10,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 
+# Numbers TrainingArguments takes unchecked that fail later with a raw exception (a negative learning rate in the
+# optimizer, a batch of 0 as a division by zero): refused when the recipe is read, naming the key.
+BOUNDS: dict[str, dict[str, float]] = {
+    "learning_rate": {"ge": 0}, "per_device_train_batch_size": {"gt": 0}, "per_device_eval_batch_size": {"gt": 0},
+    "gradient_accumulation_steps": {"gt": 0}, "weight_decay": {"ge": 0}, "max_grad_norm": {"ge": 0},
+    "warmup_steps": {"ge": 0}, "save_total_limit": {"ge": 0}, "num_train_epochs": {"ge": 0},
+}  # fmt: skip
+
+
 def _training_section() -> type[BaseModel]:
     """A pydantic model with exactly TrainingArguments' fields, types and help texts."""
     from transformers import TrainingArguments
@@ -28,7 +37,8 @@ def _training_section() -> type[BaseModel]:
         annotation = hints.get(f.name, Any)
         if f.name == "resume_from_checkpoint":
             annotation = bool | str  # hftrain: true = latest complete checkpoint, false = never, or a path
-        fields[f.name] = (annotation | None, Field(default=default, description=f.metadata.get("help")))
+        bounds = BOUNDS.get(f.name, {})
+        fields[f.name] = (annotation | None, Field(default=default, description=f.metadata.get("help"), **bounds))
     return create_model(
         "TrainingSection",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),

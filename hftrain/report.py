@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HftrainError
+from .files import read_json
 from .layout import RECIPE_FILE, RunLayout, checkpoint_step
 
 MAX_EVAL_ROWS = 200
@@ -190,7 +191,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     results_path = RunLayout(run_dir).results
-    results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
+    results = read_json(results_path, "the run's results") if results_path.is_file() else {}
 
     figures, missing = [], []
     for chart_id, title, key, ylabel, colour in CHARTS:

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBa
 from .errors import HftrainError
 from .layout import RunLayout
 from .recipe_schema import Recipe, TokenizerSection
+from .remote_code import allow
 
 EOS = "<|endoftext|>"
 
@@ -55,6 +56,7 @@ def load_tokenizer(
     recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
 ) -> tuple[PreTrainedTokenizerBase, bool]:
     tok, is_new = _load(recipe, output_dir, training_texts)
+    check_model_tokenizer(recipe, tok)
     if recipe.tokenizer.chat_template:
         tok.chat_template = recipe.tokenizer.chat_template
     return tok, is_new
@@ -78,8 +80,6 @@ def _load(
         tok.save_pretrained(saved)
         return tok, True
     if section.path is not None:
-        if section.trust_remote_code:
-            print(f"hftrain: warning: tokenizer.trust_remote_code is on: Python code shipped with {section.path} will run.", flush=True)
         tok = from_path(section)
         if tok.eos_token is None:
             raise HftrainError(f"tokenizer.path: {section.path} has no eos_token; documents are joined with EOS, so it needs one.")
@@ -89,10 +89,44 @@ def _load(
     return gpt2_tokenizer(), False
 
 
+def content_hash(tok: PreTrainedTokenizerBase) -> str:
+    """What a tokenizer maps text to, hashed: vocabulary, merges and added tokens (not padding or truncation settings)."""
+    import hashlib
+
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        data = json.loads(backend.to_str())
+        content = {"model": data.get("model"), "added": sorted((t["id"], t["content"]) for t in data.get("added_tokens") or [])}
+    else:
+        content = {"vocab": sorted(tok.get_vocab().items())}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def check_model_tokenizer(recipe: Recipe, tok: PreTrainedTokenizerBase) -> None:
+    """Refuse a tokenizer other than a from_pretrained model's own (compared by content), unless the recipe says
+    tokenizer.replace_model_tokenizer: true. A model that ships no tokenizer cannot be compared (the embedding
+    size is still checked)."""
+    m, section = recipe.model, recipe.tokenizer
+    if not m.from_pretrained or section.replace_model_tokenizer or section.path == m.from_pretrained:
+        return
+    try:
+        own = AutoTokenizer.from_pretrained(m.from_pretrained, revision=m.revision,
+                                            trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained))  # fmt: skip
+    except (OSError, ValueError, TypeError):
+        return
+    if content_hash(own) != content_hash(tok):
+        given = f"tokenizer.builtin {section.builtin}" if section.builtin else f"tokenizer.path {section.path}"
+        raise HftrainError(
+            f"tokenizer: {given} is not the tokenizer {m.from_pretrained} was trained with (their vocabularies or merges "
+            "differ), so every id would mean other text to the model. Remove the tokenizer section to use the model's own, "
+            "or set tokenizer.replace_model_tokenizer: true if a different tokenizer is intended."
+        )
+
+
 def from_path(section: TokenizerSection) -> PreTrainedTokenizerBase:
     """tokenizer.path loaded with transformers, or the message saying what to give instead."""
     try:
-        return AutoTokenizer.from_pretrained(section.path, trust_remote_code=section.trust_remote_code)
+        return AutoTokenizer.from_pretrained(section.path, trust_remote_code=allow(section.trust_remote_code, "tokenizer.trust_remote_code", section.path))
     except (OSError, ValueError) as err:
         raise HftrainError(
             f"tokenizer.path: cannot load a tokenizer from {section.path!r} ({str(err).splitlines()[0]}). "

@@ -22,6 +22,7 @@ from .checkpoint import CheckpointManager, step_of
 from .data.loader import DataPlan, collate_blocks, first_documents, plan_data, validation_blocks
 from .data.pretokenized import check_compatible
 from .errors import HftrainError, Preempted
+from .files import read_json
 from .eval_metrics import TrainingEvaluation
 from .finetune import apply_method
 from .generation import sample
@@ -56,7 +57,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         levers = {key: value for key in LEVER_KEYS if (value := getattr(args, key)) is not None}
         checkpoints.claim(args.process_index == 0, levers)
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
-    resume = checkpoints.resume_point(settings.resume)
+        resume = checkpoints.resume_point(settings.resume, args.process_index == 0)
     if args.process_index == 0:
         print(f"hftrain: {settings.length.note}", flush=True)
         if settings.speed.reasons:
@@ -137,7 +138,7 @@ def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, know
     trainer.state = TrainerState.load_from_json(str(resume / TRAINER_STATE_FILE))
     layout = trainer.options.checkpoints.layout
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:  # sharded weights load only inside train()
-        metrics = json.loads(layout.results.read_text(encoding="utf-8")) if layout.results.is_file() else {}
+        metrics = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
         return Run(recipe, layout.root, layout.final, trainer, metrics=metrics)
     trainer.options.checkpoints.load_weights(trainer.model, resume)
     return finish(trainer, recipe, known, pusher)

@@ -11,11 +11,14 @@ import torch
 
 from .adapter import is_adapter_dir, merge_adapter, save_adapter
 from .errors import HftrainError
+from .files import check_safetensors
 from .layout import ADAPTER_DIR
 
 
 def load_checkpoint_weights(model: Any, checkpoint: Path) -> None:
     """A checkpoint's trained weights into `model`: a LoRA adapter's into the peft model, else all of them."""
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        check_safetensors(file)
     if is_adapter_dir(checkpoint):
         from peft import set_peft_model_state_dict
 

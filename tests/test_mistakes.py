@@ -7,6 +7,9 @@ one-line error would escape it and fail the test, as a traceback would in a term
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,181 @@ def test_a_checkpoint_folder_hftrain_did_not_write_is_never_replaced(capsys, rec
     code, printed = cli(capsys, "train", str(recipe_file))
     assert code == 2 and f"{foreign}: already exists and was not written by hftrain" in printed
     assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+# ------------------------------------------------------------------------------------------- --max-restarts
+_CHILD = """import os, signal, sys
+from pathlib import Path
+log = Path(sys.argv[1]); codes = sys.argv[2].split(",")
+runs = len(log.read_text().split()) if log.exists() else 0
+log.write_text(log.read_text() + " run" if log.exists() else "run")
+code = codes[min(runs, len(codes) - 1)]
+if code == "KILL":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(code))
+"""
+
+
+@pytest.mark.parametrize("codes, expected_runs, expected_exit", [
+    ("2", 1, 2),  # a configuration error fails the same way every time: never restarted
+    ("0", 1, 0), ("130", 1, 130),
+    ("KILL,0", 2, 0), ("75,0", 2, 0), ("1,1,0", 3, 0),  # a crash, a preemption of the child alone, a bug: restarted
+    ("KILL,2", 2, 2),  # restarted after the crash, then the configuration error is final
+    ("1,1,1,1", 3, 1),  # no restarts left
+])  # fmt: skip
+def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, codes, expected_runs, expected_exit):
+    from hftrain.launch import supervise
+
+    log = tmp_path / "runs.txt"
+    code = supervise([str(log), codes], 2, command=[sys.executable, "-c", _CHILD])
+    assert (code, len(log.read_text().split())) == (expected_exit, expected_runs)
+    err = capsys.readouterr().err
+    if codes == "2":
+        assert "hftrain: not restarted: a problem in the recipe or data (a restart would fail the same way)." in err
+        assert "restart 1" not in err
+
+
+def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file):
+    """Found by the child process (the recipe itself is valid): exit 2 once, not N + 1 times."""
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("mine")
+    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3",
+                             f"training.output_dir={in_the_way}"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count(f"training.output_dir: {in_the_way} is a file, not a directory") == 1
+    assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
+    assert "Traceback" not in result.stderr and in_the_way.read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------------- resume fallback
+def _losses(run_dir: Path) -> dict[int, float]:
+    import json
+
+    lines = [json.loads(line) for line in (run_dir / RunLayout.METRICS_FILE).read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in lines if "loss" in r and "step" in r}
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated trainer_state.json"])
+def test_resume_falls_back_to_the_newest_checkpoint_that_loads(capsys, recipe_file, tmp_path, damage):
+    run_dir = tmp_path / "run"
+    assert cli(capsys, "train", str(recipe_file))[0] == 0  # checkpoint-2, checkpoint-4, final/
+    newest = run_dir / "checkpoint-4"
+    name = "model.safetensors" if damage == "truncated weights" else "trainer_state.json"
+    (newest / name).write_bytes((newest / name).read_bytes()[:200])
+    damaged = tree_digest(newest)
+    code, printed = cli(capsys, "train", str(recipe_file), "training.max_steps=6")
+    aside = run_dir / "unreadable-checkpoint-4"
+    assert code == 0 and f"hftrain: warning: {newest} cannot be loaded ({name}" in printed, printed[-3000:]
+    assert f"kept as {aside}" in printed and f"resuming from {run_dir / 'checkpoint-2'}" in printed
+    assert tree_digest(aside) == damaged  # nothing of it deleted or changed
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert set(_losses(run_dir)) >= {3, 4, 5, 6}  # the steps after checkpoint-2 trained again, to the new max_steps
+
+
+def test_an_explicit_resume_path_that_does_not_load_is_refused(capsys, recipe_file, tmp_path):
+    assert cli(capsys, "train", str(recipe_file))[0] == 0
+    newest = tmp_path / "run" / "checkpoint-4"
+    (newest / "trainer_state.json").write_text('{"global_step": 4, "log_hist')
+    before = tree_digest(tmp_path / "run")
+    code, printed = cli(capsys, "train", str(recipe_file), f"training.resume_from_checkpoint={newest}", "training.max_steps=6")
+    assert code == 2 and "Traceback" not in printed
+    assert f"training.resume_from_checkpoint: {newest} cannot be loaded (trainer_state.json (the Trainer's state): not valid JSON" in printed
+    assert tree_digest(tmp_path / "run") == before
+
+
+# ------------------------------------------------------------------------------ the bad-input table, second part
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory) -> Path:
+    """A finished run (checkpoint-2, checkpoint-4, final/) whose files every case below must leave byte-identical."""
+    root = tmp_path_factory.mktemp("earlier")
+    data = write_jsonl(root / "good.jsonl", make_documents(300))
+    recipe = root / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(data, root / "run", max_steps=4, save_steps=2)), encoding="utf-8")
+    assert main(["train", str(recipe)]) == 0
+    return root
+
+
+def _damaged_copy(source: Path, target: Path, name: str, content: bytes | None) -> Path:
+    import shutil
+
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+    (target / name).write_bytes(content if content is not None else (target / name).read_bytes()[:5000])
+    return target
+
+
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 599968\n"
+_MODEL = ["tokenizer.train=null", "model.from_pretrained={model}"]
+# (name, command and arguments with {run} {final} {model} {ckpt} {file} {tmp}, damage to {model}/{ckpt}, expected)
+MORE_CASES = [
+    ("negative learning rate", ["train", "{recipe}", "training.learning_rate=-0.001"], None,
+     "training.learning_rate: Input should be greater than or equal to 0 (got -0.001)"),
+    ("batch size 0", ["train", "{recipe}", "training.per_device_train_batch_size=0"], None,
+     "training.per_device_train_batch_size: Input should be greater than 0 (got 0)"),
+    ("preset null", ["train", "{recipe}", "model.preset=null"], None,
+     "model: preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained"),
+    ("no training data", ["plan", "{recipe}", "data.train=[]"], None,
+     "data.train: an empty list: give at least one source, e.g. {{path: data.jsonl}} or {{builtin: python-docs}}"),
+    ("git-lfs pointer as weights", ["train", "{recipe}", *_MODEL], ("model.safetensors", LFS),
+     "model.from_pretrained: {model}/model.safetensors: a git-lfs pointer, not the weights (the repository was cloned "
+     "without its LFS files). Run `git lfs pull` in that repository, or download the model again."),
+    ("truncated weights", ["plan", "{recipe}", *_MODEL], ("model.safetensors", None),
+     "model.from_pretrained: {model}/model.safetensors: truncated (5,000 bytes of "),
+    ("export of a truncated checkpoint", ["export", "{ckpt}", "--out", "{tmp}/exported"], ("model.safetensors", None),
+     "{ckpt}/model.safetensors: truncated (5,000 bytes of "),
+    ("export --out a file", ["export", "{run}/checkpoint-4", "--out", "{file}"], None,
+     "--out {file}: is a file; give a new directory to write the model into."),
+    ("output_dir a file", ["train", "{recipe}", "training.output_dir={file}"], None,
+     "training.output_dir: {file} is a file, not a directory. Set training.output_dir to a directory path."),
+    ("truncated results.json", ["report", "{broken_run}"], ("results.json", b'{"step": 4, "eval_lo'),
+     "{broken_run}/results.json (the run's results): not valid JSON (line 1, column "),
+    ("a different builtin tokenizer", ["plan", "{recipe}", *_MODEL, "tokenizer.builtin=gpt2"], None,
+     "tokenizer: tokenizer.builtin gpt2 is not the tokenizer {model} was trained with (their vocabularies or merges differ)"),
+    ("a tokenizer trained anew", ["plan", "{recipe}", "model.from_pretrained={model}"], None,
+     "tokenizer.train: a new tokenizer for {model}, whose embeddings were trained with its own; remove the tokenizer section"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, argv, damage, expected", MORE_CASES, ids=[c[0] for c in MORE_CASES])
+def test_more_mistakes_get_their_message(capsys, earlier_run, tmp_path, name, argv, damage, expected):
+    run = earlier_run / "run"
+    before = tree_digest(run)
+    fill = {"run": run, "recipe": earlier_run / "r.yaml", "tmp": tmp_path, "file": tmp_path / "a-file",
+            "model": tmp_path / "model", "ckpt": tmp_path / "checkpoint-4", "broken_run": tmp_path / "broken-run"}  # fmt: skip
+    (tmp_path / "a-file").write_text("mine")
+    if damage is not None:
+        source, target = {"export": (run / "checkpoint-4", fill["ckpt"]), "report": (run, fill["broken_run"])}.get(
+            argv[0], (run / "final", fill["model"]))
+        _damaged_copy(source, target, *damage)
+    else:
+        import shutil
+
+        shutil.copytree(run / "final", fill["model"])
+    code, printed = cli(capsys, *(word.format(**fill) for word in argv))
+    assert code == 2 and expected.format(**fill) in printed, printed[-3000:]
+    assert "Traceback" not in printed and "exported:" not in printed
+    assert tree_digest(run) == before and (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_the_models_own_tokenizer_travels_with_it(capsys, earlier_run, tmp_path):
+    final = earlier_run / "run" / "final"
+    recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": str(final)}, "training": {"max_steps": 1}})
+    assert (recipe.tokenizer.path, recipe.tokenizer.builtin) == (str(final), None)  # no tokenizer section: the model's
+    replaced = [str(earlier_run / "r.yaml"), "tokenizer.train=null", "tokenizer.builtin=gpt2", f"model.from_pretrained={final}",
+                "tokenizer.replace_model_tokenizer=true", "model.trust_remote_code=true"]  # fmt: skip
+    code, printed = cli(capsys, "plan", *replaced)
+    assert code == 0, printed[-2000:]  # a different tokenizer, intended: accepted
+    assert f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {final} will run" in printed
+
+
+def test_an_output_dir_that_cannot_be_written(capsys, earlier_run, tmp_path):
+    """Not as root: chmod does not stop root, so /sys (which refuses new directories to everyone) stands in."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        target = locked / "run"
+    else:
+        target = Path("/sys/hftrain-test-run")
+    code, printed = cli(capsys, "train", str(earlier_run / "r.yaml"), f"training.output_dir={target}")
+    assert code == 2 and "Traceback" not in printed
+    assert f"training.output_dir: cannot write to {target} (" in printed and "writable file system" in printed, printed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +74,112 @@ def test_every_file_named_in_the_readme_exists(path):
         assert (ROOT / path).is_dir(), path
     else:
         assert (ROOT / path).exists(), path
+
+
+# ------------------------------------------------------------------------- every README command, run where it can be
+def _command_lines() -> list[str]:
+    return [line.split("  #")[0].strip() for block in _shell_blocks() for line in block.splitlines() if line.strip()]
+
+
+# Run as written, from the repository root (they write nothing).
+FAST = [
+    "hftrain plan recipes/pretrain/pythia-1b.yaml",
+    "hftrain train --help",
+    "hftrain plan recipes/pretrain/pythia-1b.yaml --gpus 8 --gpu-mem-gb 80",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind slurm --nodes 2 --gpus-per-node 8",
+]
+# Run in order in one scratch directory (recipes/ linked in, runs/ written there), each with SHORT appended: the
+# README's runs, a few steps long. Checkpoint numbers in the README (200, 600) become the short runs' last step.
+SHORT = ["training.max_steps=2", "training.save_steps=2", "training.eval_steps=2", "training.logging_steps=1",
+         "tokenizer.train.max_documents=100", "data.eval_blocks=2", "monitor.sample_max_new_tokens=0", "monitor.plot=false"]  # fmt: skip
+CHAIN = [
+    "hftrain train recipes/quickstart.yaml training.max_steps=50 training.learning_rate=3e-4",
+    "hftrain train recipes/quickstart.yaml parallelism.strategy=device_map",
+    "hftrain export runs/quickstart/checkpoint-600 --out runs/quickstart/exported",
+    "hftrain train recipes/finetune/lora.yaml",
+    "hftrain train recipes/finetune/full.yaml",
+    "hftrain export runs/finetune-lora/checkpoint-200 --merge --out runs/finetune-lora/merged",
+]
+S3_LINE = "hftrain train recipes/quickstart.yaml 'data.train={path: \"s3://corpus/*.jsonl.gz\"}'"
+# Run elsewhere in the suite (the same command on a tiny recipe), or not runnable on this machine, with the reason.
+ELSEWHERE = {
+    "python3 -m venv .venv": "the install lines: the suite runs inside that environment (their hftrain command is in CHAIN)",
+    "scripts/install_test_deps.sh": "the test command itself (.ci/run runs it; test_install_script_is_what_ci_runs)",
+    "pip install \"moto[server]\"": "the S3 setup: tests/support/s3.py starts moto's server (test_readme_s3_example)",
+    "export AWS_ENDPOINT_URL": "the S3 setup: s3_server.env() sets exactly these variables",
+    "aws s3 mb": "the S3 setup: done with boto3 against the same server",
+    "hftrain train recipes/finetune/qlora.yaml": "bitsandbytes 4-bit needs a CUDA GPU (tests/gpu/)",
+    "hftrain train recipes/finetune/lora.yaml --accelerate-config": "tests/test_finetune_distributed.py::test_method_trains_on_2_processes",
+    "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/finetune/qlora.yaml": "bitsandbytes needs a CUDA GPU",
+    "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/pretrain/pythia-160m.yaml": "GPU-sized (160M parameters)",
+    "accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml": "GPU-sized (160M parameters)",
+    "hftrain train recipes/pretrain/pythia-160m.yaml --accelerate-config zero3": "GPU-sized (160M parameters)",
+    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/test_distributed.py::test_backend_trains_resumes_and_exports",
+    "hftrain parity recipes/quickstart.yaml --steps 20": "tests/test_distributed.py::test_parity_across_backends",
+    "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
+    "pip install --no-index --find-links wheels": "installs the wheelhouse above",
+    "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
+}  # fmt: skip
+
+
+def test_every_readme_command_is_run_or_says_where_and_why_not():
+    unplaced = [line for line in _command_lines()
+                if line not in FAST + CHAIN + [S3_LINE] and not any(line.startswith(prefix) for prefix in ELSEWHERE)]  # fmt: skip
+    assert not unplaced, f"README commands no test runs: {unplaced}"
+    for line in FAST + CHAIN + [S3_LINE]:
+        assert line in _command_lines(), f"no longer in the README: {line}"
+
+
+def test_install_script_is_what_ci_runs():
+    script = (ROOT / "scripts" / "install_test_deps.sh").read_text(encoding="utf-8")
+    assert "apt-get install -y -q chromium" in script and "command -v chromium" in script
+    assert _shell_blocks()[1].strip().startswith("scripts/install_test_deps.sh && ")
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "install_test_deps.sh")]).returncode == 0
+
+
+def _run_line(line: str, cwd, env=None, extra=()) -> subprocess.CompletedProcess:
+    words = shlex.split(line)
+    assert words[0] == "hftrain"
+    result = subprocess.run([sys.executable, "-m", "hftrain", *words[1:], *extra], cwd=cwd, capture_output=True, text=True,
+                            env=env, timeout=900)  # fmt: skip
+    assert result.returncode == 0, (line, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    return result
+
+
+@pytest.mark.parametrize("line", FAST)
+def test_readme_command_runs(line):
+    _run_line(line, ROOT)
+
+
+def _scratch(tmp_path):
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_readme_training_commands_run_in_order(tmp_path):
+    cwd = _scratch(tmp_path)
+    for line in CHAIN:
+        line = line.replace("checkpoint-600", "checkpoint-2").replace("checkpoint-200", "checkpoint-2")
+        extra = SHORT if line.startswith("hftrain train") else ()
+        if "finetune" in line and line.startswith("hftrain train"):
+            extra = [w for w in SHORT if not w.startswith("tokenizer.")]
+        _run_line(line, cwd, extra=extra)
+    assert (cwd / "runs/quickstart/exported/model.safetensors").is_file()
+    assert (cwd / "runs/finetune-lora/merged/model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_readme_s3_example(tmp_path, s3_server):
+    import gzip
+    import json
+    import os
+
+    from .support.data import make_documents
+
+    s3_server.make_bucket("corpus")
+    s3_server.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()))
+    env = {**os.environ, **s3_server.env()}
+    result = _run_line(S3_LINE, _scratch(tmp_path), env=env, extra=SHORT)
+    assert "final checkpoint: runs/quickstart/final" in result.stdout
