@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import fsspec
 
+from .. import network
 from ..errors import HftrainError
 from ..recipe_schema import Source
 from .builtin_corpus import module_docstrings, python_docs_files
@@ -131,7 +132,7 @@ def list_shards(source: Source, where: str) -> list[str]:
     assert path is not None
     require_backend(path, f"{where}.path")
     try:
-        fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=source.storage_options or None)
+        fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=network.storage_options_with_timeouts(path, source.storage_options) or None)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         if fs.isdir(path):
             listed = fs.find(path)
@@ -189,7 +190,7 @@ def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords
 
 
 def _open(shard: str, options: dict[str, Any]) -> Any:
-    return fsspec.open(shard, mode="rb", compression="infer", **options).open()
+    return fsspec.open(shard, mode="rb", compression="infer", **network.storage_options_with_timeouts(shard, options)).open()
 
 
 def _text_reader(field: str) -> Any:
