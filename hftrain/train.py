@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import parallel
+from . import parallel, trackers
 from .arguments import TrainingSettings, training_arguments
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from .checkpoint import CheckpointManager, step_of
@@ -76,8 +76,9 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
     if resume is not None and step_of(resume) >= args.max_steps:
         return already_finished(trainer, recipe, resume, known, pusher)
-    fit(trainer, resume)
-    return finish(trainer, recipe, known, pusher)
+    with trackers.one_run(args):
+        fit(trainer, resume)
+        return finish(trainer, recipe, known, pusher)
 
 
 def build_trainer(

@@ -119,6 +119,9 @@ ELSEWHERE = {
     "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
+    "pip install -e \".[sagemaker]\"": "the install lines: the test extra holds the sagemaker extra's packages",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
+    "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
 }  # fmt: skip
 
 
