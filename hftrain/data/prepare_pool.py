@@ -27,8 +27,8 @@ import numpy as np
 from ..errors import HftrainError
 from .chunking import SafeCut
 from .pretokenized import ShardWriter
-from .sources import BadRecords
-from .stream import DocumentStream, TokenRun, text_batches
+from .loader import train_documents
+from .stream import TokenRun, text_batches
 
 Unit = tuple[int, int]  # (source, shard)
 REPORT_EVERY_S = 1.0
@@ -56,8 +56,8 @@ class UnitResult:
 def prepare_unit(job: PrepareJob, unit: Unit, report: Callable[[Unit, int, int], None]) -> UnitResult:
     """Tokenize and pack one input shard into its own output shards; `report(unit, bytes_read, tokens)`."""
     section, tok = job.plan.section, job.tokenizer
-    docs = DocumentStream(job.plan.train, seed=job.plan.seed, holdout_every=0 if job.plan.validation else section.holdout_every,
-                          split="train", shuffle=False, loop=False, bad=BadRecords(section.on_bad_record), only=unit)  # fmt: skip
+    docs = train_documents(job.plan, loop=False)
+    docs.shuffle, docs.only = False, unit
     source, shard = unit
     writer = ShardWriter(job.out, section.seq_len, tok, job.shard_bytes, job.options, prefix=f"train-s{source}-{shard:05d}")
     tokens, eos = TokenRun([], np.int32 if len(tok) < 2**31 else np.int64), int(tok.eos_token_id)
