@@ -33,6 +33,7 @@ import hftrain  # noqa: E402
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
 from hftrain.data.prepare import prepare  # noqa: E402
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
+from hftrain.data.readers import ReaderLayout  # noqa: E402
 from hftrain.recipe import load_recipe  # noqa: E402
 from hftrain.tokenizer import gpt2_tokenizer  # noqa: E402
 
@@ -54,7 +55,8 @@ def write_shards(root: Path, shards: int = 8) -> list[Path]:
 def data_rate(section_raw: dict, tokens: int, workers: int) -> float:
     recipe = load_recipe(None, {"data": section_raw, "tokenizer": {"builtin": "gpt2"}})
     plan = plan_data(recipe.data, 0)
-    loader = ResumableLoader(PackedDataset(plan, gpt2_tokenizer(), 0, 1, None), BATCH, workers)
+    layout = ReaderLayout(readers=max(workers, 1), processes=1, workers=max(workers, 1))
+    loader = ResumableLoader(PackedDataset(plan, gpt2_tokenizer(), 0, layout), BATCH, workers)
     it, seen = iter(loader), 0
     next(it)  # start-up (worker spawn, first window) is not throughput
     start = time.perf_counter()

@@ -16,6 +16,7 @@ from transformers import TrainingArguments
 
 from . import cpu_compat, parallel, run_length, speed
 from .errors import HftrainError
+from .data.readers import ReaderLayout, decide_readers
 from .model import ModelShape
 from .parallel import Launch
 from .recipe_schema import Recipe
@@ -30,12 +31,26 @@ class TrainingSettings:
     push_to_hub: bool
     speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed.py)
     length: RunLength  # max_steps and where it came from (run_length.py)
+    readers: ReaderLayout  # the run's logical data readers over this launch (data/readers.py)
+
+    @property
+    def global_batch(self) -> int:
+        a = self.args
+        return a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+
+    def start_record(self) -> dict[str, Any]:
+        """What a run records at its start and keeps when it continues (CheckpointManager.recorded_start)."""
+        levers = {key: value for key in speed.LEVER_KEYS if (value := getattr(self.args, key)) is not None}
+        return {"speed": levers, "global_batch": self.global_batch, "readers": self.readers.readers}
 
 
-def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded_speed: dict[str, bool] | None = None,
-                       manifest_tokens: int | None = None) -> TrainingSettings:  # fmt: skip
-    """TrainingArguments for this launch; `manifest_tokens`: the prepared data's size (epochs need it)."""
-    kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), launch.world_size)
+def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded: dict[str, Any] | None = None,
+                       manifest_tokens: int | None = None, fewest_shards: int | None = None) -> TrainingSettings:  # fmt: skip
+    """TrainingArguments for this launch. `recorded`: what a continuing run recorded at its start (speed levers,
+    global batch, readers); `manifest_tokens`: the prepared data's size (epochs need it); `fewest_shards`: for
+    the default reader count."""
+    recorded = recorded or {}
+    kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), launch.world_size, recorded.get("global_batch"))
     resume = kwargs.pop("resume_from_checkpoint", None)
     push = bool(kwargs.pop("push_to_hub", False))
     kwargs.pop("save_total_limit", None)  # the CheckpointManager rotates, once a new checkpoint is complete
@@ -44,12 +59,14 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, record
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs = cpu_compat.training_kwargs(kwargs, launch.rehearsal)
-    plan = speed_defaults(recipe, kwargs, launch, shape, recorded_speed)
+    plan = speed_defaults(recipe, kwargs, launch, shape, recorded.get("speed"))
     try:
         args = TrainingArguments(**kwargs)
     except (ValueError, TypeError) as err:
         raise HftrainError(f"training: {err}") from None
-    return TrainingSettings(args, resume, push, plan, length)
+    workers = max(args.dataloader_num_workers, 1)
+    count = decide_readers(recipe.data.readers, recorded.get("readers"), fewest_shards, launch.world_size, workers)
+    return TrainingSettings(args, resume, push, plan, length, ReaderLayout(count, launch.world_size, workers))
 
 
 def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape: ModelShape,
@@ -60,10 +77,11 @@ def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape
     unset = [key for key in speed.LEVER_KEYS if key not in kwargs]
     if not unset:
         return speed.SpeedPlan()
-    if recorded:
+    if recorded is not None:  # a continuing run: what it started with, never a new measurement
         kept = {key: value for key, value in recorded.items() if key in unset}
         kwargs.update(kept)
-        return speed.SpeedPlan(values=kept, reasons=[f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"])
+        reasons = [f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"] if kept else []
+        return speed.SpeedPlan(values=kept, reasons=reasons)
     device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else f"cuda:{launch.local_rank}")
     decided = parallel.agree("speed", lambda: speed.decide_here(recipe, kwargs, launch.strategy, shape, device).to_json())
     plan = speed.SpeedPlan.from_json(decided)

@@ -119,15 +119,16 @@ class CheckpointManager:
         self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
 
     # ----------------------------------------------------------------------------- start of a run
-    def recorded_speed(self) -> dict[str, bool] | None:
-        """The speed levers (bf16, compile, ...) recorded when this run started, for a run that resumes: exact
-        resume needs the same precision and compile choices, even where a new measurement would differ."""
+    def recorded_start(self) -> dict[str, Any]:
+        """What this run recorded when it started, for a run that continues (empty otherwise): the speed levers
+        (bf16, compile, ...), the global batch and the data readers. Exact resume needs the same precision and
+        compile choices, and the same data order and sequences per step, whatever the new launch would choose."""
         if self._starts_over():
-            return None
+            return {}
         record = self._run_record()
         if record.get("fingerprint") != fingerprint(self.recipe) or not self.complete():
-            return None
-        return record.get("speed")
+            return {}
+        return {key: record[key] for key in ("speed", "global_batch", "readers") if record.get(key) is not None}
 
     def _run_record(self) -> dict[str, Any]:
         try:
@@ -135,7 +136,7 @@ class CheckpointManager:
         except (OSError, ValueError):
             return {}
 
-    def claim(self, is_main: bool, speed: dict[str, bool]) -> None:
+    def claim(self, is_main: bool, start: dict[str, Any]) -> None:
         """Refuse an output_dir that holds a different run (model, tokenizer or data) or a final/ hftrain did not
         write; record ours (with the speed levers it runs with) otherwise, and remove what interrupted saves left
         behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside first."""
@@ -161,7 +162,7 @@ class CheckpointManager:
             return
         writable_directory(self.layout.root)
         partial = run_file.with_suffix(".tmp")
-        partial.write_text(json.dumps({"fingerprint": mine, "speed": speed}, indent=2), encoding="utf-8")
+        partial.write_text(json.dumps({"fingerprint": mine, **start}, indent=2), encoding="utf-8")
         os.replace(partial, run_file)  # other processes never read a half-written file
         if self.layout.staging.is_dir():
             for leftover in sorted(self.layout.staging.iterdir()):
@@ -235,15 +236,10 @@ class CheckpointManager:
         """Weights only (full model or adapter), strictly; the Trainer restores optimizer and RNG state."""
         load_checkpoint_weights(model, checkpoint)
 
-    def data_position(self, checkpoint: Path, rank: int) -> dict[str, Any]:
-        """The data position process `rank` saved in `checkpoint`."""
-        state_file = checkpoint / data_state_file(rank)
-        if not state_file.is_file():
-            raise HftrainError(
-                f"{state_file}: the checkpoint has no data position for this process. It was not written by hftrain "
-                "(or with another process count); resume it with the same process count, or start a new training.output_dir."
-            )
-        return read_json(state_file, "this process's data position")
+    def data_positions(self, checkpoint: Path) -> list[dict[str, Any]]:
+        """The data positions every process of the writing launch saved in `checkpoint` (any process count)."""
+        files = sorted(checkpoint.glob(data_state_file(0).replace("0", "*")))
+        return [read_json(f, "a process's data position") for f in files]
 
     # ------------------------------------------------------------------------------------- saving
     def save(self, trainer: Any, write_trainer_files: Callable[[], None], data_position: dict[str, Any] | None) -> None:

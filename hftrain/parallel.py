@@ -87,26 +87,35 @@ def resolve_strategy(recipe: Recipe) -> str:
     )
 
 
-def batch_kwargs(recipe: Recipe, kwargs: dict[str, Any], processes: int) -> dict[str, Any]:
-    """Derive gradient accumulation from parallelism.global_batch_size; refuse what does not divide."""
-    total = recipe.parallelism.global_batch_size
+def batch_kwargs(recipe: Recipe, kwargs: dict[str, Any], processes: int, recorded: int | None = None) -> dict[str, Any]:
+    """Derive gradient accumulation from the global batch: parallelism.global_batch_size, else the one `recorded`
+    at a resumed run's start (so that a run continued on another process count keeps its sequences per step).
+    Refuse what does not divide, naming the process counts that would."""
+    total = recipe.parallelism.global_batch_size or recorded
     if total is None:
         return kwargs
     micro = kwargs.get("per_device_train_batch_size", 8)
     per_step = micro * processes
+    source = "parallelism.global_batch_size" if recipe.parallelism.global_batch_size else "the global batch this run started with"
     if total % per_step:
+        fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
         raise HftrainError(
-            f"parallelism.global_batch_size: {total} sequences cannot be split into micro-batches of {micro} "
-            f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
-            "Change one of them so that results do not depend on the device count."
+            f"parallelism.global_batch_size: {source} is {total} sequences, which cannot be split into micro-batches of "
+            f"{micro} (training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of "
+            f"{per_step}. With that micro-batch, {', '.join(map(str, fits)) or 'no'} process count(s) work; or change the "
+            "micro-batch. (Results do not depend on the device count only while the global batch stays the same.)"
         )
     accumulation = total // per_step
     given = kwargs.get("gradient_accumulation_steps")
     if given not in (None, accumulation) and "gradient_accumulation_steps" in recipe.training.model_fields_set:
-        raise HftrainError(
-            f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
-            f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
-        )
+        if recipe.parallelism.global_batch_size:
+            raise HftrainError(
+                f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
+                f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
+            )
+        if os.environ.get("RANK", "0") == "0":
+            print(f"hftrain: keeping this run's global batch of {total} sequences (recorded at its start): "
+                  f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)", flush=True)  # fmt: skip
     kwargs["gradient_accumulation_steps"] = accumulation
     return kwargs
 

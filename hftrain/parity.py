@@ -1,8 +1,8 @@
 """`hftrain parity RECIPE --steps 20`: the same run on single / DDP / FSDP / ZeRO-3, compared step by step.
 
 Every backend sees the same global batch: the distributed runs use 2 processes with half the batch each; the
-single process accumulates two half batches read by 2 DataLoader workers. hftrain's data layout makes those
-the same blocks (logical reader r of 2, whether r is a rank or a worker), so per-step loss and grad-norm
+single process accumulates two half batches read by 2 DataLoader workers. The data order belongs to the run's
+logical readers, not to the launch (data/readers.py), so those are the same blocks and per-step loss and grad-norm
 must agree to float rounding. Forced for comparability: fp32, no dropout, no compile, no checkpoints.
 """
 
@@ -55,14 +55,14 @@ def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[st
         if done.returncode != 0:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
             raise HftrainError(f"parity: the {label} run failed (exit {done.returncode}); its last lines:\n{tail}")
-        runs[label] = _read_run(out)
+        runs[label] = read_run(out)
     print(format_table(runs, steps))
     loss_diff, norm_diff = max_differences(runs)
     print(f"parity: max relative loss diff {loss_diff:.3g}, grad-norm diff {norm_diff:.3g}")
     return 0 if max(loss_diff, norm_diff) <= tolerance else 1
 
 
-def _read_run(out: Path) -> dict[str, Any]:
+def read_run(out: Path) -> dict[str, Any]:
     layout = RunLayout(out)
     lines = [json.loads(line) for line in layout.metrics.read_text(encoding="utf-8").splitlines()]
     results = read_json(layout.results, "the run's results")

@@ -248,7 +248,7 @@ def save_recipe(recipe: Recipe, path: Path) -> None:
 
 
 # Keys that may change between the starts of one run without making it a different run.
-_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code", "replace_model_tokenizer"}, "data": {"eval_blocks", "on_bad_record"}}
+_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code", "replace_model_tokenizer"}, "data": {"eval_blocks", "on_bad_record", "readers"}}
 
 
 def fingerprint(recipe: Recipe) -> dict[str, str]:

@@ -208,6 +208,10 @@ class DataSection(Section):
     packing: bool = True
     """Instruction data: pack several short examples into one block (each attends only to itself, through
     position ids that restart per example); false pads each example to seq_len instead."""
+    readers: int | None = Field(default=None, gt=0)
+    """Logical readers, each owning its part of the data; fixed at the run's start. The data order (and so the
+    losses) is the same on any launch whose processes x dataloader workers divides it, and a checkpoint resumes
+    onto any such launch. Default: 8 (fewer if a source has fewer shards), times whatever the first launch needs."""
     on_bad_record: Literal["fail", "skip"] = "fail"
     """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
 

@@ -36,7 +36,6 @@ from .plot import plot_curves
 from .profiling import ProfilerCallback
 from .recipe_schema import Recipe
 from .results import build_results, summary
-from .speed import LEVER_KEYS
 from .run_record import Run
 from .step_metrics import MetricsOptions, StepMetrics
 from .tokenizer import load_tokenizer
@@ -50,12 +49,11 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     layout = RunLayout(Path(recipe.training.output_dir))
     checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
     data = plan_data(recipe.data, recipe.training.seed)
-    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_speed(), data.manifest_tokens)
+    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_start(), data.manifest_tokens, data.fewest_shards)
     args = settings.args
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
     with args.main_process_first(desc="preparing the output directory"):
-        levers = {key: value for key in LEVER_KEYS if (value := getattr(args, key)) is not None}
-        checkpoints.claim(args.process_index == 0, levers)
+        checkpoints.claim(args.process_index == 0, settings.start_record())
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
         resume = checkpoints.resume_point(settings.resume, args.process_index == 0)
     if args.process_index == 0:
@@ -90,7 +88,7 @@ def build_trainer(
     eval_set = validation_blocks(data, tokenizer)
     metrics = StepMetrics(metrics_options(recipe, args, shape), args.device, args.process_index == 0)
     options = TrainerOptions(
-        launch=launch, data=data, checkpoints=checkpoints, metrics=metrics,
+        launch=launch, data=data, readers=settings.readers, checkpoints=checkpoints, metrics=metrics,
         guard=NonFiniteGuard(recipe.faults, checkpoints.latest),
         evaluation=TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks), resume_from=resume,
     )  # fmt: skip
@@ -181,6 +179,7 @@ def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
         "torch_compile": trainer.args.torch_compile,
         **trainer.distribution,
         "data_records_skipped": skipped,
+        "data_readers": trainer.options.readers.readers,
     }
 
 

@@ -24,7 +24,8 @@ from transformers import Trainer
 from . import cpu_compat, parallel
 from .adapter import is_adapter_dir
 from .checkpoint import CheckpointManager
-from .data.loader import DataPlan, PackedDataset, ResumableLoader, check_resumable
+from .data.loader import DataPlan, PackedDataset, ResumableLoader
+from .data.readers import ReaderLayout, merge_positions
 from .eval_metrics import TrainingEvaluation
 from .nonfinite import NonFiniteGuard
 from .parallel import Launch
@@ -40,6 +41,7 @@ class TrainerOptions:
 
     launch: Launch
     data: DataPlan
+    readers: ReaderLayout  # the run's logical readers over this launch's processes x workers
     checkpoints: CheckpointManager
     metrics: StepMetrics
     guard: NonFiniteGuard
@@ -66,11 +68,11 @@ class HftrainTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------ data
     def get_train_dataloader(self) -> ResumableLoader:
-        args, resume = self.args, None
-        if self.options.resume_from is not None:
-            resume = self.options.checkpoints.data_position(self.options.resume_from, args.process_index)
-            check_resumable(resume, args.dataloader_num_workers, args.world_size, str(self.options.resume_from))
-        dataset = PackedDataset(self.options.data, self.processing_class, args.process_index, args.world_size, resume)
+        args, options, resume = self.args, self.options, None
+        if options.resume_from is not None:
+            saved = options.checkpoints.data_positions(options.resume_from)
+            resume = merge_positions(saved, options.readers, options.data.section.seq_len, str(options.resume_from))
+        dataset = PackedDataset(options.data, self.processing_class, args.process_index, options.readers, resume)
         self.train_loader = ResumableLoader(
             dataset, args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor
         )

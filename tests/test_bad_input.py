@@ -51,6 +51,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, changes, expected", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_its_message(tmp_path, name, changes, expected):
     files = _case_files(tmp_path)
@@ -69,6 +70,7 @@ SECRETS = {"HF_TOKEN": "hf_PLANTEDsecretTOKEN0123456789", "AWS_SECRET_ACCESS_KEY
            "AWS_SESSION_TOKEN": "PLANTEDsessionTOKEN9876543210"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_planted_secrets_never_leak(tmp_path, s3_server):
     """Secrets in the environment and in the recipe (storage_options) appear in no file and no output."""
     bucket = s3_server.make_bucket()

@@ -48,6 +48,7 @@ def test_bad_recipe_exits_2_with_one_message(tmp_path, corpus):
     assert "Traceback" not in result.stderr + result.stdout
 
 
+@pytest.mark.slow
 def test_bad_data_line_exits_2_naming_file_and_line(tmp_path, corpus):
     lines = corpus.read_text().splitlines()
     lines[7] = '{"text": "unterminated'
@@ -57,6 +58,7 @@ def test_bad_data_line_exits_2_naming_file_and_line(tmp_path, corpus):
     assert f"{corpus}:8: not valid JSON" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_plan_with_overrides_anywhere():
     result = run_cli("plan", "recipes/pretrain/pythia-1b.yaml")
     assert result.returncode == 0, result.stderr
@@ -66,6 +68,7 @@ def test_plan_with_overrides_anywhere():
     assert "model pythia-70m: 6 layers, hidden 512, 8 heads, vocab 4,096" in moved.stdout  # quickstart's 4k BPE
 
 
+@pytest.mark.slow
 def test_help_shows_field_docs():
     result = run_cli("train", "--help")
     assert result.returncode == 0

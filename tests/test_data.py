@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
+from hftrain.data.readers import ReaderLayout, merge_positions
 from hftrain.data.stream import BlockStream, DocumentStream, Worker
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
@@ -88,26 +89,68 @@ def test_tail_carries_across_windows(tmp_path, tok):
     assert n > 1000 and (a[:n] == b[:n]).all()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_loader_resumes_exactly(tmp_path, tok, workers):
-    """Batches after a resume are exactly those an uninterrupted loader yields (shuffling on, workers or not)."""
+def global_order(plan, tok, layout, count, resume=None, micro=2):
+    """The next `count` blocks of the run's global order as the ranks of `layout` read them (global block g is
+    rank g % P's sample g // P), and each rank's saved state after them."""
+    P = layout.processes
+    ranks = [ResumableLoader(PackedDataset(plan, tok, p, layout, resume), micro, layout.workers if layout.workers > 1 else 0)
+             for p in range(P)]  # fmt: skip
+    per_rank = []
+    for loader in ranks:
+        it, got = iter(loader), []
+        while len(got) < count // P:
+            got += list(next(it)["input_ids"])
+        per_rank.append(got)
+    blocks = [per_rank[g % P][g // P] for g in range(count)]
+    return blocks, [json.loads(json.dumps(r.state_dict())) for r in ranks]  # what the checkpoint files hold
+
+
+LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]  # processes x workers, all reading 4 logical readers
+
+
+@pytest.mark.parametrize("before", LAYOUTS)
+def test_data_order_and_resume_are_the_same_on_any_launch(tmp_path, tok, before):
+    """The global block order is the same for every processes x workers layout of the same 4 readers, and a
+    position saved by one layout continues exactly on every other (shuffling on, epochs wrapping)."""
     docs = make_documents(50)
     section = data_section(write_jsonl(tmp_path / "a.jsonl", docs), seq_len=32, shuffle_window=8)
     plan = plan_data(section, 0)
-    straight = iter(ResumableLoader(PackedDataset(plan, tok, 0, 1, None), 4, workers))
-    first = ResumableLoader(PackedDataset(plan, tok, 0, 1, None), 4, workers)
-    it = iter(first)
-    for _ in range(13):
-        next(it)
-    saved = json.loads(json.dumps(first.state_dict()))  # what a checkpoint stores
-    del it
-    expected = [next(straight)["input_ids"] for _ in range(13 + 30)][13:]
-    resumed = iter(ResumableLoader(PackedDataset(plan, tok, 0, 1, saved), 4, workers))
-    got = [next(resumed)["input_ids"] for _ in range(30)]
-    assert all((a == b).all() for a, b in zip(expected, got))
+    straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 1), 128)
+    first, saved = global_order(plan, tok, ReaderLayout(4, *before), 32)
+    assert all((a == b).all() for a, b in zip(first, straight[:32]))
+    for after in LAYOUTS:
+        layout = ReaderLayout(4, *after)
+        resume = merge_positions(saved, layout, 32, "checkpoint-x")
+        resumed, _ = global_order(plan, tok, layout, 96, resume)
+        assert all((a == b).all() for a, b in zip(resumed, straight[32:])), f"{before} -> {after}"
     # the run crosses more than 2 epochs of this small corpus: looping epochs resumes exactly too
     corpus_tokens = sum(len(tok(d)["input_ids"]) + 1 for d in docs)
-    assert 43 * 4 * 32 > 2 * corpus_tokens
+    assert 128 * 32 > 2 * corpus_tokens
+
+
+def test_the_order_check_can_fail(tmp_path, tok):
+    """Without the rotation of worker slots, a resumed 2-worker loader would start from the wrong reader."""
+    plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", make_documents(50)), seq_len=32, shuffle_window=8), 0)
+    straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 2), 40)
+    _, saved = global_order(plan, tok, ReaderLayout(4, 1, 2), 6, micro=3)  # 6 samples: next one is from slot 0
+    resume = merge_positions(saved, ReaderLayout(4, 1, 2), 32, "c")
+    resume["blocks"] += 1  # a position one sample off: the rotation (and every block after it) is wrong
+    resumed, _ = global_order(plan, tok, ReaderLayout(4, 1, 2), 34, resume)
+    assert not all((a == b).all() for a, b in zip(resumed, straight[6:]))
+
+
+def test_a_launch_that_cannot_divide_the_readers_is_refused():
+    with pytest.raises(HftrainError) as info:
+        ReaderLayout(readers=4, processes=3, workers=1)
+    assert "4 logical readers (fixed at its start), which cannot be split over 3 process(es) x 1 dataloader worker(s)" in str(info.value)
+    assert "1, 2, 4 process(es) work" in str(info.value)
+    saved = [{"version": 2, "readers": 8, "blocks": 16, "seq_len": 32, "positions": {}}]
+    with pytest.raises(HftrainError) as info:
+        merge_positions(saved, ReaderLayout(4, 1, 1), 32, "ckpt")
+    assert "saved with 8 logical readers and this run has 4" in str(info.value)
+    with pytest.raises(HftrainError) as info:
+        merge_positions([{"version": 1, "workers": {}}], ReaderLayout(4, 1, 1), 32, "ckpt")
+    assert "saved by an earlier hftrain version" in str(info.value)
 
 
 def test_shuffle_is_seeded(tmp_path, tok):
@@ -115,7 +158,7 @@ def test_shuffle_is_seeded(tmp_path, tok):
     section = data_section(path, seq_len=32, shuffle_window=16)
 
     def first_batches(seed):
-        it = iter(ResumableLoader(PackedDataset(plan_data(section, seed), tok, 0, 1, None), 4, 0))
+        it = iter(ResumableLoader(PackedDataset(plan_data(section, seed), tok, 0, ReaderLayout(1, 1, 1)), 4, 0))
         return [next(it)["input_ids"] for _ in range(5)]
 
     a, b, c = first_batches(1), first_batches(1), first_batches(2)
@@ -137,7 +180,7 @@ def test_workers_read_disjoint_parts_covering_everything(tmp_path):
 
 @pytest.mark.parametrize("shards", [8, 1])  # 8 shards: split by shard; 1 shard: split by example
 def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_path, tok, shards):
-    """2 ranks x 2 real DataLoader worker processes: one epoch of each part, decoded from the packed blocks."""
+    """2 ranks x 2 real DataLoader worker processes (4 readers): one epoch of each reader, decoded from the blocks."""
     docs = [f"shard {i % shards} doc {i}" for i in range(96)]
     for s in range(shards):
         write_jsonl(tmp_path / "corpus" / f"part-{s}.jsonl", [d for i, d in enumerate(docs) if i % shards == s])
@@ -146,16 +189,20 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
                                           "seq_len": 16, "shuffle_window": 1}}).data  # fmt: skip
     plan = plan_data(section, 0)
     parts = {}
+    layout = ReaderLayout(readers=4, processes=2, workers=2)  # 2 ranks x 2 workers, one reader each
     for rank in range(2):
-        loader = ResumableLoader(PackedDataset(plan, tok, rank, 2, None), batch_size=2, num_workers=2)
-        tokens: dict[int, list[int]] = {0: [], 1: []}
-        for n, batch in enumerate(loader):  # batch n comes from worker n % 2
-            tokens[n % 2] += batch["input_ids"].flatten().tolist()
-            epochs = {w: _split_docs(tok, t) for w, t in tokens.items()}
-            if all(len(d) > len(set(d)) for d in epochs.values()):  # every worker has started its second epoch
+        loader = ResumableLoader(PackedDataset(plan, tok, rank, layout), batch_size=2, num_workers=2)
+        tokens: dict[int, list[int]] = {r: [] for r in layout.rank_readers(rank)}
+        k = 0
+        for batch in loader:
+            for sample in batch["input_ids"]:  # rank sample k comes from rank reader k % 2
+                tokens[layout.rank_readers(rank)[k % 2]] += sample.tolist()
+                k += 1
+            epochs = {r: _split_docs(tok, t) for r, t in tokens.items()}
+            if all(len(d) > len(set(d)) for d in epochs.values()):  # every reader has started its second epoch
                 break
-        for w, seen in epochs.items():
-            parts[(rank, w)] = seen[: seen.index(seen[0], 1)]  # the first epoch (unshuffled, so in stream order)
+        for r, seen in epochs.items():
+            parts[r] = seen[: seen.index(seen[0], 1)]  # the first epoch (unshuffled, so in stream order)
     flat = [d for part in parts.values() for d in part]
     assert sorted(flat) == sorted(docs) and len(flat) == len(set(flat))  # all of it, nothing twice
     assert all(parts.values())
@@ -163,7 +210,7 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
         owners = {d.split(" doc")[0]: key for key, part in parts.items() for d in part}
         assert all(
             {d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key} for key, part in parts.items()
-        ) and len(owners) == 8  # each shard read by exactly one (rank, worker)
+        ) and len(owners) == 8  # each shard read by exactly one reader
 
 
 def _split_docs(tok, ids: list[int]) -> list[str]:

@@ -86,7 +86,7 @@ def test_parity_across_backends(tiny_yaml):
 
 
 @pytest.mark.slow
-def test_global_batch_sets_accumulation_and_a_different_world_size_is_refused(tiny_yaml, tmp_path):
+def test_global_batch_sets_accumulation_and_is_kept_on_another_process_count(tiny_yaml, tmp_path):
     out = tmp_path / "gb"
     launch(tiny_yaml, "ddp", out, "training.max_steps=4", "training.save_steps=4", "parallelism.global_batch_size=16",
            "training.per_device_train_batch_size=4")  # fmt: skip
@@ -94,10 +94,9 @@ def test_global_batch_sets_accumulation_and_a_different_world_size_is_refused(ti
     assert last["tokens_seen"] == 4 * 16 * 32  # 4 steps x 16 sequences (2 processes x 4 x accumulation 2)
     raw = yaml.safe_load(tiny_yaml.read_text())
     raw["training"].update(output_dir=str(out), max_steps=6, per_device_train_batch_size=4)
-    raw["parallelism"] = {"global_batch_size": 16}
-    with pytest.raises(HftrainError) as info:
-        hftrain.train(load_recipe(None, raw))  # one process resuming a 2-process run
-    assert "the data position was saved with 1 dataloader worker(s) x 2 process(es), this run has 1 x 1" in str(info.value)
+    run = hftrain.train(load_recipe(None, raw))  # one process continues the 2-process run; no global_batch_size given
+    assert run.trainer.args.gradient_accumulation_steps == 4  # the recorded 16 sequences = 1 process x 4 x 4
+    assert train_log(out)[-1]["tokens_seen"] == 6 * 16 * 32
 
 
 # --------------------------------------------------------------------------- launch checks (no processes)
@@ -124,6 +123,12 @@ def test_global_batch_must_divide():
     recipe = load_recipe(None, {"parallelism": {"global_batch_size": 20}, "training": {"per_device_train_batch_size": 8}})
     with pytest.raises(HftrainError, match="must be a multiple of 16"):
         parallel.batch_kwargs(recipe, recipe.training_kwargs(), 2)
+    plain = load_recipe(None, {"training": {"per_device_train_batch_size": 4}})
+    with pytest.raises(HftrainError) as info:  # a run that started with 16 sequences per step, continued on 3 processes
+        parallel.batch_kwargs(plain, plain.training_kwargs(), 3, recorded=16)
+    assert "the global batch this run started with is 16 sequences" in str(info.value)
+    assert "1, 2, 4 process count(s) work" in str(info.value)
+    assert parallel.batch_kwargs(plain, plain.training_kwargs(), 2, recorded=16)["gradient_accumulation_steps"] == 2
     ok = load_recipe(None, {"parallelism": {"global_batch_size": 64}, "training": {"per_device_train_batch_size": 8}})
     assert parallel.batch_kwargs(ok, ok.training_kwargs(), 2)["gradient_accumulation_steps"] == 4
 
@@ -167,6 +172,7 @@ def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
     assert cpu_compat.training_kwargs(dict(kwargs), cpu_compat.rehearsal_backend()) == kwargs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["torchrun", "slurm"])
 def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
     out = tmp_path / f"{kind}.sh"
@@ -184,6 +190,7 @@ def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
         assert "--machine_rank $NODE_RANK" in script and "NODE_RANK:?" in script
 
 
+@pytest.mark.slow
 def test_plan_recommends_a_strategy():
     big = run_cli("plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40")
     assert big.returncode == 0, big.stderr
@@ -193,6 +200,7 @@ def test_plan_recommends_a_strategy():
     assert "recommendation: DDP" in small.stdout
 
 
+@pytest.mark.slow
 def test_cpu_rehearsal_hides_the_gpus_from_its_processes(monkeypatch, tmp_path):
     """`--cpu` on a machine with CUDA: the children must not see the GPUs (else accelerate runs DDP on them)."""
     from hftrain import cpu_compat

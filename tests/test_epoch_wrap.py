@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import hftrain
 from hftrain.layout import data_state_file
 from hftrain.recipe import load_recipe
@@ -15,9 +17,10 @@ from .support.data import make_documents, tiny_recipe, write_jsonl
 
 def epoch_at(checkpoint) -> int:
     position = json.loads((checkpoint / data_state_file(0)).read_text())
-    return min(w["start"]["docs"]["cursors"][0]["epoch"] for w in position["workers"].values())
+    return min(w["start"]["docs"]["cursors"][0]["epoch"] for w in position["positions"].values())
 
 
+@pytest.mark.slow
 def test_resumed_twice_around_an_epoch_wrap_gives_the_same_losses(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(70))
     raw = tiny_recipe(data, tmp_path / "straight", max_steps=40, save_steps=10, save_total_limit=10,

@@ -76,6 +76,7 @@ def independent_mean_loss(model: Any, ids: torch.Tensor, context: int) -> tuple[
     return total / count, count
 
 
+@pytest.mark.slow
 def test_sliding_window_perplexity_matches_an_independent_computation(trained):
     model, tok = trained
     texts = HELD_OUT[:8]
@@ -271,6 +272,7 @@ def lm_eval_installed() -> None:
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (optional: pip install 'hftrain[eval]')")
 
 
+@pytest.mark.slow
 def test_lm_eval_shipped_task_and_include_path_agree_with_our_scoring(lm_eval_installed, pretrained_run, trained, tmp_path, capsys):
     # The shipped local_lambada task (natural English: the tiny model gets ~nothing right), through the CLI.
     out = tmp_path / "lm_eval.json"

@@ -43,6 +43,7 @@ def test_each_method_lowers_held_out_loss(pretrained_run, tmp_path, method, gain
         assert json.loads((final / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(pretrained_run.final_dir)
 
 
+@pytest.mark.slow
 def test_merged_export_loads_without_peft_and_matches_base_plus_adapter(pretrained_run, tmp_path):
     run = hftrain.train(load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "lora", max_steps=6, save_steps=6)))
     checkpoint = tmp_path / "lora" / "checkpoint-6"

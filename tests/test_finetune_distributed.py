@@ -63,6 +63,7 @@ def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend)
             torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()(ids).logits, logits)
 
 
+@pytest.mark.slow
 def test_quantized_zero3_is_refused_before_any_process_starts(pretrained_run, tmp_path):
     result = run_cli("train", str(recipe_file(pretrained_run.final_dir, tmp_path, "qlora")), "--accelerate-config", "zero3", "--nproc", "2")
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -106,6 +107,7 @@ def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run,
     assert inits[0] and all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
 
 
+@pytest.mark.slow
 def test_plan_reports_memory_per_finetune_method():
     result = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "finetune.method=lora")
     assert result.returncode == 0, result.stderr

@@ -28,6 +28,7 @@ def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
     listed = pytest_run("tests/gpu", "-m", "gpu", "--collect-only", "-q").stdout
     ids = [line for line in listed.splitlines() if "::" in line]
@@ -42,6 +43,7 @@ def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
     assert "gpu tier: no CUDA device here" in ran.stdout
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_reports_the_environment_and_the_plan(tmp_path):
     result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path / "report")], cwd=ROOT,
                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
@@ -74,6 +76,7 @@ def test_broken():
 """
 
 
+@pytest.mark.slow
 def test_report_statuses_from_a_real_junit_file(tmp_path):
     """A pytest run of stand-in gpu modules gives the junit.xml the report reads: passes, a skip for want of GPUs
     (does not fail the item), a failure (fails it), an item not run; numbers and the benchmark's result."""

@@ -23,6 +23,7 @@ def digest(directory):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp_path, corpus, capsys):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5)
@@ -56,6 +57,7 @@ def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp
             assert TOKEN.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path):
     env = local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache")
     result = subprocess.run([sys.executable, "-m", "hftrain", "push", str(pretrained_run.output_dir), "--repo-id", "tester/cli",
@@ -90,6 +92,7 @@ def test_unreachable_hub_is_retried_and_reported(local_hub, monkeypatch, pretrai
     assert digest(pretrained_run.final_dir) == before
 
 
+@pytest.mark.slow
 def test_checkpoints_and_final_model_copied_to_s3_during_training(s3, tmp_path, corpus):
     bucket = s3.make_bucket()
     raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5)

@@ -286,6 +286,7 @@ def test_dataset_repo(local_hub: LocalHub, tmp_path: Path):
     assert (folder / "train.jsonl").read_text() == '{"text": "hi"}\n'
 
 
+@pytest.mark.slow
 def test_a_subprocess_downloads_the_model_with_the_env_helper(local_hub: LocalHub, tiny_model_dir: Path, tmp_path: Path):
     from huggingface_hub import HfApi
 

@@ -71,6 +71,7 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(chunking, "CUT_WINDOW", 200)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TOKENIZERS)
 def test_a_long_document_gets_the_tokens_of_the_whole(tmp_path, tokenizers, small_pieces, name):
     tok = tokenizers[name]
@@ -85,6 +86,7 @@ def test_a_long_document_gets_the_tokens_of_the_whole(tmp_path, tokenizers, smal
     assert stream_tokens(record, tok) == got
 
 
+@pytest.mark.slow
 def test_cutting_anywhere_would_change_the_tokens(tokenizers):
     """The check above can fail: tokenizing fixed-size parts (the silent fallback) gives other tokens."""
     tok = tokenizers["gpt2"]
@@ -93,6 +95,7 @@ def test_cutting_anywhere_would_change_the_tokens(tokenizers):
     assert naive != tok(text, add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.slow
 def test_any_safe_cut_keeps_the_tokens_of_the_whole(tokenizers):
     """The property itself, at random places: tokens(text[:cut]) + tokens(text[cut:]) == tokens(text)."""
     tok = tokenizers["gpt2"]
@@ -144,6 +147,7 @@ def test_a_file_is_read_in_bounded_pieces(tmp_path, monkeypatch):
     assert sum(sizes) == 2_000_000 and max(sizes) <= max(text_pieces.PIECE_BYTES, text_pieces.SNIFF_BYTES) and len(sizes) >= 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", [{}, {"document_boundary": "line"}], ids=["one-document", "lines"])
 def test_positions_inside_a_long_document_resume_exactly(tmp_path, tokenizers, small_pieces, source):
     tok = tokenizers["gpt2"]
@@ -232,7 +236,7 @@ def test_a_run_killed_inside_a_long_document_resumes_with_the_same_losses(tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     position = json.loads((killed / "checkpoint-8" / data_state_file(0)).read_text())
-    cursor = next(iter(position["workers"].values()))["start"]["docs"]["cursors"][0]
+    cursor = next(iter(position["positions"].values()))["start"]["docs"]["cursors"][0]
     assert len(cursor["pos"]) == 3 and cursor["pos"][2] > 0  # inside the document
     again = subprocess.run([*cmd, f"training.output_dir={killed}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -146,6 +146,7 @@ def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, cod
         assert "restart 1" not in err
 
 
+@pytest.mark.slow
 def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file):
     """Found by the child process (the recipe itself is valid): exit 2 once, not N + 1 times."""
     in_the_way = tmp_path / "a-file"
@@ -165,6 +166,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in lines if "loss" in r and "step" in r}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated weights", "truncated trainer_state.json"])
 def test_resume_falls_back_to_the_newest_checkpoint_that_loads(capsys, recipe_file, tmp_path, damage):
     run_dir = tmp_path / "run"
@@ -246,6 +248,7 @@ MORE_CASES = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, argv, damage, expected", MORE_CASES, ids=[c[0] for c in MORE_CASES])
 def test_more_mistakes_get_their_message(capsys, earlier_run, tmp_path, name, argv, damage, expected):
     run = earlier_run / "run"

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from hftrain import network
@@ -57,6 +58,7 @@ def _aws_env(endpoint: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_train_from_a_silent_s3_endpoint_names_it(silent_server, tmp_path):
     recipe = tmp_path / "r.yaml"
     raw = tiny_recipe(tmp_path / "unused.jsonl", tmp_path / "run")
@@ -79,6 +81,7 @@ def _model_dir(tmp_path: Path, bound: float | None) -> Path:
     return model
 
 
+@pytest.mark.slow
 def test_push_to_a_silent_hub_names_it(silent_server, tmp_path):
     env = _SilentHub(silent_server.url).subprocess_env(token="hf_test")
     result, took = _run(["push", str(_model_dir(tmp_path, BOUND)), "--repo-id", "tester/silent"], env)
@@ -96,6 +99,7 @@ class _SilentHub(ClientSetup):
         self.endpoint, self.token_path = url, os.devnull + "-no-token"
 
 
+@pytest.mark.slow
 def test_a_refused_token_says_to_set_hf_token(tmp_path):
     with LocalHub(valid_tokens={"hf_the_right_one"}) as hub:
         env, endpoint = hub.subprocess_env(token="hf_PLANTED_wrong_token"), hub.endpoint
@@ -107,6 +111,7 @@ def test_a_refused_token_says_to_set_hf_token(tmp_path):
     assert "hf_PLANTED_wrong_token" not in printed
 
 
+@pytest.mark.slow
 def test_s3_without_credentials_and_a_refused_endpoint(tmp_path):
     recipe = tmp_path / "r.yaml"
     raw = tiny_recipe(tmp_path / "unused.jsonl", tmp_path / "run")

@@ -20,6 +20,7 @@ from .support.data import make_documents, tiny_recipe, write_jsonl
 LAMBADA = ROOT / "hftrain" / "eval_tasks" / "local_lambada.jsonl"
 
 
+@pytest.mark.slow
 def test_log_lines_say_where_the_step_time_went(make_recipe, tmp_path):
     run = hftrain.train(make_recipe(max_steps=12, logging_steps=4, save_steps=6, eval_strategy="steps", eval_steps=6,
                                     report_to=["tensorboard"]))
@@ -54,6 +55,7 @@ class SlowFileSystem(LocalFileSystem):
         return super()._open(path, *args, **kwargs)
 
 
+@pytest.mark.slow
 def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, capsys):
     fsspec.register_implementation("slowfile", SlowFileSystem, clobber=True)
     shards = tmp_path / "shards"
@@ -132,6 +134,7 @@ class SlowFirstOpen(LocalFileSystem):
         return super()._open(path, *args, **kwargs)
 
 
+@pytest.mark.slow
 def test_start_up_is_its_own_number_and_not_in_the_steady_state(pretrained_run, tmp_path, capsys):
     """A slow first read is start-up: reported as the time to the first step, kept out of tokens/s and the
     input-bound verdict (counted in, the 3 s wait would be most of this short run's step time)."""

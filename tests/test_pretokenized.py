@@ -10,6 +10,7 @@ import pytest
 import hftrain
 from hftrain.data.prepare import prepare
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks
+from hftrain.data.readers import ReaderLayout, merge_positions
 from hftrain.data.loader import train_documents
 from hftrain.data.stream import BlockStream, Worker
 from hftrain.errors import HftrainError
@@ -49,6 +50,7 @@ def test_prepare_writes_shards_and_manifest_with_the_same_blocks(prepared):
     assert (np.concatenate(live) == stored).all()
 
 
+@pytest.mark.slow
 def test_training_from_shards_learns_and_resumes_exactly(prepared):
     tmp_path, raw, _ = prepared
     raw = {**raw, "data": {"train": {"pretokenized": str(tmp_path / "prep")}, "seq_len": 32, "eval_blocks": 8},
@@ -58,14 +60,15 @@ def test_training_from_shards_learns_and_resumes_exactly(prepared):
     per_step = losses(run)
     assert per_step[1] - per_step[10] > 1.0
     plan = plan_data(load_recipe(None, raw).data, 0)
-    straight = iter(ResumableLoader(PackedDataset(plan, None, 0, 1, None), 4, 2))
+    layout = ReaderLayout(readers=2, processes=1, workers=2)
+    straight = iter(ResumableLoader(PackedDataset(plan, None, 0, layout), 4, 2))
     expected = [next(straight)["input_ids"] for _ in range(20)]
-    first = ResumableLoader(PackedDataset(plan, None, 0, 1, None), 4, 2)
+    first = ResumableLoader(PackedDataset(plan, None, 0, layout), 4, 2)
     it = iter(first)
     for _ in range(7):
         next(it)
     saved = json.loads(json.dumps(first.state_dict()))
-    resumed = iter(ResumableLoader(PackedDataset(plan, None, 0, 1, saved), 4, 2))
+    resumed = iter(ResumableLoader(PackedDataset(plan, None, 0, layout, merge_positions([saved], layout, 32, "c")), 4, 2))
     assert all((next(resumed)["input_ids"] == e).all() for e in expected[7:])
 
 
@@ -80,6 +83,7 @@ def test_mismatched_seq_len_and_tokenizer_are_refused(prepared, tmp_path):
         hftrain.train(load_recipe(None, other))
 
 
+@pytest.mark.slow
 def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
     bucket = s3.make_bucket()
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
@@ -98,6 +102,7 @@ def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
             pass
 
 
+@pytest.mark.slow
 def test_prepare_on_two_processes_writes_the_same_shards_and_shows_progress(tmp_path, monkeypatch, capsys):
     from hftrain.data import prepare as prepare_module
 

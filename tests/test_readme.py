@@ -116,6 +116,9 @@ ELSEWHERE = {
     "hftrain train recipes/pretrain/pythia-160m.yaml --accelerate-config zero3": "GPU-sized (160M parameters)",
     "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/test_distributed.py::test_backend_trains_resumes_and_exports",
     "hftrain parity recipes/quickstart.yaml --steps 20": "tests/test_distributed.py::test_parity_across_backends",
+    "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": "600 quickstart steps on 2 processes; tests/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe",
+    "hftrain train recipes/quickstart.yaml training.max_steps=600": "the second half of the line above (tests/test_elastic.py)",
+    "hftrain parity recipes/quickstart.yaml --elastic": "tests/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)",
     "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
@@ -150,6 +153,7 @@ def _run_line(line: str, cwd, env=None, extra=()) -> subprocess.CompletedProcess
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line", FAST)
 def test_readme_command_runs(line):
     _run_line(line, ROOT)

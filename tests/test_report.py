@@ -113,6 +113,7 @@ def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     from PIL import Image
 

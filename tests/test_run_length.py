@@ -55,6 +55,7 @@ def test_nothing_given_is_the_max_steps_message():
         resolve(r, {**kwargs_of(r), "max_steps": -1}, 1, None)
 
 
+@pytest.mark.slow
 def test_a_run_sized_in_tokens_trains_that_many_and_says_so(tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
     raw = tiny_recipe(data, tmp_path / "run", save_steps=100)
@@ -67,6 +68,7 @@ def test_a_run_sized_in_tokens_trains_that_many_and_says_so(tmp_path, capsys):
     assert "run length: data.train_tokens=2,500 / 256 tokens per step = 10 steps" in out.split("final checkpoint:")[1]
 
 
+@pytest.mark.slow
 def test_epochs_over_prepared_data(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
     raw = tiny_recipe(data, tmp_path / "run", save_steps=100)

@@ -11,6 +11,7 @@ import yaml
 
 import hftrain
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
+from hftrain.data.readers import ReaderLayout, merge_positions
 from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe, recipe_to_dict
@@ -83,6 +84,7 @@ def test_recipe_storage_options_override_the_environment(s3_server, monkeypatch)
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+@pytest.mark.slow
 def test_transient_faults_lose_and_repeat_nothing(s3_server, s3, monkeypatch):
     """Resets, cut bodies, 500s and throttling mid-stream: retried (clients' and hftrain's own), same documents."""
     bucket, docs = s3.make_bucket(), make_documents(120)
@@ -136,16 +138,17 @@ def test_loader_resumes_exactly_on_s3(s3):
     upload_shards(s3, bucket, make_documents(200), shards=6)
     section = load_recipe(None, {"data": {"train": {"path": f"s3://{bucket}/corpus/"}, "seq_len": 32, "shuffle_window": 8}}).data
     plan, tok = plan_data(section, 0), gpt2_tokenizer()
-    first = ResumableLoader(PackedDataset(plan, tok, 0, 1, None), 4, 2)
+    layout = ReaderLayout(readers=2, processes=1, workers=2)
+    first = ResumableLoader(PackedDataset(plan, tok, 0, layout), 4, 2)
     it = iter(first)
     straight = [next(it)["input_ids"] for _ in range(25)]
-    mid = ResumableLoader(PackedDataset(plan, tok, 0, 1, None), 4, 2)
+    mid = ResumableLoader(PackedDataset(plan, tok, 0, layout), 4, 2)
     it = iter(mid)
     for _ in range(11):
         next(it)
     saved = json.loads(json.dumps(mid.state_dict()))
     del it
-    resumed = iter(ResumableLoader(PackedDataset(plan, tok, 0, 1, saved), 4, 2))
+    resumed = iter(ResumableLoader(PackedDataset(plan, tok, 0, layout, merge_positions([saved], layout, 32, "c")), 4, 2))
     assert all((next(resumed)["input_ids"] == b).all() for b in straight[11:])
 
 

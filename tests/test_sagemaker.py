@@ -99,6 +99,7 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     assert described["CheckpointConfig"]["S3Uri"] == request["CheckpointConfig"]["S3Uri"]
 
 
+@pytest.mark.slow
 def test_launch_script_refuses_data_a_job_cannot_read(tmp_path):
     recipe = tmp_path / "local.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(tmp_path / "train.jsonl", tmp_path / "run")), encoding="utf-8")

@@ -90,6 +90,7 @@ def test_the_recipe_always_wins():
     assert "bf16" not in plan.values and list(plan.values) == ["torch_compile"]
 
 
+@pytest.mark.slow
 def test_the_probe_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path))
     shape = ProbeShape(tokens=12 * 64, hidden=128, intermediate=512, vocab=50304, layers=4)
@@ -103,6 +104,7 @@ def test_the_probe_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
     assert not other.cached
 
 
+@pytest.mark.slow
 def test_the_run_says_what_it_chose_with_the_measurements(make_recipe, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     run = hftrain.train(make_recipe(max_steps=3, save_steps=100))
@@ -114,6 +116,7 @@ def test_the_run_says_what_it_chose_with_the_measurements(make_recipe, capsys, t
     assert results["bf16"] is results["speed"]["values"]["bf16"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corpus, capsys, monkeypatch, tmp_path):
     """Exact resume needs the same precision and compile: a new measurement must not change them mid-run."""
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
@@ -142,6 +145,7 @@ print(json.dumps(value))
 """
 
 
+@pytest.mark.slow
 def test_every_process_gets_rank_0s_decision(tmp_path):
     """Two DDP ranks deciding bf16 separately could disagree and train on, silently, in mixed precisions."""
     script = tmp_path / "agree.py"

@@ -98,6 +98,7 @@ def test_resume_is_exact(tmp_path):
     assert_resumed_matches(straight, resumed, range(9, 17))
 
 
+@pytest.mark.slow
 def test_interrupted_save_is_ignored_and_cleaned(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(200))
     out = tmp_path / "run"
@@ -113,6 +114,7 @@ def test_interrupted_save_is_ignored_and_cleaned(tmp_path):
     assert not (out / RunLayout.STAGING / "checkpoint-15").exists()
 
 
+@pytest.mark.slow
 def test_output_dir_of_another_run_is_refused(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(200))
     out = tmp_path / "run"
@@ -145,6 +147,7 @@ def test_tokenizer_larger_than_embedding(tmp_path, corpus):
         hftrain.train(hftrain.load_recipe(None, raw))
 
 
+@pytest.mark.slow
 def test_trained_tokenizer_is_reused_not_retrained(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(200))
     out = tmp_path / "run"
@@ -172,6 +175,7 @@ def test_missing_pretrained_model_message(tmp_path, corpus):
         hftrain.train(hftrain.load_recipe(None, raw))
 
 
+@pytest.mark.slow
 def test_tokens_per_usd_when_priced(tmp_path, corpus):
     raw = tiny_recipe(corpus, tmp_path / "p", max_steps=4, logging_steps=2)
     raw["monitor"]["price_per_hour"] = 3.6
@@ -180,6 +184,7 @@ def test_tokens_per_usd_when_priced(tmp_path, corpus):
     assert last["tokens_per_usd"] == pytest.approx(last["tokens_per_s"] * 1000, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_bf16_and_gradient_accumulation(tmp_path, corpus):
     """bf16 autocast trains on this CPU; 2 x 4 accumulated sequences count as one step of 8."""
     run = _run(corpus, tmp_path / "bf16", max_steps=12, bf16=True, per_device_train_batch_size=4,

@@ -1,11 +1,11 @@
 """The torch side of the data pipeline: a packed IterableDataset, a DataLoader that remembers its position,
 and the validation blocks.
 
-Each DataLoader worker of each rank is one logical worker of the BlockStream. Workers hand their position to
-the main process with every sample; the loader keeps the latest per worker, and that is what a checkpoint
-saves. A DataLoader takes batches from its workers in turn, so after n batches the next one comes from worker
-n % W: a resumed loader rotates the worker numbering to keep that order, and the batches after a resume are
-exactly the ones the uninterrupted run would have seen.
+The run's logical readers (readers.py) are spread over this launch's ranks and DataLoader workers. Workers
+hand each sample to the main process with its reader and that reader's position after it; the loader keeps
+the latest per reader, and that is what a checkpoint saves. Samples come one at a time (worker k % W gives
+sample k) and are batched in the main process, so the order never depends on the worker count or the
+micro-batch, and a resumed loader rotates the worker numbering to continue it exactly.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from ..recipe_schema import DataSection, Source
 from .instructions import ExampleStream
 from .pretokenized import PretokenizedStream, read_manifest, validation_from
 from .sources import BadRecords
+from .readers import ReaderLayout, rank_state
 from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
-
-POSITION_KEY = "_hftrain_position"
 
 
 @dataclass
@@ -44,6 +43,11 @@ class DataPlan:
     def manifest_tokens(self) -> int | None:
         """Training tokens in the prepared shards (None for text streamed and tokenized on the fly)."""
         return int(self.manifest["tokens"]) if self.manifest is not None else None
+
+    @property
+    def fewest_shards(self) -> int | None:
+        """The shard count of the training source with the fewest (None: prepared shards split by block)."""
+        return min(len(p.shards) for p in self.train) if self.train else None
 
 
 def plan_data(section: DataSection, seed: int) -> DataPlan:
@@ -107,21 +111,35 @@ def first_documents(plan: DataPlan, n: int) -> Iterator[str]:
 
 
 class PackedDataset(IterableDataset):
-    """Blocks of seq_len token ids for one rank; each DataLoader worker reads its own part."""
+    """One rank's share of the run's global block order (readers.py): each DataLoader worker serves its slot's
+    readers in turn, so the rank's samples come out in the same order for any worker count."""
 
-    def __init__(self, plan: DataPlan, tokenizer: Any, rank: int, world_size: int, resume: dict[str, Any] | None):
-        self.plan, self.tokenizer, self.rank, self.world_size = plan, tokenizer, rank, world_size
-        self.resume = resume or {}
+    def __init__(self, plan: DataPlan, tokenizer: Any, rank: int, layout: ReaderLayout, resume: dict[str, Any] | None = None):
+        self.plan, self.tokenizer, self.rank, self.layout = plan, tokenizer, rank, layout
+        self.resume = resume or {"blocks": 0, "positions": {}}
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    @property
+    def consumed(self) -> int:
+        """Samples this rank had taken before this iteration began."""
+        return int(self.resume["blocks"]) // self.layout.processes
+
+    def __iter__(self) -> Iterator[tuple[int, Any, Any]]:
         info = get_worker_info()
         workers = info.num_workers if info else 1
-        local = ((info.id if info else 0) + self.resume.get("rotation", 0)) % workers
-        worker = Worker(index=self.rank * workers + local, count=self.world_size * workers)
-        stream = train_blocks(self.plan, self.tokenizer, worker)
-        state = self.resume.get("workers", {}).get(str(worker.index)) or stream.fresh_state()
-        for block, position in stream.blocks(state):
-            yield {**as_sample(block), POSITION_KEY: (worker.index, position)}
+        if workers != self.layout.workers:
+            raise HftrainError(f"internal: the reader layout expects {self.layout.workers} worker(s), the DataLoader has {workers}")
+        slot = ((info.id if info else 0) + self.consumed) % workers
+        streams = []
+        for reader in self.layout.slot_readers(self.rank, slot, self.consumed):
+            stream = train_blocks(self.plan, self.tokenizer, Worker(index=reader, count=self.layout.readers))
+            state = self.resume["positions"].get(str(reader)) or stream.fresh_state()
+            streams.append((reader, stream.blocks(state)))
+        while True:
+            for reader, blocks in streams:
+                item = next(blocks, None)
+                if item is None:
+                    return
+                yield reader, item[0], item[1]  # numpy, pickled to the main process (no shared-memory tensor per sample)
 
 
 def as_sample(block: Any) -> dict[str, torch.Tensor]:
@@ -133,60 +151,45 @@ def as_sample(block: Any) -> dict[str, torch.Tensor]:
 
 
 def collate_blocks(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    batch: dict[str, Any] = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]}
-    if POSITION_KEY in samples[0]:
-        batch[POSITION_KEY] = [s[POSITION_KEY] for s in samples]
-    return batch
+    return {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]}
+
+
+def _as_is(item: Any) -> Any:
+    return item
 
 
 class ResumableLoader:
-    """Wraps a DataLoader over PackedDataset; strips positions from batches and keeps the latest per worker."""
+    """The rank's samples, batched in the main process; keeps each reader's latest position for checkpoints."""
 
     def __init__(self, dataset: PackedDataset, batch_size: int, num_workers: int, prefetch_factor: int | None = None):
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
         self.prefetch_factor = prefetch_factor
-        resume = dataset.resume
-        self.batches = int(resume.get("batches", 0))
-        self.positions: dict[str, Any] = dict(resume.get("workers", {}))
+        self.samples = dataset.consumed
+        self.positions: dict[str, Any] = dict(dataset.resume["positions"])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        layout = self.dataset.layout
+        self.dataset.resume = {"blocks": self.samples * layout.processes, "positions": dict(self.positions)}
         loader = DataLoader(
             self.dataset,
-            batch_size=self.batch_size,
+            batch_size=None,  # one sample at a time: worker k % W gives sample k, whatever the micro-batch
             num_workers=self.num_workers,
-            collate_fn=collate_blocks,
-            prefetch_factor=self.prefetch_factor if self.num_workers else None,
+            collate_fn=_as_is,
+            prefetch_factor=(self.prefetch_factor or 2) * self.batch_size if self.num_workers else None,
             persistent_workers=False,
         )
-        for batch in loader:
-            for worker, position in batch.pop(POSITION_KEY):
-                self.positions[str(worker)] = position
-            self.batches += 1
-            yield batch
+        batch = []
+        for reader, block, position in loader:
+            self.positions[str(reader)] = position
+            self.samples += 1
+            batch.append(as_sample(block))
+            if len(batch) == self.batch_size:
+                yield collate_blocks(batch)
+                batch = []
 
     def state_dict(self) -> dict[str, Any]:
-        workers = max(self.num_workers, 1)
-        return {
-            "version": 1,
-            "batches": self.batches,
-            "rotation": self.batches % workers,
-            "num_workers": workers,
-            "world_size": self.dataset.world_size,
-            "seq_len": self.dataset.plan.section.seq_len,
-            "workers": self.positions,
-        }
-
-
-def check_resumable(saved: dict[str, Any], num_workers: int, world_size: int, where: str) -> None:
-    """A data position is only meaningful for the same worker layout."""
-    now = (max(num_workers, 1), world_size)
-    then = (saved.get("num_workers"), saved.get("world_size"))
-    if now != then:
-        raise HftrainError(
-            f"{where}: the data position was saved with {then[0]} dataloader worker(s) x {then[1]} process(es), "
-            f"this run has {now[0]} x {now[1]}. Resume with the same training.dataloader_num_workers and process "
-            "count, or start a new training.output_dir."
-        )
+        layout = self.dataset.layout
+        return rank_state(layout, self.dataset.rank, self.samples, self.positions, self.dataset.plan.section.seq_len)
 
 
 def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
