@@ -13,7 +13,8 @@ cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) 
 --steps steps, which are measured.
 
   hftrain   hftrain.train(hftrain.load_recipe(None, overrides)) where the overrides set only the model shape, the
-            data (builtin python-docs corpus, gpt2 tokenizer, seq_len), micro-batch, step count, learning rate,
+            data (the python-docs training documents as 8 JSONL shards, the same text the other sides read; its
+            held-out documents as validation), tokenizer (gpt2, or the char one), seq_len, micro-batch, step count, learning rate,
             warm-up, logging interval and output_dir, and turn off what is not training (end-of-run sample, plot,
             checkpoints; the final save and evaluation run after the timed steps). Everything else, bf16,
             torch.compile, threads, data loading included, is hftrain's default.
@@ -144,7 +145,7 @@ def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, lo
 
 
 def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
-                heldout: Path, device: str = "cpu", tokenizer_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
+                heldout: Path, docs_dir: Path, device: str = "cpu", tokenizer_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
     import hftrain
     import yaml
 
@@ -152,7 +153,8 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
         "model": {"preset": "cpu-small", "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
                   "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"]},
         "tokenizer": {"path": tokenizer_dir} if tokenizer_dir else {"builtin": "gpt2"},
-        "data": {"train": [{"builtin": "python-docs"}], "seq_len": shape["seq"], "eval_blocks": 4},
+        "data": {"train": [{"path": str(docs_dir / "train-docs")}], "validation": {"path": str(docs_dir / "heldout-docs.jsonl")},
+                 "seq_len": shape["seq"], "eval_blocks": 4},
         "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }  # fmt: skip
@@ -211,6 +213,32 @@ def training_documents() -> list[str]:
     return list(stream.documents(stream.fresh_state()))
 
 
+SHARDS = 8  # the same documents as JSONL shards for hftrain's side: 8 readers, as a sharded corpus gives
+
+
+def write_shards(documents: list[str], held_out: list[str], where: Path) -> None:
+    """The documents every side trains on, as hftrain reads a sharded corpus (train-docs/part-NN.jsonl, in corpus
+    order), and the held-out ones as its validation source: all sides read the same text, already extracted."""
+    (where / "train-docs").mkdir(parents=True, exist_ok=True)
+    for k in range(SHARDS):
+        part = documents[k * len(documents) // SHARDS : (k + 1) * len(documents) // SHARDS]
+        (where / "train-docs" / f"part-{k:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part), encoding="utf-8")
+    (where / "heldout-docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in held_out), encoding="utf-8")
+
+
+def held_out_documents() -> list[str]:
+    from hftrain.data.loader import plan_data
+    from hftrain.data.sources import BadRecords
+    from hftrain.data.stream import DocumentStream
+    from hftrain.recipe import load_recipe
+
+    recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}]}})
+    plan = plan_data(recipe.data, SEED)
+    stream = DocumentStream(plan.train, seed=SEED, holdout_every=recipe.data.holdout_every, split="holdout", shuffle=False,
+                            loop=False, bad=BadRecords("fail"))  # fmt: skip
+    return list(stream.documents(stream.fresh_state()))
+
+
 def heldout_blocks(seq: int, tokenizer_dir: str | None, count: int = 16) -> list[list[int]]:
     """Blocks of the held-out python-docs documents (neither side trains on them), as hftrain's validation set."""
     from benchmarks._loop import load_tokenizer
@@ -237,8 +265,8 @@ def child_main(args: argparse.Namespace) -> None:
     shape = SHAPES[args.shape]
     out = Path(args.workdir)
     if args.child == "hftrain":
-        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout), args.device,
-                             args.tokenizer)  # fmt: skip
+        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout),
+                             Path(args.docs).parent, args.device, args.tokenizer)  # fmt: skip
     elif args.child == LOOP:
         result = run_minimal_loop(shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer)
     else:
@@ -382,6 +410,7 @@ def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str
     docs = tmp / "documents.json"
     documents = training_documents()
     docs.write_text(json.dumps(documents))
+    write_shards(documents, held_out_documents(), docs.parent)
     char_tokenizer = None
     if any(SHAPES[name].get("char") for name in args.shape_list):
         from benchmarks._loop import write_char_tokenizer

@@ -37,6 +37,7 @@ from .profiling import ProfilerCallback
 from .recipe_schema import Recipe
 from .results import build_results, summary
 from .run_record import Run
+from .startup import skip_unneeded_imports
 from .step_metrics import MetricsOptions, StepMetrics
 from .tokenizer import load_tokenizer
 from .trainer import HftrainTrainer, TrainerOptions
@@ -44,6 +45,7 @@ from .trainer import HftrainTrainer, TrainerOptions
 
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks)."""
+    skip_unneeded_imports()
     launch = parallel.resolve_launch(recipe)
     shape = measure_model(recipe)
     layout = RunLayout(Path(recipe.training.output_dir))

@@ -175,3 +175,32 @@ def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(corpus
     model = AutoModelForCausalLM.from_pretrained(compiled.final_dir)
     assert json.loads((compiled.final_dir / "config.json").read_text())["model_type"] == "gpt_neox"
     assert model.num_parameters() == eager.trainer.model.num_parameters()
+
+
+UNWRAP = """
+import sys, torch
+from accelerate import Accelerator
+from accelerate.utils import other
+from hftrain.startup import skip_unneeded_imports
+original = other.is_deepspeed_available
+skip_unneeded_imports()
+model = torch.nn.Linear(2, 2)
+acc = Accelerator(cpu=True)
+assert acc.unwrap_model(acc.prepare(model)) is model
+print("narrowed", "deepspeed" in sys.modules)
+other.is_deepspeed_available = original  # accelerate as it is: the same unwrap imports DeepSpeed
+assert acc.unwrap_model(model) is model
+print("as is", "deepspeed" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_without_zero3_never_imports_deepspeed():
+    """accelerate's unwrap_model imports DeepSpeed (seconds of start-up) to check for an engine that cannot exist
+    before DeepSpeed is imported; hftrain narrows that one check, and the unwrapped model is the same."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", UNWRAP], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "narrowed False" in out.stdout and "as is True" in out.stdout
