@@ -263,7 +263,9 @@ class CheckpointManager:
         trainer.accelerator.wait_for_everyone()
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
-            publish(staged, self.layout.checkpoint(step), {"step": step, "world_size": trainer.args.world_size})
+            # the writer's backend and process count: how a resume judges the checkpoint (elastic_state.py)
+            info = {"step": step, "world_size": trainer.args.world_size, "strategy": trainer.options.launch.strategy}
+            publish(staged, self.layout.checkpoint(step), info)
             self._rotate()
             for notify in self.on_publish:
                 notify(self.layout.checkpoint(step))

@@ -49,6 +49,9 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         from .finetune import check_strategy
 
         check_strategy(recipe, backend)
+        from .elastic_state import check_before_launch
+
+        check_before_launch(recipe, backend, nproc or (2 if cpu or cpu_compat.on_cpu() else None))
     if cpu or cpu_compat.on_cpu():
         return cpu_compat.launch_processes(["train", *train_args], config, backend, nproc or 2)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import parallel, trackers
+from . import elastic_state, parallel, trackers
 from .arguments import TrainingSettings, training_arguments
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from .checkpoint import CheckpointManager, step_of
@@ -58,6 +58,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         checkpoints.claim(args.process_index == 0, settings.start_record())
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
         resume = checkpoints.resume_point(settings.resume, args.process_index == 0)
+    if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
+        elastic_state.check_backend(resume, launch.strategy, args.world_size)
     if args.process_index == 0:
         print(f"hftrain: {settings.length.note}", flush=True)
         if settings.speed.reasons:
@@ -76,6 +78,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
     if resume is not None and step_of(resume) >= args.max_steps:
         return already_finished(trainer, recipe, resume, known, pusher)
+    if resume is not None:
+        elastic_state.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
     with trackers.one_run(args):
         fit(trainer, resume)
         return finish(trainer, recipe, known, pusher)

@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import Trainer
 
-from . import cpu_compat, parallel
+from . import cpu_compat, elastic_state, parallel
 from .adapter import is_adapter_dir
 from .checkpoint import CheckpointManager
 from .data.loader import DataPlan, PackedDataset, ResumableLoader
@@ -32,7 +32,8 @@ from .parallel import Launch
 from .step_metrics import StepMetrics
 from .step_timing import EXCLUDED
 
-PRIVATE_OVERRIDES = ("_get_output_dir", "_save_checkpoint", "_load_from_checkpoint", "_get_grad_norm", "_clip_grad_norm")
+PRIVATE_OVERRIDES = ("_get_output_dir", "_save_checkpoint", "_load_from_checkpoint", "_load_rng_state", "_get_grad_norm",
+                     "_clip_grad_norm")  # fmt: skip
 
 
 @dataclass
@@ -127,6 +128,11 @@ class HftrainTrainer(Trainer):
         if self.is_fsdp_enabled or self.is_deepspeed_enabled or is_adapter_dir(Path(resume_from_checkpoint)):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.options.checkpoints.load_weights(model if model is not None else self.model, Path(resume_from_checkpoint))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Another process count: the writer's rank-0 state for every process (elastic_state.py)."""
+        if not elastic_state.load_rng_state(self, checkpoint):
+            super()._load_rng_state(checkpoint)
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         grad_norm = super()._get_grad_norm(model, grad_norm)
