@@ -79,33 +79,12 @@ class DumpState(TrainerCallback):
             self._dump(f"save{state.global_step}", args, state, model, optimizer)
 
 
-def _any_data_position() -> None:
-    """These runs check model and optimizer state only, dumped before the first resumed step: every process
-    starts its data from rank 0's saved position, whatever the process count (the data side has its own tests)."""
-    from hftrain import trainer
-    from hftrain.checkpoint import CheckpointManager
-    from hftrain.errors import HftrainError
-
-    own = CheckpointManager.data_position
-
-    def data_position(self: CheckpointManager, checkpoint: Path, rank: int) -> dict[str, Any]:
-        try:
-            return own(self, checkpoint, rank)
-        except HftrainError:
-            return own(self, checkpoint, 0)
-
-    CheckpointManager.data_position = data_position  # type: ignore[method-assign]
-    if hasattr(trainer, "check_resumable"):
-        trainer.check_resumable = lambda *args, **kwargs: None
-
-
 def main(argv: list[str]) -> None:
     import hftrain
     from hftrain.parallel import shutdown
     from hftrain.recipe import load_recipe
 
     recipe_path, prefix, events, *overrides = argv
-    _any_data_position()
     hftrain.train(load_recipe(recipe_path, overrides), callbacks=[DumpState(Path(prefix), events)])
     shutdown()
 
