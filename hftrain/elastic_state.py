@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from .checkpoint import latest_checkpoint
 from .errors import HftrainError
 from .layout import COMPLETE_MARKER
@@ -144,6 +146,40 @@ def prepare_resume(trainer: Any, checkpoint: Path) -> None:
                            "to this process. Put training.output_dir on storage every node shares.")  # fmt: skip
     config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
     config.setdefault("checkpoint", {})["load_universal"] = True
+    trainer.callback_handler.callbacks.insert(0, UniversalLoadFixes(checkpoint))  # before any other sees the state
+
+
+class UniversalLoadFixes(TrainerCallback):
+    """Two things DeepSpeed 0.19's universal load (stage3.py, load_hp_checkpoint_state_from_checkpoint_dir_stage3)
+    gets wrong, put right at train begin, after the load and before any other callback or step:
+
+    * every optimizer param group gets the FIRST group's hyper-parameters ("Generally, the hyperparameters of each
+      parameter should be the same"). The Trainer's AdamW has two groups, weight decay 0.1 and 0.0 (biases and
+      norms), so the no-decay group would get weight decay: each group gets its own saved settings back;
+    * every parameter's Adam `step` is the SAME tensor object, and AdamW advances steps in place, once per
+      parameter: the bias correction then runs ahead. Each parameter gets its own copy.
+    Each alone made resumed losses drift (8e-5, then 4e-5 relative by the second step, growing after)."""
+
+    def __init__(self, checkpoint: Path):
+        self.checkpoint = checkpoint
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        import torch
+
+        saved_file = self.checkpoint / UNIVERSAL_TAG / "zero" / "optimizer_state.pt"
+        saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"]["param_groups"]  # hftrain's own conversion
+        groups = optimizer.param_groups
+        if len(saved) != len(groups):
+            raise HftrainError(f"{saved_file}: {len(saved)} optimizer param groups saved, {len(groups)} now; the optimizer "
+                               "changed since the checkpoint was written, so its state cannot be continued.")  # fmt: skip
+        for group, settings in zip(groups, saved):
+            group.update({key: value for key, value in settings.items() if key != "params"})
+        inner = optimizer
+        while hasattr(inner, "optimizer"):  # accelerate's wrapper -> ZeRO's optimizer -> the torch AdamW
+            inner = inner.optimizer
+        for param_state in inner.state.values():
+            if torch.is_tensor(param_state.get("step")):
+                param_state["step"] = param_state["step"].clone()
 
 
 def universal_ready(checkpoint: Path) -> bool:

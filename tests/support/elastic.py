@@ -67,7 +67,8 @@ class DumpState(TrainerCallback):
         dump = gathered_state(model, optimizer)
         if args.process_index == 0:
             lr = optimizer.param_groups[0]["lr"]
-            out = {"step": state.global_step, "lr": lr, "world_size": args.world_size, "state": dump}
+            groups = [{k: g[k] for k in ("weight_decay", "betas", "eps")} for g in optimizer.param_groups]
+            out = {"step": state.global_step, "lr": lr, "world_size": args.world_size, "state": dump, "groups": groups}
             torch.save(out, f"{self.prefix}-{name}.pt")
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):  # noqa: ANN001
@@ -124,6 +125,8 @@ def compare(saved: dict[str, Any], loaded: dict[str, Any]) -> dict[str, float]:
             assert a[k].shape == b[k].shape, (name, k, a[k].shape, b[k].shape)
             worst[k] = max(worst[k], float((a[k].float() - b[k].float()).abs().max()))
     worst["lr"] = abs(saved["lr"] - loaded["lr"])
+    # each param group keeps its own settings (DeepSpeed's universal load gives all of them the first group's)
+    assert saved["groups"] == loaded["groups"], (saved["groups"], loaded["groups"])
     return worst
 
 
