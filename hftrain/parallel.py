@@ -96,14 +96,15 @@ def batch_kwargs(recipe: Recipe, kwargs: dict[str, Any], processes: int, recorde
         return kwargs
     micro = kwargs.get("per_device_train_batch_size", 8)
     per_step = micro * processes
-    source = "parallelism.global_batch_size" if recipe.parallelism.global_batch_size else "the global batch this run started with"
     if total % per_step:
         fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
+        what = (f"{total} sequences" if recipe.parallelism.global_batch_size else
+                f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which")  # fmt: skip
         raise HftrainError(
-            f"parallelism.global_batch_size: {source} is {total} sequences, which cannot be split into micro-batches of "
-            f"{micro} (training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of "
-            f"{per_step}. With that micro-batch, {', '.join(map(str, fits)) or 'no'} process count(s) work; or change the "
-            "micro-batch. (Results do not depend on the device count only while the global batch stays the same.)"
+            f"parallelism.global_batch_size: {what} cannot be split into micro-batches of {micro} "
+            f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
+            f"With that micro-batch, {', '.join(map(str, fits)) or 'no'} process count(s) work; or change the micro-batch. "
+            "(Results do not depend on the device count only while the global batch stays the same.)"
         )
     accumulation = total // per_step
     given = kwargs.get("gradient_accumulation_steps")

@@ -126,7 +126,7 @@ def test_global_batch_must_divide():
     plain = load_recipe(None, {"training": {"per_device_train_batch_size": 4}})
     with pytest.raises(HftrainError) as info:  # a run that started with 16 sequences per step, continued on 3 processes
         parallel.batch_kwargs(plain, plain.training_kwargs(), 3, recorded=16)
-    assert "the global batch this run started with is 16 sequences" in str(info.value)
+    assert "this run started with 16 sequences per step (recorded in its hftrain_run.json), which cannot be split" in str(info.value)
     assert "1, 2, 4 process count(s) work" in str(info.value)
     assert parallel.batch_kwargs(plain, plain.training_kwargs(), 2, recorded=16)["gradient_accumulation_steps"] == 2
     ok = load_recipe(None, {"parallelism": {"global_batch_size": 64}, "training": {"per_device_train_batch_size": 8}})
