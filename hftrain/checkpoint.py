@@ -23,7 +23,7 @@ from typing import Any, Callable
 from .adapter import base_fingerprint, is_adapter_dir
 from .errors import HftrainError
 from .files import read_json
-from .layout import BASE_FILE, COMPLETE_MARKER, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
+from .layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
 from .recipe import fingerprint, save_recipe
 from .recipe_schema import Recipe
 from .weights import load_checkpoint_weights, save_full_model
@@ -61,7 +61,7 @@ def unreadable(checkpoint: Path) -> str | None:
 
     try:
         step_of(checkpoint)
-        for state in sorted(checkpoint.glob(data_state_file(0).replace("0", "*"))):
+        for state in sorted(checkpoint.glob(DATA_STATE_GLOB)):
             read_json(state)
         for weights in sorted(checkpoint.glob("*.safetensors")):
             check_safetensors(weights)
@@ -138,7 +138,7 @@ class CheckpointManager:
 
     def claim(self, is_main: bool, start: dict[str, Any]) -> None:
         """Refuse an output_dir that holds a different run (model, tokenizer or data) or a final/ hftrain did not
-        write; record ours (with the speed levers it runs with) otherwise, and remove what interrupted saves left
+        write; record ours (`start`: speed levers, global batch, readers; see recorded_start) otherwise, and remove what interrupted saves left
         behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside first."""
         run_file, mine, final = self.layout.run_file, fingerprint(self.recipe), self.layout.final
         if final.exists() and not (final / COMPLETE_MARKER).is_file():
@@ -238,7 +238,7 @@ class CheckpointManager:
 
     def data_positions(self, checkpoint: Path) -> list[dict[str, Any]]:
         """The data positions every process of the writing launch saved in `checkpoint` (any process count)."""
-        files = sorted(checkpoint.glob(data_state_file(0).replace("0", "*")))
+        files = sorted(checkpoint.glob(DATA_STATE_GLOB))
         return [read_json(f, "a process's data position") for f in files]
 
     # ------------------------------------------------------------------------------------- saving

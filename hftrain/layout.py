@@ -36,6 +36,9 @@ def data_state_file(rank: int) -> str:
     return f"hftrain_data_state-rank{rank}.json"
 
 
+DATA_STATE_GLOB = data_state_file(0).replace("0", "*")  # every process's data position in a checkpoint
+
+
 def checkpoint_step(path: Path) -> int | None:
     """N for a directory named checkpoint-N, else None."""
     match = _CHECKPOINT.match(path.name)
