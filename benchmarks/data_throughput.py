@@ -33,7 +33,7 @@ import hftrain  # noqa: E402
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
 from hftrain.data.prepare import prepare  # noqa: E402
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
-from hftrain.data.readers import ReaderLayout  # noqa: E402
+from hftrain.data.readers import ReaderLayout, default_window  # noqa: E402
 from hftrain.recipe import load_recipe  # noqa: E402
 from hftrain.tokenizer import gpt2_tokenizer  # noqa: E402
 
@@ -55,7 +55,9 @@ def write_shards(root: Path, shards: int = 8) -> list[Path]:
 def data_rate(section_raw: dict, tokens: int, workers: int) -> float:
     recipe = load_recipe(None, {"data": section_raw, "tokenizer": {"builtin": "gpt2"}})
     plan = plan_data(recipe.data, 0)
-    layout = ReaderLayout(readers=max(workers, 1), processes=1, workers=max(workers, 1))
+    readers = max(workers, 1)
+    window = recipe.data.shuffle_window or default_window(readers, recipe.data.seq_len)
+    layout = ReaderLayout(readers=readers, processes=1, workers=readers, window=window)
     loader = ResumableLoader(PackedDataset(plan, gpt2_tokenizer(), 0, layout), BATCH, workers)
     it, seen = iter(loader), 0
     next(it)  # start-up (worker spawn, first window) is not throughput

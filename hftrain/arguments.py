@@ -16,7 +16,7 @@ from transformers import TrainingArguments
 
 from . import cpu_compat, parallel, run_length, speed
 from .errors import HftrainError
-from .data.readers import ReaderLayout, decide_readers
+from .data.readers import ReaderLayout, decide_readers, decide_window
 from .model import ModelShape
 from .parallel import Launch
 from .recipe_schema import Recipe
@@ -41,13 +41,13 @@ class TrainingSettings:
     def start_record(self) -> dict[str, Any]:
         """What a run records at its start and keeps when it continues (CheckpointManager.recorded_start)."""
         levers = {key: value for key in speed.LEVER_KEYS if (value := getattr(self.args, key)) is not None}
-        return {"speed": levers, "global_batch": self.global_batch, "readers": self.readers.readers}
+        return {"speed": levers, "global_batch": self.global_batch, "readers": self.readers.readers, "shuffle_window": self.readers.window}
 
 
 def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded: dict[str, Any] | None = None,
                        manifest_tokens: int | None = None, fewest_shards: int | None = None) -> TrainingSettings:  # fmt: skip
     """TrainingArguments for this launch. `recorded`: what a continuing run recorded at its start (speed levers,
-    global batch, readers); `manifest_tokens`: the prepared data's size (epochs need it); `fewest_shards`: for
+    global batch, readers, shuffle window); `manifest_tokens`: the prepared data's size (epochs need it); `fewest_shards`: for
     the default reader count."""
     recorded = recorded or {}
     kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), launch.world_size, recorded.get("global_batch"))
@@ -66,7 +66,8 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, record
         raise HftrainError(f"training: {err}") from None
     workers = max(args.dataloader_num_workers, 1)
     count = decide_readers(recipe.data.readers, recorded.get("readers"), fewest_shards, launch.world_size, workers)
-    return TrainingSettings(args, resume, push, plan, length, ReaderLayout(count, launch.world_size, workers))
+    window = decide_window(recipe.data.shuffle_window, recorded.get("shuffle_window"), count, recipe.data.seq_len)
+    return TrainingSettings(args, resume, push, plan, length, ReaderLayout(count, launch.world_size, workers, window))
 
 
 def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape: ModelShape,

@@ -121,14 +121,14 @@ class CheckpointManager:
     # ----------------------------------------------------------------------------- start of a run
     def recorded_start(self) -> dict[str, Any]:
         """What this run recorded when it started, for a run that continues (empty otherwise): the speed levers
-        (bf16, compile, ...), the global batch and the data readers. Exact resume needs the same precision and
+        (bf16, compile, ...), the global batch, the data readers and their shuffle window. Exact resume needs the same precision and
         compile choices, and the same data order and sequences per step, whatever the new launch would choose."""
         if self._starts_over():
             return {}
         record = self._run_record()
         if record.get("fingerprint") != fingerprint(self.recipe) or not self.complete():
             return {}
-        return {key: record[key] for key in ("speed", "global_batch", "readers") if record.get(key) is not None}
+        return {key: record[key] for key in ("speed", "global_batch", "readers", "shuffle_window") if record.get(key) is not None}
 
     def _run_record(self) -> dict[str, Any]:
         try:

@@ -203,8 +203,10 @@ class DataSection(Section):
     training.max_steps, when also set, wins (see the README's "Run length")."""
     seq_len: int = Field(default=256, gt=1)
     """Tokens per training block. Documents are joined with EOS and cut into blocks of exactly this length."""
-    shuffle_window: int = Field(default=256, ge=1)
-    """Blocks shuffled together (deterministic from training.seed). 1 disables shuffling."""
+    shuffle_window: int | None = Field(default=None, ge=1)
+    """Blocks each logical reader shuffles together (deterministic from training.seed); 1 disables shuffling.
+    Default: about 4M tokens over all readers (8,192 blocks per reader at seq_len 64 with 8 readers, 256 at
+    2048), fixed at the run's start. Bigger mixes more documents; the first step and a resume tokenize one window."""
     packing: bool = True
     """Instruction data: pack several short examples into one block (each attends only to itself, through
     position ids that restart per example); false pads each example to seq_len instead."""

@@ -140,8 +140,8 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
     speed = results.get("speed")
     if isinstance(speed, dict) and speed.get("reasons"):
         rows.append(("speed choices", "; ".join(speed["reasons"])))
-        for dtype, seconds in (speed.get("measured") or {}).get("matmul_seconds", {}).items():
-            rows.append((f"measured matmul s/step ({dtype})", round(seconds, 4)))
+        for dtype, seconds in (speed.get("measured") or {}).get("step_seconds", {}).items():
+            rows.append((f"estimated s/step ({dtype})", round(seconds, 4)))
     for phase in ("data_wait", "forward", "backward", "optimizer"):  # where the step time went
         if results.get(f"{phase}_frac") is not None:
             rows.append((f"step time: {phase.replace('_', ' ')} (%)", round(100 * results[f"{phase}_frac"], 1)))

@@ -34,8 +34,7 @@ from .model import ModelShape
 from .recipe_schema import Recipe
 from .speed_probe import Measurement, ProbeShape, compile_is_warm, mark_compiled, measure
 
-DTYPE_MIN_SPEEDUP = 1.3  # measured matmul speedup a dtype needs over fp32
-MATMUL_SHARE = 0.6  # share of an eager fp32 step spent in the matmuls (profiled: 51-60% on CPU)
+DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
 # share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
 COMPILE_SAVING = {("cpu", "fp32"): 0.0, ("cpu", "bf16"): 0.3, ("cuda", "fp32"): 0.15, ("cuda", "tf32"): 0.15,
                   ("cuda", "bf16"): 0.15, ("cuda", "fp16"): 0.15}  # fmt: skip
@@ -72,8 +71,8 @@ def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.dev
     best = max(options, key=options.get) if options else None
     speeds = ", ".join(f"{d} {s:.2f}x" for d, s in options.items())
     if best is None or options[best] < DTYPE_MIN_SPEEDUP:
-        return "fp32", f"measured matmul speed vs fp32: {speeds}; none reaches {DTYPE_MIN_SPEEDUP}x"
-    return best, f"measured matmul speed vs fp32: {speeds}"
+        return "fp32", f"measured step speed vs fp32: {speeds}; none reaches {DTYPE_MIN_SPEEDUP}x"
+    return best, f"measured step speed vs fp32: {speeds}"
 
 
 def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool,
@@ -97,7 +96,7 @@ def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_
 def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device,
            warm_compile: bool) -> SpeedPlan:  # fmt: skip
     """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets."""
-    plan = SpeedPlan(measured={"device": str(device), "matmul_seconds": dict(measured.seconds) if measured else {},
+    plan = SpeedPlan(measured={"device": str(device), "step_seconds": dict(measured.seconds) if measured else {},
                                "cached": bool(measured and measured.cached)})  # fmt: skip
     dtype = "fp32"
     if not any(key in kwargs for key in PRECISION_KEYS):
@@ -106,7 +105,7 @@ def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Meas
         plan.reasons.append(f"{dtype if dtype != 'fp32' else 'fp32 (no autocast)'} ({why})")
     if "torch_compile" not in kwargs:
         dtype = next((key for key in ("bf16", "fp16", "tf32") if kwargs.get(key)), dtype)  # the recipe's own, if set
-        step = measured.seconds.get(dtype, measured.seconds["fp32"]) / MATMUL_SHARE if measured else float("inf")
+        step = measured.seconds.get(dtype, measured.seconds["fp32"]) if measured else float("inf")
         share = COMPILE_SAVING.get((device.type, dtype), 0.0)
         on, why = choose_compile(recipe, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share)
         plan.values["torch_compile"] = on
@@ -119,10 +118,19 @@ def dtype_keys(device: torch.device) -> tuple[str, ...]:
     return PRECISION_KEYS if device.type == "cuda" else ("bf16",)
 
 
+PROBE_OPTIONS = ("hidden_act", "rotary_pct", "use_parallel_residual", "tie_word_embeddings")  # config keys a layer's work depends on
+
+
 def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:
     c = shape.config
-    return ProbeShape(tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len, hidden=c.hidden_size,
-                      intermediate=c.intermediate_size, vocab=c.vocab_size, layers=c.num_hidden_layers)  # fmt: skip
+    options = [(key, getattr(c, key)) for key in PROBE_OPTIONS if hasattr(c, key)]
+    attention = getattr(c, "_attn_implementation", None)
+    if attention:
+        options.append(("attn_implementation", attention))
+    trained = shape.counts["total"] if recipe.finetune.method == "full" else 0  # adapters: a tiny optimizer step
+    return ProbeShape(tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len, seq=recipe.data.seq_len,
+                      hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads, vocab=c.vocab_size,
+                      layers=c.num_hidden_layers, parameters=trained, options=tuple(options))  # fmt: skip
 
 
 def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:

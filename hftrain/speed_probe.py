@@ -1,10 +1,11 @@
 """Measure, on the device a run uses, what each speed lever would give at the model's own shapes.
 
 Why measure: the same flags mean opposite things on different machines. A 2-core Xeon with AMX ran bf16
-matmuls at 4x fp32; another Xeon, with AVX-512 BF16 but no AMX, at half of fp32; a small model loses to the
-casts even where bf16 is fast. So the probe times one GPT-NeoX layer's linear layers (query_key_value, dense,
-the MLP pair) and the output head, forward and backward, on a micro-batch of the run's own size, in fp32 and
-under each candidate autocast dtype (casts included, as training pays them).
+matmuls at 4x fp32; another Xeon, with AVX-512 BF16 but no AMX, at half of fp32. And a fast matmul is not a
+fast step: on an AMD EPYC whose bf16 matmul peak is 2.2x fp32, a 4-layer, 128-wide model with a 50k
+vocabulary trained slower in bf16 (0.94x), because the casts of its big head and the fp32 loss and optimizer
+ate the gain. So the probe times the real GPT-NeoX model's forward, loss and backward at the run's width,
+context and micro-batch, in fp32 and under each candidate autocast dtype, and adds the optimizer step.
 
 It takes about a second; the result is cached per machine, library versions and shape in
 ``~/.cache/hftrain/speed.json`` (HFTRAIN_CACHE_DIR moves it), so later runs of the same shape decide at once.
@@ -20,26 +21,32 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: whole-step estimates (1 timed the matmuls only)
 PROBE_SECONDS = 0.25  # per candidate dtype, after one warm-up pass
 
 
 @dataclass(frozen=True)
 class ProbeShape:
+    """What decides a training step's time: the model's shape, the micro-batch and the trained parameters."""
+
     tokens: int  # tokens in one micro-batch (per_device_train_batch_size x seq_len)
+    seq: int  # the context each sequence has (attention's cost grows with it)
     hidden: int
     intermediate: int
+    heads: int
     vocab: int
     layers: int
+    parameters: int  # trainable parameters: what the optimizer steps over
+    options: tuple[tuple[str, Any], ...] = ()  # the rest of the GPTNeoXConfig that changes a layer's work
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """Seconds per training step of the model's matmuls (forward + backward), per dtype; and where from."""
+    """Estimated seconds of one training step (forward, loss, backward, optimizer) per dtype; and where from."""
 
     seconds: dict[str, float]  # "fp32", "bf16", "fp16" (GPU), "tf32" (GPU)
     device: str
@@ -136,29 +143,77 @@ def _write_cache(cache: dict[str, Any]) -> None:
         pass  # a read-only home: measure again next time
 
 
-PROBE_TOKENS = 512  # rows of the probe's matmuls; their time scales linearly to the run's micro-batch
-PROBE_VOCAB = 8192  # columns of the probe's head; its time scales linearly to the vocabulary
+# at most this many tokens (whole sequences) per probe pass, scaled linearly to the run's micro-batch: on a CPU
+# enough for the logits to outgrow the caches at a real vocabulary, as in training; a GPU needs more to fill
+PROBE_TOKENS = {"cpu": 1024, "cuda": 16384}
+PROBE_PARAMETERS = 2_000_000  # AdamW is timed on this many parameters and scaled to the model's count
 TOO_SLOW = 4.0  # a dtype this many times slower than fp32 on a small matmul is not probed further
 
 
 def _time_dtype(shape: ProbeShape, device: torch.device, dtype: str) -> float:
-    """Seconds for the model's matmuls in one training step (all layers + head, forward and backward), from a
-    probe of at most PROBE_TOKENS x PROBE_VOCAB scaled up: the cost stays about a second whatever the model."""
+    """Seconds of one training step in `dtype`: the embeddings, head and loss (a GPT-NeoX with no layer, at the
+    run's full vocabulary) plus the run's layer count times one GPT-NeoX layer, each forward and backward under
+    the dtype's autocast as training runs them (casts, norms, softmax, attention and the fp32 loss included), on
+    the run's micro-batch (at most PROBE_TOKENS, scaled), plus the optimizer step, the same in every dtype.
+
+    The vocabulary is never scaled down: a 4-layer, 128-wide model probed at an 8k vocabulary showed bf16 1.2x
+    faster; at its real 50k one, where the logits and their casts outgrow the caches, 0.9-1.0x, as training ran."""
     if dtype != "fp32":
         slowdown = _small_matmul_seconds(device, dtype) / _small_matmul_seconds(device, "fp32")
         if slowdown > TOO_SLOW:  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): 10-50x slower
             return _time_dtype(shape, device, "fp32") * slowdown
-    tokens, vocab = min(shape.tokens, PROBE_TOKENS), min(shape.vocab, PROBE_VOCAB)
-    d, i = shape.hidden, shape.intermediate
-    layer = torch.nn.ModuleList([torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, i), torch.nn.Linear(i, d)])
-    head = torch.nn.ModuleList([torch.nn.Linear(d, vocab, bias=False)])
-    x = torch.randn(tokens, d, device=device, requires_grad=True)
-    seconds = {}
+    sequences = max(1, min(shape.tokens, PROBE_TOKENS.get(device.type, 1024)) // shape.seq)
+    ids = torch.randint(shape.vocab, (sequences, shape.seq), device=device)
+    embeds = torch.randn(sequences, shape.seq, shape.hidden, device=device, requires_grad=True)
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+    head_model, layer_model = _probe_model(shape, 0, device), _probe_model(shape, 1, device).gpt_neox
     with _tf32(dtype == "tf32"):
-        for name, modules in (("layer", layer.to(device)), ("head", head.to(device))):
-            seconds[name] = _time_passes(modules, x, device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype))
-    scale = shape.tokens / tokens
-    return scale * (shape.layers * seconds["layer"] + seconds["head"] * shape.vocab / vocab)
+        head = _median_seconds(lambda: _train_pass(head_model, device, autocast, input_ids=ids, labels=ids))
+        layer = _median_seconds(lambda: _train_pass(layer_model, device, autocast, inputs_embeds=embeds))
+    compute = shape.tokens / ids.numel() * (shape.layers * layer + head)
+    return compute + _optimizer_seconds(shape.parameters, device)
+
+
+def _probe_model(shape: ProbeShape, layers: int, device: torch.device) -> Any:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=layers, num_attention_heads=shape.heads,
+                           intermediate_size=shape.intermediate, max_position_embeddings=shape.seq, **dict(shape.options))  # fmt: skip
+    with torch.device(device):
+        return GPTNeoXForCausalLM(config).train()
+
+
+def _train_pass(model: torch.nn.Module, device: torch.device, autocast: torch.dtype | None, **inputs: torch.Tensor) -> None:
+    """One forward + backward of `model`: its loss, or (a bare layer stack) the sum of its output."""
+    with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+        out = model(**inputs)
+    if autocast is not None and getattr(out, "logits", None) is not None:
+        out.logits.float()  # accelerate hands the outputs back in fp32 (convert_outputs_to_fp32): one more cast
+    loss = out.loss if getattr(out, "loss", None) is not None else out.last_hidden_state.float().sum()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    for tensor in inputs.values():
+        tensor.grad = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _optimizer_seconds(parameters: int, device: torch.device) -> float:
+    """Seconds of gradient clipping and one AdamW step over `parameters` fp32 weights (timed on at most
+    PROBE_PARAMETERS, scaled)."""
+    count = max(1, min(parameters, PROBE_PARAMETERS))
+    weights = [torch.nn.Parameter(torch.zeros(count // 4 + 1, device=device)) for _ in range(4)]
+    for w in weights:
+        w.grad = torch.randn_like(w)
+    optimizer = torch.optim.AdamW(weights, lr=1e-4)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(weights, 1.0)
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return _median_seconds(step) * parameters / count
 
 
 @contextmanager
@@ -187,28 +242,14 @@ def _small_matmul_seconds(device: torch.device, dtype: str) -> float:
     return max(best, 1e-9)
 
 
-def _time_passes(modules: torch.nn.ModuleList, x: torch.Tensor, device: torch.device, autocast: torch.dtype | None) -> float:
-    """Median seconds of one forward + backward pass (see _pass), after one warm-up pass."""
-    _pass(modules, x, device, autocast)  # warm-up: kernels chosen, memory allocated
+def _median_seconds(work: Callable[[], None]) -> float:
+    """Median seconds of `work`, after one warm-up call (kernels chosen, memory allocated): at least 3 calls,
+    more while PROBE_SECONDS last."""
+    work()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < 3 or (time.perf_counter() - start < PROBE_SECONDS and len(times) < 50):
         begin = time.perf_counter()
-        _pass(modules, x, device, autocast)
+        work()
         times.append(time.perf_counter() - begin)
     return sorted(times)[len(times) // 2]
-
-
-def _pass(modules: torch.nn.ModuleList, x: torch.Tensor, device: torch.device, autocast: torch.dtype | None) -> None:
-    """Forward + backward through one layer's linears (query_key_value, dense, the MLP pair) or the head."""
-    with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-        if len(modules) == 4:
-            qkv, dense, up, down = modules
-            out = down(up(dense(qkv(x)[:, : x.shape[1]])))
-        else:
-            out = modules[0](x)
-    out.float().sum().backward()
-    modules.zero_grad(set_to_none=True)
-    x.grad = None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

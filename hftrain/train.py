@@ -186,6 +186,7 @@ def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
         **trainer.distribution,
         "data_records_skipped": skipped,
         "data_readers": trainer.options.readers.readers,
+        "shuffle_window": trainer.options.readers.window,
     }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
-from hftrain.data.readers import ReaderLayout, merge_positions
+from hftrain.data.readers import ReaderLayout, default_window, merge_positions
 from hftrain.data.stream import BlockStream, DocumentStream, Worker
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
@@ -108,18 +108,19 @@ def global_order(plan, tok, layout, count, resume=None, micro=2):
 LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]  # processes x workers, all reading 4 logical readers
 
 
+@pytest.mark.parametrize("window", [8, 100_000])  # 100,000: every window ends with its reader's epoch
 @pytest.mark.parametrize("before", LAYOUTS)
-def test_data_order_and_resume_are_the_same_on_any_launch(tmp_path, tok, before):
+def test_data_order_and_resume_are_the_same_on_any_launch(tmp_path, tok, before, window):
     """The global block order is the same for every processes x workers layout of the same 4 readers, and a
     position saved by one layout continues exactly on every other (shuffling on, epochs wrapping)."""
     docs = make_documents(50)
-    section = data_section(write_jsonl(tmp_path / "a.jsonl", docs), seq_len=32, shuffle_window=8)
+    section = data_section(write_jsonl(tmp_path / "a.jsonl", docs), seq_len=32, shuffle_window=window)
     plan = plan_data(section, 0)
-    straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 1), 128)
-    first, saved = global_order(plan, tok, ReaderLayout(4, *before), 32)
+    straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 1, window), 128)
+    first, saved = global_order(plan, tok, ReaderLayout(4, *before, window), 32)
     assert all((a == b).all() for a, b in zip(first, straight[:32]))
     for after in LAYOUTS:
-        layout = ReaderLayout(4, *after)
+        layout = ReaderLayout(4, *after, window)
         resume = merge_positions(saved, layout, 32, "checkpoint-x")
         resumed, _ = global_order(plan, tok, layout, 96, resume)
         assert all((a == b).all() for a, b in zip(resumed, straight[32:])), f"{before} -> {after}"
@@ -128,28 +129,60 @@ def test_data_order_and_resume_are_the_same_on_any_launch(tmp_path, tok, before)
     assert 128 * 32 > 2 * corpus_tokens
 
 
+def test_the_default_window_holds_the_same_tokens_at_any_context():
+    assert default_window(8, 2048) == 256 and default_window(8, 64) == 8192 and default_window(1, 256) == 16384
+    assert default_window(8, 64) * 8 * 64 == default_window(8, 2048) * 8 * 2048 == 1 << 22
+
+
+def test_a_big_window_shuffles_a_small_corpus_one_epoch_at_a_time(tmp_path, tok):
+    """A window far bigger than the data ends with the epoch: it holds each block of the epoch once, shuffled,
+    instead of reading the corpus over and over to fill up (which would put one block in the window many times)."""
+    path = write_jsonl(tmp_path / "a.jsonl", make_documents(60))
+    plan = plan_data(data_section(path, seq_len=16), 0)
+
+    once = BlockStream(DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 16, window=1)
+    epoch = [tuple(b.tolist()) for b, _ in once.blocks(once.fresh_state())]
+    stream = BlockStream(DocumentStream(plan.train, seed=0, loop=True), tok, 16, window=100_000)
+    window = []
+    for block, position in stream.blocks(stream.fresh_state()):
+        window.append(tuple(block.tolist()))
+        if position["window"] == 1:  # the first window is over
+            break
+    # the epoch's blocks, shuffled, plus at most the few that the last tokenizer batch read into the next epoch
+    assert len(epoch) > 100 and len(epoch) <= len(window) < 1.2 * len(epoch)
+    assert set(epoch) <= set(window) and window[: len(epoch)] != epoch
+
+
+def test_a_position_saved_with_another_window_is_refused():
+    saved = [{"version": 2, "readers": 4, "blocks": 16, "seq_len": 32, "window": 256, "positions": {}}]
+    with pytest.raises(HftrainError) as info:
+        merge_positions(saved, ReaderLayout(4, 1, 1, 8192), 32, "checkpoint-9")
+    assert str(info.value) == ("checkpoint-9: the data position was saved with shuffle windows of 256 blocks and this run "
+                               "has 8192; set data.shuffle_window: 256 to resume.")  # fmt: skip
+
+
 def test_the_order_check_can_fail(tmp_path, tok):
     """Without the rotation of worker slots, a resumed 2-worker loader would start from the wrong reader."""
     plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", make_documents(50)), seq_len=32, shuffle_window=8), 0)
-    straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 2), 40)
-    _, saved = global_order(plan, tok, ReaderLayout(4, 1, 2), 6, micro=3)  # 6 samples: next one is from slot 0
-    resume = merge_positions(saved, ReaderLayout(4, 1, 2), 32, "c")
+    straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 2, 8), 40)
+    _, saved = global_order(plan, tok, ReaderLayout(4, 1, 2, 8), 6, micro=3)  # 6 samples: next one is from slot 0
+    resume = merge_positions(saved, ReaderLayout(4, 1, 2, 8), 32, "c")
     resume["blocks"] += 1  # a position one sample off: the rotation (and every block after it) is wrong
-    resumed, _ = global_order(plan, tok, ReaderLayout(4, 1, 2), 34, resume)
+    resumed, _ = global_order(plan, tok, ReaderLayout(4, 1, 2, 8), 34, resume)
     assert not all((a == b).all() for a, b in zip(resumed, straight[6:]))
 
 
 def test_a_launch_that_cannot_divide_the_readers_is_refused():
     with pytest.raises(HftrainError) as info:
-        ReaderLayout(readers=4, processes=3, workers=1)
+        ReaderLayout(readers=4, processes=3, workers=1, window=8)
     assert "4 logical readers (fixed at its start), which cannot be split over 3 process(es) x 1 dataloader worker(s)" in str(info.value)
     assert "1, 2, 4 process(es) work" in str(info.value)
     saved = [{"version": 2, "readers": 8, "blocks": 16, "seq_len": 32, "positions": {}}]
     with pytest.raises(HftrainError) as info:
-        merge_positions(saved, ReaderLayout(4, 1, 1), 32, "ckpt")
+        merge_positions(saved, ReaderLayout(4, 1, 1, 8), 32, "ckpt")
     assert "saved with 8 logical readers and this run has 4" in str(info.value)
     with pytest.raises(HftrainError) as info:
-        merge_positions([{"version": 1, "workers": {}}], ReaderLayout(4, 1, 1), 32, "ckpt")
+        merge_positions([{"version": 1, "workers": {}}], ReaderLayout(4, 1, 1, 8), 32, "ckpt")
     assert "saved by an earlier hftrain version" in str(info.value)
 
 
@@ -158,7 +191,7 @@ def test_shuffle_is_seeded(tmp_path, tok):
     section = data_section(path, seq_len=32, shuffle_window=16)
 
     def first_batches(seed):
-        it = iter(ResumableLoader(PackedDataset(plan_data(section, seed), tok, 0, ReaderLayout(1, 1, 1)), 4, 0))
+        it = iter(ResumableLoader(PackedDataset(plan_data(section, seed), tok, 0, ReaderLayout(1, 1, 1, 16)), 4, 0))
         return [next(it)["input_ids"] for _ in range(5)]
 
     a, b, c = first_batches(1), first_batches(1), first_batches(2)
@@ -189,7 +222,7 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
                                           "seq_len": 16, "shuffle_window": 1}}).data  # fmt: skip
     plan = plan_data(section, 0)
     parts = {}
-    layout = ReaderLayout(readers=4, processes=2, workers=2)  # 2 ranks x 2 workers, one reader each
+    layout = ReaderLayout(readers=4, processes=2, workers=2, window=1)  # 2 ranks x 2 workers, one reader each
     for rank in range(2):
         loader = ResumableLoader(PackedDataset(plan, tok, rank, layout), batch_size=2, num_workers=2)
         tokens: dict[int, list[int]] = {r: [] for r in layout.rank_readers(rank)}

@@ -10,7 +10,7 @@ import pytest
 import hftrain
 from hftrain.data.prepare import prepare
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks
-from hftrain.data.readers import ReaderLayout, merge_positions
+from hftrain.data.readers import ReaderLayout, default_window, merge_positions
 from hftrain.data.loader import train_documents
 from hftrain.data.stream import BlockStream, Worker
 from hftrain.errors import HftrainError
@@ -60,7 +60,7 @@ def test_training_from_shards_learns_and_resumes_exactly(prepared):
     per_step = losses(run)
     assert per_step[1] - per_step[10] > 1.0
     plan = plan_data(load_recipe(None, raw).data, 0)
-    layout = ReaderLayout(readers=2, processes=1, workers=2)
+    layout = ReaderLayout(readers=2, processes=1, workers=2, window=default_window(2, 32))
     straight = iter(ResumableLoader(PackedDataset(plan, None, 0, layout), 4, 2))
     expected = [next(straight)["input_ids"] for _ in range(20)]
     first = ResumableLoader(PackedDataset(plan, None, 0, layout), 4, 2)
@@ -96,7 +96,7 @@ def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
     second = manifest["shards"][1]["name"]
     s3.client().delete_object(Bucket=bucket, Key=f"tokenized/tiny-32/{second}")
     plan = plan_data(load_recipe(None, raw).data, 0)
-    stream = train_blocks(plan, None, Worker())
+    stream = train_blocks(plan, None, Worker(), 256)
     with pytest.raises(HftrainError, match=f"{second}: shard listed in the manifest is missing"):
         for _ in zip(range(100_000), stream.blocks(stream.fresh_state())):  # an endless stream: bounded
             pass

@@ -138,7 +138,7 @@ def test_loader_resumes_exactly_on_s3(s3):
     upload_shards(s3, bucket, make_documents(200), shards=6)
     section = load_recipe(None, {"data": {"train": {"path": f"s3://{bucket}/corpus/"}, "seq_len": 32, "shuffle_window": 8}}).data
     plan, tok = plan_data(section, 0), gpt2_tokenizer()
-    layout = ReaderLayout(readers=2, processes=1, workers=2)
+    layout = ReaderLayout(readers=2, processes=1, workers=2, window=8)
     first = ResumableLoader(PackedDataset(plan, tok, 0, layout), 4, 2)
     it = iter(first)
     straight = [next(it)["input_ids"] for _ in range(25)]

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .stream import BlockStream, DocumentStream
+from .stream import BlockStream, DocumentStream, source_epochs
 
 IGNORE = -100
 CHATML = (
@@ -65,7 +65,7 @@ class ExampleStream(BlockStream):
         pending = [tuple(x) for x in start["carry"]]  # an example read but not yet placed
         blocks: list[np.ndarray] = []
         rows: list[tuple[list[int], list[int]]] = []
-        used = 0
+        used, epochs = 0, source_epochs(live)
         while len(blocks) < self.window:
             if not pending:
                 example, _ = next(pieces, (None, True))  # examples are never cut into pieces
@@ -80,6 +80,8 @@ class ExampleStream(BlockStream):
             if rows and (not self.packing or used + len(ids) > self.seq_len):
                 blocks.append(self._block(rows))
                 rows, used = [], 0
+                if source_epochs(live) != epochs:  # a window also ends where a source starts a new epoch
+                    break
                 continue
             rows.append((list(ids), list(labels)))
             used += len(ids)

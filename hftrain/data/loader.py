@@ -60,14 +60,15 @@ def plan_data(section: DataSection, seed: int) -> DataPlan:
     return DataPlan(section, plan_sources(section.train, "data.train"), validation, seed)
 
 
-def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker) -> BlockStream:
-    """The block stream of one logical worker: prepared shards, or documents tokenized on the fly."""
+def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker, window: int) -> BlockStream:
+    """The block stream of one logical worker (reader), shuffled in windows of `window` blocks: prepared shards,
+    or documents tokenized on the fly."""
     section = plan.section
     source = plan.pretokenized
     if source is not None:
         assert plan.manifest is not None and source.pretokenized is not None
-        return PretokenizedStream(source.pretokenized, plan.manifest, source.storage_options, plan.seed, worker, section.shuffle_window)
-    return text_or_examples(train_documents(plan, worker), tokenizer, section, section.shuffle_window)
+        return PretokenizedStream(source.pretokenized, plan.manifest, source.storage_options, plan.seed, worker, window)
+    return text_or_examples(train_documents(plan, worker, shuffle=window > 1), tokenizer, section, window)
 
 
 def is_instruction_data(section: DataSection) -> bool:
@@ -81,7 +82,7 @@ def text_or_examples(docs: DocumentStream, tokenizer: Any, section: DataSection,
     return BlockStream(docs, tokenizer, section.seq_len, window)
 
 
-def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True) -> DocumentStream:
+def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True, shuffle: bool = True) -> DocumentStream:
     section = plan.section
     return DocumentStream(
         plans=plan.train,
@@ -89,7 +90,7 @@ def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True
         worker=worker,
         holdout_every=0 if plan.validation else section.holdout_every,
         split="train",
-        shuffle=section.shuffle_window > 1,
+        shuffle=shuffle,
         loop=loop,
         bad=BadRecords(section.on_bad_record),
     )
@@ -131,7 +132,7 @@ class PackedDataset(IterableDataset):
         slot = ((info.id if info else 0) + self.consumed) % workers
         streams = []
         for reader in self.layout.slot_readers(self.rank, slot, self.consumed):
-            stream = train_blocks(self.plan, self.tokenizer, Worker(index=reader, count=self.layout.readers))
+            stream = train_blocks(self.plan, self.tokenizer, Worker(index=reader, count=self.layout.readers), self.layout.window)
             state = self.resume["positions"].get(str(reader)) or stream.fresh_state()
             streams.append((reader, stream.blocks(state)))
         while True:

@@ -18,6 +18,7 @@ from ..errors import HftrainError
 from .loader import first_documents, plan_data, train_documents, validation_blocks
 from .prepare_pool import PrepareJob, run_units
 from .pretokenized import ShardWriter
+from .readers import DEFAULT_READERS, default_window
 from .sources import COMPRESSION
 from .stream import BlockStream, SourcePlan, TokenRun
 
@@ -144,7 +145,8 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
         if total_bytes:
             lines.append(f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)")
     docs = train_documents(plan, loop=False)
-    stream = BlockStream(docs, tokenizer, recipe.data.seq_len, window=recipe.data.shuffle_window)
+    window = recipe.data.shuffle_window or default_window(DEFAULT_READERS, recipe.data.seq_len)  # as a run with 8 readers
+    stream = BlockStream(docs, tokenizer, recipe.data.seq_len, window=window)
     for i, (block, _) in enumerate(stream.blocks(stream.fresh_state())):
         if i >= blocks:
             break

@@ -162,6 +162,8 @@ class PretokenizedStream(BlockStream):
                     break
                 empty_epochs = 0 if blocks else 1
                 cur = {"epoch": cur["epoch"] + 1, "shard": 0, "block": 0}
+                if blocks:  # a window ends with its reader's epoch: small data is shuffled an epoch at a time
+                    break
                 continue
             shard = self.manifest["shards"][mine[cur["shard"]]]
             want = self.window - len(blocks)

@@ -8,7 +8,7 @@ Two layers, each with a small JSON-able state:
   validation by a hash of its identity, so train and validation never overlap whatever the sharding.
 * ``BlockStream`` tokenizes, joins documents with EOS and cuts blocks of exactly seq_len tokens; the tail
   is carried into the next block, nothing is padded or dropped. Blocks are shuffled within windows of
-  ``shuffle_window`` blocks. A position is (state at the window's start, blocks emitted from the window):
+  ``shuffle_window`` blocks (a window also ends where a source starts a new epoch). A position is (state at the window's start, blocks emitted from the window):
   resuming re-reads at most one window, never the data consumed before it. (datasets' shuffle buffer cannot
   resume exactly; this can.)
 """
@@ -244,12 +244,15 @@ class BlockStream:
         return self.docs.pieces(live), live
 
     def _fill(self, start: dict[str, Any], pieces: Iterator[tuple[str, bool]], live: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """Tokenize pieces until a window of blocks is full; return it and the state after it. `pieces` reads
-        on from `start` (its state is `live`), so one reader serves window after window."""
+        """Tokenize pieces until a window of blocks is full, or a source begins a new epoch (so that a small
+        corpus is shuffled one epoch at a time, never read over and over to fill a big window); return the blocks
+        and the state after them. `pieces` reads on from `start` (its state is `live`), so one reader serves
+        window after window."""
         tokens = TokenRun(start["carry"], self.dtype)
         pending = start.get("pending", "")
         blocks: list[np.ndarray] = tokens.take_blocks(self.seq_len)
-        while len(blocks) < self.window:
+        epochs = source_epochs(live)
+        while len(blocks) < self.window and source_epochs(live) == epochs:
             need = (self.window - len(blocks)) * self.seq_len - len(tokens)
             texts, ends, pending = next_batch(pieces, pending, self.cutter, max(MIN_BATCH_CHARS, min(MAX_BATCH_CHARS, 2 * need)))
             if not texts:
@@ -262,6 +265,11 @@ class BlockStream:
             tokens.put_back(np.concatenate(blocks[self.window :]))
             blocks = blocks[: self.window]
         return blocks, {"docs": copy.deepcopy(live), "carry": tokens.rest().tolist(), "pending": pending}
+
+
+def source_epochs(docs_state: dict[str, Any]) -> list[int]:
+    """The epoch each source of a DocumentStream state is in: a window ends when one of them moves on."""
+    return [cursor["epoch"] for cursor in docs_state["cursors"]]
 
 
 def next_batch(pieces: Iterator[tuple[str, bool]], pending: str, cutter: SafeCut, budget: int = MAX_BATCH_CHARS) -> tuple[list[str], list[bool], str]:
