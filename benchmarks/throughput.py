@@ -33,8 +33,11 @@ peak of the dtype the side computes in (observed on its first Linear layer), mea
 of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
 tells which text each side drew (hftrain streams a shuffle window of documents, the baseline samples blocks of
 the whole corpus), so "held-out" is the learning check: the mean fp32 loss of each trained model on the same
-16 blocks of held-out documents that neither side trains on. --hftrain-set measures a lever against the
-defaults (e.g. --hftrain-set training.torch_compile=false).
+16 blocks of held-out documents that neither side trains on. Over a few steps even that depends on which
+blocks a seed's order happened to draw (one seed at the small shape: 6.31 to 6.60 for the same hftrain run with
+different shuffle windows), so repeat r runs every side with seed 1234 + r (model initialisation and data
+order), and the held-out loss reported is the median over those seeds; a line per shape lists every seed's.
+--hftrain-set measures a lever against the defaults (e.g. --hftrain-set training.torch_compile=false).
 
 Time: each run is a fresh process (~15-25 s of imports, data set-up, final save and evaluation on a busy machine,
 none of it timed). The defaults (one A/B pair per shape, 40 / 12 / 8 steps) take about 9 minutes on a 2-core CPU
@@ -145,7 +148,7 @@ def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, lo
 
 
 def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
-                heldout: Path, docs_dir: Path, device: str = "cpu", tokenizer_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
+                heldout: Path, docs_dir: Path, device: str = "cpu", tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
     import hftrain
     import yaml
 
@@ -155,7 +158,8 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
         "tokenizer": {"path": tokenizer_dir} if tokenizer_dir else {"builtin": "gpt2"},
         "data": {"train": [{"path": str(docs_dir / "train-docs")}], "validation": {"path": str(docs_dir / "heldout-docs.jsonl")},
                  "seq_len": shape["seq"], "eval_blocks": 4},
-        "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1},
+        "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1,
+                     "seed": seed},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }  # fmt: skip
     if device == "cpu" and _cuda():
@@ -172,7 +176,7 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
 
 
 def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int,
-                 heldout: Path, device: str = "cpu", tokenizer_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
+                 heldout: Path, device: str = "cpu", tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
     """transformers' run_clm.py, reduced to what this comparison needs."""
     from transformers import Trainer, TrainingArguments, default_data_collator, set_seed
 
@@ -180,11 +184,11 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
 
     tokenizer = load_tokenizer(tokenizer_dir)
     train_dataset = clm_blocks(docs_file, tokenizer, shape["seq"])
-    set_seed(SEED)
+    set_seed(seed)
     model = neox_model(shape, tokenizer)
     args = TrainingArguments(
         output_dir=str(out), use_cpu=device == "cpu", **schedule(shape, run_steps), lr_scheduler_type="cosine", weight_decay=0.1,
-        adam_beta2=0.95, seed=SEED, report_to=[], save_strategy="no", logging_steps=log_steps,
+        adam_beta2=0.95, seed=seed, report_to=[], save_strategy="no", logging_steps=log_steps,
     )  # fmt: skip
     clock = ProbingClock(steps)
     trainer = Trainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
@@ -195,10 +199,10 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
 
 
 def run_minimal_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path, run_steps: int, heldout: Path,
-                     tokenizer_dir: str | None) -> dict[str, Any]:  # fmt: skip
+                     tokenizer_dir: str | None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
     from benchmarks._loop import run_loop
 
-    model, _, args, history, clock = run_loop(shape, steps, log_steps, docs_file, run_steps, SEED, WARMUP, tokenizer_dir)
+    model, _, args, history, clock = run_loop(shape, steps, log_steps, docs_file, run_steps, seed, WARMUP, tokenizer_dir)
     return {**child_result(clock, model, args, history, shape["seq"]), "heldout_loss": heldout_loss(model, heldout)}
 
 
@@ -266,12 +270,13 @@ def child_main(args: argparse.Namespace) -> None:
     out = Path(args.workdir)
     if args.child == "hftrain":
         result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout),
-                             Path(args.docs).parent, args.device, args.tokenizer)  # fmt: skip
+                             Path(args.docs).parent, args.device, args.tokenizer, int(args.seed))  # fmt: skip
     elif args.child == LOOP:
-        result = run_minimal_loop(shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer)
+        result = run_minimal_loop(shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer,
+                                  int(args.seed))  # fmt: skip
     else:
         result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout), args.device,
-                              args.tokenizer)  # fmt: skip
+                              args.tokenizer, int(args.seed))  # fmt: skip
     result["spawned_at"] = float(args.spawned_at)
     write_json(args.result, result)
 
@@ -330,7 +335,7 @@ def summarize(runs: list[dict[str, Any]], peaks: dict[str, float], run_steps: in
         "rates": rates, "tokens_per_s": rate, "mfu": rate * first["flops_per_token"] / peak,
         "cpu_util": median([s["cpu_util"] for s in steady]),
         "warmup_s": median([s["warmup_s"] for s in steady]), "loss": median([r["loss"] for r in runs]),
-        "heldout": median([r["heldout_loss"] for r in runs]),
+        "heldout": median([r["heldout_loss"] for r in runs]), "heldouts": [r["heldout_loss"] for r in runs],
         "dtype": "/".join(sorted({r["dtype"] for r in runs})), "compile": any(r["torch_compile"] for r in runs),
         "threads": first["threads"], "workers": first["workers"], "parameters": first["parameters"], "flops_per_token": first["flops_per_token"],
         "timed_steps": steady[0]["timed_steps"], "first_step_s": median([st["first_step_s"] for st in starts]),
@@ -362,6 +367,10 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
               f"held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}")  # fmt: skip
     for name, sides in summary.items():
         h, b = sides["hftrain"], sides["baseline"]
+        seeds = ", ".join(str(SEED + r) for r in range(len(h["heldouts"])))
+        gap = median([x - y for x, y in zip(h["heldouts"], b["heldouts"])])
+        print(f"{name} held-out loss by seed ({seeds}): hftrain {' '.join(f'{v:.4f}' for v in h['heldouts'])}, "
+              f"baseline {' '.join(f'{v:.4f}' for v in b['heldouts'])}; median hftrain - baseline {gap:+.4f}")  # fmt: skip
         print(f"{name} start-up: time to first step hftrain {h['first_step_s']:.1f} s, baseline {b['first_step_s']:.1f} s; "
               f"compile/warm-up steps hftrain {h['warmup_s']:.1f} s ({'compiled' if h['compile'] else 'eager'}), "
               f"baseline {b['warmup_s']:.1f} s")  # fmt: skip
@@ -392,7 +401,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
     parser.add_argument("--child", choices=(*SIDES, LOOP), help=argparse.SUPPRESS)
-    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout", "--tokenizer", "--spawned-at"):
+    for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout", "--tokenizer", "--spawned-at", "--seed"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.shape_list = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -432,7 +441,7 @@ def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
                        "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
                        *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                       "--docs", str(docs), "--heldout", str(heldout), *(["--tokenizer", tokenizer] if tokenizer else []),
+                       "--docs", str(docs), "--heldout", str(heldout), *(["--tokenizer", tokenizer] if tokenizer else []), "--seed", str(SEED + r),
                        "--spawned-at", repr(time.time())]  # fmt: skip
                 peaks.measure()
                 t0 = time.perf_counter()

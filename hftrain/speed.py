@@ -6,18 +6,21 @@ its start (the CheckpointManager records them), so its losses continue exactly.
 How each lever is decided (speed_probe.py measures, this module decides; the decision is pure, so tests feed
 it the measurements of any machine):
 
-* dtype. The probe times the model's matmuls (one layer's linear layers and the head, forward and backward,
-  on the run's micro-batch, casts included) in fp32 and each candidate dtype. A dtype is chosen when its
-  measured speedup is at least DTYPE_MIN_SPEEDUP: the rest of the step (norms, softmax, the optimizer) does
-  not speed up, so a thin margin would not survive. Seen on 2-core CPUs: bf16 4x fp32 with AMX (chosen),
-  0.5x on AVX-512 BF16 without AMX and much less without any bf16 instructions (fp32 kept).
+* dtype. The probe estimates a whole training step (embeddings, head and loss at the run's vocabulary, the
+  layers, the optimizer) in fp32 and each candidate dtype under autocast, as training runs it. A dtype is
+  chosen when its estimated step speedup is at least DTYPE_MIN_SPEEDUP (data loading and logging are left out
+  of the estimate, and a thin margin would not survive them). Seen on 2-core CPUs: bf16 4x fp32 with AMX
+  (chosen); 0.5x on a Xeon with AVX-512 BF16 and no AMX, and far less where bf16 is emulated (fp32 kept); on an
+  EPYC with AVX-512 BF16, 1.3-1.5x for 384-512-wide models (chosen; they trained 1.7-1.8x faster) but 0.94x for
+  a 128-wide one whose 50k-vocabulary head dominates (fp32 kept). An earlier probe that timed only the matmuls
+  called that small model 1.3x faster in bf16; it trained at 0.94x.
 * torch.compile fuses the small operations around the matmuls; it costs a compile at start (COMPILE_WARMUP_S:
-  cold, or warm when this machine already compiled this shape). The run's eager time is estimated from the
-  measured matmul time (MATMUL_SHARE of a step); compile is chosen when its expected saving (COMPILE_SAVING, by
-  device and dtype, from the benchmark) pays the warm-up back at least twice, and only where it is routinely
-  used: full training, one process or DDP, no gradient checkpointing. On CPUs in fp32 it saves nothing: 1.06x
-  on an AMX Xeon, 0.86-0.96x on an EPYC without AVX-512 (benchmarks/throughput.py, medium and large shapes);
-  with bf16 it fuses the casts around the matmuls (bf16 eager 0.88x, bf16 + compile 1.35x on the AMX Xeon).
+  cold, or warm when this machine already compiled this shape). The run's eager time is the probe's step
+  estimate times max_steps; compile is chosen when its expected saving (COMPILE_SAVING, by device and dtype,
+  from the benchmark) pays the warm-up back at least twice, and only where it is routinely used: full
+  training, one process or DDP, no gradient checkpointing. On CPUs in fp32 it saves nothing: 1.06x on an AMX
+  Xeon, 0.86-0.96x on an EPYC without AVX-512 (benchmarks/throughput.py, medium and large shapes); with bf16
+  it fuses the casts around the matmuls (bf16 eager 0.88x, bf16 + compile 1.35x on the AMX Xeon).
 * DDP without ``find_unused_parameters``: the Trainer turns it on for any model without gradient
   checkpointing, which costs an extra pass over the autograd graph every step (and a warning). Every
   GPT-NeoX parameter that requires a gradient gets one at every step, full training or adapters alike.
@@ -137,9 +140,27 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     """Measure on `device` (or read this machine's cached measurement) and decide."""
     probe = probe_shape(recipe, kwargs, shape)
     accumulation = kwargs.get("gradient_accumulation_steps", 1)
-    measured = measure(probe, device)
+    try:
+        measured = measure(probe, device)
+    except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
+        return fallback_without_probe(kwargs, device)
     per_step = Measurement({k: v * accumulation for k, v in measured.seconds.items()}, measured.device, measured.cached)
     plan = decide(recipe, kwargs, strategy, per_step, device, compile_is_warm(probe, device))
     if plan.values.get("torch_compile"):
         mark_compiled(probe, device)
+    return plan
+
+
+def fallback_without_probe(kwargs: dict[str, Any], device: torch.device) -> SpeedPlan:
+    """The probe did not fit in the device's memory: bf16 on a GPU that has it (its fast dtype for any model
+    that fills it), fp32 elsewhere; no compile (its pay-back cannot be estimated)."""
+    plan = SpeedPlan(measured={"device": str(device), "step_seconds": {}, "cached": False})
+    why = "the speed probe did not fit in the device's memory"
+    if not any(key in kwargs for key in PRECISION_KEYS):
+        fast = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        plan.values.update({key: fast == key for key in PRECISION_KEYS if key in dtype_keys(device)})
+        plan.reasons.append(f"{fast if fast != 'fp32' else 'fp32 (no autocast)'} ({why})")
+    if "torch_compile" not in kwargs:
+        plan.values["torch_compile"] = False
+        plan.reasons.append(f"torch_compile=off ({why})")
     return plan

@@ -7,8 +7,9 @@ vocabulary trained slower in bf16 (0.94x), because the casts of its big head and
 ate the gain. So the probe times the real GPT-NeoX model's forward, loss and backward at the run's width,
 context and micro-batch, in fp32 and under each candidate autocast dtype, and adds the optimizer step.
 
-It takes about a second; the result is cached per machine, library versions and shape in
-``~/.cache/hftrain/speed.json`` (HFTRAIN_CACHE_DIR moves it), so later runs of the same shape decide at once.
+It takes 1-12 s on a 2-core CPU (more for a wide model with a long context); the result is cached per machine,
+library versions and shape in ``~/.cache/hftrain/speed.json`` (HFTRAIN_CACHE_DIR moves it), so later runs of the
+same shape decide at once.
 """
 
 from __future__ import annotations
@@ -163,6 +164,18 @@ def _time_dtype(shape: ProbeShape, device: torch.device, dtype: str) -> float:
         if slowdown > TOO_SLOW:  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): 10-50x slower
             return _time_dtype(shape, device, "fp32") * slowdown
     sequences = max(1, min(shape.tokens, PROBE_TOKENS.get(device.type, 1024)) // shape.seq)
+    while True:
+        try:
+            return _time_step(shape, device, dtype, sequences)
+        except torch.OutOfMemoryError:
+            if sequences == 1:
+                raise  # decide_here falls back without a measurement
+            sequences //= 2  # a GPU already holding other work: fewer sequences, scaled up the same way
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _time_step(shape: ProbeShape, device: torch.device, dtype: str, sequences: int) -> float:
     ids = torch.randint(shape.vocab, (sequences, shape.seq), device=device)
     embeds = torch.randn(sequences, shape.seq, shape.hidden, device=device, requires_grad=True)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)

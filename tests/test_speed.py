@@ -13,6 +13,7 @@ import torch
 import hftrain
 from hftrain import speed, speed_probe
 from hftrain.layout import RunLayout
+from hftrain.model import measure_model
 from hftrain.speed_probe import Measurement, ProbeShape
 
 from .support.checks import loss_records
@@ -94,6 +95,18 @@ def test_the_recipe_always_wins():
     assert plan.values == {} and plan.reasons == []
     plan = speed.decide(recipe_for(bf16=True), {"max_steps": 10, "bf16": True}, "single", HALF_SPEED_BF16, CPU, False)
     assert "bf16" not in plan.values and list(plan.values) == ["torch_compile"]
+
+
+def test_a_probe_that_does_not_fit_in_memory_falls_back_without_compile(monkeypatch):
+    def out_of_memory(shape, device):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(speed, "measure", out_of_memory)
+    shape = measure_model(recipe_for())
+    plan = speed.decide_here(recipe_for(), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "single", shape, CPU)
+    assert plan.values == {"bf16": False, "torch_compile": False}
+    assert plan.reasons == ["fp32 (no autocast) (the speed probe did not fit in the device's memory)",
+                            "torch_compile=off (the speed probe did not fit in the device's memory)"]  # fmt: skip
 
 
 @pytest.mark.slow
