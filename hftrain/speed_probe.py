@@ -179,7 +179,8 @@ def _time_step(shape: ProbeShape, device: torch.device, dtype: str, sequences: i
     ids = torch.randint(shape.vocab, (sequences, shape.seq), device=device)
     embeds = torch.randn(sequences, shape.seq, shape.hidden, device=device, requires_grad=True)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
-    head_model, layer_model = _probe_model(shape, 0, device), _probe_model(shape, 1, device).gpt_neox
+    head_model = _probe_model(shape, 0, shape.vocab, device)
+    layer_model = _probe_model(shape, 1, 2, device).gpt_neox  # fed embeddings: its own vocabulary is unused
     with _tf32(dtype == "tf32"):
         head = _median_seconds(lambda: _train_pass(head_model, device, autocast, input_ids=ids, labels=ids))
         layer = _median_seconds(lambda: _train_pass(layer_model, device, autocast, inputs_embeds=embeds))
@@ -187,10 +188,10 @@ def _time_step(shape: ProbeShape, device: torch.device, dtype: str, sequences: i
     return compute + _optimizer_seconds(shape.parameters, device)
 
 
-def _probe_model(shape: ProbeShape, layers: int, device: torch.device) -> Any:
+def _probe_model(shape: ProbeShape, layers: int, vocab: int, device: torch.device) -> Any:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    config = GPTNeoXConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=layers, num_attention_heads=shape.heads,
+    config = GPTNeoXConfig(vocab_size=vocab, hidden_size=shape.hidden, num_hidden_layers=layers, num_attention_heads=shape.heads,
                            intermediate_size=shape.intermediate, max_position_embeddings=shape.seq, **dict(shape.options))  # fmt: skip
     with torch.device(device):
         return GPTNeoXForCausalLM(config).train()
