@@ -102,7 +102,7 @@ def measure(shape: ProbeShape, device: torch.device) -> Measurement:
     cache = _read_cache()
     if key in cache:
         return Measurement(cache[key], str(device), cached=True)
-    seconds = {dtype: _time_dtype(shape, device, dtype) for dtype in candidates(device)}
+    seconds = _time_dtypes(shape, device)
     cache[key] = seconds
     _write_cache(cache)
     return Measurement(seconds, str(device))
@@ -151,41 +151,46 @@ PROBE_PARAMETERS = 2_000_000  # AdamW is timed on this many parameters and scale
 TOO_SLOW = 4.0  # a dtype this many times slower than fp32 on a small matmul is not probed further
 
 
-def _time_dtype(shape: ProbeShape, device: torch.device, dtype: str) -> float:
-    """Seconds of one training step in `dtype`: the embeddings, head and loss (a GPT-NeoX with no layer, at the
-    run's full vocabulary) plus the run's layer count times one GPT-NeoX layer, each forward and backward under
-    the dtype's autocast as training runs them (casts, norms, softmax, attention and the fp32 loss included), on
-    the run's micro-batch (at most PROBE_TOKENS, scaled), plus the optimizer step, the same in every dtype.
+def _time_dtypes(shape: ProbeShape, device: torch.device) -> dict[str, float]:
+    """Seconds of one training step in fp32 and each candidate dtype: the embeddings, head and loss (a GPT-NeoX
+    with no layer, at the run's full vocabulary) plus the run's layer count times one GPT-NeoX layer, each forward
+    and backward under the dtype's autocast as training runs them (casts, norms, softmax, attention and the fp32
+    loss included), on the run's micro-batch (at most PROBE_TOKENS, scaled), plus the optimizer step, the same in
+    every dtype. The two models and the optimizer timing are made once and shared by the dtypes.
 
     The vocabulary is never scaled down: a 4-layer, 128-wide model probed at an 8k vocabulary showed bf16 1.2x
     faster; at its real 50k one, where the logits and their casts outgrow the caches, 0.9-1.0x, as training ran."""
-    if dtype != "fp32":
-        slowdown = _small_matmul_seconds(device, dtype) / _small_matmul_seconds(device, "fp32")
-        if slowdown > TOO_SLOW:  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): 10-50x slower
-            return _time_dtype(shape, device, "fp32") * slowdown
+    head_model = _probe_model(shape, 0, shape.vocab, device)
+    layer_model = _probe_model(shape, 1, 8, device).gpt_neox  # fed embeddings: its own (tiny) vocabulary is unused
+    optimizer = _optimizer_seconds(shape.parameters, device)
+    seconds: dict[str, float] = {}
+    for dtype in candidates(device):  # fp32 first
+        slowdown = _small_matmul_seconds(device, dtype) / _small_matmul_seconds(device, "fp32") if dtype != "fp32" else 1.0
+        if slowdown > TOO_SLOW:  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): 10-50x slower, not probed further
+            seconds[dtype] = seconds["fp32"] * slowdown
+        else:
+            seconds[dtype] = _compute_seconds(shape, device, dtype, head_model, layer_model) + optimizer
+    return seconds
+
+
+def _compute_seconds(shape: ProbeShape, device: torch.device, dtype: str, head_model: Any, layer_model: Any) -> float:
+    """Forward + backward seconds of the run's micro-batch in `dtype`; fewer sequences when memory runs short."""
     sequences = max(1, min(shape.tokens, PROBE_TOKENS.get(device.type, 1024)) // shape.seq)
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
     while True:
         try:
-            return _time_step(shape, device, dtype, sequences)
+            ids = torch.randint(shape.vocab, (sequences, shape.seq), device=device)
+            embeds = torch.randn(sequences, shape.seq, shape.hidden, device=device, requires_grad=True)
+            with _tf32(dtype == "tf32"):
+                head = _median_seconds(lambda: _train_pass(head_model, device, autocast, input_ids=ids, labels=ids))
+                layer = _median_seconds(lambda: _train_pass(layer_model, device, autocast, inputs_embeds=embeds))
+            return shape.tokens / ids.numel() * (shape.layers * layer + head)
         except torch.OutOfMemoryError:
             if sequences == 1:
                 raise  # decide_here falls back without a measurement
             sequences //= 2  # a GPU already holding other work: fewer sequences, scaled up the same way
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-
-
-def _time_step(shape: ProbeShape, device: torch.device, dtype: str, sequences: int) -> float:
-    ids = torch.randint(shape.vocab, (sequences, shape.seq), device=device)
-    embeds = torch.randn(sequences, shape.seq, shape.hidden, device=device, requires_grad=True)
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
-    head_model = _probe_model(shape, 0, shape.vocab, device)
-    layer_model = _probe_model(shape, 1, 2, device).gpt_neox  # fed embeddings: its own vocabulary is unused
-    with _tf32(dtype == "tf32"):
-        head = _median_seconds(lambda: _train_pass(head_model, device, autocast, input_ids=ids, labels=ids))
-        layer = _median_seconds(lambda: _train_pass(layer_model, device, autocast, inputs_embeds=embeds))
-    compute = shape.tokens / ids.numel() * (shape.layers * layer + head)
-    return compute + _optimizer_seconds(shape.parameters, device)
 
 
 def _probe_model(shape: ProbeShape, layers: int, vocab: int, device: torch.device) -> Any:

@@ -8,9 +8,9 @@ Two layers, each with a small JSON-able state:
   validation by a hash of its identity, so train and validation never overlap whatever the sharding.
 * ``BlockStream`` tokenizes, joins documents with EOS and cuts blocks of exactly seq_len tokens; the tail
   is carried into the next block, nothing is padded or dropped. Blocks are shuffled within windows of
-  ``shuffle_window`` blocks (a window also ends where a source starts a new epoch). A position is (state at the window's start, blocks emitted from the window):
-  resuming re-reads at most one window, never the data consumed before it. (datasets' shuffle buffer cannot
-  resume exactly; this can.)
+  ``shuffle_window`` blocks (a window also ends where a source starts a new epoch). A position is (state at
+  the window's start, blocks emitted from the window): resuming re-reads at most one window, never the data
+  consumed before it. (datasets' shuffle buffer cannot resume exactly; this can.)
 """
 
 from __future__ import annotations
