@@ -45,9 +45,9 @@ class TrainingSettings:
 
 
 def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, recorded: dict[str, Any] | None = None,
-                       manifest_tokens: int | None = None, fewest_shards: int | None = None) -> TrainingSettings:  # fmt: skip
+                       manifest_tokens: int | None = None, reader_limit: int | None = None) -> TrainingSettings:  # fmt: skip
     """TrainingArguments for this launch. `recorded`: what a continuing run recorded at its start (speed levers,
-    global batch, readers, shuffle window); `manifest_tokens`: the prepared data's size (epochs need it); `fewest_shards`: for
+    global batch, readers, shuffle window); `manifest_tokens`: the prepared data's size (epochs need it); `reader_limit`: for
     the default reader count."""
     recorded = recorded or {}
     kwargs = parallel.batch_kwargs(recipe, recipe.training_kwargs(), launch.world_size, recorded.get("global_batch"))
@@ -65,7 +65,7 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, record
     except (ValueError, TypeError) as err:
         raise HftrainError(f"training: {err}") from None
     workers = max(args.dataloader_num_workers, 1)
-    count = decide_readers(recipe.data.readers, recorded.get("readers"), fewest_shards, launch.world_size, workers)
+    count = decide_readers(recipe.data.readers, recorded.get("readers"), reader_limit, launch.world_size, workers)
     window = decide_window(recipe.data.shuffle_window, recorded.get("shuffle_window"), count, recipe.data.seq_len)
     return TrainingSettings(args, resume, push, plan, length, ReaderLayout(count, launch.world_size, workers, window))
 

@@ -34,7 +34,7 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise HftrainError(f"parity --elastic --backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    readers = recipe.data.readers or default_readers(plan_data(recipe.data, t.seed).fewest_shards, 2, 1)
+    readers = recipe.data.readers or default_readers(plan_data(recipe.data, t.seed).reader_limit, 2, 1)
     half = steps // 2
     common = [*overrides, *FORCED, f"training.max_steps={steps}", "training.save_strategy=steps", f"training.save_steps={half}",
               f"parallelism.global_batch_size={total}", f"training.per_device_train_batch_size={total // 2}",

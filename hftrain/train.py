@@ -51,7 +51,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     layout = RunLayout(Path(recipe.training.output_dir))
     checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
     data = plan_data(recipe.data, recipe.training.seed)
-    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_start(), data.manifest_tokens, data.fewest_shards)
+    settings = training_arguments(recipe, launch, shape, checkpoints.recorded_start(), data.manifest_tokens, data.reader_limit)
     args = settings.args
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
     with args.main_process_first(desc="preparing the output directory"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
-from hftrain.data.readers import ReaderLayout, default_window, merge_positions
+from hftrain.data.readers import STATE_VERSION, ReaderLayout, default_window, merge_positions
 from hftrain.data.stream import BlockStream, DocumentStream, Worker
 from hftrain.errors import HftrainError
 from hftrain.recipe import load_recipe
@@ -154,7 +154,7 @@ def test_a_big_window_shuffles_a_small_corpus_one_epoch_at_a_time(tmp_path, tok)
 
 
 def test_a_position_saved_with_another_window_is_refused():
-    saved = [{"version": 2, "readers": 4, "blocks": 16, "seq_len": 32, "window": 256, "positions": {}}]
+    saved = [{"version": STATE_VERSION, "readers": 4, "blocks": 16, "seq_len": 32, "window": 256, "positions": {}}]
     with pytest.raises(HftrainError) as info:
         merge_positions(saved, ReaderLayout(4, 1, 1, 8192), 32, "checkpoint-9")
     assert str(info.value) == ("checkpoint-9: the data position was saved with shuffle windows of 256 blocks and this run "
@@ -177,13 +177,13 @@ def test_a_launch_that_cannot_divide_the_readers_is_refused():
         ReaderLayout(readers=4, processes=3, workers=1, window=8)
     assert "4 logical readers (fixed at its start), which cannot be split over 3 process(es) x 1 dataloader worker(s)" in str(info.value)
     assert "1, 2, 4 process(es) work" in str(info.value)
-    saved = [{"version": 2, "readers": 8, "blocks": 16, "seq_len": 32, "positions": {}}]
+    saved = [{"version": STATE_VERSION, "readers": 8, "blocks": 16, "seq_len": 32, "positions": {}}]
     with pytest.raises(HftrainError) as info:
         merge_positions(saved, ReaderLayout(4, 1, 1, 8), 32, "ckpt")
     assert "saved with 8 logical readers and this run has 4" in str(info.value)
     with pytest.raises(HftrainError) as info:
         merge_positions([{"version": 1, "workers": {}}], ReaderLayout(4, 1, 1, 8), 32, "ckpt")
-    assert "saved by an earlier hftrain version" in str(info.value)
+    assert f"saved by another hftrain version, which orders the data differently (data order version 1; this one reads version {STATE_VERSION})" in str(info.value)
 
 
 def test_shuffle_is_seeded(tmp_path, tok):

@@ -22,6 +22,7 @@ from .instructions import ExampleStream
 from .pretokenized import PretokenizedStream, read_manifest, validation_from
 from .sources import BadRecords
 from .readers import ReaderLayout, rank_state
+from .shares import MIN_PART_BYTES
 from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
 
 
@@ -45,9 +46,14 @@ class DataPlan:
         return int(self.manifest["tokens"]) if self.manifest is not None else None
 
     @property
-    def fewest_shards(self) -> int | None:
-        """The shard count of the training source with the fewest (None: prepared shards split by block)."""
-        return min(len(p.shards) for p in self.train) if self.train else None
+    def reader_limit(self) -> int | None:
+        """The most readers every training source can give data to (for the default reader count): a source
+        read from its shards' starts (compressed, text files) has one reader per shard; a splittable one one per
+        MIN_PART_BYTES (parts that small may hold no record); prepared shards one per block."""
+        if self.manifest is not None:
+            return max(1, int(self.manifest["blocks"]))
+        limits = [max(1, sum(p.sizes) // MIN_PART_BYTES) if p.splittable else len(p.shards) for p in self.train]
+        return min(limits) if limits else None
 
 
 def plan_data(section: DataSection, seed: int) -> DataPlan:

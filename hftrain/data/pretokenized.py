@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import HftrainError
 from .sources import require_backend
+from .shares import Share, share_of, span
 from .stream import BlockStream, Worker, _mix
 
 MANIFEST = "manifest.json"
@@ -139,15 +140,21 @@ class PretokenizedStream(BlockStream):
     def fresh_state(self) -> dict[str, Any]:
         return {"start": {"epoch": 0, "shard": 0, "block": 0}, "window": 0, "emitted": 0}
 
-    def _my_shards(self, epoch: int) -> tuple[list[int], bool]:
-        shards, w = self.manifest["shards"], self.worker
-        by_shard = len(shards) >= w.count
-        mine = list(range(w.index, len(shards), w.count)) if by_shard else list(range(len(shards)))
+    def _share(self) -> Share:
+        """This reader's share (shares.py): whole shards when they deal out evenly by blocks, else a block range
+        of every shard."""
+        if "_my_share" not in self.__dict__:
+            sizes = [int(shard["blocks"]) for shard in self.manifest["shards"]]
+            self._my_share = share_of(sizes, True, self.worker.index, self.worker.count)
+        return self._my_share
+
+    def _my_shards(self, epoch: int) -> list[int]:
+        mine = list(self._share().shards)
         if self.shuffle:
             import random
 
-            random.Random(_mix(self.seed, w.index, epoch, 7)).shuffle(mine)
-        return mine, not by_shard
+            random.Random(_mix(self.seed, self.worker.index, epoch, 7)).shuffle(mine)
+        return mine
 
     def _reader(self, start: dict[str, Any]) -> tuple[Any, Any]:
         return None, None  # blocks are read by position in _fill: no document reader
@@ -156,7 +163,7 @@ class PretokenizedStream(BlockStream):
         cur, blocks = dict(start), []
         empty_epochs = 0
         while len(blocks) < self.window:
-            mine, by_block = self._my_shards(cur["epoch"])
+            mine = self._my_shards(cur["epoch"])
             if cur["shard"] >= len(mine):
                 if not self.loop or empty_epochs:
                     break
@@ -166,14 +173,12 @@ class PretokenizedStream(BlockStream):
                     break
                 continue
             shard = self.manifest["shards"][mine[cur["shard"]]]
-            want = self.window - len(blocks)
-            for index, block in self._read(shard, cur["block"], want if not by_block else want * self.worker.count):
+            first, stop = span(self._share().part(mine[cur["shard"]]), int(shard["blocks"]))
+            at = max(cur["block"], first)
+            for index, block in self._read(shard, at, min(self.window - len(blocks), stop - at)):
                 cur["block"] = index + 1
-                if not by_block or index % self.worker.count == self.worker.index:
-                    blocks.append(block)
-                    if len(blocks) >= self.window:
-                        break
-            if cur["block"] >= shard["blocks"]:
+                blocks.append(block)
+            if max(cur["block"], first) >= stop:
                 cur = {**cur, "shard": cur["shard"] + 1, "block": 0}
         return blocks, cur
 

@@ -1,8 +1,8 @@
 """Logical readers: the run's data order, independent of how many processes and DataLoader workers read it.
 
 A run has L logical readers, fixed at its start (``data.readers``, else the default below) and recorded in
-the run directory. Reader r owns its own part of the data (its shards, or every L-th record) and yields its
-own block stream. The run's global block order is round-robin over the readers:
+the run directory. Reader r owns an equal share of every source (shares.py: whole shards, a part of every
+shard, or every L-th record) and yields its own block stream. The run's global block order is round-robin over the readers:
 
     global block g  =  block g // L of reader g % L.
 
@@ -23,21 +23,22 @@ from typing import Any
 from ..errors import HftrainError
 
 DEFAULT_READERS = 8
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: readers take equal shares of unequal shards (shares.py)
 # the default shuffle window holds about this many tokens across the run's readers, whatever seq_len: 256 blocks
 # per reader at seq_len 2048 with 8 readers, 8,192 at seq_len 64. Memory: 16 MB of int32 tokens for the whole run
 # (split over its processes); the first step and a resume tokenize about one window per reader.
 SHUFFLE_TOKENS = 1 << 22
 
 
-def default_readers(fewest_shards: int | None, processes: int, workers: int) -> int:
-    """Readers for a run that does not set data.readers: 8, or fewer when a source has fewer than 8 shards (so
-    that no reader has to split a shard by record), and always a multiple of processes x workers."""
-    base = DEFAULT_READERS if fewest_shards is None else max(1, min(DEFAULT_READERS, fewest_shards))
+def default_readers(reader_limit: int | None, processes: int, workers: int) -> int:
+    """Readers for a run that does not set data.readers: 8, or fewer when a source cannot give 8 readers data of
+    their own (DataPlan.reader_limit: few compressed shards, a small file), and always a multiple of
+    processes x workers."""
+    base = DEFAULT_READERS if reader_limit is None else max(1, min(DEFAULT_READERS, reader_limit))
     return math.lcm(base, processes * max(workers, 1))
 
 
-def decide_readers(wanted: int | None, recorded: int | None, fewest_shards: int | None, processes: int, workers: int) -> int:
+def decide_readers(wanted: int | None, recorded: int | None, reader_limit: int | None, processes: int, workers: int) -> int:
     """The run's reader count: the one recorded at its start (a resumed run), else data.readers, else the default.
     Changing data.readers in the middle of a run is refused: the data order would change."""
     if recorded is not None:
@@ -47,7 +48,7 @@ def decide_readers(wanted: int | None, recorded: int | None, fewest_shards: int 
                 f"remove data.readers={wanted} (or set it to {recorded}) to continue, or start a new training.output_dir."
             )
         return recorded
-    return wanted if wanted is not None else default_readers(fewest_shards, processes, workers)
+    return wanted if wanted is not None else default_readers(reader_limit, processes, workers)
 
 
 def default_window(readers: int, seq_len: int) -> int:
@@ -119,9 +120,10 @@ def merge_positions(saved: list[dict[str, Any]], layout: ReaderLayout, seq_len: 
         raise HftrainError(f"{where}: the checkpoint holds no data position (it was not written by hftrain); start a new training.output_dir.")
     if any(s.get("version") != STATE_VERSION for s in saved):
         raise HftrainError(
-            f"{where}: the data position was saved by an earlier hftrain version, whose data order depends on the launch; "
-            "this version cannot continue it exactly. Finish the run with the hftrain version that started it, or start a "
-            "new training.output_dir."
+            f"{where}: the data position was saved by another hftrain version, which orders the data differently "
+            f"(data order version {saved[0].get('version', 1)}; this one reads version {STATE_VERSION}), so this version "
+            "cannot continue it exactly. Finish the run with the hftrain version that started it, or start a new "
+            "training.output_dir."
         )
     readers = {int(s["readers"]) for s in saved}
     blocks = {int(s["blocks"]) for s in saved}

@@ -20,6 +20,7 @@ from .. import network
 from ..errors import HftrainError
 from ..recipe_schema import Source
 from .builtin_corpus import module_docstrings, python_docs_files
+from .shares import Part, span
 from .text_pieces import Record, record_pieces, text_pieces
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
@@ -42,6 +43,11 @@ class BadRecords:
     def __init__(self, mode: str):
         self.mode = mode
         self.skipped = 0
+
+    @property
+    def fails(self) -> bool:
+        """A bad record raises (its message is shown) rather than being counted."""
+        return self.mode == "fail"
 
     def __call__(self, where: str, problem: str, fix: str) -> None:
         if self.mode == "fail":
@@ -124,10 +130,16 @@ def _readable(path: str, fmt: str) -> bool:
 
 def list_shards(source: Source, where: str) -> list[str]:
     """The files of a path/glob/directory source, sorted (or the stdlib modules for builtin: python-docs)."""
+    return [name for name, _ in list_shard_sizes(source, where)]
+
+
+def list_shard_sizes(source: Source, where: str) -> list[tuple[str, int]]:
+    """(file, bytes) for each shard of a source, sorted by name; sizes come from the listing itself (no request
+    per file). A streamed dataset is one shard of unknown size (0)."""
     if source.builtin == "python-docs":
-        return python_docs_files()
+        return [(name, os.path.getsize(name)) for name in python_docs_files()]
     if source.dataset is not None:
-        return [source.dataset]
+        return [(source.dataset, 0)]
     path = source.path
     assert path is not None
     require_backend(path, f"{where}.path")
@@ -135,22 +147,31 @@ def list_shards(source: Source, where: str) -> list[str]:
         fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=network.storage_options_with_timeouts(path, source.storage_options) or None)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         if fs.isdir(path):
-            listed = fs.find(path)
+            listed = {p: info for p, info in fs.find(path, detail=True).items() if info.get("type") != "directory"}
         elif any(ch in path for ch in "*?["):
-            listed = [p for p in fs.glob(path) if not fs.isdir(p)]
+            listed = {p: info for p, info in fs.glob(path, detail=True).items() if info.get("type") != "directory"}
         else:
-            listed = [path] if fs.exists(path) else []
-            found = listed  # a file named on its own is read whatever its extension
+            listed = {path: fs.info(path)} if fs.exists(path) else {}
+            found = list(listed)  # a file named on its own is read whatever its extension
         if fs.isdir(path) or any(ch in path for ch in "*?["):
             found = [p for p in listed if _readable(p, source.format)]
-            _check_extensions(listed, found, path, where)
+            _check_extensions(list(listed), found, path, where)
     except FileNotFoundError:  # e.g. gcsfs listing a bucket that does not exist
         found = []
     except (OSError, ValueError, ImportError, TypeError) as err:
         raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path, the endpoint and the credentials.") from None
     if not found:
         raise HftrainError(f"{where}.path: no file matches {path!r}. Check the path (relative paths start at the current directory).")
-    return sorted(p if "://" in p or not protocol else protocol + p for p in found)
+    named = ((p if "://" in p or not protocol else protocol + p, int(listed[p].get("size") or 0)) for p in found)
+    return sorted(named)
+
+
+def splittable(source: Source, shard: str) -> bool:
+    """Whether readers can start inside this shard: an uncompressed JSONL file (at a line), a parquet file
+    (at a row). Compressed files, a text file's documents and streamed datasets are read from their start."""
+    if source.path is None or _split_compression(shard.lower())[1] is not None:
+        return False
+    return file_format(shard, source.format) in ("jsonl", "parquet")
 
 
 def _check_extensions(listed: list[str], found: list[str], path: str, where: str) -> None:
@@ -164,9 +185,10 @@ def _check_extensions(listed: list[str], found: list[str], path: str, where: str
         )
 
 
-def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords) -> Iterator[Record]:
+def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None,
+               size: int | None = None) -> Iterator[Record]:  # fmt: skip
     """Documents (or pieces of long ones) of one shard from `pos` on ((0, 0) for the start, else a previous
-    Record's pos)."""
+    Record's pos). `part`: only this reader's part of a splittable shard of `size` bytes (shares.py)."""
     if source.builtin == "python-docs":
         if pos[1] == 0:
             yield Record(module_docstrings(shard), (1, 1))
@@ -177,12 +199,12 @@ def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords
     fmt = file_format(shard, source.format)
     options = source.storage_options
     if source.format in ("prompt_completion", "chat"):
-        yield from _read_jsonl(_open(shard, options), shard, _example_reader(source), pos, bad)
+        yield from _read_jsonl(_open(shard, options), shard, _example_reader(source), pos, bad, part, size)
         return
     if fmt == "parquet":
-        yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad)
+        yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad, part)
     elif fmt == "jsonl":
-        yield from _read_jsonl(_open(shard, options), shard, _text_reader(source.text_field), pos, bad)
+        yield from _read_jsonl(_open(shard, options), shard, _text_reader(source.text_field), pos, bad, part, size)
     else:
         _, codec = _split_compression(shard)
         with _open(shard, options) as f:
@@ -224,40 +246,81 @@ def _example_reader(source: Source) -> Any:
     return take
 
 
-def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, ...], bad: BadRecords) -> Iterator[Record]:
-    """Plain files seek to the byte offset; compressed ones decompress and skip the lines already read.
-    pos[2], when given, is how many characters of the next record's text were read already."""
+def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None,
+                size: int | None = None) -> Iterator[Record]:  # fmt: skip
+    """Plain files seek to the byte offset, and a record's identity is the offset where its line starts (the
+    same whichever reader reads it); compressed ones decompress and skip the lines already read, and a record's
+    identity is its line number. pos[2], when given, is how many characters of the next record's text were read.
+    `part`: only the lines that start in this reader's byte range of the file."""
     _, codec = _split_compression(shard)
-    offset, lineno = pos[0], pos[1]
     skip = pos[2] if len(pos) > 2 else 0
+    stop = None
     with f:
         if codec is None:
+            start, stop = span(part, size or 0) if part is not None else (0, None)
+            offset, lineno = (pos[0] if tuple(pos) != (0, 0) else _line_start(f, start)), 0
             f.seek(offset)
             lines = iter(f)
         else:
+            offset = lineno = pos[1]
             lines = _lines(f)
             for _ in range(lineno):
                 next(lines, None)
         for raw in lines:
-            before = (offset if codec is None else lineno, lineno)
+            if stop is not None and offset >= stop:
+                return
+            first = offset if codec is None else lineno
             lineno += 1
-            offset += len(raw)
+            offset += len(raw) if codec is None else 0
             if not raw.strip():
                 continue
-            where = f"{shard}:{lineno}"
             try:
                 obj = json.loads(raw)
             except ValueError as err:
-                bad(where, f"not valid JSON ({getattr(err, 'msg', err)})", "Fix or remove that line")
+                bad(_line_name(f, shard, codec, first, bad), f"not valid JSON ({getattr(err, 'msg', err)})", "Fix or remove that line")
                 continue
             value, problem = take(obj)
             if problem:
-                bad(where, problem, "Fix that line or set the field names on this source")
+                bad(_line_name(f, shard, codec, first, bad), problem, "Fix that line or set the field names on this source")
                 continue
             if isinstance(value, str) and not value.strip():
                 continue  # an empty or whitespace-only text is no document
-            yield from record_pieces(value, before, (offset if codec is None else lineno, lineno), skip)
+            if codec is None:
+                yield from record_pieces(value, (first, 0), (offset, 0), skip, key=first)
+            else:
+                yield from record_pieces(value, (first, first), (lineno, lineno), skip)
             skip = 0
+
+
+def _line_start(f: Any, at: int) -> int:
+    """The offset of the first line that starts at or after byte `at` (reads up to the next newline, in chunks)."""
+    if at <= 0:
+        return 0
+    f.seek(at - 1)
+    offset = at - 1
+    while chunk := f.read(1 << 16):
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            return offset + newline + 1
+        offset += len(chunk)
+    return offset
+
+
+def _line_name(f: Any, shard: str, codec: str | None, first: int, bad: BadRecords) -> str:
+    """"file:line" for a message about the record at `first` (a line number when compressed, else the byte offset
+    where its line starts: its line number is counted only when the message is shown)."""
+    if codec is not None:
+        return f"{shard}:{first + 1}"
+    if not bad.fails:
+        return shard
+    here = f.tell()
+    f.seek(0)
+    newlines, left = 0, first
+    while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+        newlines += chunk.count(b"\n")
+        left -= len(chunk)
+    f.seek(here)
+    return f"{shard}:{newlines + 1}"
 
 
 def _lines(f: Any) -> Iterator[bytes]:
@@ -273,26 +336,32 @@ def _lines(f: Any) -> Iterator[bytes]:
         yield tail
 
 
-def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords) -> Iterator[Record]:
+def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None) -> Iterator[Record]:
     """pos[0]: the row index of the next row (row groups before it are not read); pos[2], when given, the
-    characters of that row's text read already."""
+    characters of that row's text read already. `part`: only this reader's range of rows."""
     import pyarrow.parquet as pq
 
-    offset, skip = pos[0], (pos[2] if len(pos) > 2 else 0)
+    skip = pos[2] if len(pos) > 2 else 0
     with f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
             bad(shard, f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})", "Set text_field on this source to the right column")
             return
+        first, stop = span(part, pf.metadata.num_rows)
+        offset = max(pos[0], first)
         start = 0
         for group in range(pf.num_row_groups):
             rows = pf.metadata.row_group(group).num_rows
+            if start >= stop:
+                return
             if start + rows <= offset:
                 start += rows
                 continue
             column = pf.read_row_group(group, columns=[field]).column(0).to_pylist()
             for i, text in enumerate(column):
                 row = start + i
+                if row >= stop:
+                    return
                 if row < offset:
                     continue
                 if isinstance(text, str):

@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import HftrainError
 from ..recipe_schema import Source
 from .chunking import SafeCut
-from .sources import BadRecords, list_shards, read_shard, shard_problem
+from .shares import Share, share_of
+from .sources import BadRecords, list_shard_sizes, read_shard, shard_problem, splittable
 from .text_pieces import Record
 
 Split = Literal["train", "holdout", "all"]
@@ -60,13 +61,23 @@ class SourcePlan:
     source: Source
     shards: list[str]
     where: str  # recipe path for messages, e.g. data.train[0]
+    sizes: list[int] = field(default_factory=list)  # bytes per shard, from the listing
+
+    @property
+    def splittable(self) -> bool:
+        """Readers can start inside every shard (shares.py: then they read parts of unequal shards)."""
+        return all(splittable(self.source, shard) for shard in self.shards)
+
+    def share(self, worker: Worker) -> Share:
+        return share_of(self.sizes or [0] * len(self.shards), self.splittable, worker.index, worker.count)
 
 
 def plan_sources(sources: list[Source], where: str) -> list[SourcePlan]:
     plans = []
     for i, src in enumerate(sources):
         name = f"{where}[{i}]" if len(sources) > 1 or where.endswith("train") else where
-        plans.append(SourcePlan(src, list_shards(src, name), name))
+        listed = list_shard_sizes(src, name)
+        plans.append(SourcePlan(src, [shard for shard, _ in listed], name, [size for _, size in listed]))
     return plans
 
 
@@ -87,20 +98,25 @@ class DocumentStream:
         rng = random.Random(_mix(self.seed, self.worker.index, 17))
         return {"cursors": cursors, "rng": _rng_to_json(rng), "skipped": 0}
 
-    def _my_shards(self, s: int, epoch: int) -> tuple[list[int], bool]:
-        """Shard indices this worker reads in `epoch`, and whether records must be split by example."""
+    def _share(self, s: int) -> Share:
+        """This worker's share of source s (shares.py), worked out once."""
         if self.only is not None:
-            return [self.only[1]], False
-        n, w = len(self.plans[s].shards), self.worker
-        by_shard = n >= w.count
-        mine = list(range(w.index, n, w.count)) if by_shard else list(range(n))
-        if self.shuffle:
-            random.Random(_mix(self.seed, s, w.index, epoch)).shuffle(mine)
-        return mine, not by_shard
+            return Share("whole", (self.only[1],), 0, 1)
+        cache = self.__dict__.setdefault("_shares", {})
+        if s not in cache:
+            cache[s] = self.plans[s].share(self.worker)
+        return cache[s]
 
-    def _keep(self, s: int, shard: int, index: int, by_example: bool) -> bool:
+    def _my_shards(self, s: int, epoch: int) -> list[int]:
+        """Shard indices this worker reads (its share of each) in `epoch`, in a seeded order per epoch."""
+        mine = list(self._share(s).shards)
+        if self.shuffle and self.only is None:
+            random.Random(_mix(self.seed, s, self.worker.index, epoch)).shuffle(mine)
+        return mine
+
+    def _keep(self, s: int, shard: int, index: int, share: Share) -> bool:
         key = _mix(s, shard, index)
-        if by_example and (shard * 1_000_003 + index) % self.worker.count != self.worker.index:
+        if share.mode == "every" and (shard * 1_000_003 + index) % share.readers != share.reader:
             return False
         if self.split == "all" or not self.holdout_every:
             return True
@@ -142,26 +158,37 @@ class DocumentStream:
     def _source_docs(self, s: int, cur: dict[str, Any]) -> Iterator[Record]:
         plan = self.plans[s]
         while True:
-            mine, by_example = self._my_shards(s, cur["epoch"])
+            mine = self._my_shards(s, cur["epoch"])
             while cur["shard"] < len(mine):
                 shard = mine[cur["shard"]]
-                yield from self._shard_docs(s, shard, cur, by_example)
+                yield from self._shard_docs(s, shard, cur, self._share(s))
                 cur["shard"] += 1
                 cur["pos"] = [0, 0]
             if cur["docs"] == 0 and self.only is None:  # one shard alone may hold nothing: its source is checked as a whole
-                what = "held-out documents (lower data.holdout_every or give data.validation)" if self.split == "holdout" else "documents"
-                hint = ""
-                if self.split == "train" and self.holdout_every:
-                    hint = (" Every data.holdout_every-th document is held out for validation, and this source's documents all "
-                            "were: give data.validation, or more documents (a .txt file is one document unless the source's "
-                            "document_boundary is blank_line or line).")
-                raise HftrainError(f"{plan.where}: no {what} found in {plan.source.path or plan.source.dataset or plan.source.builtin}.{hint}")
+                raise HftrainError(self._nothing_read(s))
             if not self.loop:
                 return
             cur.update(epoch=cur["epoch"] + 1, shard=0, pos=[0, 0], docs=0)
 
 
-    def _shard_docs(self, s: int, shard: int, cur: dict[str, Any], by_example: bool) -> Iterator[Record]:
+    def _nothing_read(self, s: int) -> str:
+        """The message for an epoch of source s that gave this reader no document."""
+        plan, share = self.plans[s], self._share(s)
+        where = plan.source.path or plan.source.dataset or plan.source.builtin
+        if share.readers > 1:
+            how = {"whole": "its shards", "part": "its part of every shard", "every": f"every {share.readers}th record"}[share.mode]
+            return (f"{plan.where}: logical reader {share.reader} of {share.readers} found no documents in {how} of {where}: the "
+                    f"source has too few records (or too few shards with data) for {share.readers} readers, or one record "
+                    "fills a whole part. Set data.readers lower (a multiple of processes x dataloader workers), or give more data.")  # fmt: skip
+        what = "held-out documents (lower data.holdout_every or give data.validation)" if self.split == "holdout" else "documents"
+        hint = ""
+        if self.split == "train" and self.holdout_every:
+            hint = (" Every data.holdout_every-th document is held out for validation, and this source's documents all "
+                    "were: give data.validation, or more documents (a .txt file is one document unless the source's "
+                    "document_boundary is blank_line or line).")
+        return f"{plan.where}: no {what} found in {where}.{hint}"
+
+    def _shard_docs(self, s: int, shard: int, cur: dict[str, Any], share: Share) -> Iterator[Record]:
         """One shard's kept documents from cur["pos"]. A transient read error (reset connection, 5xx,
         throttling) reopens the shard at the last position with backoff: nothing is lost or read twice."""
         plan, failures = self.plans[s], 0
@@ -169,10 +196,11 @@ class DocumentStream:
         in_doc = len(cur["pos"]) > 2  # resuming inside a document
         while True:
             try:
-                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad):
+                size = plan.sizes[shard] if plan.sizes else None
+                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad, share.part(shard), size):
                     cur["pos"] = list(rec.pos)
                     failures = 0
-                    if (rec.text or in_doc) and self._keep(s, shard, rec.index, by_example):
+                    if (rec.text or in_doc) and self._keep(s, shard, rec.index, share):
                         cur["docs"] += rec.end
                         yield rec
                     in_doc = not rec.end

@@ -38,10 +38,14 @@ class Record:
     text: Any  # a str; a dict for instruction formats (prompt/completion or messages)
     pos: tuple[int, ...]
     end: bool = True
+    key: int | None = None  # the record's identity in its shard when it is not its number (plain JSONL: its offset)
 
     @property
     def index(self) -> int:
-        """The document's number in its shard (0-based), the same for every piece of it."""
+        """The document's identity in its shard, the same for every piece of it and for every reader: its number
+        (0-based) unless `key` says otherwise."""
+        if self.key is not None:
+            return self.key
         return self.pos[1] - 1 if self.end else self.pos[1]
 
 
@@ -165,16 +169,17 @@ def _skip(f: Any, n: int) -> None:
         n -= len(got)
 
 
-def record_pieces(text: Any, before: tuple[int, int], after: tuple[int, int], skip: int = 0) -> Iterator[Record]:
+def record_pieces(text: Any, before: tuple[int, int], after: tuple[int, int], skip: int = 0, key: int | None = None) -> Iterator[Record]:
     """One record's text as pieces of at most PIECE_CHARS (a dict, or a short text, is one Record).
 
-    `before`: the position at the record's start; `after`: just after it; `skip`: characters already read."""
+    `before`: the position at the record's start; `after`: just after it; `skip`: characters already read;
+    `key`: the record's identity (Record.key)."""
     if not isinstance(text, str) or len(text) - skip <= PIECE_CHARS:
-        yield Record(text[skip:] if skip else text, after)
+        yield Record(text[skip:] if skip else text, after, key=key)
         return
     for start in range(skip, len(text), PIECE_CHARS):
         stop = start + PIECE_CHARS
         if stop >= len(text):
-            yield Record(text[start:], after)
+            yield Record(text[start:], after, key=key)
         else:
-            yield Record(text[start:stop], (before[0], before[1], stop), end=False)
+            yield Record(text[start:stop], (before[0], before[1], stop), end=False, key=key)
