@@ -211,9 +211,10 @@ class DataSection(Section):
     """Instruction data: pack several short examples into one block (each attends only to itself, through
     position ids that restart per example); false pads each example to seq_len instead."""
     readers: int | None = Field(default=None, gt=0)
-    """Logical readers, each owning its part of the data; fixed at the run's start. The data order (and so the
-    losses) is the same on any launch whose processes x dataloader workers divides it, and a checkpoint resumes
-    onto any such launch. Default: 8 (fewer if a source has fewer shards), times whatever the first launch needs."""
+    """Logical readers, each owning an equal share of every source (whole shards, or a part of each); fixed at the
+    run's start. The data order (and so the losses) is the same on any launch whose processes x dataloader
+    workers divides it, and a checkpoint resumes onto any such launch. Default: 8 (fewer for a source under
+    512 KB, or one of fewer than 8 compressed or text shards), times whatever the first launch needs."""
     on_bad_record: Literal["fail", "skip"] = "fail"
     """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
 

@@ -219,3 +219,15 @@ def test_the_default_reader_count_leaves_no_reader_without_data(tmp_path):
     assert small.reader_limit == 1 and default_readers(small.reader_limit, 1, 1) == 1
     assert big.reader_limit >= 8 and default_readers(big.reader_limit, 1, 1) == 8
     assert all(read_all(big, 8))
+
+
+def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):
+    from hftrain.data.prepare import inspect
+
+    for i, n in enumerate([900, 2500, 4000]):
+        write_jsonl(tmp_path / "corpus" / f"part-{i}.jsonl", make_documents(n, seed=i))
+    recipe = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "seq_len": 32},
+                                "tokenizer": {"builtin": "gpt2"}})  # fmt: skip
+    text = inspect(recipe, blocks=1)
+    assert "data.train[0]: " in text and "3 shard(s)" in text
+    assert "8 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)" in text

@@ -18,9 +18,9 @@ from ..errors import HftrainError
 from .loader import first_documents, plan_data, train_documents, validation_blocks
 from .prepare_pool import PrepareJob, run_units
 from .pretokenized import ShardWriter
-from .readers import DEFAULT_READERS, default_window
+from .readers import DEFAULT_READERS, default_readers, default_window
 from .sources import COMPRESSION
-from .stream import BlockStream, SourcePlan, TokenRun
+from .stream import BlockStream, SourcePlan, TokenRun, Worker
 
 
 def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None,
@@ -109,14 +109,8 @@ class Progress:
 
 
 def _shard_sizes(source: SourcePlan) -> list[int] | None:
-    """Each shard's size in bytes (None for datasets, the builtin corpus, or more than 10,000 shards)."""
-    if source.source.path is None or len(source.shards) > 10_000:
-        return None
-    try:
-        fs, _ = fsspec.core.url_to_fs(source.shards[0], **source.source.storage_options)
-        return [int(fs.size(shard) or 0) for shard in source.shards]
-    except (OSError, ValueError):
-        return None
+    """Each shard's size in bytes, from the listing (None for datasets and the builtin corpus)."""
+    return source.sizes if source.source.path is not None and source.sizes else None
 
 
 def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
@@ -132,11 +126,13 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
     total_bytes = 0
     for source in plan.train:
         where = source.source.path or source.source.dataset or source.source.builtin
-        size = _size(source.shards, source.source.storage_options) if source.source.path else None
+        size = sum(_shard_sizes(source) or []) or None
         total_bytes += size or 0
         lines.append(f"{source.where}: {where}  {len(source.shards)} shard(s)" + (f", {size / 1e6:,.1f} MB" if size else "") +
                      f", weight {source.source.weight:g}")  # fmt: skip
         lines += [f"    {name}" for name in source.shards[:3]] + (["    ..."] if len(source.shards) > 3 else [])
+        readers = recipe.data.readers or default_readers(plan.reader_limit, 1, 1)
+        lines.append(f"    {source.share(Worker(0, readers)).describe()}")
     sample = list(first_documents(plan, sample_docs))
     sample_bytes = sum(len(d.encode()) for d in sample)
     sample_tokens = sum(len(ids) + 1 for ids in tokenizer(sample, add_special_tokens=False)["input_ids"])
@@ -152,11 +148,3 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
             break
         lines.append(f"--- block {i} ({len(block)} tokens) ---\n{tokenizer.decode(block)}")
     return "\n".join(lines)
-
-
-def _size(shards: list[str], options: dict[str, Any]) -> int | None:
-    try:
-        fs, _ = fsspec.core.url_to_fs(shards[0], **options)
-        return sum(fs.size(s) or 0 for s in shards[:1000]) * max(1, len(shards) // 1000 or 1)
-    except (OSError, ValueError):
-        return None

@@ -38,6 +38,16 @@ class Share:
     reader: int
     readers: int
 
+    def describe(self) -> str:
+        """How the readers share the source, for `hftrain data inspect`."""
+        if self.readers == 1:
+            return "1 reader reads every shard"
+        return f"{self.readers} readers share it: " + {
+            "whole": f"whole shards, dealt by size (within {BALANCE:.0%} of each other, or compressed/text shards that cannot be split)",
+            "part": "each reads a part of every shard (byte, row or block ranges: the shards differ in size)",
+            "every": f"each keeps every {self.readers}th record of every shard (fewer compressed/text shards than readers)",
+        }[self.mode]
+
     def part(self, shard: int) -> Part | None:
         """Which of L parts of shard `shard` this reader reads (None: all of it). Reader r takes part
         (r + shard) % L, so the parts that rounding makes one longer go round the readers."""
