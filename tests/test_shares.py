@@ -219,6 +219,12 @@ def test_the_default_reader_count_leaves_no_reader_without_data(tmp_path):
     assert small.reader_limit == 1 and default_readers(small.reader_limit, 1, 1) == 1
     assert big.reader_limit >= 8 and default_readers(big.reader_limit, 1, 1) == 8
     assert all(read_all(big, 8))
+    docs = make_documents(200)
+    for s in range(8):  # 8 small shards: 8 readers on 1 process as on 2, so both launches read the same order
+        write_jsonl(tmp_path / "eight" / f"part-{s}.jsonl", docs[s::8])
+    eight = plan_data(section(tmp_path / "eight"), 0)
+    assert [default_readers(eight.reader_limit, p, 1) for p in (1, 2)] == [8, 8]
+    assert all(read_all(eight, 8))
 
 
 def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):

@@ -47,12 +47,12 @@ class DataPlan:
 
     @property
     def reader_limit(self) -> int | None:
-        """The most readers every training source can give data to (for the default reader count): a source
-        read from its shards' starts (compressed, text files) has one reader per shard; a splittable one one per
-        MIN_PART_BYTES (parts that small may hold no record); prepared shards one per block."""
+        """The most readers every training source can give data to (for the default reader count): one per shard
+        (as many as a source read from its shards' starts, compressed or text, can feed), and for a splittable
+        source also one per MIN_PART_BYTES (smaller parts may hold no record); prepared shards one per block."""
         if self.manifest is not None:
             return max(1, int(self.manifest["blocks"]))
-        limits = [max(1, sum(p.sizes) // MIN_PART_BYTES) if p.splittable else len(p.shards) for p in self.train]
+        limits = [max(len(p.shards), sum(p.sizes) // MIN_PART_BYTES) if p.splittable else len(p.shards) for p in self.train]
         return min(limits) if limits else None
 
 
