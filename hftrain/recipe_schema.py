@@ -213,9 +213,8 @@ class DataSection(Section):
     readers: int | None = Field(default=None, gt=0)
     """Logical readers, each owning an equal share of every source (whole shards, or a part of each); fixed at the
     run's start. The data order (and so the losses) is the same on any launch whose processes x dataloader
-    workers divides it, and a checkpoint resumes onto any such launch. Default: 8 (fewer for a source of fewer
-    than 8 shards, unless it is plain JSONL or parquet of at least 64 KB per reader), times whatever the first
-    launch needs."""
+    workers divides it, and a checkpoint resumes onto any such launch. Default: 8 (fewer if a source has fewer
+    shards), times whatever the first launch needs."""
     on_bad_record: Literal["fail", "skip"] = "fail"
     """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
 

@@ -214,11 +214,8 @@ def test_a_reader_whose_part_holds_no_record_says_so(tmp_path):
 
 
 def test_the_default_reader_count_leaves_no_reader_without_data(tmp_path):
-    small = plan_data(section(write_jsonl(tmp_path / "small.jsonl", make_documents(20))), 0)
-    big = plan_data(section(write_jsonl(tmp_path / "big.jsonl", make_documents(5000))), 0)
-    assert small.reader_limit == 1 and default_readers(small.reader_limit, 1, 1) == 1
-    assert big.reader_limit >= 8 and default_readers(big.reader_limit, 1, 1) == 8
-    assert all(read_all(big, 8))
+    one = plan_data(section(write_jsonl(tmp_path / "one.jsonl", make_documents(5000))), 0)
+    assert one.reader_limit == 1 and default_readers(one.reader_limit, 1, 1) == 1  # a file may be one huge record
     docs = make_documents(200)
     for s in range(8):  # 8 small shards: 8 readers on 1 process as on 2, so both launches read the same order
         write_jsonl(tmp_path / "eight" / f"part-{s}.jsonl", docs[s::8])
@@ -236,4 +233,4 @@ def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):
                                 "tokenizer": {"builtin": "gpt2"}})  # fmt: skip
     text = inspect(recipe, blocks=1)
     assert "data.train[0]: " in text and "3 shard(s)" in text
-    assert "8 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)" in text
+    assert "3 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)" in text

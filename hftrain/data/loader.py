@@ -22,7 +22,6 @@ from .instructions import ExampleStream
 from .pretokenized import PretokenizedStream, read_manifest, validation_from
 from .sources import BadRecords
 from .readers import ReaderLayout, rank_state
-from .shares import MIN_PART_BYTES
 from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
 
 
@@ -47,12 +46,12 @@ class DataPlan:
 
     @property
     def reader_limit(self) -> int | None:
-        """The most readers every training source can give data to (for the default reader count): one per shard
-        (as many as a source read from its shards' starts, compressed or text, can feed), and for a splittable
-        source also one per MIN_PART_BYTES (smaller parts may hold no record); prepared shards one per block."""
+        """The most readers the default gives (one per shard of the source with the fewest; prepared shards one
+        per block). Not more for a splittable source: a byte range inside one huge record holds no record, and a
+        reader with no data stops the run (tests/test_scale.py: a JSONL file with a 64 MB record)."""
         if self.manifest is not None:
             return max(1, int(self.manifest["blocks"]))
-        limits = [max(len(p.shards), sum(p.sizes) // MIN_PART_BYTES) if p.splittable else len(p.shards) for p in self.train]
+        limits = [len(p.shards) for p in self.train]
         return min(limits) if limits else None
 
 

@@ -31,9 +31,8 @@ SHUFFLE_TOKENS = 1 << 22
 
 
 def default_readers(reader_limit: int | None, processes: int, workers: int) -> int:
-    """Readers for a run that does not set data.readers: 8, or fewer when a source cannot give 8 readers data of
-    their own (DataPlan.reader_limit: fewer than 8 shards, unless splittable and large enough), and always a
-    multiple of processes x workers."""
+    """Readers for a run that does not set data.readers: 8, or fewer when a source has fewer than 8 shards
+    (DataPlan.reader_limit), and always a multiple of processes x workers."""
     base = DEFAULT_READERS if reader_limit is None else max(1, min(DEFAULT_READERS, reader_limit))
     return math.lcm(base, processes * max(workers, 1))
 

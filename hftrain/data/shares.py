@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 BALANCE = 0.02  # whole shards only when the most loaded reader has at most 2% more bytes than the least loaded
-MIN_PART_BYTES = 1 << 16  # the default reader count gives each reader at least this much of a splittable source
 
 Mode = Literal["whole", "part", "every"]
 
