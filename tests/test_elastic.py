@@ -87,14 +87,18 @@ def test_resume_on_another_process_count(sharded_yaml, tmp_path, backend):
 
 @pytest.mark.slow
 def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
+    # 24 steps, killed once a checkpoint at step 6 or later is complete: the kill must land while the run is still
+    # going, and a 2-core CI host can starve this poller for seconds (a 12-step run once ended unseen between polls).
+    total, every = 24, 3
     run_dir, straight = tmp_path / "killed", tmp_path / "straight"
+    budget = [f"training.max_steps={total}", f"training.save_steps={every}"]
     cmd = [sys.executable, "-m", "hftrain", "train", str(sharded_yaml), "--accelerate-config", "ddp", "--nproc", "2",
-           f"training.output_dir={run_dir}", *FP32, "training.max_steps=12", "training.save_steps=3"]  # fmt: skip
+           f"training.output_dir={run_dir}", *FP32, *budget]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
-    while not (run_dir / "checkpoint-6" / ckpt.COMPLETE_MARKER).is_file():
+    while not any(ckpt.checkpoint_step(c) >= 6 for c in ckpt.complete_checkpoints(run_dir)):
         assert proc.poll() is None and time.time() < deadline, "the 2-process run ended before its step-6 checkpoint"
-        time.sleep(0.2)
+        time.sleep(0.05)
     family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     for pid in family:  # the launcher, torchrun and both ranks at once; no handler runs
         try:
@@ -102,16 +106,17 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
         except ProcessLookupError:
             pass
     proc.wait()
+    assert not RunLayout(run_dir).final.exists(), "the run finished before the kill: nothing was resumed"
     survivor = ckpt.latest_checkpoint(run_dir)
     assert survivor is not None
     at = ckpt.step_of(survivor)  # read now: rotation (save_total_limit 2) removes it once the run goes on
-    assert at >= 6
-    out = train(sharded_yaml, "ddp", 1, run_dir, "training.max_steps=12", "training.save_steps=3").stdout
+    assert 6 <= at < total
+    out = train(sharded_yaml, "ddp", 1, run_dir, *budget).stdout
     assert f"resuming from {survivor}\n" in out
-    train(sharded_yaml, "ddp", 2, straight, "training.max_steps=12", "training.save_steps=3")
+    train(sharded_yaml, "ddp", 2, straight, *budget)
     resumed = {e["step"]: (e["loss"], e["grad_norm"]) for e in train_log(run_dir) if e["step"] > at}
-    assert sorted(resumed) == list(range(at + 1, 13))
-    assert_same_steps(steps(straight), resumed, range(at + 1, 13), "kill -9, 2 -> 1")
+    assert sorted(resumed) == list(range(at + 1, total + 1))
+    assert_same_steps(steps(straight), resumed, range(at + 1, total + 1), "kill -9, 2 -> 1")
 
 
 @pytest.mark.slow
