@@ -9,7 +9,6 @@ background with `run_as_future`) from the published directories. A push only rea
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile

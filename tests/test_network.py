@@ -17,7 +17,7 @@ from hftrain import network
 from hftrain.hub import PUSH_RETRIES
 from hftrain.recipe_schema import Recipe
 
-from .support.data import make_documents, tiny_recipe, write_jsonl
+from .support.data import tiny_recipe
 from .support.hub import LocalHub
 from .support.hub_client import ClientSetup
 

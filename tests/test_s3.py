@@ -65,6 +65,30 @@ def test_every_format_streams_from_s3_with_the_standard_environment(s3):
     assert read_all(section_for(f"s3://{bucket}/corpus/*.jsonl.gz")) == docs  # a glob over shards, in order
 
 
+@pytest.mark.parametrize("long_at_end", [False, True])
+def test_readers_take_byte_ranges_of_one_s3_file(s3, long_at_end):
+    """Two readers of one plain JSONL object: a byte range each (exact range reads), or, when the second range
+    lies inside one long record, the whole object each, keeping alternate records. Either way every record is
+    read once and neither reader is left without data."""
+    from hftrain.data.stream import Worker
+
+    bucket = s3.make_bucket()
+    docs = make_documents(80) + (["long " * 8000] if long_at_end else [])
+    s3.put(f"{bucket}/one.jsonl", jsonl(docs))
+    plan = plan_data(section_for(f"s3://{bucket}/one.jsonl"), seed=0)
+    parts = []
+    for r in range(2):
+        stream = DocumentStream(plan.train, seed=0, worker=Worker(r, 2), shuffle=False, loop=False)
+        texts, doc = [], ""
+        for text, end in stream.pieces(stream.fresh_state()):  # a long record comes in pieces
+            doc += text
+            if end:
+                texts.append(doc)
+                doc = ""
+        parts.append(texts)
+    assert all(parts) and sorted(d for p in parts for d in p) == sorted(docs)
+
+
 def test_recipe_storage_options_override_the_environment(s3_server, monkeypatch):
     for name in list(s3_server.env()):
         monkeypatch.delenv(name, raising=False)

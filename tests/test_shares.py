@@ -203,13 +203,70 @@ def test_prepared_shards_of_unequal_size_are_read_in_equal_block_ranges(tmp_path
     assert [len(p) for p in per_reader] == [13, 13, 13, 13]
 
 
-def test_a_reader_whose_part_holds_no_record_says_so(tmp_path):
-    """One record of 40 kB in a 42 kB file: the middle reader's byte range lies inside it."""
-    docs = ["short one", "long " * 8000, "short two"]
+def _long_record_file(tmp_path, long_chars=40_000):
+    """60 short records, then one long one: with 2 or 3 readers the last byte range lies inside it."""
+    docs = [f"short {i}" for i in range(60)] + ["long " * (long_chars // 5)]
+    return docs, write_jsonl(tmp_path / "a.jsonl", docs)
+
+
+@pytest.mark.parametrize("readers", [2, 3])
+def test_a_record_longer_than_a_part_makes_the_readers_deal_records_instead(tmp_path, readers):
+    """A range that would hold no line start (a record longer than the range): the shard is read whole by every
+    reader, each keeping its records, so no reader is left without data and every record is read once."""
+    docs, path = _long_record_file(tmp_path)
+    plan = plan_data(section(path), 0)
+    assert plan.train[0].share(Worker(0, readers)).mode == "part"
+    parts = read_all(plan, readers)
+    assert all(parts) and sorted(_join_long(d for p in parts for d in p)) == sorted(docs)
+
+
+def test_the_long_record_check_can_fail(tmp_path, monkeypatch):
+    """Without the check (byte ranges whatever the records), the reader whose range lies inside the long record
+    stops the run."""
+    import hftrain.data.stream as stream_module
+
+    monkeypatch.setattr(stream_module, "lines_in_every_part", lambda *a: True)
+    _, path = _long_record_file(tmp_path)
+    with pytest.raises(HftrainError, match="logical reader 1 of 2 found no documents in its part of every shard"):
+        read_all(plan_data(section(path), 0), 2)
+
+
+def _join_long(flat):
+    """Documents from stream texts where only the long record comes in pieces, one after another."""
+    out: list[str] = []
+    for text in flat:
+        if not text.startswith("short ") and out and not out[-1].startswith("short "):
+            out[-1] += text
+        else:
+            out.append(text)
+    return out
+
+
+def test_lines_in_every_part_looks_a_bounded_way_into_each_range(tmp_path, monkeypatch):
+    import hftrain.data.sources as sources
+
+    source = section(tmp_path / "a.jsonl").train[0]
+    _, path = _long_record_file(tmp_path, long_chars=20_000)
+    size = path.stat().st_size
+    assert sources.lines_in_every_part(source, str(path), size, 2) is False  # the second half lies inside the record
+    assert sources.lines_in_every_part(source, str(path), size, 1) is True
+    assert sources.lines_in_every_part(source, str(path), None, 2) is False  # size unknown: no ranges
+    even = write_jsonl(tmp_path / "even.jsonl", [f"record {i} " + "x" * 500 for i in range(40)])
+    assert sources.lines_in_every_part(source, str(even), even.stat().st_size, 7) is True
+    assert sources.lines_in_every_part(source, str(even), 6, 7) is False  # fewer bytes than readers
+    import hftrain.data.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "PROBE_BYTES", 100)  # a line start further into the range than the probe looks
+    assert sources.lines_in_every_part(source, str(even), even.stat().st_size, 7) is False
+
+
+def test_a_reader_with_no_record_of_its_own_says_so(tmp_path):
+    """Two records for three readers: one of them keeps none."""
+    docs = ["short one", "long " * 8000]
     plan = plan_data(section(write_jsonl(tmp_path / "a.jsonl", docs)), 0)
     with pytest.raises(HftrainError) as info:
         read_all(plan, 3)
-    assert str(info.value).startswith(f"data.train[0]: logical reader 1 of 3 found no documents in its part of every shard of {tmp_path / 'a.jsonl'}")
+    assert f"found no documents in its part of every shard (every 3rd record of a shard whose ranges hold no line start) of {tmp_path / 'a.jsonl'}" in str(info.value)
     assert "Set data.readers lower" in str(info.value)
 
 

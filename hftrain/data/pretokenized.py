@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import HftrainError
 from .sources import require_backend
-from .shares import Share, share_of, span
+from .shares import share_of, span
 from .stream import BlockStream, Worker, _mix
 
 MANIFEST = "manifest.json"
@@ -136,20 +136,14 @@ class PretokenizedStream(BlockStream):
         self.seed, self.worker, self.window, self.loop = seed, worker, window, loop
         self.seq_len, self.dtype = manifest["seq_len"], np.dtype(manifest["dtype"])
         self.shuffle = window > 1
+        sizes = [int(shard["blocks"]) for shard in manifest["shards"]]
+        self.share = share_of(sizes, True, worker.index, worker.count)  # whole shards if they deal out evenly, else a block range of each
 
     def fresh_state(self) -> dict[str, Any]:
         return {"start": {"epoch": 0, "shard": 0, "block": 0}, "window": 0, "emitted": 0}
 
-    def _share(self) -> Share:
-        """This reader's share (shares.py): whole shards when they deal out evenly by blocks, else a block range
-        of every shard."""
-        if "_my_share" not in self.__dict__:
-            sizes = [int(shard["blocks"]) for shard in self.manifest["shards"]]
-            self._my_share = share_of(sizes, True, self.worker.index, self.worker.count)
-        return self._my_share
-
     def _my_shards(self, epoch: int) -> list[int]:
-        mine = list(self._share().shards)
+        mine = list(self.share.shards)
         if self.shuffle:
             import random
 
@@ -173,7 +167,7 @@ class PretokenizedStream(BlockStream):
                     break
                 continue
             shard = self.manifest["shards"][mine[cur["shard"]]]
-            first, stop = span(self._share().part(mine[cur["shard"]]), int(shard["blocks"]))
+            first, stop = span(self.share.part(mine[cur["shard"]]), int(shard["blocks"]))
             at = max(cur["block"], first)
             for index, block in self._read(shard, at, min(self.window - len(blocks), stop - at)):
                 cur["block"] = index + 1

@@ -6,7 +6,9 @@ Reader r of L takes, per source, one of:
 * ``whole``: whole shards, dealt largest first to the least-loaded reader. Used when there are at least L
   shards and the dealt loads stay within BALANCE of each other: each file is then opened by one reader only.
 * ``part``: the r-th of L parts of every shard: a byte range of a plain JSONL file (a record belongs to the
-  range that holds its first byte), a row range of a parquet file, a block range of a prepared shard.
+  range that holds its first byte), a row range of a parquet file, a block range of a prepared shard. A JSONL
+  shard whose ranges would leave one without a line start (a record longer than a range) is read whole by
+  every reader instead, each keeping every L-th record (sources.lines_in_every_part).
 * ``every``: every L-th record of every shard, for shards that cannot be entered in the middle (compressed
   files, a text file's documents, a streamed dataset). Every reader reads them whole and keeps its records.
   With at least L such shards, whole shards are dealt instead even when unequal: reading every compressed

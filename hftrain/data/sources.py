@@ -9,7 +9,6 @@ Files are opened through fsspec, so local paths, file://, s3://, gs:// and other
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Iterator
@@ -19,6 +18,7 @@ import fsspec
 from .. import network
 from ..errors import HftrainError
 from ..recipe_schema import Source
+from . import jsonl
 from .builtin_corpus import module_docstrings, python_docs_files
 from .shares import Part, span
 from .text_pieces import Record, record_pieces, text_pieces
@@ -174,6 +174,14 @@ def splittable(source: Source, shard: str) -> bool:
     return file_format(shard, source.format) in ("jsonl", "parquet")
 
 
+def lines_in_every_part(source: Source, shard: str, size: int | None, count: int) -> bool:
+    """Whether readers can take a byte range each of this shard (jsonl.ranges_hold_lines); other splittable
+    formats split at rows or blocks and always can."""
+    if file_format(shard, source.format) != "jsonl" and source.format not in ("prompt_completion", "chat"):
+        return True
+    return jsonl.ranges_hold_lines(shard, network.storage_options_with_timeouts(shard, source.storage_options), size, count)
+
+
 def _check_extensions(listed: list[str], found: list[str], path: str, where: str) -> None:
     """A directory or glob reads only files with a known extension; say so when that leaves nothing."""
     if listed and not found:
@@ -199,12 +207,12 @@ def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords
     fmt = file_format(shard, source.format)
     options = source.storage_options
     if source.format in ("prompt_completion", "chat"):
-        yield from _read_jsonl(_open(shard, options), shard, _example_reader(source), pos, bad, part, size)
+        yield from jsonl.read_jsonl(_open(shard, options), shard, _split_compression(shard)[1], _example_reader(source), pos, bad, part, size)
         return
     if fmt == "parquet":
         yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad, part)
     elif fmt == "jsonl":
-        yield from _read_jsonl(_open(shard, options), shard, _text_reader(source.text_field), pos, bad, part, size)
+        yield from jsonl.read_jsonl(_open(shard, options), shard, _split_compression(shard)[1], _text_reader(source.text_field), pos, bad, part, size)
     else:
         _, codec = _split_compression(shard)
         with _open(shard, options) as f:
@@ -244,96 +252,6 @@ def _example_reader(source: Source) -> Any:
         return None, f"needs {source.messages_field!r}: a list of {{role, content}} with at least one assistant message"
 
     return take
-
-
-def _read_jsonl(f: Any, shard: str, take: Any, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None,
-                size: int | None = None) -> Iterator[Record]:  # fmt: skip
-    """Plain files seek to the byte offset, and a record's identity is the offset where its line starts (the
-    same whichever reader reads it); compressed ones decompress and skip the lines already read, and a record's
-    identity is its line number. pos[2], when given, is how many characters of the next record's text were read.
-    `part`: only the lines that start in this reader's byte range of the file."""
-    _, codec = _split_compression(shard)
-    skip = pos[2] if len(pos) > 2 else 0
-    stop = None
-    with f:
-        if codec is None:
-            start, stop = span(part, size or 0) if part is not None else (0, None)
-            offset, lineno = (pos[0] if tuple(pos) != (0, 0) else _line_start(f, start)), 0
-            f.seek(offset)
-            lines = iter(f)
-        else:
-            offset = lineno = pos[1]
-            lines = _lines(f)
-            for _ in range(lineno):
-                next(lines, None)
-        for raw in lines:
-            if stop is not None and offset >= stop:
-                return
-            first = offset if codec is None else lineno
-            lineno += 1
-            offset += len(raw) if codec is None else 0
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except ValueError as err:
-                bad(_line_name(f, shard, codec, first, bad), f"not valid JSON ({getattr(err, 'msg', err)})", "Fix or remove that line")
-                continue
-            value, problem = take(obj)
-            if problem:
-                bad(_line_name(f, shard, codec, first, bad), problem, "Fix that line or set the field names on this source")
-                continue
-            if isinstance(value, str) and not value.strip():
-                continue  # an empty or whitespace-only text is no document
-            if codec is None:
-                yield from record_pieces(value, (first, 0), (offset, 0), skip, key=first)
-            else:
-                yield from record_pieces(value, (first, first), (lineno, lineno), skip)
-            skip = 0
-
-
-def _line_start(f: Any, at: int) -> int:
-    """The offset of the first line that starts at or after byte `at` (reads up to the next newline, in chunks)."""
-    if at <= 0:
-        return 0
-    f.seek(at - 1)
-    offset = at - 1
-    while chunk := f.read(1 << 16):
-        newline = chunk.find(b"\n")
-        if newline >= 0:
-            return offset + newline + 1
-        offset += len(chunk)
-    return offset
-
-
-def _line_name(f: Any, shard: str, codec: str | None, first: int, bad: BadRecords) -> str:
-    """"file:line" for a message about the record at `first` (a line number when compressed, else the byte offset
-    where its line starts: its line number is counted only when the message is shown)."""
-    if codec is not None:
-        return f"{shard}:{first + 1}"
-    if not bad.fails:
-        return shard
-    here = f.tell()
-    f.seek(0)
-    newlines, left = 0, first
-    while left > 0 and (chunk := f.read(min(left, 1 << 20))):
-        newlines += chunk.count(b"\n")
-        left -= len(chunk)
-    f.seek(here)
-    return f"{shard}:{newlines + 1}"
-
-
-def _lines(f: Any) -> Iterator[bytes]:
-    """Lines of a binary stream; decompressing file objects do not all support iteration."""
-    parts: list[bytes] = []  # of a line longer than one read (joined once: no quadratic copying)
-    while chunk := f.read(1 << 20):
-        *complete, rest = chunk.split(b"\n")
-        for line in complete:
-            yield b"".join(parts) + line + b"\n"
-            parts = []
-        parts.append(rest)
-    if tail := b"".join(parts):
-        yield tail
 
 
 def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None) -> Iterator[Record]:

@@ -27,8 +27,8 @@ import numpy as np
 from ..errors import HftrainError
 from ..recipe_schema import Source
 from .chunking import SafeCut
-from .shares import Share, share_of
-from .sources import BadRecords, list_shard_sizes, read_shard, shard_problem, splittable
+from .shares import Part, Share, share_of
+from .sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
 from .text_pieces import Record
 
 Split = Literal["train", "holdout", "all"]
@@ -92,6 +92,8 @@ class DocumentStream:
     loop: bool = True
     bad: BadRecords = field(default_factory=lambda: BadRecords("fail"))
     only: tuple[int, int] | None = None  # (source, shard): read just that shard, keeping its identity (data prepare)
+    _shares: dict[int, Share] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _unsplit: dict[tuple[int, int], bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def fresh_state(self) -> dict[str, Any]:
         cursors = [{"epoch": 0, "shard": 0, "pos": [0, 0], "docs": 0} for _ in self.plans]
@@ -102,10 +104,22 @@ class DocumentStream:
         """This worker's share of source s (shares.py), worked out once."""
         if self.only is not None:
             return Share("whole", (self.only[1],), 0, 1)
-        cache = self.__dict__.setdefault("_shares", {})
-        if s not in cache:
-            cache[s] = self.plans[s].share(self.worker)
-        return cache[s]
+        if s not in self._shares:
+            self._shares[s] = self.plans[s].share(self.worker)
+        return self._shares[s]
+
+    def _reading(self, s: int, shard: int, share: Share) -> tuple[Part | None, bool]:
+        """(this reader's part of the shard, None for all of it; whether it keeps only every L-th record). A shard
+        whose byte ranges would leave a part without a line start is read whole by every reader, each keeping
+        every L-th record (sources.lines_in_every_part); worked out once per shard."""
+        part = share.part(shard)
+        if part is None:
+            return None, share.mode == "every"
+        if (s, shard) not in self._unsplit:
+            plan = self.plans[s]
+            size = plan.sizes[shard] if plan.sizes else None
+            self._unsplit[s, shard] = not lines_in_every_part(plan.source, plan.shards[shard], size, share.readers)
+        return (None, True) if self._unsplit[s, shard] else (part, False)
 
     def _my_shards(self, s: int, epoch: int) -> list[int]:
         """Shard indices this worker reads (its share of each) in `epoch`, in a seeded order per epoch."""
@@ -114,10 +128,13 @@ class DocumentStream:
             random.Random(_mix(self.seed, s, self.worker.index, epoch)).shuffle(mine)
         return mine
 
-    def _keep(self, s: int, shard: int, index: int, share: Share) -> bool:
+    def _keep(self, s: int, shard: int, rec: Record, share: Share, every: bool) -> bool:
+        index = rec.index
         key = _mix(s, shard, index)
-        if share.mode == "every" and (shard * 1_000_003 + index) % share.readers != share.reader:
-            return False
+        if every:  # records numbered by line take turns; those keyed by their byte offset are dealt by a hash of it
+            pick = _mix(shard, index, 29) if rec.key is not None else shard * 1_000_003 + index
+            if pick % share.readers != share.reader:
+                return False
         if self.split == "all" or not self.holdout_every:
             return True
         held = key % self.holdout_every == 0
@@ -156,7 +173,6 @@ class DocumentStream:
         return (text for text, _ in self.pieces(state))
 
     def _source_docs(self, s: int, cur: dict[str, Any]) -> Iterator[Record]:
-        plan = self.plans[s]
         while True:
             mine = self._my_shards(s, cur["epoch"])
             while cur["shard"] < len(mine):
@@ -176,7 +192,10 @@ class DocumentStream:
         plan, share = self.plans[s], self._share(s)
         where = plan.source.path or plan.source.dataset or plan.source.builtin
         if share.readers > 1:
-            how = {"whole": "its shards", "part": "its part of every shard", "every": f"every {share.readers}th record"}[share.mode]
+            nth = f"{share.readers}{'nd' if share.readers == 2 else 'rd' if share.readers == 3 else 'th'}"
+            how = {"whole": "its shards", "part": "its part of every shard", "every": f"every {nth} record"}[share.mode]
+            if share.mode == "part" and any(self._unsplit.get((s, shard)) for shard in share.shards):
+                how += f" (every {nth} record of a shard whose ranges hold no line start)"
             return (f"{plan.where}: logical reader {share.reader} of {share.readers} found no documents in {how} of {where}: the "
                     f"source has too few records (or too few shards with data) for {share.readers} readers, or one record "
                     "fills a whole part. Set data.readers lower (a multiple of processes x dataloader workers), or give more data.")  # fmt: skip
@@ -197,10 +216,11 @@ class DocumentStream:
         while True:
             try:
                 size = plan.sizes[shard] if plan.sizes else None
-                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad, share.part(shard), size):
+                part, every = self._reading(s, shard, share)
+                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad, part, size):
                     cur["pos"] = list(rec.pos)
                     failures = 0
-                    if (rec.text or in_doc) and self._keep(s, shard, rec.index, share):
+                    if (rec.text or in_doc) and self._keep(s, shard, rec, share, every):
                         cur["docs"] += rec.end
                         yield rec
                     in_doc = not rec.end
