@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-CACHE_VERSION = 2  # 2: whole-step estimates (1 timed the matmuls only)
+from . import fused_loss
+
+CACHE_VERSION = 3  # 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
 PROBE_SECONDS = 0.25  # per candidate dtype, after one warm-up pass
 
 
@@ -161,6 +163,8 @@ def _time_dtypes(shape: ProbeShape, device: torch.device) -> dict[str, float]:
     The vocabulary is never scaled down: a 4-layer, 128-wide model probed at an 8k vocabulary showed bf16 1.2x
     faster; at its real 50k one, where the logits and their casts outgrow the caches, 0.9-1.0x, as training ran."""
     head_model = _probe_model(shape, 0, shape.vocab, device)
+    if fused_loss.applies(device, compiled=False):  # the probe times eager steps, with the loss they use
+        fused_loss.use(head_model)
     layer_model = _probe_model(shape, 1, 8, device).gpt_neox  # fed embeddings: its own (tiny) vocabulary is unused
     optimizer = _optimizer_seconds(shape.parameters, device)
     seconds: dict[str, float] = {}

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import elastic_state, parallel, trackers
+from . import elastic_state, fused_loss, parallel, trackers
 from .arguments import TrainingSettings, training_arguments
 from .callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from .checkpoint import CheckpointManager, step_of
@@ -53,6 +53,9 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     data = plan_data(recipe.data, recipe.training.seed)
     settings = training_arguments(recipe, launch, shape, checkpoints.recorded_start(), data.manifest_tokens, data.reader_limit)
     args = settings.args
+    chunked_loss = fused_loss.applies(args.device, args.torch_compile)
+    if chunked_loss:
+        settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
     with args.main_process_first(desc="preparing the output directory"):
         checkpoints.claim(args.process_index == 0, settings.start_record())
@@ -69,6 +72,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     if data.pretokenized is not None:
         check_compatible(data.manifest, data.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new, launch.strategy)
+    if chunked_loss:
+        fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
     model = apply_method(model, recipe, args.gradient_checkpointing)
     if launch.strategy == "device_map":
         model = parallel.spread_over_devices(model, recipe)
