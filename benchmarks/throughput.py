@@ -40,7 +40,7 @@ order), and the held-out loss reported is the median over those seeds; a line pe
 --hftrain-set measures a lever against the defaults (e.g. --hftrain-set training.torch_compile=false).
 
 Time: each run is a fresh process (~15-25 s of imports, data set-up, final save and evaluation on a busy machine,
-none of it timed). The defaults (one A/B pair per shape, 40 / 12 / 8 steps) take about 9 minutes on a 2-core CPU
+none of it timed). The defaults (one A/B pair per shape, 40 / 12 / 8 / 240 steps) take about 9 minutes on a 2-core CPU
 shared with other work, about half that on a quiet one; there, --repeats 3 gives medians over repeats. The
 machine may be shared: read the ratios. Ends with one line per shape:
 
@@ -68,8 +68,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "small": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=40, log_steps=5),
     "medium": dict(layers=6, heads=6, hidden=384, seq=256, batch=8, lr=1e-3, steps=12, log_steps=2),
     "large": dict(layers=8, heads=8, hidden=512, seq=256, batch=8, lr=1e-3, steps=8, log_steps=2),
-    # character-level: where hftrain's own per-step overhead shows; also run by the minimal loop (side "loop")
-    "char": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=80, log_steps=10, char=True),
+    # character-level: where hftrain's own per-step overhead shows; also run by the minimal loop (side "loop").
+    # 240 steps of ~50 ms: the host's slow phases last seconds, and 80 steps gave 0.89-1.19 for the same code
+    "char": dict(layers=4, heads=4, hidden=128, seq=64, batch=12, lr=2e-3, steps=240, log_steps=20, char=True),
     # GPU shapes (--device cuda): the pythia-160m shape at 2048 tokens of context
     "gpu-160m": dict(layers=12, heads=12, hidden=768, seq=2048, batch=8, lr=6e-4, steps=20, log_steps=4),
 }
