@@ -34,6 +34,7 @@ class StepClock(TrainerCallback):
         self.train_begin = 0.0
         self.times: dict[str, list[float]] = {e: [] for e in self.EVENTS}
         self.cpu: list[float] = []  # process CPU time at each on_step_end: cpu/wall shows how contended a run was
+        self.waited: list[float] = []  # seconds spent after each on_step_end waiting for another side's turn (_turns.py)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.train_begin = time.perf_counter()
@@ -50,9 +51,10 @@ class StepClock(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.times["step_end"].append(time.perf_counter())
         self.cpu.append(time.process_time())
+        self.waited.append(0.0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"train_begin": self.train_begin, **self.times, "cpu": self.cpu}
+        return {"train_begin": self.train_begin, **self.times, "cpu": self.cpu, "waited": self.waited}
 
 
 def warmup_steps(steps: int) -> int:
@@ -63,9 +65,15 @@ def warmup_steps(steps: int) -> int:
 
 def step_durations(clock: dict[str, Any]) -> list[float]:
     """Wall time of each optimizer step, on_step_end to on_step_end: everything the loop does (data, compute,
-    logging) counts. The first step is measured from on_train_begin."""
-    ends = clock["step_end"]
-    return [b - a for a, b in zip([clock["train_begin"], *ends[:-1]], ends)]
+    logging) counts, the wait for this side's next turn (after a step's on_step_end) does not. The first step
+    is measured from on_train_begin."""
+    return [b - a for a, b in zip(_starts(clock), clock["step_end"])]
+
+
+def _starts(clock: dict[str, Any]) -> list[float]:
+    """When each step began: the previous on_step_end, plus any wait for the turn after it."""
+    ends, waited = clock["step_end"], clock.get("waited") or [0.0] * len(clock["step_end"])
+    return [clock["train_begin"], *(end + wait for end, wait in zip(ends[:-1], waited))]
 
 
 def steady_state(clock: dict[str, Any], tokens_per_step: int) -> dict[str, float]:
@@ -74,13 +82,14 @@ def steady_state(clock: dict[str, Any], tokens_per_step: int) -> dict[str, float
     skip = warmup_steps(len(durations))
     timed = durations[skip:]
     ends, cpu = clock["step_end"], clock["cpu"]
+    waited = sum((clock.get("waited") or [0.0] * len(ends))[skip - 1 : -1])
     return {
         "tokens_per_s": statistics.median(tokens_per_step / d for d in timed),
         "step_s": statistics.median(timed),
         "warmup_s": sum(durations[:skip]),
         "timed_steps": len(timed),
         # CPU seconds per wall second over the timed steps: about the thread count when the run had the cores
-        "cpu_util": (cpu[-1] - cpu[skip - 1]) / (ends[-1] - ends[skip - 1]),
+        "cpu_util": (cpu[-1] - cpu[skip - 1]) / (ends[-1] - ends[skip - 1] - waited),
     }
 
 
@@ -89,7 +98,7 @@ def phase_medians(clock: dict[str, Any]) -> dict[str, float]:
     t = clock
     n = len(t["step_end"])
     skip = warmup_steps(n)
-    prev_end = [t["train_begin"], *t["step_end"][:-1]]
+    prev_end = _starts(t)
     phases = {
         "data_wait": [t["step_begin"][i] - prev_end[i] for i in range(n)],
         "forward_backward": [t["pre_optimizer_step"][i] - t["step_begin"][i] for i in range(n)],

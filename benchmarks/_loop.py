@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from benchmarks._turns import Turns
+
 
 def load_tokenizer(tokenizer_dir: str | None) -> Any:
     """The shape's tokenizer: GPT-2 BPE (hftrain's built-in), or the character-level one in `tokenizer_dir`."""
@@ -81,7 +83,8 @@ def run_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path,
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, run_steps)
     loader = DataLoader(blocks, batch_size=shape["batch"], shuffle=True, collate_fn=default_data_collator,
                         generator=torch.Generator().manual_seed(seed))  # fmt: skip
-    clock: dict[str, Any] = {"train_begin": time.perf_counter(), "wall_at_train_begin": time.time(), "step_end": [], "cpu": []}
+    clock: dict[str, Any] = {"train_begin": time.perf_counter(), "wall_at_train_begin": time.time(), "step_end": [], "cpu": [], "waited": []}
+    turns = Turns.from_env()  # the turns the sides of a pair take (_turns.py)
     history: list[dict[str, Any]] = []
     model.train()
     for step, batch in enumerate(loader, start=1):
@@ -93,6 +96,7 @@ def run_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path,
         optimizer.zero_grad(set_to_none=True)
         clock["step_end"].append(time.perf_counter())
         clock["cpu"].append(time.process_time())
+        clock["waited"].append(turns.after_step(step, steps) if turns else 0.0)
         if step % log_steps == 0:
             history.append({"step": step, "loss": float(loss)})
         if step >= steps:

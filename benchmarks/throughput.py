@@ -6,7 +6,10 @@
 --device cuda (shape gpu-160m): the baseline keeps TrainingArguments' defaults (fp32, run_clm.py without --bf16),
 hftrain its own (bf16; compile for a long run); MFU also against the spec-sheet peak (gpu_peaks.py).
 
-For each model shape, alternating A/B (the order flips every repeat), each run in its own fresh process:
+For each model shape, alternating A/B (the order flips every repeat), each run in its own fresh process. The
+sides of a pair take turns (--turn-steps, _turns.py): each starts alone when its first turn comes, then they
+alternate every ~1/12 of the measured steps (char: 20 steps, about a second), a waiting side idle, so that a
+shared host's slow phases (seconds long) fall on every side rather than on one whole run:
 
 Both sides are configured for the same run of --run-steps optimizer steps (default 2000: max_steps and the
 cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) and both stop after its first
@@ -59,8 +62,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import PeakFlops, StepClock, final_loss, run_child, steady_state, write_json  # noqa: E402
+from benchmarks._common import PeakFlops, StepClock, final_loss, steady_state, write_json  # noqa: E402
 from benchmarks._throughput_report import LOOP, SIDES, json_summary, print_tables, summarize  # noqa: E402
+from benchmarks._turns import TURNS_PER_RUN, Turns, run_pair, turn_steps  # noqa: E402
 
 # name: layers, heads, hidden, context, micro-batch, learning rate, default steps and logging interval. The step
 # counts keep the default run under 10 minutes on a busy 2-core CPU, where a medium step takes 5-10 s.
@@ -102,15 +106,19 @@ class DtypeProbe:
 
 
 class ProbingClock(StepClock):
-    """The step clock, plus the compute dtype, plus the early stop after the measured steps."""
+    """The step clock, plus the compute dtype, plus the early stop after the measured steps, plus the turns
+    the sides of a pair take (_turns.py)."""
 
     def __init__(self, stop_after: int) -> None:
         super().__init__()
         self.probe = DtypeProbe()
         self.stop_after = stop_after
+        self.turns = Turns.from_env()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_step_end(args, state, control, **kwargs)
+        if self.turns:
+            self.waited[-1] = self.turns.after_step(state.global_step, self.stop_after)
         if state.global_step >= self.stop_after:
             control.should_training_stop = True
 
@@ -277,6 +285,9 @@ def child_main(args: argparse.Namespace) -> None:
                               args.tokenizer, int(args.seed))  # fmt: skip
     result["spawned_at"] = float(args.spawned_at)
     write_json(args.result, result)
+    turns = Turns.from_env()
+    if turns:
+        turns.finished()
 
 
 def _cuda() -> bool:
@@ -297,6 +308,9 @@ def parse_args() -> argparse.Namespace:
                              "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
     parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
+    parser.add_argument("--turn-steps", type=int, default=None,
+                        help="steps per turn: the sides of a pair run at once but take turns, so the host's slow phases "
+                             "fall on every side (default: about %d turns per run; 0: one side after another)" % TURNS_PER_RUN)
     parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
@@ -325,6 +339,11 @@ def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str
         from benchmarks._loop import write_char_tokenizer
 
         char_tokenizer = str(write_char_tokenizer(documents, tmp / "char-tokenizer"))
+
+    def spawned() -> list[str]:  # just before a side starts (the others wait): the peak again, and the spawn time
+        peaks.measure()
+        return ["--spawned-at", repr(time.time())]
+
     pair = 0  # A/B pairs so far: the order flips at every pair, so slow drifts of the machine cancel
     for name in args.shape_list:
         steps = args.steps or SHAPES[name]["steps"]
@@ -336,20 +355,22 @@ def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str
         heldout.write_text(json.dumps(heldout_blocks(SHAPES[name]["seq"], tokenizer)))
         for r in range(args.repeats):
             pair += 1
-            for side in sides if pair % 2 else sides[::-1]:
-                tag = f"{name}-{side}-{r}"
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
-                       "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
-                       *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                       "--docs", str(docs), "--heldout", str(heldout), *(["--tokenizer", tokenizer] if tokenizer else []), "--seed", str(SEED + r),
-                       "--spawned-at", repr(time.time())]  # fmt: skip
-                peaks.measure()
-                t0 = time.perf_counter()
-                result = run_child(cmd, tmp / f"{tag}.log", tmp / f"{tag}.json")
+            order = sides if pair % 2 else sides[::-1]
+            tags = {side: f"{name}-{side}-{r}" for side in order}
+            cmds = [[sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
+                     "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
+                     *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
+                     "--docs", str(docs), "--heldout", str(heldout), *(["--tokenizer", tokenizer] if tokenizer else []), "--seed", str(SEED + r)]
+                    for side, tag in tags.items()]  # fmt: skip
+            t0 = time.perf_counter()
+            results = run_pair(cmds, [tmp / f"{tag}.log" for tag in tags.values()], [tmp / f"{tag}.json" for tag in tags.values()],
+                               tmp / f"turns-{name}-{r}", turn_steps(args.turn_steps, steps), spawned)  # fmt: skip
+            for side, result in zip(order, results):
                 runs[side].append(result)
                 s = steady_state(result["clock"], result["tokens_per_step"])
                 print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
-                      f"({steps} steps, {time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
+                      f"({steps} steps; {result['workers']} data-loader workers)", flush=True)  # fmt: skip
+            print(f"{name:<7} repeat {r + 1}: {len(order)} sides, {time.perf_counter() - t0:.0f} s in all", flush=True)
         if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
             print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
                   f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
