@@ -59,7 +59,11 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, record
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs = cpu_compat.training_kwargs(kwargs, launch.rehearsal)
-    plan = speed_defaults(recipe, kwargs, launch, shape, recorded.get("speed"))
+    device = training_device(kwargs, launch)
+    memory = cpu_compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
+    plan = speed_defaults(recipe, kwargs, launch, shape, recorded.get("speed"), device)
+    if memory:
+        plan.reasons.append(memory)
     try:
         args = TrainingArguments(**kwargs)
     except (ValueError, TypeError) as err:
@@ -70,8 +74,13 @@ def training_arguments(recipe: Recipe, launch: Launch, shape: ModelShape, record
     return TrainingSettings(args, resume, push, plan, length, ReaderLayout(count, launch.world_size, workers, window))
 
 
+def training_device(kwargs: dict[str, Any], launch: Launch) -> torch.device:
+    """The device this process trains on."""
+    return torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else f"cuda:{launch.local_rank}")
+
+
 def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape: ModelShape,
-                   recorded: dict[str, bool] | None) -> SpeedPlan:  # fmt: skip
+                   recorded: dict[str, bool] | None, device: torch.device) -> SpeedPlan:  # fmt: skip
     """bf16 / fp16 / tf32 / torch_compile where the recipe leaves them unset: as recorded at the run's start
     (a resumed run), else decided by measurement on this device (speed.py), the same in every process."""
     kwargs.setdefault("ddp_find_unused_parameters", False)
@@ -83,7 +92,6 @@ def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], launch: Launch, shape
         kwargs.update(kept)
         reasons = [f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"] if kept else []
         return speed.SpeedPlan(values=kept, reasons=reasons)
-    device = torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else f"cuda:{launch.local_rank}")
     decided = parallel.agree("speed", lambda: speed.decide_here(recipe, kwargs, launch.strategy, shape, device).to_json())
     plan = speed.SpeedPlan.from_json(decided)
     kwargs.update(plan.values)

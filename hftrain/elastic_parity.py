@@ -13,13 +13,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from .data.loader import plan_data
 from .data.readers import default_readers
 from .errors import HftrainError
 from .layout import RunLayout
-from .parity import FORCED, read_run
+from .parity import FORCED, read_run, step_differences
 from .recipe import load_recipe
 
 BACKENDS = {"DDP": "ddp", "FSDP": "fsdp", "ZeRO-3": "zero3"}
@@ -58,7 +57,7 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
                  "1->2": (runs["1"], runs["1->2"], range(half + 1, steps + 1))}  # fmt: skip
         cells = []
         for name, (reference, other, which) in pairs.items():
-            loss, norm = compare(reference, other, which)
+            loss, norm = step_differences(reference, other, which)
             loss_diff, norm_diff = max(loss_diff, loss), max(norm_diff, norm)
             cells.append(f"{loss:>12.2g} {norm:>12.2g}")
         rows.append(f"{label:<7} " + "  ".join(cells))
@@ -85,15 +84,3 @@ def _train(recipe_path: str, backend: str, nproc: int, out: Path, common: list[s
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise HftrainError(f"parity --elastic: the {label} run on {nproc} process(es) failed (exit {done.returncode}); its last lines:\n{tail}")
-
-
-def compare(reference: dict[str, Any], other: dict[str, Any], steps: range) -> tuple[float, float]:
-    """Largest relative loss and grad-norm differences over `steps` (inf where a step is missing)."""
-    loss_diff = norm_diff = 0.0
-    for step in steps:
-        if step not in reference["steps"] or step not in other["steps"]:
-            return float("inf"), float("inf")
-        (a, na), (b, nb) = reference["steps"][step], other["steps"][step]
-        loss_diff = max(loss_diff, abs(b - a) / abs(a))
-        norm_diff = max(norm_diff, abs(nb - na) / max(abs(na), 1e-12))
-    return loss_diff, norm_diff

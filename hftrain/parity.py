@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from .errors import HftrainError
 from .files import read_json
@@ -71,15 +71,22 @@ def read_run(out: Path) -> dict[str, Any]:
 
 
 def max_differences(runs: dict[str, dict[str, Any]]) -> tuple[float, float]:
+    """Largest relative loss and grad-norm differences of every run from the single-process one."""
     reference = runs.get("single") or next(iter(runs.values()))
+    worst = [step_differences(reference, run, reference["steps"]) for run in runs.values()]
+    return max(w[0] for w in worst), max(w[1] for w in worst)
+
+
+def step_differences(reference: dict[str, Any], other: dict[str, Any], steps: Iterable[int]) -> tuple[float, float]:
+    """Largest relative loss and grad-norm differences of `other` from `reference` over `steps` (inf where a step
+    is missing from either)."""
     loss_diff = norm_diff = 0.0
-    for run in runs.values():
-        for step, (loss, norm) in reference["steps"].items():
-            other = run["steps"].get(step)
-            if other is None:
-                return float("inf"), float("inf")
-            loss_diff = max(loss_diff, abs(other[0] - loss) / abs(loss))
-            norm_diff = max(norm_diff, abs(other[1] - norm) / max(abs(norm), 1e-12))
+    for step in steps:
+        if step not in reference["steps"] or step not in other["steps"]:
+            return float("inf"), float("inf")
+        (a, na), (b, nb) = reference["steps"][step], other["steps"][step]
+        loss_diff = max(loss_diff, abs(b - a) / abs(a))
+        norm_diff = max(norm_diff, abs(nb - na) / max(abs(na), 1e-12))
     return loss_diff, norm_diff
 
 

@@ -28,7 +28,7 @@ import torch
 
 from . import fused_loss
 
-CACHE_VERSION = 3  # 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
+CACHE_VERSION = 4  # 4: glibc malloc thresholds pinned on CPUs (cpu_compat.keep_freed_memory); 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
 PROBE_SECONDS = 0.25  # per candidate dtype, after one warm-up pass
 
 

@@ -177,9 +177,14 @@ def splittable(source: Source, shard: str) -> bool:
 def lines_in_every_part(source: Source, shard: str, size: int | None, count: int) -> bool:
     """Whether readers can take a byte range each of this shard (jsonl.ranges_hold_lines); other splittable
     formats split at rows or blocks and always can."""
-    if file_format(shard, source.format) != "jsonl" and source.format not in ("prompt_completion", "chat"):
+    if not _reads_as_jsonl(source, shard):
         return True
     return jsonl.ranges_hold_lines(shard, network.storage_options_with_timeouts(shard, source.storage_options), size, count)
+
+
+def _reads_as_jsonl(source: Source, shard: str) -> bool:
+    """A JSON record per line: text records (.jsonl or format: jsonl) or examples (prompt_completion, chat)."""
+    return source.format in ("prompt_completion", "chat") or file_format(shard, source.format) == "jsonl"
 
 
 def _check_extensions(listed: list[str], found: list[str], path: str, where: str) -> None:
@@ -204,17 +209,13 @@ def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords
     if source.dataset is not None:
         yield from _read_dataset(source, pos)
         return
-    fmt = file_format(shard, source.format)
-    options = source.storage_options
-    if source.format in ("prompt_completion", "chat"):
-        yield from jsonl.read_jsonl(_open(shard, options), shard, _split_compression(shard)[1], _example_reader(source), pos, bad, part, size)
-        return
-    if fmt == "parquet":
+    options, codec = source.storage_options, _split_compression(shard)[1]
+    if _reads_as_jsonl(source, shard):
+        take = _example_reader(source) if source.format in ("prompt_completion", "chat") else _text_reader(source.text_field)
+        yield from jsonl.read_jsonl(_open(shard, options), shard, codec, take, pos, bad, part, size)
+    elif file_format(shard, source.format) == "parquet":
         yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad, part)
-    elif fmt == "jsonl":
-        yield from jsonl.read_jsonl(_open(shard, options), shard, _split_compression(shard)[1], _text_reader(source.text_field), pos, bad, part, size)
     else:
-        _, codec = _split_compression(shard)
         with _open(shard, options) as f:
             yield from text_pieces(f, codec is None, pos, source.document_boundary, lambda problem: bad(shard, problem, "Convert it to UTF-8 text or remove it"))
 

@@ -117,9 +117,12 @@ class DocumentStream:
             return None, share.mode == "every"
         if (s, shard) not in self._unsplit:
             plan = self.plans[s]
-            size = plan.sizes[shard] if plan.sizes else None
-            self._unsplit[s, shard] = not lines_in_every_part(plan.source, plan.shards[shard], size, share.readers)
+            self._unsplit[s, shard] = not lines_in_every_part(plan.source, plan.shards[shard], self._size(s, shard), share.readers)
         return (None, True) if self._unsplit[s, shard] else (part, False)
+
+    def _size(self, s: int, shard: int) -> int | None:
+        """The shard's size in bytes as listed when the run planned its data (None where unknown)."""
+        return self.plans[s].sizes[shard] if self.plans[s].sizes else None
 
     def _my_shards(self, s: int, epoch: int) -> list[int]:
         """Shard indices this worker reads (its share of each) in `epoch`, in a seeded order per epoch."""
@@ -215,9 +218,8 @@ class DocumentStream:
         in_doc = len(cur["pos"]) > 2  # resuming inside a document
         while True:
             try:
-                size = plan.sizes[shard] if plan.sizes else None
                 part, every = self._reading(s, shard, share)
-                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad, part, size):
+                for rec in read_shard(plan.source, name, tuple(cur["pos"]), self.bad, part, self._size(s, shard)):
                     cur["pos"] = list(rec.pos)
                     failures = 0
                     if (rec.text or in_doc) and self._keep(s, shard, rec, share, every):

@@ -1,0 +1,25 @@
+"""A CPU training run at a 4 x 128, 64-token shape that prints its minor page faults per step (steps 16-35):
+python fault_count_run.py ROOT OUT with|without; "without" leaves glibc's malloc thresholds as the process's
+history set them (tests/test_cpu_memory.py)."""
+
+import json, resource, sys
+from pathlib import Path
+ROOT, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, str(ROOT))
+import hftrain
+from hftrain import cpu_compat
+from tests.support.data import make_documents, tiny_recipe, write_jsonl
+from transformers import TrainerCallback
+if mode == "without":
+    cpu_compat.keep_freed_memory = lambda device: None
+class Faults(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == 15: self.start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        if state.global_step == 35: self.per_step = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.start) / 20
+raw = tiny_recipe(write_jsonl(out / "train.jsonl", make_documents(600)), out / "run", max_steps=36, per_device_train_batch_size=12, logging_steps=12, save_steps=1000)
+raw["model"] = {"preset": "cpu-small", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512}
+raw["data"]["seq_len"] = 64
+raw["monitor"]["sample_max_new_tokens"] = 0
+faults = Faults()
+hftrain.train(hftrain.load_recipe(None, raw), callbacks=[faults])
+print("FAULTS_PER_STEP", faults.per_step)
