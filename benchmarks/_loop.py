@@ -79,7 +79,7 @@ def run_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path,
     decay = [p for m in model.modules() if not isinstance(m, torch.nn.LayerNorm) for n, p in m.named_parameters(recurse=False) if n != "bias"]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8)
+    optimizer = torch.optim.AdamW(groups, lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8, fused=True)  # the Trainer's default (adamw_torch_fused)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, run_steps)
     loader = DataLoader(blocks, batch_size=shape["batch"], shuffle=True, collate_fn=default_data_collator,
                         generator=torch.Generator().manual_seed(seed))  # fmt: skip
