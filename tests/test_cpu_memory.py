@@ -1,6 +1,8 @@
 """CPU training reuses its freed buffers (cpu_compat.keep_freed_memory): a steady-state step does not page-fault
-its activations in again. Without the pinned malloc thresholds this run took ~230 minor faults per step here
-(tests/support/fault_count_run.py ... without), and a 4 x 128 step took 56 ms instead of 44."""
+its activations in again. Without the pinned malloc thresholds this run took 227 and 375 minor faults per step on
+an idle 2-core EPYC (tests/support/fault_count_run.py ... without; whether glibc's adaptive threshold ends low
+depends on the process's history, and on a machine busy with other work it did not), and a 4 x 128 step took 56 ms
+instead of 44. The median over steps is checked: a one-off growth of the heap (a new data window) is not the fault."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def test_a_cpu_training_step_does_not_page_fault_its_buffers_in_again(tmp_path):
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     faults = float(result.stdout.split("FAULTS_PER_STEP")[1].split()[0])
-    assert faults < 20, f"{faults:.0f} minor page faults per training step: freed memory goes back to the kernel every step"
+    assert faults < 20, f"median {faults:.0f} minor page faults per training step: freed memory goes back to the kernel every step"
     assert "memory: freed blocks up to 32 MB kept for reuse" in result.stdout  # the run says what it set
 
 
