@@ -133,7 +133,7 @@ def median(values: Sequence[float]) -> float:
 
 
 class PeakFlops:
-    """Best fp32 and bf16 matmul FLOP/s seen on the CPU or GPU (hftrain.hardware.measure_peak_flops, hftrain's own MFU
+    """Best fp32 and bf16 matmul FLOP/s seen on the CPU or GPU (hftrain.speed.hardware.measure_peak_flops, hftrain's own MFU
     denominator). Measured again before every run and the best kept: on a shared machine one measurement may
     catch a busy moment, and MFU against it would overshoot."""
 
@@ -144,7 +144,7 @@ class PeakFlops:
     def measure(self, seconds: float = 0.5) -> dict[str, float]:
         import torch
 
-        from hftrain.hardware import measure_peak_flops
+        from hftrain.speed.hardware import measure_peak_flops
 
         device = torch.device(self.device)
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

@@ -21,14 +21,14 @@ def load_tokenizer(tokenizer_dir: str | None) -> Any:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(tokenizer_dir)
-    from hftrain.tokenizer import gpt2_tokenizer
+    from hftrain.model.tokenizer import gpt2_tokenizer
 
     return gpt2_tokenizer()
 
 
 def write_char_tokenizer(docs: list[str], out: Path) -> Path:
     """A character-level tokenizer: hftrain's byte-level BPE with no merges (256 bytes + EOS)."""
-    from hftrain.tokenizer import train_bpe
+    from hftrain.model.tokenizer import train_bpe
 
     train_bpe(docs[:2000], vocab_size=257, min_frequency=2, special_tokens=["<|endoftext|>"]).save_pretrained(out)
     return out

@@ -9,7 +9,7 @@ global batch (parallelism.global_batch_size) of the same micro-batch (training.p
   1 process    plain `hftrain train` (one process, torch's default thread count: both cores); gradient
                accumulation covers the global batch.
   2 processes  DDP on gloo, started the way `hftrain train RECIPE --accelerate-config ddp` starts it on a CPU
-               machine (hftrain.cpu_compat.launch_processes: torchrun --standalone --nproc_per_node 2 with
+               machine (hftrain.parallel.rehearsal.launch_processes: torchrun --standalone --nproc_per_node 2 with
                HFTRAIN_CPU_REHEARSAL=ddp and OMP_NUM_THREADS = cores / 2 = 1). The CLI cannot take Python
                callbacks, so this script is itself the torchrun entry point and calls hftrain.train(recipe,
                callbacks=[clock]) with that environment. Each run checks that accelerate really ran
@@ -93,7 +93,7 @@ def child_main(args: argparse.Namespace) -> None:
     import torch
 
     import hftrain
-    from hftrain.parallel import shutdown
+    from hftrain.parallel.dims import shutdown
 
     clock = StepClock()
     run = hftrain.train(hftrain.load_recipe(None, recipe_overrides(args, Path(args.workdir))), callbacks=[clock])
@@ -123,8 +123,8 @@ def child_main(args: argparse.Namespace) -> None:
 
 def launch(config: str, args: argparse.Namespace, tmp: Path, tag: str) -> dict[str, Any]:
     """Start one run of `config` in fresh processes and return rank 0's result."""
-    from hftrain import cpu_compat
-    from hftrain.launch import find_config
+    from hftrain.parallel import rehearsal
+    from hftrain.parallel.launch import find_config
 
     script = str(Path(__file__).resolve())
     child = ["--child", "--steps", str(args.steps), "--global-batch", str(args.global_batch), "--micro-batch",
@@ -132,8 +132,8 @@ def launch(config: str, args: argparse.Namespace, tmp: Path, tag: str) -> dict[s
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if config == "2 processes":
         nproc = 2
-        env[cpu_compat.REHEARSAL_ENV] = "ddp"
-        env[cpu_compat.CONFIG_ENV] = str(find_config("ddp").resolve())
+        env[rehearsal.REHEARSAL_ENV] = "ddp"
+        env[rehearsal.CONFIG_ENV] = str(find_config("ddp").resolve())
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), script, *child]
     else:

@@ -62,7 +62,7 @@ def child(method: str, base: Path, out: Path, steps: int) -> None:
     import peft  # noqa: F401
 
     import hftrain
-    from hftrain.recipe import load_recipe
+    from hftrain.recipe.load import load_recipe
 
     result = {"method": method, "import_rss": peak_rss_bytes()}
     if method != "imports":
@@ -105,9 +105,9 @@ def weight_bytes(model) -> dict[str, float]:
 
 def build_base(root: Path) -> Path:
     """pythia-160m from random weights, saved like a pretrained model (hftrain's own model and tokenizer code)."""
-    from hftrain.model import build_model
-    from hftrain.recipe import load_recipe
-    from hftrain.tokenizer import gpt2_tokenizer
+    from hftrain.model.build import build_model
+    from hftrain.recipe.load import load_recipe
+    from hftrain.model.tokenizer import gpt2_tokenizer
 
     tok = gpt2_tokenizer()
     model = build_model(load_recipe(None, {"model": {"preset": "pythia-160m"}}), tok, False)
@@ -126,9 +126,9 @@ def main() -> None:
     if args.child:
         return child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.steps)
 
-    from hftrain.model import load_pretrained
-    from hftrain.estimates import plan
-    from hftrain.recipe import load_recipe
+    from hftrain.model.build import load_pretrained
+    from hftrain.speed.estimates import plan
+    from hftrain.recipe.load import load_recipe
 
     with tempfile.TemporaryDirectory(prefix="hftrain-ftmem-") as tmp:
         root = Path(tmp)

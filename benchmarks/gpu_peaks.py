@@ -1,5 +1,5 @@
 """GPU bf16 peaks for MFU: the spec sheet's dense bf16 Tensor Core TFLOPS, matched on torch.cuda.get_device_name(),
-and a measured matmul peak (hftrain.hardware.measure_peak_flops). An unknown GPU gets the measured peak only."""
+and a measured matmul peak (hftrain.speed.hardware.measure_peak_flops). An unknown GPU gets the measured peak only."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def gpu_peaks(seconds: float = 1.0) -> dict[str, Any]:
     """The current CUDA device's name, spec-sheet and measured bf16 peaks (FLOP/s)."""
     import torch
 
-    from hftrain.hardware import measure_peak_flops
+    from hftrain.speed.hardware import measure_peak_flops
 
     device = torch.device("cuda", torch.cuda.current_device())
     name = torch.cuda.get_device_name(device)

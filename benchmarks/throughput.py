@@ -31,7 +31,7 @@ cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) 
 Both sides get the same StepClock callback. tokens/s = median over the steps after warm-up (first 20%, at least
 2: steps are seconds long) of tokens per step / step time (on_step_end to on_step_end, so data loading and
 logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's compile time when a
-side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.flops_per_token, 6N + 12LdT) / the matmul
+side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.build.flops_per_token, 6N + 12LdT) / the matmul
 peak of the dtype the side computes in (observed on its first Linear layer), measured in this run. loss = mean
 of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
 tells which text each side drew (hftrain streams a shuffle window of documents, the baseline samples blocks of
@@ -134,8 +134,8 @@ class ProbingClock(StepClock):
 def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
     import torch
 
-    from hftrain.model import parameter_counts
-    from hftrain.model import flops_per_token
+    from hftrain.model.build import parameter_counts
+    from hftrain.model.build import flops_per_token
 
     counts = parameter_counts(model)
     return {
@@ -215,7 +215,7 @@ def run_minimal_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_fil
 def training_documents() -> list[str]:
     """The documents hftrain trains on: the python-docs corpus minus its held-out documents, in corpus order."""
     from hftrain.data.loader import plan_data, train_documents
-    from hftrain.recipe import load_recipe
+    from hftrain.recipe.load import load_recipe
 
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}]}})
     stream = train_documents(plan_data(recipe.data, SEED), loop=False)
@@ -240,7 +240,7 @@ def held_out_documents() -> list[str]:
     from hftrain.data.loader import plan_data
     from hftrain.data.sources import BadRecords
     from hftrain.data.stream import DocumentStream
-    from hftrain.recipe import load_recipe
+    from hftrain.recipe.load import load_recipe
 
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}]}})
     plan = plan_data(recipe.data, SEED)
@@ -253,7 +253,7 @@ def heldout_blocks(seq: int, tokenizer_dir: str | None, count: int = 16) -> list
     """Blocks of the held-out python-docs documents (neither side trains on them), as hftrain's validation set."""
     from benchmarks._loop import load_tokenizer
     from hftrain.data.loader import plan_data, validation_blocks
-    from hftrain.recipe import load_recipe
+    from hftrain.recipe.load import load_recipe
 
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}], "seq_len": seq, "eval_blocks": count}})
     return [b["input_ids"].tolist() for b in validation_blocks(plan_data(recipe.data, SEED), load_tokenizer(tokenizer_dir))]

@@ -6,20 +6,32 @@ The Python API is the CLI's code path::
     recipe = hftrain.load_recipe("recipes/quickstart.yaml", training={"max_steps": 50})
     run = hftrain.train(recipe)
     run.metrics["eval_loss"], run.final_dir, run.generate("The ")
+
+Importing hftrain changes nothing global (no patches, no handlers): a run applies what it needs when it starts
+(hftrain/_compat.py), and a notebook shows hftrain's errors as one line after
+``hftrain.integrations.notebook.show_errors_plainly()``.
 """
 
-import logging as _logging
+from __future__ import annotations
 
-# bitsandbytes' CPU backend warns on import that an optional kernel package is absent; it is not needed.
-_logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)
+import importlib
+from typing import Any
 
-from .errors import HftrainError  # noqa: E402
-from .recipe import load_recipe  # noqa: E402
-from .estimates import plan  # noqa: E402
-from .run_record import Run  # noqa: E402
-from .train import train  # noqa: E402
-from .notebook import show_errors_plainly  # noqa: E402
+from hftrain.errors import HftrainError
 
 __version__ = "0.1.0"
-show_errors_plainly()
 __all__ = ["HftrainError", "Run", "load_recipe", "plan", "train"]
+_LAZY = {"load_recipe": "hftrain.recipe.load", "plan": "hftrain.speed.estimates", "Run": "hftrain.training.run_record",
+         "train": "hftrain.training.run"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """The API's functions load with their libraries on first use: `import hftrain` stays light and changes nothing."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hftrain' has no attribute {name!r}")
+    from hftrain import _compat
+
+    _compat.quiet_optional_warnings()  # before transformers imports bitsandbytes
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -31,7 +31,7 @@ def corpus(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_recipe(corpus: Path, tmp_path: Path) -> Callable[..., Any]:
     """make_recipe(**training) -> validated Recipe for a tiny run in tmp_path/run."""
-    from hftrain.recipe import load_recipe
+    from hftrain.recipe.load import load_recipe
 
     def make(**training: Any) -> Any:
         raw = tiny_recipe(corpus, tmp_path / "run", **training)

@@ -1,4 +1,4 @@
-"""CPU training reuses its freed buffers (cpu_compat.keep_freed_memory): a steady-state step does not page-fault
+"""CPU training reuses its freed buffers (_compat.keep_freed_memory): a steady-state step does not page-fault
 its activations in again. Without the pinned malloc thresholds this run took 227 and 375 minor faults per step on
 an idle 2-core EPYC (tests/support/fault_count_run.py ... without; whether glibc's adaptive threshold ends low
 depends on the process's history, and on a machine busy with other work it did not), and a 4 x 128 step took 56 ms
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from hftrain import cpu_compat
+from hftrain import _compat
 
 from .support.cli import ROOT
 
@@ -29,6 +29,6 @@ def test_nothing_changes_off_the_cpu(monkeypatch):
     def no_libc(*args, **kwargs):
         raise AssertionError("the C library was touched for a GPU run")
 
-    monkeypatch.setattr(cpu_compat.ctypes, "CDLL", no_libc)
-    assert cpu_compat.keep_freed_memory(torch.device("cuda", 0)) is None
-    assert cpu_compat.keep_freed_memory(torch.device("meta")) is None
+    monkeypatch.setattr(_compat.ctypes, "CDLL", no_libc)
+    assert _compat.keep_freed_memory(torch.device("cuda", 0)) is None
+    assert _compat.keep_freed_memory(torch.device("meta")) is None

@@ -17,7 +17,7 @@ import yaml
 
 import hftrain
 from hftrain.cli import main
-from hftrain.layout import RunLayout
+from hftrain.checkpoint.layout import RunLayout
 
 from .support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -135,7 +135,7 @@ sys.exit(int(code))
     ("1,1,1,1", 3, 1),  # no restarts left
 ])  # fmt: skip
 def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, codes, expected_runs, expected_exit):
-    from hftrain.launch import supervise
+    from hftrain.parallel.launch import supervise
 
     log = tmp_path / "runs.txt"
     code = supervise([str(log), codes], 2, command=[sys.executable, "-c", _CHILD])

@@ -14,12 +14,13 @@ from hftrain.cli import build_parser
 from .support.cli import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"```(?:bash)?\n(.*?)```", README, flags=re.S)
-COMMAND_LINES = [line.strip() for block in BLOCKS for line in block.splitlines() if line.strip() and not line.startswith(("#", " "))]
+DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
+DOCS = README + "".join(page.read_text(encoding="utf-8") for page in DOC_PAGES)  # every command, wherever it lives
 
 
-def _shell_blocks() -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+def _shell_blocks(text: str = DOCS) -> list[str]:
+    """The ```bash blocks of the README, then of docs/*.md (the first two are the README's quickstart and tests)."""
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
 
 
 def test_readme_opens_with_quickstart_then_tests():
@@ -29,9 +30,16 @@ def test_readme_opens_with_quickstart_then_tests():
     assert README.index(first) < README.index(second) < README.index("## ")
 
 
+def test_readme_links_every_docs_page():
+    assert DOC_PAGES, "docs/ holds the long sections"
+    for page in DOC_PAGES:
+        assert f"](docs/{page.name})" in README, f"README does not link docs/{page.name}"
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert _shell_blocks()[1].strip() in ci.splitlines()
+    assert "scripts/test_lowest_versions.sh" in ci  # the fast tier at pyproject.toml's lowest versions
 
 
 def _hftrain_invocations() -> list[list[str]]:
@@ -60,12 +68,12 @@ def test_every_hftrain_command_in_the_readme_parses():
 
 
 def test_subcommands_named_in_the_table_exist():
-    named = set(re.findall(r"`hftrain ([\w-]+)", README))
+    named = set(re.findall(r"`hftrain ([\w-]+)", DOCS))
     known = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
     assert named and named <= known, named - known
 
 
-@pytest.mark.parametrize("path", sorted(set(re.findall(r"(?<![\w/])((?:recipes|accelerate_configs|hftrain|tests|benchmarks|notebooks)/[\w./*-]+)", README))))
+@pytest.mark.parametrize("path", sorted(set(re.findall(r"(?<![\w/])((?:recipes|accelerate_configs|hftrain|tests|benchmarks|notebooks|scripts|docs)/[\w./*-]+)", DOCS))))
 def test_every_file_named_in_the_readme_exists(path):
     path = path.rstrip(".,)")
     if "*" in path:
@@ -109,21 +117,21 @@ ELSEWHERE = {
     "export AWS_ENDPOINT_URL": "the S3 setup: s3_server.env() sets exactly these variables",
     "aws s3 mb": "the S3 setup: done with boto3 against the same server",
     "hftrain train recipes/finetune/qlora.yaml": "bitsandbytes 4-bit needs a CUDA GPU (tests/gpu/)",
-    "hftrain train recipes/finetune/lora.yaml --accelerate-config": "tests/test_finetune_distributed.py::test_method_trains_on_2_processes",
+    "hftrain train recipes/finetune/lora.yaml --accelerate-config": "tests/parallel/test_finetune_distributed.py::test_method_trains_on_2_processes",
     "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/finetune/qlora.yaml": "bitsandbytes needs a CUDA GPU",
     "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/pretrain/pythia-160m.yaml": "GPU-sized (160M parameters)",
     "accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml": "GPU-sized (160M parameters)",
     "hftrain train recipes/pretrain/pythia-160m.yaml --accelerate-config zero3": "GPU-sized (160M parameters)",
-    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/test_distributed.py::test_backend_trains_resumes_and_exports",
-    "hftrain parity recipes/quickstart.yaml --steps 20": "tests/test_distributed.py::test_parity_across_backends",
-    "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": "600 quickstart steps on 2 processes; tests/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe",
-    "hftrain train recipes/quickstart.yaml training.max_steps=600": "the second half of the line above (tests/test_elastic.py)",
-    "hftrain parity recipes/quickstart.yaml --elastic": "tests/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)",
+    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/parallel/test_distributed.py::test_backend_trains_resumes_and_exports",
+    "hftrain parity recipes/quickstart.yaml --steps 20": "tests/parallel/test_distributed.py::test_parity_across_backends",
+    "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": "600 quickstart steps on 2 processes; tests/checkpoint/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe",
+    "hftrain train recipes/quickstart.yaml training.max_steps=600": "the second half of the line above (tests/checkpoint/test_elastic.py)",
+    "hftrain parity recipes/quickstart.yaml --elastic": "tests/checkpoint/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)",
     "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
     "pip install -e \".[sagemaker]\"": "the install lines: the test extra holds the sagemaker extra's packages",
-    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/integrations/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
     "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
 }  # fmt: skip
 

@@ -22,7 +22,7 @@ def test_plan_for_a_named_python_and_platform(tmp_path):
                              "--no-torch", "--dry-run"], capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "pip wheel --no-deps --wheel-dir" in out and "deepspeed>=0.16,<0.20" in out  # PyPI has no DeepSpeed wheel
+    assert "pip wheel --no-deps --wheel-dir" in out and "deepspeed>=0.16" in out  # PyPI has no DeepSpeed wheel
     download = next(line for line in out.splitlines() if " download " in line)
     for flag in ("--only-binary=:all:", "--python-version 3.12", "--implementation cp", "--abi cp312", "--platform manylinux_2_17_x86_64",
                  "--platform manylinux2014_x86_64", "--platform manylinux1_x86_64", "--constraint", "hftrain-0.1.0-py3-none-any.whl[deepspeed,qlora]"):  # fmt: skip

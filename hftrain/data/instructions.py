@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .stream import BlockStream, DocumentStream, source_epochs
+from hftrain.data.stream import BlockStream, DocumentStream, source_epochs
 
 IGNORE = -100
 CHATML = (

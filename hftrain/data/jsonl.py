@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import fsspec
 
-from .shares import Part, span
-from .text_pieces import Record, record_pieces
+from hftrain.data.shares import Part, span
+from hftrain.data.text_pieces import Record, record_pieces
 
 if TYPE_CHECKING:
-    from .sources import BadRecords
+    from hftrain.data.sources import BadRecords
 
 PROBE_BYTES = 1 << 20  # how far into a byte range ranges_hold_lines looks for a line start
 

@@ -16,13 +16,13 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..errors import HftrainError
-from ..recipe_schema import DataSection, Source
-from .instructions import ExampleStream
-from .pretokenized import PretokenizedStream, read_manifest, validation_from
-from .sources import BadRecords
-from .readers import ReaderLayout, rank_state
-from .stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
+from hftrain.errors import HftrainError
+from hftrain.recipe.schema import DataSection, Source
+from hftrain.data.instructions import ExampleStream
+from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
+from hftrain.data.sources import BadRecords
+from hftrain.data.readers import ReaderLayout, rank_state
+from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
 
 
 @dataclass

@@ -12,15 +12,15 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from ..recipe_schema import Recipe
-from ..tokenizer import load_tokenizer
-from ..errors import HftrainError
-from .loader import first_documents, plan_data, train_documents, validation_blocks
-from .prepare_pool import PrepareJob, run_units
-from .pretokenized import ShardWriter
-from .readers import DEFAULT_READERS, default_readers, default_window
-from .sources import COMPRESSION
-from .stream import BlockStream, SourcePlan, TokenRun, Worker
+from hftrain.recipe.schema import Recipe
+from hftrain.model.tokenizer import load_tokenizer
+from hftrain.errors import HftrainError
+from hftrain.data.loader import first_documents, plan_data, train_documents, validation_blocks
+from hftrain.data.prepare_pool import PrepareJob, run_units
+from hftrain.data.pretokenized import ShardWriter
+from hftrain.data.readers import DEFAULT_READERS, default_readers, default_window
+from hftrain.data.sources import COMPRESSION
+from hftrain.data.stream import BlockStream, SourcePlan, TokenRun, Worker
 
 
 def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None,

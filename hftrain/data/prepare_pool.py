@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import HftrainError
-from .chunking import SafeCut
-from .pretokenized import ShardWriter
-from .loader import train_documents
-from .stream import TokenRun, text_batches
+from hftrain.errors import HftrainError
+from hftrain.data.chunking import SafeCut
+from hftrain.data.pretokenized import ShardWriter
+from hftrain.data.loader import train_documents
+from hftrain.data.stream import TokenRun, text_batches
 
 Unit = tuple[int, int]  # (source, shard)
 REPORT_EVERY_S = 1.0

@@ -18,10 +18,10 @@ from typing import Any, Iterator
 import fsspec
 import numpy as np
 
-from ..errors import HftrainError
-from .sources import require_backend
-from .shares import share_of, span
-from .stream import BlockStream, Worker, _mix
+from hftrain.errors import HftrainError
+from hftrain.data.sources import require_backend
+from hftrain.data.shares import share_of, span
+from hftrain.data.stream import BlockStream, Worker, _mix
 
 MANIFEST = "manifest.json"
 VERSION = 1

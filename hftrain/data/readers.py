@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import HftrainError
+from hftrain.errors import HftrainError
 
 DEFAULT_READERS = 8
 STATE_VERSION = 3  # 3: readers take equal shares of unequal shards (shares.py)

@@ -15,24 +15,19 @@ from typing import Any, Iterator
 
 import fsspec
 
-from .. import network
-from ..errors import HftrainError
-from ..recipe_schema import Source
-from . import jsonl
-from .builtin_corpus import module_docstrings, python_docs_files
-from .shares import Part, span
-from .text_pieces import Record, record_pieces, text_pieces
+from hftrain import _compat
+from hftrain.integrations import network
+from hftrain.errors import HftrainError
+from hftrain.recipe.schema import Source
+from hftrain.data import jsonl
+from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
+from hftrain.data.shares import Part, span
+from hftrain.data.text_pieces import Record, record_pieces, text_pieces
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-# gcsfs (>= 2025) defaults to a filesystem that asks Google's gRPC control plane for each bucket's layout before
-# every open; against any other endpoint (an emulator, a proxy: storage_options.endpoint_url) that lookup blocks
-# ~60 s per shard before falling back. Reading objects needs only the JSON API, so hftrain asks for plain gcsfs
-# unless the variable is already set (true brings gcsfs's experimental zonal/HNS bucket support back).
-if "gcsfs" not in sys.modules:
-    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)
 OPTIONAL_BACKENDS = {"gs": ("gcsfs", "Google Cloud Storage", "gcs"), "gcs": ("gcsfs", "Google Cloud Storage", "gcs")}
 
@@ -66,6 +61,8 @@ def require_backend(path: str, key: str) -> None:
     module, store, extra = OPTIONAL_BACKENDS[scheme]
     if importlib.util.find_spec(module) is None:
         raise HftrainError(f"{key}: {path!r} is on {store}, which needs {module}: pip install 'hftrain[{extra}]'.")
+    if module == "gcsfs":
+        _compat.plain_gcs_filesystem()
 
 
 def shard_problem(err: BaseException) -> str | None:

@@ -24,12 +24,12 @@ from typing import Any, Iterator, Literal
 
 import numpy as np
 
-from ..errors import HftrainError
-from ..recipe_schema import Source
-from .chunking import SafeCut
-from .shares import Part, Share, share_of
-from .sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
-from .text_pieces import Record
+from hftrain.errors import HftrainError
+from hftrain.recipe.schema import Source
+from hftrain.data.chunking import SafeCut
+from hftrain.data.shares import Part, Share, share_of
+from hftrain.data.sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
+from hftrain.data.text_pieces import Record
 
 Split = Literal["train", "holdout", "all"]
 _TOKENIZE_BATCH = 32

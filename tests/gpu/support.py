@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from hftrain.layout import RunLayout
+from hftrain.checkpoint.layout import RunLayout
 from ..support.cli import ROOT
 
 REPORT_ENV = "GPU_REPORT_DIR"
@@ -73,7 +73,7 @@ def logged(out: Path, key: str = "loss") -> dict[int, float]:
 def flops_per_token(out: Path, seq_len: int) -> float:
     from transformers import AutoConfig
 
-    from hftrain.model import flops_per_token as per_token
+    from hftrain.model.build import flops_per_token as per_token
 
     return per_token(results(out)["parameters"], AutoConfig.from_pretrained(RunLayout(out).final), seq_len)
 

@@ -66,8 +66,8 @@ def test_qlora_weights_as_loaded_on_cuda(base, tmp_path):
     import torch
 
     from benchmarks.finetune_memory import weight_bytes
-    from hftrain.model import load_pretrained
-    from hftrain.recipe import load_recipe
+    from hftrain.model.build import load_pretrained
+    from hftrain.recipe.load import load_recipe
 
     torch.cuda.reset_peak_memory_stats()
     model = load_pretrained(load_recipe(None, recipe(base, "qlora", tmp_path / "unused")))

@@ -73,7 +73,7 @@ def observe(model: Any) -> dict[str, Any]:
 
 def _distributed_type() -> str:
     # Read accelerate's shared state without constructing AcceleratorState(): a new instance copies
-    # PartialState's fields over it, which undoes the CPU rehearsal's FSDP switch (cpu_compat.after_accelerator).
+    # PartialState's fields over it, which undoes the CPU rehearsal's FSDP switch (rehearsal.after_accelerator).
     from accelerate.state import AcceleratorState
 
     kind = AcceleratorState._shared_state.get("distributed_type")
@@ -123,8 +123,8 @@ def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc
     with the shipped config of BACKEND; without, hftrain's CPU rehearsal (torchrun, gloo, cpu_launch's environment)."""
     import torch
 
-    from hftrain import cpu_compat
-    from hftrain.launch import find_config
+    from hftrain.parallel import rehearsal
+    from hftrain.parallel.launch import find_config
 
     script = [__file__, str(recipe_file), str(probe_dir)]
     if backend is None:
@@ -132,7 +132,7 @@ def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc
     config = str(find_config(backend).resolve())
     if torch.cuda.is_available():
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", str(nproc), *script], _env({})
-    env = _env({cpu_compat.REHEARSAL_ENV: backend, cpu_compat.CONFIG_ENV: config, "OMP_NUM_THREADS": "1"})
+    env = _env({rehearsal.REHEARSAL_ENV: backend, rehearsal.CONFIG_ENV: config, "OMP_NUM_THREADS": "1"})
     if backend == "zero3":
         env["DS_ACCELERATOR"] = "cpu"
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *script], env
@@ -149,7 +149,7 @@ def run_probe(recipe_file: Path, probe_dir: Path, backend: str | None, nproc: in
 
 def main(argv: list[str]) -> int:
     import hftrain
-    from hftrain.parallel import shutdown
+    from hftrain.parallel.dims import shutdown
 
     recipe_file, probe_dir = argv
     hftrain.train(hftrain.load_recipe(recipe_file), callbacks=[Inspector(probe_dir)])

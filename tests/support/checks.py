@@ -10,8 +10,8 @@ from typing import Any, Iterable
 
 import pytest
 
-from hftrain import checkpoint as ckpt
-from hftrain.layout import TRAINER_STATE_FILE, RunLayout
+from hftrain.checkpoint import manager as ckpt
+from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
 
 # ---------------------------------------------------------------------------------------------- losses
 

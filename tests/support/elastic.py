@@ -82,8 +82,8 @@ class DumpState(TrainerCallback):
 
 def main(argv: list[str]) -> None:
     import hftrain
-    from hftrain.parallel import shutdown
-    from hftrain.recipe import load_recipe
+    from hftrain.parallel.dims import shutdown
+    from hftrain.recipe.load import load_recipe
 
     recipe_path, prefix, events, *overrides = argv
     hftrain.train(load_recipe(recipe_path, overrides), callbacks=[DumpState(Path(prefix), events)])
@@ -94,8 +94,8 @@ def run_dumping(recipe: Path, backend: str, nproc: int, out: Path, prefix: Path,
                 expect_ok: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
     """Train `recipe` into `out` on `backend` (single | ddp | fsdp | zero3) with `nproc` processes, dumping the
     state at `events` (see DumpState)."""
-    from hftrain import cpu_compat
-    from hftrain.launch import backend_of, find_config
+    from hftrain.parallel import rehearsal
+    from hftrain.parallel.launch import backend_of, find_config
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     args = ["-m", "tests.support.elastic", str(recipe), str(prefix), events, f"training.output_dir={out}", *overrides]
@@ -104,8 +104,8 @@ def run_dumping(recipe: Path, backend: str, nproc: int, out: Path, prefix: Path,
     else:
         config = find_config(backend)
         threads = str(max(1, (os.cpu_count() or 1) // nproc))
-        env.update({"CUDA_VISIBLE_DEVICES": "", cpu_compat.REHEARSAL_ENV: backend_of(config),
-                    cpu_compat.CONFIG_ENV: str(config.resolve()), "OMP_NUM_THREADS": threads})  # fmt: skip
+        env.update({"CUDA_VISIBLE_DEVICES": "", rehearsal.REHEARSAL_ENV: backend_of(config),
+                    rehearsal.CONFIG_ENV: str(config.resolve()), "OMP_NUM_THREADS": threads})  # fmt: skip
         if backend == "zero3":
             env["DS_ACCELERATOR"] = "cpu"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]

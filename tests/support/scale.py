@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from hftrain.layout import RunLayout
+from hftrain.checkpoint.layout import RunLayout
 
 
 @dataclass

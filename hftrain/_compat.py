@@ -1,0 +1,201 @@
+"""Every patch hftrain applies to another library (and to the C library), in one place.
+
+Nothing here runs on import: each patch is a function that the point of a run needing it calls, and each says
+what it changes, the version it was seen with, the upstream issue, and when it is active. The CPU-only ones
+(marked CPU) change nothing on CUDA; with hftrain's CPU rehearsals (parallel/rehearsal.py) they are the whole of
+what hftrain does differently on a machine without a GPU.
+
+| function                    | library (seen with)            | active when                                         |
+| --------------------------- | ------------------------------ | --------------------------------------------------- |
+| quiet_optional_warnings     | bitsandbytes 0.50              | any run or command (a logger level)                 |
+| skip_unneeded_imports       | accelerate 1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same               |
+| hub_request_timeouts        | huggingface_hub 1.x (httpx)    | any command (network.configure)                     |
+| plain_gcs_filesystem        | gcsfs >= 2025                  | before gcsfs is first imported (gs:// data)         |
+| deepspeed_cpu_process_group | accelerate 1.15, DeepSpeed 0.19 | CPU: a ZeRO-3 rehearsal                            |
+| fsdp_state_for_cpu          | accelerate 1.15                | CPU: an FSDP rehearsal                              |
+| bnb_4bit_trainable_on_cpu   | bitsandbytes 0.48-0.50         | CPU: a 4-bit (QLoRA) model                          |
+| keep_freed_memory           | glibc malloc                   | CPU: a process that trains on the CPU (Linux/glibc) |
+| universal_load_fixes        | DeepSpeed 0.19                 | ZeRO-3 resumed on another process count             |
+
+The Trainer's private methods hftrain overrides are not patches (a subclass of its own); they are listed with
+their reasons in training/trainer.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from hftrain.errors import HftrainError
+
+
+def quiet_optional_warnings() -> None:
+    """bitsandbytes 0.50's CPU backend logs a warning on import that an optional kernel package is absent; it is
+    not needed for anything hftrain does. Upstream: none filed (a logger level, not a behaviour change)."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def skip_unneeded_imports() -> None:
+    """accelerate's ``unwrap_model`` (the Trainer's __init__, its saves, hftrain's evaluation) imports DeepSpeed
+    whenever the package is installed, to check whether the model is a ``DeepSpeedEngine``: 1.8-3.6 s on a 2-core
+    CPU, every run (DeepSpeed 0.19 also imports mlflow through its autotuner). A model can only be a
+    DeepSpeedEngine if DeepSpeed was imported first, so "is deepspeed already imported, and installed" gives the
+    same unwrapping without the import. Only ``accelerate.utils.other`` sees the narrower check; every other
+    DeepSpeed check in accelerate and transformers is untouched. Seen with accelerate 1.10-1.15; another layout
+    keeps its behaviour (slower start, same results). Upstream: accelerate imports DeepSpeed eagerly wherever
+    ``is_deepspeed_available()`` is true (no issue filed for the unwrap path)."""
+    try:
+        from accelerate.utils import other
+    except ImportError:
+        return
+    check = getattr(other, "is_deepspeed_available", None)
+    if check is None or getattr(check, "hftrain_narrowed", False):
+        return
+
+    def deepspeed_in_use() -> bool:
+        return "deepspeed" in sys.modules and check()
+
+    deepspeed_in_use.hftrain_narrowed = True  # type: ignore[attr-defined]
+    other.is_deepspeed_available = deepspeed_in_use
+
+
+def hub_request_timeouts(per_request_s: float) -> None:
+    """huggingface_hub 1.x (httpx) sets no read timeout on uploads and API calls, so an endpoint that accepts the
+    connection and never answers hangs a push for ever. Its public ``set_client_factory`` takes a factory: each
+    new client gets the per-request timeout. The download/etag constants are set too (read at call time)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    constants.HF_HUB_ETAG_TIMEOUT = constants.HF_HUB_DOWNLOAD_TIMEOUT = max(1, int(per_request_s))
+    default_factory = _http.default_client_factory
+
+    def client() -> Any:
+        session = default_factory()
+        session.timeout = _http.httpx2.Timeout(per_request_s)
+        return session
+
+    _http.set_client_factory(client)
+
+
+def plain_gcs_filesystem() -> None:
+    """gcsfs (>= 2025) defaults to a filesystem that asks Google's gRPC control plane for each bucket's layout
+    before every open; against any other endpoint (an emulator, a proxy: storage_options.endpoint_url) that lookup
+    blocks ~60 s per shard before falling back. Reading objects needs only the JSON API, so hftrain asks for plain
+    gcsfs unless the variable is already set (true brings gcsfs's zonal/HNS bucket support back). Read by gcsfs
+    at import: active only before gcsfs is first imported."""
+    if "gcsfs" not in sys.modules:
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+# ---------------------------------------------------------------------------------------- CPU only
+def deepspeed_cpu_process_group() -> None:
+    """CPU (ZeRO-3 rehearsal): DeepSpeed on CPU needs ``DS_ACCELERATOR=cpu`` (set by the launcher) and
+    accelerate's state created on gloo *before* TrainingArguments exist, while ``ACCELERATE_USE_DEEPSPEED`` is
+    set; without that, with accelerate 1.15 and DeepSpeed 0.19 every rank reported num_processes=1, did not split
+    the data and wrote the same files, with no error. accelerate supports DeepSpeed on GPUs only."""
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    PartialState(backend="gloo")
+
+
+def fsdp_state_for_cpu(trainer: Any) -> None:
+    """CPU (FSDP rehearsal): accelerate 1.15 never enables FSDP for CPU processes, so the Accelerator comes up as
+    MULTI_CPU (plain DDP) even with the FSDP plugin. Its state is switched to FSDP with the plugin the Trainer
+    built from TrainingArguments; ``parallel.dims.verify`` then checks accelerate's state, and the tests check
+    that parameters really are sharded."""
+    if trainer.is_fsdp_enabled or not _on_cpu():
+        return
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+    state.distributed_type = DistributedType.FSDP
+    # AcceleratorState copies the distributed type from PartialState whenever accelerate makes one again
+    # (preparing the optimizer and scheduler, syncing RNG state): switch it there too, or it reverts to MULTI_CPU
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+
+
+def bnb_4bit_trainable_on_cpu(model: Any) -> None:
+    """CPU: bitsandbytes 0.48-0.50 4-bit on an avx512_bf16 CPU repacks Linear4bit weights for CPU inference on any
+    no-grad forward, and training afterwards fails ("a view of a leaf Variable that requires grad is being used
+    in an in-place operation"); turning that repacking off fixes it. A no-op with CUDA."""
+    if not _on_cpu():
+        return
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit" and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for its adaptive mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # what glibc's adaptive rule pairs with it
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def keep_freed_memory(device: Any) -> str | None:
+    """CPU: glibc's malloc returns freed memory to the kernel by a threshold it adapts to the process's history:
+    blocks above the mmap threshold are unmapped on free, and a thread's heap is trimmed when more than twice that
+    is free at its top. A training step frees and allocates the same activation buffers every step, and where the
+    threshold stayed low (it depends on what the process freed before) every step page-faults them in again:
+    ~300 minor faults and 56 ms per step at a 4 x 128 model with a 64-token context against 0.3 faults and 44 ms
+    with the threshold pinned (2-core EPYC, one process). Pinned at glibc's own ceiling for the adaptive value
+    (32 MB; trimming at 64 MB). On CUDA tensors live in torch's caching allocator: nothing is changed there.
+    Returns what it did, for the run's speed log, or None where nothing changed (a GPU, another C library).
+    Process-wide, and set before the speed probe, which times steps as training runs them."""
+    if getattr(device, "type", device) != "cpu" or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+    if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return None
+    return f"memory: freed blocks up to {MMAP_THRESHOLD >> 20} MB kept for reuse (glibc malloc, CPU training)"
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+# ------------------------------------------------------------------------------------------ DeepSpeed
+def universal_load_fixes(saved_file: Path) -> Any:
+    """Two things DeepSpeed 0.19's universal load (stage3.py, load_hp_checkpoint_state_from_checkpoint_dir_stage3)
+    gets wrong, put right at train begin, after the load and before any other callback or step. Active only when a
+    ZeRO-3 run resumes a checkpoint written by another process count (checkpoint/elastic.py inserts it):
+
+    * every optimizer param group gets the FIRST group's hyper-parameters ("Generally, the hyperparameters of each
+      parameter should be the same"). The Trainer's AdamW has two groups, weight decay 0.1 and 0.0 (biases and
+      norms), so the no-decay group would get weight decay: each group gets its own saved settings back;
+    * every parameter's Adam `step` is the SAME tensor object, and AdamW advances steps in place, once per
+      parameter: the bias correction then runs ahead. Each parameter gets its own copy.
+    Each alone made resumed losses drift (8e-5, then 4e-5 relative by the second step, growing after)."""
+    from transformers import TrainerCallback
+
+    class UniversalLoadFixes(TrainerCallback):  # saved_file: the universal conversion's zero/optimizer_state.pt
+        def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+            import torch
+
+            saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"]["param_groups"]  # hftrain's own conversion
+            groups = optimizer.param_groups
+            if len(saved) != len(groups):
+                raise HftrainError(f"{saved_file}: {len(saved)} optimizer param groups saved, {len(groups)} now; the "
+                                   "optimizer changed since the checkpoint was written, so its state cannot be continued.")  # fmt: skip
+            for group, settings in zip(groups, saved):
+                group.update({key: value for key, value in settings.items() if key != "params"})
+            inner = optimizer
+            while hasattr(inner, "optimizer"):  # accelerate's wrapper -> ZeRO's optimizer -> the torch AdamW
+                inner = inner.optimizer
+            for param_state in inner.state.values():
+                if torch.is_tensor(param_state.get("step")):
+                    param_state["step"] = param_state["step"].clone()
+
+    return UniversalLoadFixes()

@@ -1,0 +1,307 @@
+"""The CheckpointManager: one owner for every piece of a run's saved state.
+
+What a checkpoint holds, and who writes it:
+* weights, optimizer, scheduler, RNG and trainer state: the Trainer's own save, called by ``save``;
+* each process's data position (``hftrain_data_state-rankN.json``): ``save``;
+* the resolved recipe (secrets removed), a LoRA adapter's exact base, config + tokenizer for sharded saves:
+  ``_write_extras``.
+A checkpoint is written into ``output_dir/.staging/checkpoint-N`` and renamed into place only once all of
+that is there, then marked complete. A kill during a save leaves a staging directory that the next start
+removes; ``checkpoint-N`` directories without the marker (copied by hand, half-deleted) are never resumed
+from. Rotation (``save_total_limit``) happens here, after the new checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
+from hftrain.errors import HftrainError
+from hftrain.checkpoint.files import read_json
+from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
+from hftrain.recipe.load import fingerprint, save_recipe
+from hftrain.recipe.schema import Recipe
+from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
+
+
+# --------------------------------------------------------------------------------------- discovery
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoint directories, oldest step first."""
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for child in output_dir.iterdir():
+        step = checkpoint_step(child)
+        if step is not None and child.is_dir() and (child / COMPLETE_MARKER).is_file():
+            found.append((step, child))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    done = complete_checkpoints(output_dir)
+    return done[-1] if done else None
+
+
+def step_of(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint was written at (from the Trainer's state file)."""
+    return int(read_json(checkpoint / TRAINER_STATE_FILE, "the Trainer's state")["global_step"])
+
+
+def unreadable(checkpoint: Path) -> str | None:
+    """Why a complete checkpoint's files cannot be read back (None when they can): the Trainer's state, the data
+    positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
+    import zipfile
+
+    from hftrain.checkpoint.files import CorruptFile, check_safetensors
+
+    try:
+        step_of(checkpoint)
+        for state in sorted(checkpoint.glob(DATA_STATE_GLOB)):
+            read_json(state)
+        for weights in sorted(checkpoint.glob("*.safetensors")):
+            check_safetensors(weights)
+        for archive in sorted(checkpoint.glob("*.pt")) + sorted(checkpoint.glob("*.pth")):
+            zipfile.ZipFile(archive).close()  # torch.save's format: a cut-short file has no central directory
+    except (CorruptFile, KeyError, ValueError, zipfile.BadZipFile, OSError) as err:
+        text = str(err) if isinstance(err, CorruptFile) else f"{type(err).__name__}: {err}"
+        return text.replace(f"{checkpoint}{os.sep}", "").split(". ")[0]
+    return None
+
+
+def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
+    """Mark a fully written staging directory complete and move it into place. A directory already there is
+    replaced only if hftrain wrote it (it holds the marker); it is moved aside first, so that a kill at any point
+    leaves either the old or the new one complete."""
+    (staged / COMPLETE_MARKER).write_text(json.dumps(info, indent=2), encoding="utf-8")
+    if target.exists() and not (target / COMPLETE_MARKER).is_file():
+        raise HftrainError(
+            f"{target}: already exists and was not written by hftrain (no {COMPLETE_MARKER}), so it stays as it is. "
+            "Move it out of training.output_dir, then run the same command again to continue."
+        )
+    replaced = staged.parent / f"replaced-{target.name}"
+    if target.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(target, replaced)
+    os.replace(staged, target)
+    shutil.rmtree(replaced, ignore_errors=True)
+    try:
+        staged.parent.rmdir()  # only if no other save is in progress
+    except OSError:
+        pass
+
+
+def writable_directory(root: Path) -> None:
+    """training.output_dir exists (created here) as a directory this process can write, or the message saying why not."""
+    if root.exists() and not root.is_dir():
+        raise HftrainError(f"training.output_dir: {root} is a file, not a directory. Set training.output_dir to a directory path.")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".hftrain-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise HftrainError(
+            f"training.output_dir: cannot write to {root} ({err.strerror or err}). "
+            "Give a directory on a writable file system where you have write permission."
+        ) from None
+
+
+class CheckpointManager:
+    """Staging, publishing, rotation, resume and the final model of one run directory."""
+
+    def __init__(self, layout: RunLayout, recipe: Recipe, keep: int | None):
+        self.layout, self.recipe, self.keep = layout, recipe, keep
+        self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
+
+    # ----------------------------------------------------------------------------- start of a run
+    def recorded_start(self) -> dict[str, Any]:
+        """What this run recorded when it started, for a run that continues (empty otherwise): the speed levers
+        (bf16, compile, ...), the global batch, the data readers and their shuffle window. Exact resume needs the same precision and
+        compile choices, and the same data order and sequences per step, whatever the new launch would choose."""
+        if self._starts_over():
+            return {}
+        record = self._run_record()
+        if record.get("fingerprint") != fingerprint(self.recipe) or not self.complete():
+            return {}
+        return {key: record[key] for key in ("speed", "global_batch", "readers", "shuffle_window") if record.get(key) is not None}
+
+    def _run_record(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.layout.run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+    def claim(self, is_main: bool, start: dict[str, Any]) -> None:
+        """Refuse an output_dir that holds a different run (model, tokenizer or data) or a final/ hftrain did not
+        write; record ours (`start`: speed levers, global batch, readers; see recorded_start) otherwise, and remove what interrupted saves left
+        behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside first."""
+        run_file, mine, final = self.layout.run_file, fingerprint(self.recipe), self.layout.final
+        if final.exists() and not (final / COMPLETE_MARKER).is_file():
+            raise HftrainError(
+                f"training.output_dir: {final} was not written by hftrain (it has no {COMPLETE_MARKER}); this run would "
+                "replace it with its own final model. Move it elsewhere, or set training.output_dir to another directory."
+            )
+        if is_main and self._starts_over() and (self.complete() or final.is_dir()):
+            print(f"hftrain: training.resume_from_checkpoint=false: moved the earlier run to {self._move_aside()}", flush=True)
+        if run_file.is_file():
+            theirs = self._run_record().get("fingerprint", {})
+            differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != mine[part]]
+            if differ and (self.complete() or self.layout.final.is_dir()):
+                root = self.layout.root
+                raise HftrainError(
+                    f"training.output_dir: {root} holds a run whose {' and '.join(differ)} differ from this recipe's. "
+                    f"Continuing it would mix two runs. Set training.output_dir to a new directory, or delete {root} "
+                    "to start fresh. (Changing training settings such as max_steps or learning_rate continues a run.)"
+                )
+        if not is_main:
+            return
+        writable_directory(self.layout.root)
+        partial = run_file.with_suffix(".tmp")
+        partial.write_text(json.dumps({"fingerprint": mine, **start}, indent=2), encoding="utf-8")
+        os.replace(partial, run_file)  # other processes never read a half-written file
+        if self.layout.staging.is_dir():
+            for leftover in sorted(self.layout.staging.iterdir()):
+                print(f"hftrain: removed {leftover} (an interrupted save)")
+            shutil.rmtree(self.layout.staging, ignore_errors=True)
+
+    def _starts_over(self) -> bool:
+        return self.recipe.training_kwargs().get("resume_from_checkpoint") in (False, "false", "False")
+
+    def _move_aside(self) -> Path:
+        """The earlier run's own files (complete checkpoints, final/, logs, results) into previous-<UTC time>/;
+        anything hftrain did not write stays where it is, and so does a trained tokenizer (it is reused, part of
+        the directory's run identity like the data)."""
+        layout = self.layout
+        aside = layout.root / time.strftime("previous-%Y%m%dT%H%M%SZ", time.gmtime())
+        aside.mkdir()
+        own = [*self.complete(), layout.final, layout.metrics, layout.results, layout.plot, layout.report,
+               layout.profile, layout.run_file]  # fmt: skip
+        for path in own:
+            if path.exists():
+                os.replace(path, aside / path.name)
+        return aside
+
+    def complete(self) -> list[Path]:
+        return complete_checkpoints(self.layout.root)
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.layout.root)
+
+    def resume_point(self, setting: bool | str | None, is_main: bool = True) -> Path | None:
+        """training.resume_from_checkpoint: unset/true = the newest complete checkpoint that loads, false = never,
+        or a path (which must load)."""
+        if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
+            return None
+        if isinstance(setting, str) and setting.lower() != "true":
+            path = Path(setting)
+            if not (path / COMPLETE_MARKER).is_file():
+                raise HftrainError(f"training.resume_from_checkpoint: {setting} is not a complete hftrain checkpoint.")
+            problem = unreadable(path)
+            if problem is not None:
+                raise HftrainError(f"training.resume_from_checkpoint: {setting} cannot be loaded ({problem}).")
+            return path
+        latest = self._newest_loadable(is_main)
+        if latest is None and setting in (True, "true", "True"):
+            raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
+        return latest
+
+    def _newest_loadable(self, is_main: bool) -> Path | None:
+        """The newest complete checkpoint whose files read back. An unreadable one (truncated weights, a corrupt
+        state file) is renamed unreadable-checkpoint-N, byte for byte as it was, with a warning; only refusals
+        (another run, backend or process count) are errors, and those come later, from a readable checkpoint."""
+        done = self.complete()
+        for checkpoint in reversed(done):
+            problem = unreadable(checkpoint)
+            if problem is None:
+                return checkpoint
+            aside = checkpoint.with_name(f"unreadable-{checkpoint.name}")
+            if is_main:
+                os.replace(checkpoint, aside)
+                print(f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run resumes "
+                      "from the newest checkpoint that loads.", flush=True)  # fmt: skip
+        if done:
+            raise HftrainError(
+                f"training.output_dir: none of the checkpoints in {self.layout.root} can be loaded (see the warnings above); "
+                "restore one, or set training.resume_from_checkpoint=false to start over (the earlier run is moved aside)."
+            )
+        return None
+
+    # ------------------------------------------------------------------------------------ loading
+    def load_weights(self, model: Any, checkpoint: Path) -> None:
+        """Weights only (full model or adapter), strictly; the Trainer restores optimizer and RNG state."""
+        load_checkpoint_weights(model, checkpoint)
+
+    def data_positions(self, checkpoint: Path) -> list[dict[str, Any]]:
+        """The data positions every process of the writing launch saved in `checkpoint` (any process count)."""
+        files = sorted(checkpoint.glob(DATA_STATE_GLOB))
+        return [read_json(f, "a process's data position") for f in files]
+
+    # ------------------------------------------------------------------------------------- saving
+    def save(self, trainer: Any, write_trainer_files: Callable[[], None], data_position: dict[str, Any] | None) -> None:
+        """One checkpoint: the Trainer's files (written by `write_trainer_files` into layout.staging),
+        this process's data position and the extras, then published complete and older ones rotated."""
+        step, rank = trainer.state.global_step, trainer.args.process_index
+        name = f"checkpoint-{step}"
+        staged = self.layout.staged(name)
+        try:
+            write_trainer_files()
+        except OSError as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
+            shutil.rmtree(staged, ignore_errors=True)
+            latest = self.latest()
+            raise HftrainError(
+                f"training.output_dir: could not write {self.layout.root / name} ({err.strerror or err}). "
+                f"{'The previous checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
+                "free space or fix permissions, then run the same command to resume."
+            ) from None
+        if data_position is not None:
+            (staged / data_state_file(rank)).write_text(json.dumps(data_position), encoding="utf-8")
+        trainer.accelerator.wait_for_everyone()
+        if trainer.args.should_save:
+            self._write_extras(staged, trainer)
+            # the writer's backend and process count: how a resume judges the checkpoint (elastic.py)
+            info = {"step": step, "world_size": trainer.args.world_size, "strategy": trainer.options.dims.strategy.value}
+            publish(staged, self.layout.checkpoint(step), info)
+            self._rotate()
+            for notify in self.on_publish:
+                notify(self.layout.checkpoint(step))
+        trainer.accelerator.wait_for_everyone()
+
+    def _write_extras(self, staged: Path, trainer: Any) -> None:
+        """What makes a checkpoint explain itself: the resolved recipe (secrets removed), an adapter's exact
+        base, and for sharded saves the config and tokenizer."""
+        save_recipe(self.recipe, staged / RECIPE_FILE)
+        if is_adapter_dir(staged):
+            base = base_fingerprint(self.recipe.model.from_pretrained or "")
+            (staged / BASE_FILE).write_text(json.dumps(base, indent=2), encoding="utf-8")
+        elif not (staged / "config.json").is_file():
+            trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(staged)
+            trainer.processing_class.save_pretrained(staged)
+
+    def _rotate(self) -> None:
+        """Keep the newest `keep` complete checkpoints (None or <= 0: keep all)."""
+        if not self.keep or self.keep <= 0:
+            return
+        for old in self.complete()[: -self.keep]:
+            doomed = self.layout.staged(f"rotated-{old.name}")  # a kill mid-delete leaves it in staging, removed at start
+            doomed.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def stage_final(self, trainer: Any) -> Path:
+        """Write the final model as one standard HF directory into staging (every process takes part in
+        gathering a sharded model); `publish_final` moves it into final/ once its evaluation is known."""
+        staged = self.layout.staged(RunLayout.FINAL)
+        save_full_model(trainer, staged, self.recipe.model.from_pretrained or "")
+        return staged
+
+    def publish_final(self, staged: Path, info: dict[str, Any]) -> Path:
+        """Main process: the staged final model, with its recipe, replaces final/ atomically."""
+        save_recipe(self.recipe, staged / RECIPE_FILE)
+        (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: not part of a shareable model
+        publish(staged, self.layout.final, info)
+        return self.layout.final

@@ -1,0 +1,81 @@
+"""`hftrain` command line: a table of commands, one module each (hftrain/cli/), over the same functions
+the Python API uses; and the one place where hftrain's errors become a message and an exit code.
+
+``key=value`` overrides may stand anywhere after a recipe command, mixed with options:
+``hftrain train recipes/quickstart.yaml --help``, ``hftrain plan RECIPE training.max_steps=10``.
+An override is a word of the form ``dotted.key=value``; other words (paths, URLs, options) go to argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from types import ModuleType
+
+from hftrain import _compat
+
+_compat.quiet_optional_warnings()  # the CLI is a program: before its commands import transformers (and bitsandbytes)
+
+from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
+from hftrain.errors import Preempted, as_user_error  # noqa: E402
+from hftrain.integrations import network  # noqa: E402
+
+# name -> module, in the order `hftrain --help` lists them
+COMMANDS: dict[str, ModuleType] = {
+    "train": train, "plan": plan, "parity": parity, "data": data, "launch-script": launch_script, "push": push,
+    "export": export, "explain": explain, "presets": presets, "eval": eval, "report": report,
+}  # fmt: skip
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hftrain",
+        description="Pretrain and fine-tune GPT-NeoX-style models on the Hugging Face stack.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS.values():
+        module.add_parser(sub)
+    return parser
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Words shaped `dotted.key=value` after a recipe command are overrides; the rest goes to argparse."""
+    module = COMMANDS.get(argv[0]) if argv else None
+    if module is None or not getattr(module, "TAKES_OVERRIDES", True):
+        return argv, []
+    overrides = [word for word in argv[1:] if _OVERRIDE.match(word)]
+    return [argv[0], *(word for word in argv[1:] if not _OVERRIDE.match(word))], overrides
+
+
+def run(argv: list[str]) -> int:
+    words, overrides = split_overrides(argv)
+    args = build_parser().parse_args(words)
+    args.argv = argv  # as typed: `train --max-restarts` re-runs it
+    return COMMANDS[args.command].run(args, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; hftrain's errors, and the exceptions a user can fix (user_errors.py), become one line and
+    exit status 2. Anything else is a bug in hftrain and keeps its traceback."""
+    try:
+        network.configure()  # the default bound until a recipe gives its own (faults.network_timeout_s)
+        return run(sys.argv[1:] if argv is None else argv)
+    except Preempted as err:
+        print(f"hftrain: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("hftrain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        known = as_user_error(err, network.bound())
+        if known is None:
+            raise
+        print(f"hftrain: error: {known}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""`hftrain data prepare|inspect RECIPE`: pre-tokenize a recipe's training data, or look at it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("data", help="prepare pre-tokenized shards, or inspect a recipe's data")
+    sub = p.add_subparsers(dest="data_command", required=True)
+    prep = sub.add_parser("prepare", help="tokenize and pack the training data once into shards + manifest")
+    prep.add_argument("recipe")
+    prep.add_argument("--out", required=True, help="directory or URL (s3://...) for the shards")
+    prep.add_argument("--shard-size-mb", type=float, default=1024.0, help="shard size (default 1024 MB)")
+    prep.add_argument("--processes", type=int, default=None, metavar="N",
+                      help="tokenize on N processes (default: every core); the shards are the same for any N")
+    insp = sub.add_parser("inspect", help="sources, shard counts, first blocks decoded, token estimate")
+    insp.add_argument("recipe")
+    insp.add_argument("--blocks", type=int, default=2, help="how many blocks to decode (default 2)")
+    return p
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain.data.prepare import inspect, prepare
+    from hftrain.recipe.load import load_recipe
+
+    recipe = load_recipe(args.recipe, overrides)
+    if args.data_command == "prepare":
+        prepare(recipe, args.out, args.shard_size_mb, processes=args.processes)
+    else:
+        print(inspect(recipe, args.blocks))
+    return 0

@@ -1,0 +1,66 @@
+"""`hftrain launch-script RECIPE --kind torchrun|slurm|sagemaker`: write a multi-node launch script."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+NAME = "launch-script"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(NAME, help="write a multi-node launch script (torchrun rendezvous, SLURM, or a SageMaker training job)")
+    p.add_argument("recipe")
+    p.add_argument("--kind", choices=["torchrun", "slurm", "sagemaker"], default="slurm")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--accelerate-config", default="accelerate_configs/fsdp.yaml",
+                   help="the backend (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)")
+    p.add_argument("--out", help="write the script here (default: print it)")
+    sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
+    sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
+    sm.add_argument("--instance-count", type=int, default=1)
+    sm.add_argument("--spot", action=argparse.BooleanOptionalAction, default=True, help="managed spot capacity (default: on)")
+    sm.add_argument("--role", help="execution role name or ARN (default: the SageMaker config's, else the caller's role)")
+    sm.add_argument("--region", help="default: the standard AWS configuration")
+    sm.add_argument("--bucket", help="S3 bucket for code, checkpoints and the model (default: sagemaker-REGION-ACCOUNT)")
+    sm.add_argument("--image", help="training image URI (default: the AWS PyTorch training image)")
+    sm.add_argument("--max-run-hours", type=float, default=24.0)
+    sm.add_argument("--volume-gb", type=int, default=200)
+    sm.add_argument("--channel", action="append", nargs=2, default=[], metavar=("NAME", "S3URI"),
+                    help="an input channel, read in the recipe as channel:NAME (default: none; s3:// paths stream)")
+    sm.add_argument("--job-name", help="job name prefix (default: hftrain-RECIPE)")
+    return p
+
+
+def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
+    from hftrain.recipe.load import load_recipe
+    from hftrain.integrations.sagemaker import JobOptions, parse_channels, render
+
+    recipe = load_recipe(args.recipe, overrides)
+    config = None if args.accelerate_config.lower() in ("none", "ddp") else args.accelerate_config
+    options = JobOptions(
+        instance_type=args.instance_type, instance_count=args.instance_count, spot=args.spot, role=args.role, region=args.region,
+        bucket=args.bucket, image=args.image, max_run_hours=args.max_run_hours, volume_gb=args.volume_gb,
+        accelerate_config=config, channels=parse_channels(args.channel), job_name=args.job_name,
+    )  # fmt: skip
+    command = shlex.join(["hftrain", NAME, *getattr(args, "argv", [args.recipe])[1:]])
+    return render(args.recipe, recipe, overrides, options, command)
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.kind == "sagemaker":
+        script = _sagemaker(args, overrides)
+    else:
+        from hftrain.parallel.multinode import render
+
+        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides)
+    if args.out:
+        Path(args.out).write_text(script, encoding="utf-8")
+        Path(args.out).chmod(0o755)
+        print(f"wrote {args.out}")
+    else:
+        print(script)
+    return 0

@@ -1,0 +1,27 @@
+"""`hftrain push PATH --repo-id NS/NAME | --to s3://...`: share a run's final model or a model directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+TAKES_OVERRIDES = False
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("push", help="share a run's final model (or a model directory) on the hub or in S3")
+    p.add_argument("path", help="a run directory (training.output_dir) or a model directory")
+    p.add_argument("--repo-id", help="NAMESPACE/NAME on the hub (HF_ENDPOINT for a self-hosted server; token from HF_TOKEN)")
+    p.add_argument("--revision", help="branch to push to (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--to", help="an s3:// (or other fsspec) URL instead of the hub")
+    return p
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain.integrations.hub import push_run
+
+    target = push_run(Path(args.path), repo_id=args.repo_id, to=args.to, private=args.private or None, revision=args.revision)
+    print(f"pushed: {target}")
+    return 0

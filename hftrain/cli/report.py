@@ -1,0 +1,25 @@
+"""`hftrain report RUN_DIR`: one self-contained HTML page of a run (charts, results, sample, recipe)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+TAKES_OVERRIDES = False  # a run directory may contain "="
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("report", help="write a self-contained HTML report of a run (charts, results, sample, recipe)",
+                              description="Write RUN_DIR/report.html: one HTML file with no external resources.")
+    p.add_argument("run_dir", help="a run's training.output_dir (holds metrics.jsonl)")
+    p.add_argument("--out", metavar="FILE", help="write here instead of RUN_DIR/report.html")
+    return p
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain.eval.report import write_report
+
+    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    print(f"report: {path}")
+    return 0

@@ -1,0 +1,66 @@
+"""`hftrain train RECIPE [key=value ...]`: train (and resume) a recipe, optionally in the processes of a backend."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hftrain.recipe.docs import explain
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train",
+        help="train a recipe (resumes an interrupted run in the same output_dir)",
+        description="Train RECIPE. Overrides: section.key=value anywhere after the command, e.g. training.max_steps=50.",
+        epilog="Recipe keys:\n\n" + explain(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
+    p.add_argument("--accelerate-config", metavar="NAME_OR_PATH",
+                   help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them")
+    p.add_argument("--nproc", type=int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
+    p.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="after a crash, start again (resuming from the last complete checkpoint) up to N times")
+    return p
+
+
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """argv minus `option VALUE` / `option=VALUE`."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == option:
+            skip = True
+        elif not word.startswith(option + "="):
+            out.append(word)
+    return out
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain.recipe.load import load_recipe
+    from hftrain.integrations.sagemaker_job import adapt, current_job
+
+    job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
+    recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
+    if args.max_restarts > 0:
+        from hftrain.parallel.launch import supervise
+
+        return supervise(_without_option(args.argv, "--max-restarts"), args.max_restarts)
+    if args.accelerate_config:
+        from hftrain.parallel.launch import relaunch
+
+        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, recipe)
+    from hftrain.parallel.dims import shutdown
+    from hftrain.training.run import train
+
+    if job is None:
+        train(recipe)
+    else:
+        from hftrain.integrations.sagemaker_job import MetricLinesCallback, deliver
+
+        deliver(train(recipe, callbacks=[MetricLinesCallback()]), job)
+    shutdown()
+    return 0

@@ -1,0 +1,211 @@
+"""Sharing a model: push to the Hugging Face Hub (or any server speaking its API) or to S3, with a model card.
+
+TrainingArguments' own hub fields drive it (push_to_hub, hub_model_id, hub_strategy, hub_private_repo,
+hub_revision); the token comes from HF_TOKEN or `hf auth login`, the endpoint from HF_ENDPOINT. The Trainer's
+built-in push uploads from output_dir's root; hftrain's checkpoints are staged and renamed and its final model
+lives in output_dir/final, so hftrain uploads with the same huggingface_hub call (`upload_folder`, in the
+background with `run_as_future`) from the published directories. A push only reads the local files.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from hftrain.errors import HftrainError
+from hftrain.checkpoint.files import read_json
+from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout
+from hftrain.recipe.schema import Recipe
+
+CARD = "README.md"
+PUSH_RETRIES = 3
+SHAREABLE = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.yaml", "*.png", "*.md", "*.jsonl"]
+
+
+def _retry(action: Callable[[], Any], what: str) -> Any:
+    """`action()`, tried again after a failure that another try can fix, within the network bound."""
+    from hftrain.integrations import network
+    from hftrain.errors import as_user_error, retryable
+
+    deadline = time.monotonic() + network.bound()
+    for attempt in range(1, PUSH_RETRIES + 1):
+        try:
+            return action()
+        except Exception as err:  # network, HTTP, S3: report without the token (the clients never print it)
+            late = time.monotonic() + 2.0 * attempt + network.attempt_timeout() > deadline
+            if attempt == PUSH_RETRIES or late or not retryable(err):
+                known = as_user_error(err, network.bound())
+                detail = str(known) if known is not None else f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                raise HftrainError(f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {detail}") from None
+            print(f"hftrain: {what} failed ({type(err).__name__}); retry {attempt} of {PUSH_RETRIES - 1}", file=sys.stderr, flush=True)
+            time.sleep(2.0 * attempt)
+
+
+def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: bool) -> str:
+    """README.md with Hub metadata, the final metrics, the curves and how to load the model without hftrain."""
+    sources = [s.dataset or s.path or s.builtin or s.pretokenized for s in recipe.data.train]
+    meta: dict[str, Any] = {
+        "library_name": "transformers",
+        "license": recipe.hub.license,
+        "pipeline_tag": "text-generation",
+        "tags": ["hftrain", "gpt_neox", "text-generation", *recipe.hub.tags],
+    }
+    if recipe.model.from_pretrained:
+        meta["base_model"] = recipe.model.from_pretrained
+    datasets = [s.dataset for s in recipe.data.train if s.dataset]
+    if datasets:
+        meta["datasets"] = datasets
+    shape = recipe.model.from_pretrained or recipe.model.preset
+    rows = [(k, results.get(k)) for k in ("step", "eval_loss", "eval_perplexity", "tokens_per_s_median", "mfu_median")]
+    table = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None)
+    lines = [
+        "---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
+        f"# {repo_id}", "",
+        f"A GPT-NeoX-style causal language model ({shape}, {_count(results)} parameters) "
+        f"trained with [hftrain](https://pypi.org/project/hftrain/) on {', '.join(map(str, sources))}.", "",
+        "## Results", "", "| metric | value |", "| --- | --- |", table, "",
+    ]  # fmt: skip
+    if has_plot:
+        lines += ["![loss and gradient norm against step](training_curves.png)", ""]
+    lines += [
+        "## Use it", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")', "```", "",
+        "The full training recipe (secrets removed) is in `hftrain_recipe.yaml`; per-step metrics in `metrics.jsonl`.", "",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _count(results: dict[str, Any]) -> str:
+    total = results.get("parameters", {}).get("total")
+    return f"{total:,}" if isinstance(total, int) else "?"
+
+
+def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str) -> Path:
+    """A temporary folder with the model, card, plot, metrics and recipe: what a push sends."""
+    out = Path(tempfile.mkdtemp(prefix="hftrain-push-"))
+    for item in model_dir.iterdir():
+        if item.is_file() and item.name not in ("training_args.bin", COMPLETE_MARKER):
+            shutil.copy2(item, out / item.name)
+    layout = RunLayout(run_dir)
+    for path in (layout.plot, layout.metrics, layout.results):
+        if path.is_file():
+            shutil.copy2(path, out / path.name)
+    results = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
+    (out / CARD).write_text(model_card(recipe, results, repo_id, (out / RunLayout.PLOT_FILE).is_file()), encoding="utf-8")
+    return out
+
+
+def push_folder(folder: Path, repo_id: str, *, private: bool | None, revision: str | None, message: str, path_in_repo: str | None = None,
+                background: bool = False) -> Future | str:  # fmt: skip
+    """Upload a folder to the hub (creating the repo and branch if needed); a Future when `background`."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    _retry(lambda: api.create_repo(repo_id, private=private, exist_ok=True), f"creating hub repo {repo_id}")
+    if revision:
+        _retry(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True), f"creating branch {revision} of {repo_id}")
+    upload = dict(repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=message,
+                  path_in_repo=path_in_repo, allow_patterns=SHAREABLE)  # fmt: skip
+    if background:
+        return api.upload_folder(**upload, run_as_future=True)
+    return _retry(lambda: str(api.upload_folder(**upload)), f"pushing {folder} to {repo_id}")
+
+
+def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """Copy a model folder to s3:// (or any fsspec URL); returns the URL."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+    def put() -> None:
+        fs.makedirs(root, exist_ok=True)
+        for item in sorted(folder.iterdir()):
+            if item.is_file():
+                fs.put_file(str(item), root.rstrip("/") + "/" + item.name)
+
+    _retry(put, f"copying {folder} to {url}")
+    return url
+
+
+class CheckpointPusher:
+    """Pushes during training (hub_strategy) in the background: at most one upload in flight, never blocking."""
+
+    def __init__(self, recipe: Recipe, args: Any, push_to_hub: bool):
+        self.recipe, self.args, self.push_to_hub = recipe, args, push_to_hub
+        self.pending: Future | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.push_to_hub or self.recipe.hub.s3_uri)
+
+    def repo_id(self) -> str:
+        return self.args.hub_model_id or Path(self.args.output_dir).name
+
+    def on_checkpoint(self, checkpoint: Path) -> None:
+        strategy = str(getattr(self.args.hub_strategy, "value", self.args.hub_strategy))
+        if not self.enabled or strategy == "end":
+            return
+        if self.recipe.hub.s3_uri:
+            copy_to_fsspec(checkpoint, f"{self.recipe.hub.s3_uri.rstrip('/')}/{checkpoint.name}", self.recipe.hub.storage_options)
+        if not self.push_to_hub:
+            return
+        if self.pending is not None and not self.pending.done():
+            print(f"hftrain: previous hub push still running; {checkpoint.name} not pushed", file=sys.stderr, flush=True)
+            return
+        folder = {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy]
+        bundle_dir = bundle(Path(self.args.output_dir), checkpoint, self.recipe, self.repo_id())
+        self.pending = push_folder(bundle_dir, self.repo_id(), private=self.args.hub_private_repo, revision=self.args.hub_revision,
+                                   message=f"hftrain: {checkpoint.name}", path_in_repo=folder, background=True)  # fmt: skip
+        self.pending.add_done_callback(lambda _: shutil.rmtree(bundle_dir, ignore_errors=True))
+
+    def on_end(self, run_dir: Path, final_dir: Path) -> list[str]:
+        """Push the final model (waiting for it), after any push still in flight."""
+        done = []
+        if self.pending is not None:
+            try:
+                self.pending.result()
+            except Exception as err:  # an intermediate push lost; the final one below still runs
+                print(f"hftrain: a background hub push failed ({type(err).__name__}); pushing the final model now", file=sys.stderr)
+        if self.recipe.hub.s3_uri:
+            done.append(copy_to_fsspec(final_dir, f"{self.recipe.hub.s3_uri.rstrip('/')}/final", self.recipe.hub.storage_options))
+        if self.push_to_hub:
+            folder = bundle(run_dir, final_dir, self.recipe, self.repo_id())
+            try:
+                push_folder(folder, self.repo_id(), private=self.args.hub_private_repo, revision=self.args.hub_revision,
+                            message="hftrain: final model")  # fmt: skip
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            done.append(f"hub:{self.repo_id()}")
+        return done
+
+
+def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None) -> str:
+    """`hftrain push`: a run directory (its final model) or a model directory, to the hub or an fsspec URL."""
+    from hftrain.recipe.load import load_recipe
+
+    path = Path(path)
+    final = RunLayout(path).final
+    model_dir = final if (final / "config.json").is_file() else path
+    if not (model_dir / "config.json").is_file():
+        raise HftrainError(f"{path}: neither a run directory with final/ nor a model directory (no config.json).")
+    run_dir = path if model_dir != path else path.parent
+    recipe_file = model_dir / RECIPE_FILE
+    recipe = load_recipe(recipe_file) if recipe_file.is_file() else load_recipe(None, {"model": {"from_pretrained": str(model_dir)}})
+    if to:
+        return copy_to_fsspec(model_dir, to, recipe.hub.storage_options)
+    if not repo_id:
+        raise HftrainError("push: give --repo-id NAMESPACE/NAME (or --to s3://bucket/path).")
+    folder = bundle(run_dir, model_dir, recipe, repo_id)
+    try:
+        push_folder(folder, repo_id, private=private, revision=revision, message="hftrain push")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return f"hub:{repo_id}" + (f"@{revision}" if revision else "")

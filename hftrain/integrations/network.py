@@ -1,0 +1,88 @@
+"""Connect and read timeouts for every network client hftrain drives, so a silent endpoint (one that accepts the
+connection and never answers) is an error naming it within a bound, retries included, never a hang.
+
+The bound is ``faults.network_timeout_s`` (default ``DEFAULT_BOUND_S`` = 60 s): ``configure`` applies it to
+
+* fsspec's defaults for s3:// (s3fs/aiobotocore: connect and read timeouts sized for s3fs's and botocore's retries
+  together) and gs:// (gcsfs: a time limit per request). Options a recipe gives in
+  ``storage_options`` win; ``storage_options_with_timeouts`` merges the timeouts into them key by key;
+* huggingface_hub: its shared HTTP client (used by create_repo, upload_folder, ...; unbounded by default) and
+  the metadata and download timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT, inherited by child processes), through
+  ``_compat.hub_request_timeouts``.
+
+hftrain's own retries of a push (hub.py) stop once the bound is spent.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hftrain import _compat
+
+DEFAULT_BOUND_S = 60.0
+S3FS_ATTEMPTS = 5  # s3fs.S3FileSystem.retries: its own loop re-sends a request that timed out reading
+BOTOCORE_ATTEMPTS = 2  # botocore's attempts per request (a 500, a reset, a time-out), inside each s3fs attempt
+ATTEMPT_SHARE = 0.2  # the Hub client's per-request timeout; hub.py's retries stop at the bound
+
+_bound = DEFAULT_BOUND_S
+_configured = False
+
+
+def bound() -> float:
+    """The time in seconds within which a silent endpoint becomes an error (faults.network_timeout_s)."""
+    return _bound
+
+
+def attempt_timeout() -> float:
+    """The connect (and the read) timeout of one attempt."""
+    return max(0.5, _bound * ATTEMPT_SHARE)
+
+
+def s3_options() -> dict[str, Any]:
+    """s3fs.S3FileSystem keyword arguments that bound every request, retries included: s3fs tries a request that
+    timed out S3FS_ATTEMPTS times (~2 s of back-off in all), botocore BOTOCORE_ATTEMPTS times inside each (~1 s of
+    back-off each); so a read time-out of bound / 14 leaves a silent endpoint at most ~0.85 of the bound. A refused
+    or unanswered connection is not retried by s3fs: 2 x bound / 8."""
+    return {
+        "config_kwargs": {"connect_timeout": max(0.5, _bound / 8),
+                          "read_timeout": max(0.5, _bound / (S3FS_ATTEMPTS * BOTOCORE_ATTEMPTS + 4)),
+                          "retries": {"total_max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"}},
+    }  # fmt: skip
+
+
+def gcs_options() -> dict[str, Any]:
+    """gcsfs.GCSFileSystem keyword arguments: a total time limit per request (a time-out is not retried)."""
+    return {"requests_timeout": max(1.0, _bound * 0.5)}
+
+
+def storage_options_with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """`options` (a recipe's storage_options) with the timeouts for `url`'s scheme merged in; the recipe's own
+    values win, key by key (config_kwargs too)."""
+    options = dict(options or {})
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    defaults = s3_options() if scheme in ("s3", "s3a") else gcs_options() if scheme in ("gs", "gcs") else {}
+    for key, value in defaults.items():
+        if isinstance(value, dict) and isinstance(options.get(key), dict):
+            options[key] = {**value, **options[key]}
+        else:
+            options.setdefault(key, value)
+    return options
+
+
+def configure(bound_s: float | None = None) -> None:
+    """Apply the bound (None: the default) to fsspec's s3/gs defaults and to huggingface_hub, in this process
+    and, through the environment, its children."""
+    global _bound, _configured
+    wanted = float(bound_s) if bound_s else DEFAULT_BOUND_S
+    if _configured and wanted == _bound:
+        return  # the Hub client in use (a push in flight) is kept
+    _bound, _configured = wanted, True
+    import fsspec.config
+
+    fsspec.config.conf["s3"] = s3_options()
+    fsspec.config.conf["gcs"] = fsspec.config.conf["gs"] = gcs_options()
+    per = str(max(1, int(attempt_timeout())))
+    os.environ["HF_HUB_ETAG_TIMEOUT"] = os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = per
+    _compat.hub_request_timeouts(attempt_timeout())
+

@@ -1,0 +1,318 @@
+"""The run's parallel dimensions, resolved once per run (``resolve``) and passed on: the strategy (an enum, with
+everything hftrain knows per strategy in one table), processes and nodes, this process's ranks, the micro-batch,
+gradient accumulation and the global batch, and the logical data readers.
+
+The backend itself (DDP, FSDP, DeepSpeed ZeRO-3) is chosen by the launcher: ``accelerate launch
+--config_file accelerate_configs/X.yaml`` (or torchrun), or hftrain's own CPU launcher (rehearsal.py).
+``resolve`` reads it from the environment, once, and checks it against the recipe. Never report FSDP while
+running DDP: ``verify`` compares accelerate's real state with the strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable
+
+import torch
+
+from hftrain.data.readers import ReaderLayout, decide_readers, decide_window
+from hftrain.errors import HftrainError
+from hftrain.parallel import rehearsal
+from hftrain.recipe.schema import Recipe
+
+
+class Strategy(str, Enum):
+    """How the model and its training state are spread over processes. A str: recorded in checkpoints as its value."""
+
+    SINGLE = "single"
+    DDP = "ddp"
+    FSDP = "fsdp"
+    ZERO3 = "zero3"
+    DEVICE_MAP = "device_map"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @property
+    def label(self) -> str:
+        return _FACTS[self.value].label
+
+    @property
+    def long_label(self) -> str:
+        """As a checkpoint's writer is named ("written by DeepSpeed ZeRO-3")."""
+        return _FACTS[self.value].long_label
+
+    @property
+    def state_format(self) -> str:
+        """The format of a checkpoint's model and optimizer state: full, fsdp or zero3 (loads only under it)."""
+        return _FACTS[self.value].state_format
+
+    @property
+    def accelerate_config(self) -> str | None:
+        """The shipped accelerate config that launches it (``--accelerate-config NAME``), None for one process."""
+        return _FACTS[self.value].accelerate_config
+
+    @property
+    def how_to_launch(self) -> str:
+        name = self.accelerate_config
+        if name is None:
+            return "plain `hftrain train RECIPE`"
+        file = "deepspeed_zero3" if name == "zero3" else name
+        return (f"`accelerate launch --config_file accelerate_configs/{file}.yaml -m hftrain train RECIPE` "
+                f"(or `hftrain train RECIPE --accelerate-config {name}`)")  # fmt: skip
+
+    @property
+    def accelerate_types(self) -> set[str]:
+        """accelerate's DistributedType values a process of this strategy runs under."""
+        return _FACTS[self.value].accelerate_types
+
+    @classmethod
+    def of_accelerate_type(cls, distributed_type: str) -> Strategy | None:
+        """The multi-process strategy of an accelerate config's distributed_type (None: not one hftrain launches)."""
+        return {"MULTI_GPU": cls.DDP, "MULTI_CPU": cls.DDP, "FSDP": cls.FSDP, "DEEPSPEED": cls.ZERO3}.get(distributed_type)
+
+
+@dataclass(frozen=True)
+class _StrategyFacts:
+    label: str
+    long_label: str
+    state_format: str
+    accelerate_config: str | None
+    accelerate_types: set[str]
+
+
+_MULTI = {"MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"}
+_FACTS = {  # the one table keyed by strategy
+    "single": _StrategyFacts("single", "single-process", "full", None, {"NO"}),
+    "ddp": _StrategyFacts("DDP", "DDP", "full", "ddp", _MULTI),
+    "fsdp": _StrategyFacts("FSDP", "FSDP", "fsdp", "fsdp", {"FSDP"}),
+    "zero3": _StrategyFacts("ZeRO-3", "DeepSpeed ZeRO-3", "zero3", "zero3", {"DEEPSPEED"}),
+    "device_map": _StrategyFacts("device_map", "device_map", "full", None, {"NO"}),
+}
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """How this run is spread, resolved once per run (``resolve``) and passed on."""
+
+    strategy: Strategy
+    processes: int  # the data-parallel world size
+    nodes: int
+    rank: int
+    local_rank: int
+    rehearsal: Strategy | None  # the backend of a CPU rehearsal (rehearsal.py); None on GPUs and plain launches
+    micro_batch: int  # sequences per process per forward (training.per_device_train_batch_size)
+    accumulation: int  # gradient accumulation steps, derived from parallelism.global_batch_size when given
+    readers: ReaderLayout  # the run's logical data readers over processes x DataLoader workers
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: micro-batch x accumulation x processes."""
+        return self.micro_batch * self.accumulation * self.processes
+
+    @property
+    def label(self) -> str:
+        return self.strategy.label
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit: int | None = None) -> ParallelDims:
+    """The run's dims from the launcher's environment, checked against the recipe. `recorded`: what a continuing
+    run recorded at its start (global batch, readers, shuffle window are kept); `reader_limit`: how many readers
+    the data can split into. A CPU rehearsal's process set-up happens here, once."""
+    recorded = recorded or {}
+    processes, kwargs = world_size(), recipe.training_kwargs()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
+    micro = int(kwargs.get("per_device_train_batch_size", 8))
+    rank = int(os.environ.get("RANK", "0"))
+    accumulation = derive_accumulation(recipe, kwargs, processes, recorded.get("global_batch"), announce=rank == 0)
+    workers = max(int(kwargs.get("dataloader_num_workers", 0)), 1)
+    count = decide_readers(recipe.data.readers, recorded.get("readers"), reader_limit, processes, workers)
+    window = decide_window(recipe.data.shuffle_window, recorded.get("shuffle_window"), count, recipe.data.seq_len)
+    backend = rehearsal.rehearsal_backend()
+    dims = ParallelDims(
+        strategy=resolve_strategy(recipe, processes), processes=processes, nodes=max(1, processes // max(local, 1)),
+        rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        rehearsal=Strategy(backend) if backend else None, micro_batch=micro, accumulation=accumulation,
+        readers=ReaderLayout(count, processes, workers, window),
+    )  # fmt: skip
+    if dims.rehearsal:
+        rehearsal.prepare_process(dims.rehearsal.value)
+    return dims
+
+
+def world_size() -> int:
+    """The launcher's process count (WORLD_SIZE); read here alone."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_strategy(processes: int) -> Strategy:
+    """What the launcher set up for this process."""
+    backend = rehearsal.rehearsal_backend()
+    if backend:
+        return Strategy(backend)
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return Strategy.ZERO3
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return Strategy.FSDP
+    return Strategy.DDP if processes > 1 else Strategy.SINGLE
+
+
+def resolve_strategy(recipe: Recipe, processes: int | None = None) -> Strategy:
+    """The run's strategy: the launch's, checked against parallelism.strategy."""
+    processes = world_size() if processes is None else processes
+    wanted, launched = recipe.parallelism.strategy, launched_strategy(processes)
+    if wanted == "device_map":
+        if processes > 1:
+            raise HftrainError(
+                f"parallelism.strategy: device_map spreads one model over the devices of ONE process, but this run "
+                f"has {processes} processes. Run it with plain `hftrain train RECIPE`, or choose ddp/fsdp/zero3 "
+                "for multi-process training (device_map cannot be combined with them)."
+            )
+        return Strategy.DEVICE_MAP
+    if wanted in ("auto", launched.value):
+        return launched
+    raise HftrainError(
+        f"parallelism.strategy: the recipe asks for {Strategy(wanted).label}, but this process was launched as "
+        f"{launched.label} ({processes} process(es)). Launch it with {Strategy(wanted).how_to_launch}, or set "
+        "parallelism.strategy=auto."
+    )
+
+
+def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, recorded: int | None = None,
+                        announce: bool = True) -> int:
+    """Gradient accumulation from the global batch: parallelism.global_batch_size, else the one `recorded` at a
+    resumed run's start (so that a run continued on another process count keeps its sequences per step), else
+    the recipe's own gradient_accumulation_steps. Refuse what does not divide, naming the process counts that would."""
+    total = recipe.parallelism.global_batch_size or recorded
+    given = kwargs.get("gradient_accumulation_steps")
+    if total is None:
+        return int(given or 1)
+    micro = kwargs.get("per_device_train_batch_size", 8)
+    per_step = micro * processes
+    if total % per_step:
+        fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
+        what = (f"{total} sequences" if recipe.parallelism.global_batch_size else
+                f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which")  # fmt: skip
+        raise HftrainError(
+            f"parallelism.global_batch_size: {what} cannot be split into micro-batches of {micro} "
+            f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
+            f"With that micro-batch, {', '.join(map(str, fits)) or 'no'} process count(s) work; or change the micro-batch. "
+            "(Results do not depend on the device count only while the global batch stays the same.)"
+        )
+    accumulation = total // per_step
+    if given not in (None, accumulation) and "gradient_accumulation_steps" in recipe.training.model_fields_set:
+        if recipe.parallelism.global_batch_size:
+            raise HftrainError(
+                f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
+                f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
+            )
+        if announce:
+            print(f"hftrain: keeping this run's global batch of {total} sequences (recorded at its start): "
+                  f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)", flush=True)  # fmt: skip
+    return accumulation
+
+
+def global_batch_of(recipe: Recipe) -> int:
+    """The recipe's global batch as one process would run it (parallelism.global_batch_size, else micro-batch x
+    accumulation): what parity runs keep while they change the process count."""
+    t = recipe.training
+    return recipe.parallelism.global_batch_size or t.per_device_train_batch_size * t.gradient_accumulation_steps
+
+
+def verify(trainer: Any, dims: ParallelDims) -> dict[str, Any]:
+    """Check accelerate's real state against the run's dims; returns what the run really is."""
+    acc, strategy = trainer.accelerator, dims.strategy
+    kind = str(acc.distributed_type.value if hasattr(acc.distributed_type, "value") else acc.distributed_type)
+    real = {"distributed_type": kind, "world_size": acc.num_processes}
+    problems = []
+    if kind not in strategy.accelerate_types:
+        problems.append(f"accelerate set up {kind}")
+    if acc.num_processes != dims.processes:
+        problems.append(f"accelerate sees {acc.num_processes} process(es) of {dims.processes} launched")
+    if strategy is Strategy.ZERO3 and acc.state.deepspeed_plugin.zero_stage != 3:
+        problems.append(f"DeepSpeed ZeRO stage is {acc.state.deepspeed_plugin.zero_stage}")
+    if problems:
+        hint = "Check the accelerate config and launcher (see docs/distributed.md)."
+        if strategy in (Strategy.FSDP, Strategy.ZERO3) and not torch.cuda.is_available():
+            hint = (f"accelerate runs {strategy.label} on GPUs only; on this CPU-only machine rehearse it with "
+                    f"`hftrain train RECIPE --accelerate-config {strategy.value} --nproc 2` (gloo processes).")  # fmt: skip
+        raise HftrainError(
+            f"parallelism: this run was to be {strategy.label} with {dims.processes} process(es), but "
+            f"{'; '.join(problems)}. {hint}"
+        )
+    return real
+
+
+def spread_over_devices(model: Any, recipe: Recipe) -> Any:
+    """device_map strategy: place layers over the visible devices; refuse disk offload (it would not train)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    max_memory = recipe.parallelism.max_memory
+    device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=["GPTNeoXLayer"])
+    offloaded = sorted(name for name, where in device_map.items() if where == "disk")
+    if offloaded:
+        raise HftrainError(
+            f"parallelism.max_memory: the model does not fit the devices' budget, so {len(offloaded)} module(s) "
+            f"({', '.join(offloaded[:3])}...) would be offloaded to disk, and disk-offloaded parameters do not train. "
+            "Raise the budget, add devices, or use fsdp/zero3 with CPU offload."
+        )
+    on_cpu = sorted(name for name, where in device_map.items() if where == "cpu")
+    if on_cpu and any(where not in ("cpu", "disk") for where in device_map.values()):
+        raise HftrainError(
+            f"parallelism.max_memory: the GPUs' budget holds only part of the model, so {len(on_cpu)} module(s) "
+            f"({', '.join(on_cpu[:3])}...) would be placed on the CPU. Beside a GPU, accelerate offloads CPU-placed "
+            "layers (their weights live on the meta device between forwards), so they would not train. Raise the GPU "
+            "budget, add GPUs, or use fsdp/zero3 with CPU offload."
+        )
+    devices = set(device_map.values())
+    if len(devices) == 1:
+        (only,) = devices
+        return model.to(f"cuda:{only}" if isinstance(only, int) else only)
+    return dispatch_model(model, device_map=device_map)
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly: without it, gloo processes may abort at exit after a good run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def agree(name: str, decide: Callable[[], dict[str, Any]], rank: int, processes: int, timeout_s: float = 600.0) -> dict[str, Any]:
+    """One decision for every process of the run: rank 0 makes it, the others read it from the launcher's
+    key-value store (torchrun's, which accelerate launch uses too). Measured choices such as the speed
+    defaults must agree: two DDP ranks in different precisions would train on, silently, with mixed gradients.
+
+    Without that store (one process, or another launcher) every process decides for itself."""
+    store = _launcher_store(timeout_s) if processes > 1 else None
+    if store is None:
+        return decide()
+    key = f"hftrain/{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        value = decide()
+        store.set(key, json.dumps(value))
+        return value
+    return json.loads(store.get(key))  # waits until rank 0 has decided
+
+
+def _launcher_store(timeout_s: float) -> Any:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or "MASTER_ADDR" not in os.environ:
+        return None
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=timedelta(seconds=timeout_s))  # fmt: skip

@@ -1,0 +1,103 @@
+"""`hftrain train RECIPE --accelerate-config NAME`: start the processes a backend needs, then train.
+
+On GPUs this is exactly `accelerate launch --config_file CONFIG -m hftrain train RECIPE ...`. Without CUDA
+it is a CPU rehearsal: 2 gloo processes through torchrun, with the CPU-only adjustments of rehearsal.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from hftrain.parallel import rehearsal
+from hftrain.errors import HftrainError
+from hftrain.parallel.dims import Strategy
+from hftrain.recipe.schema import Recipe
+
+PACKAGED = Path(__file__).parents[1] / "accelerate_configs"
+ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
+
+
+def find_config(name: str) -> Path:
+    """A path to an accelerate YAML, or the name of one shipped with hftrain (ddp, fsdp, zero3, ...)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = PACKAGED / f"{ALIASES.get(name, name)}.yaml"
+    if packaged.is_file():
+        return packaged
+    shipped = ", ".join(sorted(p.stem for p in PACKAGED.glob("*.yaml")))
+    raise HftrainError(f"--accelerate-config: no file {name!r} and no shipped config of that name; shipped: {shipped}, zero3")
+
+
+def backend_of(config: Path) -> Strategy:
+    data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    kind = str(data.get("distributed_type", "NO")).upper()
+    strategy = Strategy.of_accelerate_type(kind)
+    if strategy is None:
+        raise HftrainError(f"{config}: distributed_type {kind} is not a multi-process backend hftrain launches "
+                           "(use one of MULTI_GPU, MULTI_CPU, FSDP, DEEPSPEED).")  # fmt: skip
+    return strategy
+
+
+def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None) -> int:
+    """Run `hftrain train TRAIN_ARGS` under the backend of `config_name`; returns the exit code."""
+    config = find_config(config_name)
+    backend = backend_of(config)
+    if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
+        from hftrain.model.finetune import check_strategy
+
+        check_strategy(recipe, backend)
+        from hftrain.checkpoint.elastic import check_before_launch
+
+        check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
+    if cpu or rehearsal.on_cpu():
+        return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    if nproc:
+        cmd += ["--num_processes", str(nproc)]
+    return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])
+
+
+# Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same
+# way again), or stopped by the user. Everything else (a crash signal, a preemption exit 75 that the supervisor
+# itself did not receive, an unexpected exit) is restarted.
+FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data (a restart would fail the same way)", 130: "interrupted"}
+
+
+def supervise(hftrain_args: list[str], max_restarts: int, command: list[str] | None = None) -> int:
+    """Run `hftrain HFTRAIN_ARGS` in a child process; after a failure a restart can fix, run it again (it resumes)
+    up to N times. A SIGTERM / SIGUSR1 sent to the supervisor goes to the child, and its exit (75, preempted) is
+    final, so a scheduler that stops the job can requeue it. `command`: what to run instead of `python -m hftrain`."""
+    import signal
+
+    restarts, received = 0, []
+    child: list[subprocess.Popen] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if child:
+            child[0].send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        while True:
+            child[:] = [subprocess.Popen([*(command or [sys.executable, "-m", "hftrain"]), *hftrain_args])]
+            code = child[0].wait()
+            if code in FINAL_EXIT_CODES or received:
+                if code not in (0, 130):
+                    print(f"hftrain: not restarted: {FINAL_EXIT_CODES.get(code, 'the job was told to stop')}.", file=sys.stderr, flush=True)
+                return code if code >= 0 else 128 - code
+            what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            if restarts >= max_restarts:
+                print(f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).", file=sys.stderr, flush=True)
+                return code if code > 0 else 1
+            restarts += 1
+            print(f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,97 @@
+"""CPU rehearsals of distributed backends: DDP, FSDP and ZeRO-3 in gloo processes on a machine without a GPU.
+
+Active only when (1) CUDA is absent AND (2) hftrain's own CPU launcher started the process (it sets
+``HFTRAIN_CPU_REHEARSAL``). On a GPU machine, or under a plain ``accelerate launch``, nothing here runs:
+no forced distributed type, no gloo, no use_cpu. The patches of accelerate and DeepSpeed a rehearsal needs
+(and the CPU fixes outside rehearsals) are in hftrain/_compat.py, marked CPU.
+
+What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what this module does about it:
+
+* ``launch_processes``: accelerate starts ONE process for a ``MULTI_CPU`` config (multi-process CPU means
+  mpirun there; accelerate#2741) and never enables FSDP or DeepSpeed for CPU processes. So hftrain starts the
+  processes itself with torchrun, on gloo, with the GPUs hidden (``CUDA_VISIBLE_DEVICES=""``): `--cpu` on a GPU
+  machine rehearses on CPU as asked instead of silently running DDP on the GPUs.
+* ``prepare_process`` (the only side effect, called once when the run's parallel dims are resolved): a ZeRO-3
+  rehearsal's process group (``_compat.deepspeed_cpu_process_group``).
+* ``training_kwargs`` (pure): the TrainingArguments a rehearsal needs: gloo, ``use_cpu`` for DDP/FSDP, the
+  FSDP plugin options from the accelerate YAML, and for ZeRO-3 ``use_cpu=False`` (use_cpu turns DeepSpeed
+  off) with ``use_configured_state`` so the Trainer keeps the state made by ``prepare_process``.
+* ``after_accelerator``: an FSDP rehearsal's accelerator state (``_compat.fsdp_state_for_cpu``).
+"""
+
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hftrain import _compat
+
+REHEARSAL_ENV = "HFTRAIN_CPU_REHEARSAL"  # ddp | fsdp | zero3
+CONFIG_ENV = "HFTRAIN_ACCELERATE_CONFIG"  # the accelerate YAML the rehearsal follows
+
+
+def on_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def rehearsal_backend() -> str | None:
+    """The backend hftrain's CPU launcher started this process for, or None (always None with CUDA)."""
+    return os.environ.get(REHEARSAL_ENV) if on_cpu() else None
+
+
+def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int) -> int:
+    """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns its exit code."""
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # asked for a CPU rehearsal: never the GPUs, even where there are some
+    env[REHEARSAL_ENV] = backend
+    env[CONFIG_ENV] = str(config_path.resolve())
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if backend == "zero3":
+        env["DS_ACCELERATOR"] = "cpu"
+    # --standalone: a local c10d rendezvous on a port torchrun picks itself (no free-port race)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "hftrain", *hftrain_args]
+    return subprocess.call(cmd, env=env)
+
+
+def prepare_process(backend: str) -> None:
+    """The process-wide set-up a rehearsal needs before TrainingArguments exist (ZeRO-3 only)."""
+    if backend == "zero3":
+        _compat.deepspeed_cpu_process_group()
+
+
+def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, Any]:
+    """TrainingArguments changes for a CPU rehearsal of the backend the accelerate YAML describes."""
+    if backend is None:
+        return kwargs
+    import yaml
+
+    kwargs = dict(kwargs)
+    config_path = Path(os.environ[CONFIG_ENV])
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    kwargs["ddp_backend"] = "gloo"
+    if backend == "ddp":
+        kwargs["use_cpu"] = True
+    elif backend == "fsdp":
+        fsdp = {k.removeprefix("fsdp_"): v for k, v in (config.get("fsdp_config") or {}).items()}
+        fsdp["cpu_offload"] = bool(fsdp.pop("offload_params", False))
+        kwargs.update(use_cpu=True, fsdp="full_shard auto_wrap", fsdp_config=fsdp)
+    elif backend == "zero3":
+        ds_file = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
+        kwargs.update(
+            use_cpu=False,
+            deepspeed=str((config_path.parent / ds_file).resolve()) if ds_file else None,
+            accelerator_config={"use_configured_state": True},
+        )
+    return kwargs
+
+
+def after_accelerator(trainer: Any) -> None:
+    """FSDP rehearsal: switch the MULTI_CPU accelerator state to FSDP with the Trainer's own plugin."""
+    if rehearsal_backend() == "fsdp":
+        _compat.fsdp_state_for_cpu(trainer)

@@ -1,0 +1,261 @@
+"""Load a recipe: hftrain defaults < YAML file < overrides, validated, with every problem reported at once.
+
+Overrides come from the command line as ``training.max_steps=50`` strings or from Python as nested dicts.
+Validation errors name the dotted key, say what was expected and, for a mistyped key, the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import re
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hftrain.errors import HftrainError
+from hftrain.recipe.schema import Recipe
+from hftrain.recipe.yaml_io import dump_yaml, load_yaml
+
+# hftrain's own training defaults: the lowest layer, below the YAML file. Chosen for small-to-medium
+# pretraining; every one is a plain TrainingArguments key that a recipe may change.
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,
+    "per_device_eval_batch_size": 8,
+    "learning_rate": 6e-4,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.05,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.95,
+    "max_grad_norm": 1.0,
+    "logging_steps": 10,
+    "save_steps": 100,
+    "save_total_limit": 2,
+    "report_to": ["tensorboard"],
+    "seed": 1234,
+    "disable_tqdm": False,
+}
+
+# Keys whose values never leave the process: redacted in saved recipes, logs and error messages.
+SECRET_KEY = re.compile(r"(?:^|_)(token|secret|password|passwd|api_key|secret_key|secret_access_key|private_key|credentials?)$", re.I)
+
+
+# ------------------------------------------------------------------------------------------- loading
+def load_recipe(
+    path: str | Path | None = None,
+    overrides: list[str] | Mapping[str, Any] | None = None,
+    **sections: Any,
+) -> Recipe:
+    """Read, merge and validate a recipe.
+
+    ``overrides`` is a list of ``dotted.key=value`` strings (the CLI form) or a nested dict; keyword arguments
+    are per-section dicts (``training={"max_steps": 50}``), the notebook form. Raises HftrainError.
+    """
+    source = str(path) if path else "<defaults>"
+    user: dict[str, Any] = read_recipe_file(Path(path)) if path is not None else {}
+    if isinstance(overrides, Mapping):
+        _deep_merge(user, copy.deepcopy(dict(overrides)))
+    elif overrides:
+        apply_overrides(user, overrides)
+    if sections:
+        _deep_merge(user, copy.deepcopy(sections))
+    stem = Path(path).stem if path else "run"
+    raw: dict[str, Any] = {"training": {**TRAINING_DEFAULTS, "output_dir": f"runs/{stem}"}}
+    recipe = validate_recipe(_deep_merge(raw, user), source)
+    from hftrain.integrations.network import configure
+
+    configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
+    return recipe
+
+
+def read_recipe_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise HftrainError(f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml).")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise HftrainError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8.") from None
+    try:
+        data = load_yaml(text, strict=True)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise HftrainError(f"{path}:{where}: not valid YAML ({problem}). Fix the syntax there.") from None
+    if data is None:
+        raise HftrainError(
+            f"{path}: the recipe is empty. A recipe is a mapping of sections, e.g.\n"
+            "  model: {preset: pythia-14m}\n  training: {max_steps: 100}\n(see recipes/quickstart.yaml)"
+        )
+    if not isinstance(data, dict):
+        raise HftrainError(
+            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), "
+            f"got a {type(data).__name__}."
+        )
+    return data
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["training.max_steps=50", "data.seq_len=128"]`` -> nested dict, values typed as YAML."""
+    return apply_overrides({}, items)
+
+
+def apply_overrides(tree: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides to `tree`, left to right: the value (typed as YAML) replaces what
+    stands at that key, whole (``data.train={path: x}`` replaces the recipe's data.train, it is not merged into
+    it); a dotted key changes one field, so ``data.train.seq_len=...`` after ``data.train={...}`` edits the new
+    value. A later override of the same key wins."""
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise HftrainError(f"override {item!r}: write it as section.key=value, e.g. training.max_steps=50")
+        try:
+            value = load_yaml(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        node, parts = tree, key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise HftrainError(
+                    f"override {item!r}: {where} is a {type(child).__name__} here, not a section with keys; "
+                    f"give it whole ({where}=...) instead of one of its keys"
+                )
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+# ---------------------------------------------------------------------------------------- validation
+def validate_recipe(raw: dict[str, Any], source: str = "<recipe>") -> Recipe:
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems: dict[str, str] = {}
+        for e in err.errors():
+            path, text = _describe(e)
+            problems.setdefault(path, text)  # a union reports once per member: keep the first
+        listing = "\n".join(f"  - {p}" for p in problems.values())
+        raise HftrainError(f"{source}: {len(problems)} problem(s) in the recipe:\n{listing}") from None
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's union-member tags (e.g. 'str-enum[IntervalStrategy]') from an error location."""
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and i and part not in _field_names_at(loc[:i]) and _field_names_at(loc[:i]):
+            return loc[:i]
+        if isinstance(part, str) and i and not _field_names_at(loc[:i]) and _inner_model_at(loc[:i]) is None:
+            return loc[:i]
+    return loc
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
+    loc = tuple(error["loc"])
+    if error["type"] != "extra_forbidden":
+        loc = _field_path(loc)
+    path = _dotted(loc) or "recipe"
+    if error["type"] == "extra_forbidden":
+        siblings = _field_names_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), siblings, n=1, cutoff=0.6)
+        hint = f"did you mean {_dotted(loc[:-1] + (close[0],))}?" if close else f"valid keys here: {', '.join(siblings)}"
+        return path, f"{path}: unknown key; {hint}"
+    message = str(error["msg"])
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    got = error.get("input")
+    if error["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
+        message += f" (got {redact_value(path, got)!r})"
+    return path, f"{path}: {message}"
+
+
+def _inner_model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The section model found by walking ``loc`` down from Recipe (None past a leaf field)."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part))
+        model = inner_model(field.annotation) if field else None
+    return model
+
+
+def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
+    model = _inner_model_at(loc)
+    return sorted(model.model_fields) if model else []
+
+
+def inner_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model inside a field annotation (Optional[X], list[X], ...), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = inner_model(arg)
+        if found:
+            return found
+    return None
+
+
+# ------------------------------------------------------------------------------------- saving, hashing
+def redact_value(key: str, value: Any) -> Any:
+    return "***" if SECRET_KEY.search(key) and value not in (None, "", False) else value
+
+
+def redacted(data: Any, key: str = "") -> Any:
+    """A copy of a nested structure with every secret-looking key's value replaced by ***
+    (whole, when it is a mapping or list: e.g. a service-account `token: {client_email, private_key_id, ...}`)."""
+    if key and SECRET_KEY.search(key) and isinstance(data, (Mapping, list)) and data:
+        return "***"
+    if isinstance(data, Mapping):
+        return {k: redacted(v, str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redacted(v, key) for v in data]
+    return redact_value(key, data)
+
+
+def recipe_to_dict(recipe: Recipe, redact: bool = True) -> dict[str, Any]:
+    """The resolved recipe as plain data (training: only the keys set), secrets removed unless redact=False."""
+    data = recipe.model_dump(mode="json", exclude={"training"})
+    data["training"] = json.loads(json.dumps(recipe.training_kwargs(), default=str))
+    return redacted(data) if redact else data
+
+
+def save_recipe(recipe: Recipe, path: Path) -> None:
+    path.write_text(dump_yaml(recipe_to_dict(recipe)), encoding="utf-8")
+
+
+# Keys that may change between the starts of one run without making it a different run.
+_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code", "replace_model_tokenizer"}, "data": {"eval_blocks", "on_bad_record", "readers"}}
+
+
+def fingerprint(recipe: Recipe) -> dict[str, str]:
+    """Short hashes of what defines a run's identity: model, tokenizer and data (not training settings)."""
+    dumped = recipe.model_dump(mode="json")
+    out = {}
+    for part, ignored in _NOT_IDENTITY.items():
+        kept = {k: v for k, v in dumped[part].items() if k not in ignored}
+        out[part] = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+    return out

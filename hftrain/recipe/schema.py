@@ -1,0 +1,342 @@
+"""The recipe schema: one pydantic model per section, each field documented right under it.
+
+Those docstrings are what `hftrain explain` and `hftrain train --help` print. The ``training`` section is
+not written out here: it is generated from transformers' ``TrainingArguments``, so its keys, types and help
+texts are exactly Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hftrain.model.presets import PRESETS
+from hftrain.recipe.sections import EvalTask, FaultsSection, HubSection, MonitorSection, ProfileSection, Section  # noqa: F401 (re-exported)
+from hftrain.recipe.training_section import TrainingSection
+
+
+# ----------------------------------------------------------------------------------------------- model
+DROPOUT_FIELDS = ("hidden_dropout", "attention_dropout")
+
+
+class ModelSection(Section):
+    """What network to train: a named GPT-NeoX shape built from scratch, or pretrained weights."""
+
+    preset: str | None = "pythia-14m"
+    """Named GPT-NeoX shape (see `hftrain presets`): the Pythia suite, neox-20b, and small cpu-* shapes.
+    Ignored when from_pretrained is set."""
+    from_pretrained: str | None = None
+    """A local model directory or hub id to start from (continued pretraining or fine-tuning). This is a new
+    run starting from those weights; resuming an interrupted run is automatic (training.resume_from_checkpoint)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) for from_pretrained."""
+    trust_remote_code: bool = False
+    """Allow from_pretrained to run Python code shipped with the checkpoint. Off unless you trust the source."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """Attention kernel, as in transformers. flash_attention_2 needs a CUDA GPU and the flash-attn package."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Embedding rows. Default: the preset's published size when the tokenizer fits in it, else the tokenizer
+    size padded up to pad_vocab_multiple."""
+    pad_vocab_multiple: int = Field(default=128, gt=0)
+    """Round a new tokenizer's vocabulary up to a multiple of this (tensor-core friendly)."""
+    hidden_size: int | None = Field(default=None, gt=0)
+    """Overrides the preset's hidden size."""
+    num_hidden_layers: int | None = Field(default=None, gt=0)
+    """Overrides the preset's number of transformer layers."""
+    num_attention_heads: int | None = Field(default=None, gt=0)
+    """Overrides the preset's number of attention heads (must divide hidden_size)."""
+    intermediate_size: int | None = Field(default=None, gt=0)
+    """Overrides the MLP width (Pythia: 4 x hidden_size)."""
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    """Longest context the model supports (Pythia: 2048). data.seq_len may not exceed it."""
+    rotary_pct: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of each head's dimensions that get rotary embeddings (Pythia: 0.25)."""
+    rotary_emb_base: float | None = Field(default=None, gt=0)
+    """Rotary base frequency theta (Pythia: 10000)."""
+    use_parallel_residual: bool | None = None
+    """Attention and MLP read the same input and are summed (GPT-J/NeoX style). Pythia: true."""
+    tie_word_embeddings: bool | None = None
+    """Share the input embedding with the output head. Pythia: false."""
+    hidden_dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Dropout after attention/MLP. Pythia: 0."""
+    attention_dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Dropout on attention probabilities. Pythia: 0."""
+    layer_norm_eps: float | None = Field(default=None, gt=0)
+    """LayerNorm epsilon (Pythia: 1e-5)."""
+    initializer_range: float | None = Field(default=None, gt=0)
+    """Std of the normal initialisation of new weights (Pythia: 0.02)."""
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in PRESETS:
+            close = difflib.get_close_matches(name, PRESETS, n=1)
+            raise ValueError(f"unknown preset {name!r}; " + (f"did you mean {close[0]}?" if close else "see `hftrain presets`"))
+        return name
+
+    @model_validator(mode="after")
+    def _a_shape_to_build(self) -> ModelSection:
+        if self.preset is None and self.from_pretrained is None:
+            raise ValueError("preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained")
+        return self
+
+    def architecture_overrides(self) -> dict[str, Any]:
+        """The GPTNeoXConfig shape fields this recipe sets explicitly (dropout is training behaviour, not shape)."""
+        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple",
+                *DROPOUT_FIELDS}
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
+
+
+# ------------------------------------------------------------------------------------------- tokenizer
+class TrainTokenizer(Section):
+    """Learn a byte-level BPE on the recipe's own training data (saved with the run, reused on resume)."""
+
+    vocab_size: int = Field(default=8192, ge=260)
+    """Target vocabulary size, special tokens included."""
+    min_frequency: int = Field(default=2, ge=1)
+    """A merge must occur this often in the sample to be learnt."""
+    max_documents: int = Field(default=20_000, gt=0)
+    """Documents read from the start of the training data to learn from."""
+    special_tokens: list[str] = ["<|endoftext|>"]
+    """Special tokens to reserve; the first is the end-of-document token."""
+
+
+class TokenizerSection(Section):
+    """Which tokenizer turns text into ids. Give exactly one of builtin, path or train."""
+
+    builtin: Literal["gpt2"] | None = "gpt2"
+    """A tokenizer that ships with hftrain: gpt2 is the 50,257-token GPT-2 BPE the NeoX runs used."""
+    path: str | None = None
+    """A local tokenizer directory or hub id, loaded with AutoTokenizer."""
+    train: TrainTokenizer | None = None
+    """Learn a new BPE tokenizer on the training data."""
+    trust_remote_code: bool = False
+    """Allow a tokenizer from path to run shipped Python code."""
+    chat_template: str | None = None
+    """Jinja chat template for chat data; default: the tokenizer's own, else a ChatML-style one."""
+    replace_model_tokenizer: bool = False
+    """With model.from_pretrained, a tokenizer other than the model's own (a different builtin or path, or one
+    trained here) is refused: its ids would mean other text to the model. True says the replacement is intended.
+    Without builtin, path or train, a from_pretrained model brings its own tokenizer."""
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> TokenizerSection:
+        chosen = [k for k in ("path", "train") if getattr(self, k) is not None]
+        if "builtin" in self.model_fields_set and self.builtin is not None:
+            chosen.insert(0, "builtin")
+        if len(chosen) > 1:
+            raise ValueError(f"give only one of builtin, path or train (got {', '.join(chosen)})")
+        if chosen and chosen[0] != "builtin":
+            self.builtin = None
+        if not chosen and self.builtin is None:
+            raise ValueError("give one of builtin, path or train")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------ data
+class Source(Section):
+    """One stream of documents. Give exactly one of path, dataset or builtin."""
+
+    path: str | None = None
+    """A file, directory or glob (local, file://, s3://, ...): .txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet."""
+    dataset: str | None = None
+    """A Hugging Face datasets name or local dataset script/dir, read with load_dataset(streaming=True)."""
+    dataset_config: str | None = None
+    """The dataset's configuration name (load_dataset's second argument)."""
+    split: str = "train"
+    """The split of `dataset` to read."""
+    builtin: Literal["python-docs"] | None = None
+    """Text that ships with every Python: python-docs is the docstrings of the standard library (PSF license)."""
+    pretokenized: str | None = None
+    """A directory or URL written by `hftrain data prepare`: packed token blocks, read without tokenizing."""
+    text_field: str = "text"
+    """The column/key holding the text (jsonl, parquet, datasets)."""
+    document_boundary: Literal["file", "blank_line", "line"] = "file"
+    """Plain text files: file = each file is one document (one EOS at its end); blank_line = documents are
+    separated by one or more empty lines; line = each non-empty line is a document. Files are read in
+    bounded pieces whatever their size, and a long document is tokenized in pieces cut where the tokenizer's
+    pre-tokenizer splits, so its tokens are those of the whole document."""
+    format: Literal["auto", "txt", "jsonl", "parquet", "prompt_completion", "chat"] = "auto"
+    """File format; auto decides by extension (.gz/.zst compression is always detected). prompt_completion
+    (JSONL with prompt and completion) and chat (JSONL with messages) are instruction data: the loss is on the
+    completion / assistant tokens only."""
+    prompt_field: str = "prompt"
+    """prompt_completion: the key of the prompt."""
+    completion_field: str = "completion"
+    """prompt_completion: the key of the completion."""
+    messages_field: str = "messages"
+    """chat: the key of the list of {role, content} messages."""
+    weight: float = Field(default=1.0, gt=0)
+    """Relative share of this source in a mixture."""
+    storage_options: dict[str, Any] = {}
+    """fsspec options for this source's URL, e.g. {endpoint_url: http://host:9000} for an S3-compatible store.
+    By default s3:// credentials and endpoint come from the standard AWS environment and config, gs:// ones from
+    the standard Google environment (GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata server; {token: anon} for public data)."""
+
+    @model_validator(mode="after")
+    def _exactly_one_origin(self) -> Source:
+        given = [k for k in ("path", "dataset", "builtin", "pretokenized") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, dataset, builtin or pretokenized (got {', '.join(given) or 'none'})")
+        return self
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, dict) else value
+
+
+class DataSection(Section):
+    """Where the text comes from and how it becomes fixed-length training blocks."""
+
+    train: list[Source] = [Source(builtin="python-docs")]
+    """Training source, or a list of sources (a mixture)."""
+    validation: Source | None = None
+    """A separate validation source. When given, no training data is held out."""
+    holdout_every: int = Field(default=50, ge=2)
+    """Without a validation source, every N-th training document is held out for validation."""
+    eval_blocks: int = Field(default=32, gt=0)
+    """How many seq_len blocks the validation set holds (read once, kept in memory)."""
+    train_tokens: int | None = Field(default=None, gt=0)
+    """Size the run in tokens instead of steps: max_steps = ceil(train_tokens / (global batch x seq_len)).
+    training.max_steps, when also set, wins (see docs/recipes-and-data.md, "Run length")."""
+    seq_len: int = Field(default=256, gt=1)
+    """Tokens per training block. Documents are joined with EOS and cut into blocks of exactly this length."""
+    shuffle_window: int | None = Field(default=None, ge=1)
+    """Blocks each logical reader shuffles together (deterministic from training.seed); 1 disables shuffling.
+    Default: about 4M tokens over all readers (8,192 blocks per reader at seq_len 64 with 8 readers, 256 at
+    2048), fixed at the run's start. Bigger mixes more documents; the first step and a resume tokenize one window."""
+    packing: bool = True
+    """Instruction data: pack several short examples into one block (each attends only to itself, through
+    position ids that restart per example); false pads each example to seq_len instead."""
+    readers: int | None = Field(default=None, gt=0)
+    """Logical readers, each owning an equal share of every source (whole shards, or a part of each); fixed at the
+    run's start. The data order (and so the losses) is the same on any launch whose processes x dataloader
+    workers divides it, and a checkpoint resumes onto any such launch. Default: 8 (fewer if a source has fewer
+    shards), times whatever the first launch needs."""
+    on_bad_record: Literal["fail", "skip"] = "fail"
+    """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
+
+    _wrap_train = field_validator("train", mode="before")(_as_list)
+
+    @field_validator("train")
+    @classmethod
+    def _some_training_data(cls, sources: list[Source]) -> list[Source]:
+        if not sources:
+            raise ValueError("an empty list: give at least one source, e.g. {path: data.jsonl} or {builtin: python-docs}")
+        return sources
+
+    @model_validator(mode="after")
+    def _one_kind_of_data(self) -> DataSection:
+        if len(self.train) > 1 and any(s.pretokenized for s in self.train):
+            raise ValueError("train: a pretokenized source cannot be mixed with others; prepare the mixture as one")
+        kinds = {s.format in ("prompt_completion", "chat") for s in self.train + ([self.validation] if self.validation else [])}
+        if len(kinds) > 1:
+            raise ValueError("train/validation: instruction data (prompt_completion, chat) cannot be mixed with plain text")
+        return self
+
+
+# ----------------------------------------------------------------------------------------- parallelism
+class ParallelismSection(Section):
+    """How the run is spread over devices. Which backend and how many processes is the launcher's business
+    (accelerate_configs/); the recipe may name the strategy it expects, and a mismatch is an error."""
+
+    strategy: Literal["auto", "single", "ddp", "fsdp", "zero3", "device_map"] = "auto"
+    """auto: whatever the launch set up. single/ddp/fsdp/zero3: must match the launch (checked at start).
+    device_map: one process, layers spread over the visible devices (a naive pipeline)."""
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step over all processes. Gradient accumulation is derived from it, the
+    micro-batch (training.per_device_train_batch_size) and the process count; it must divide evenly."""
+    max_memory: dict[str | int, str] | None = None
+    """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
+
+
+# ------------------------------------------------------------------------------------------------ finetune
+class QuantizationSection(Section):
+    """BitsAndBytesConfig keys for qlora (4-bit); lora_8bit uses load_in_8bit."""
+
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type: NF4 (QLoRA's) or FP4."""
+    bnb_4bit_use_double_quant: bool = True
+    """Quantize the quantization constants too (saves ~0.4 bits/parameter)."""
+    bnb_4bit_compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype the 4-bit weights are dequantized to for matmuls."""
+    bnb_4bit_quant_storage: Literal["uint8", "bfloat16", "float16", "float32"] | None = None
+    """Storage dtype of the packed weights; FSDP needs it equal to the compute dtype."""
+
+
+class FinetuneSection(Section):
+    """How the weights are trained: all of them, or a LoRA adapter over a (possibly quantized) base."""
+
+    method: Literal["full", "lora", "qlora", "lora_8bit"] = "full"
+    """full: every weight. lora: a LoRA adapter. qlora: LoRA over a 4-bit base. lora_8bit: LoRA over an 8-bit base.
+    qlora and lora_8bit need model.from_pretrained."""
+    lora: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}
+    """peft LoraConfig keys (r, lora_alpha, lora_dropout, target_modules, bias, ...). target_modules defaults to
+    every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h)."""
+    quantization: QuantizationSection = QuantizationSection()
+    """4-bit quantization of the base for qlora."""
+
+    @model_validator(mode="after")
+    def _lora_keys(self) -> FinetuneSection:
+        if self.method == "full":
+            return self  # peft is imported only for LoRA runs
+        import dataclasses as dc
+
+        from peft import LoraConfig
+
+        known = {f.name for f in dc.fields(LoraConfig) if f.init} - {"task_type", "peft_type"}
+        unknown = sorted(set(self.lora) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            raise ValueError(f"lora: {unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
+        return self
+
+
+
+class Recipe(Section):
+    """One whole run: model, tokenizer, data, training hyper-parameters and reporting."""
+
+    model: ModelSection = ModelSection()
+    """The network."""
+    tokenizer: TokenizerSection = TokenizerSection()
+    """Text to ids."""
+    data: DataSection = DataSection()
+    """Training and validation text."""
+    training: TrainingSection = Field(default_factory=TrainingSection)  # type: ignore[valid-type]
+    """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
+    finetune: FinetuneSection = FinetuneSection()
+    """Full training or LoRA / QLoRA / 8-bit LoRA."""
+    parallelism: ParallelismSection = ParallelismSection()
+    """Data-parallel / sharded / pipelined training (the backend itself comes from the launcher)."""
+    hub: HubSection = HubSection()
+    """Model card details and an S3 target."""
+    faults: FaultsSection = FaultsSection()
+    """Non-finite losses and gradients."""
+    monitor: MonitorSection = MonitorSection()
+    """Throughput, MFU, cost and end-of-run reporting."""
+    profile: ProfileSection = ProfileSection()
+    """torch.profiler over chosen training steps."""
+
+    @model_validator(mode="after")
+    def _the_model_brings_its_tokenizer(self) -> Recipe:
+        tok, source = self.tokenizer, self.model.from_pretrained
+        if source and not any(getattr(tok, kind) is not None for kind in ("builtin", "path", "train") if kind in tok.model_fields_set):
+            tok.path, tok.builtin = source, None  # the model's own tokenizer travels with it
+        elif source and tok.train is not None and not tok.replace_model_tokenizer:
+            raise ValueError(
+                f"tokenizer.train: a new tokenizer for {source}, whose embeddings were trained with its own; remove the "
+                "tokenizer section to use the model's, or set tokenizer.replace_model_tokenizer: true if that is intended"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_needs_weights(self) -> Recipe:
+        if self.finetune.method in ("qlora", "lora_8bit") and not self.model.from_pretrained:
+            raise ValueError(f"finetune.method {self.finetune.method} quantizes pretrained weights: set model.from_pretrained")
+        return self
+
+    def training_kwargs(self) -> dict[str, Any]:
+        """The TrainingArguments keys this recipe sets (hftrain defaults included), for TrainingArguments(**...)."""
+        return self.training.model_dump(exclude_unset=True)

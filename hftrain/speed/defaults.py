@@ -1,0 +1,166 @@
+"""Speed defaults: autocast dtype (bf16 / fp16 / tf32) and torch.compile, decided per run by measurement on the
+device the run uses, where the recipe leaves them unset. A recipe that sets ``training.bf16``, ``training.fp16``,
+``training.tf32`` or ``training.torch_compile`` keeps its choice; a resumed run keeps the choices recorded at
+its start (the CheckpointManager records them), so its losses continue exactly.
+
+How each lever is decided (probe.py measures, this module decides; the decision is pure, so tests feed
+it the measurements of any machine):
+
+* dtype. The probe estimates a whole training step (embeddings, head and loss at the run's vocabulary, the
+  layers, the optimizer) in fp32 and each candidate dtype under autocast, as training runs it. A dtype is
+  chosen when its estimated step speedup is at least DTYPE_MIN_SPEEDUP (data loading and logging are left out
+  of the estimate, and a thin margin would not survive them). Seen on 2-core CPUs: bf16 4x fp32 with AMX
+  (chosen); 0.5x on a Xeon with AVX-512 BF16 and no AMX, and far less where bf16 is emulated (fp32 kept); on an
+  EPYC with AVX-512 BF16, 1.3-1.5x for 384-512-wide models (chosen; they trained 1.7-1.8x faster) but 0.94x for
+  a 128-wide one whose 50k-vocabulary head dominates (fp32 kept). An earlier probe that timed only the matmuls
+  called that small model 1.3x faster in bf16; it trained at 0.94x.
+* torch.compile fuses the small operations around the matmuls; it costs a compile at start (COMPILE_WARMUP_S:
+  cold, or warm when this machine already compiled this shape). The run's eager time is the probe's step
+  estimate times max_steps; compile is chosen when its expected saving (COMPILE_SAVING, by device and dtype,
+  from the benchmark) pays the warm-up back at least twice, and only where it is routinely used: full
+  training, one process or DDP, no gradient checkpointing. On CPUs in fp32 it saves nothing: 1.06x on an AMX
+  Xeon, 0.86-0.96x on an EPYC without AVX-512 (benchmarks/throughput.py, medium and large shapes); with bf16
+  it fuses the casts around the matmuls (bf16 eager 0.88x, bf16 + compile 1.35x on the AMX Xeon).
+* DDP without ``find_unused_parameters``: the Trainer turns it on for any model without gradient
+  checkpointing, which costs an extra pass over the autograd graph every step (and a warning). Every
+  GPT-NeoX parameter that requires a gradient gets one at every step, full training or adapters alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hftrain.model.build import ModelShape
+from hftrain.recipe.schema import Recipe
+from hftrain.speed.probe import Measurement, ProbeShape, compile_is_warm, mark_compiled, measure
+
+DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
+# share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
+COMPILE_SAVING = {("cpu", "fp32"): 0.0, ("cpu", "bf16"): 0.3, ("cuda", "fp32"): 0.15, ("cuda", "tf32"): 0.15,
+                  ("cuda", "bf16"): 0.15, ("cuda", "fp16"): 0.15}  # fmt: skip
+COMPILE_WARMUP_S = {"cold": 90.0, "warm": 20.0}  # compile time at start (CPU, 2 cores; GPUs are faster)
+PRECISION_KEYS = ("bf16", "fp16", "tf32")
+LEVER_KEYS = (*PRECISION_KEYS, "torch_compile")
+
+
+@dataclass
+class SpeedPlan:
+    """The levers chosen for a run, each with its reason (for the log, results.json and the report)."""
+
+    values: dict[str, bool] = field(default_factory=dict)  # TrainingArguments keys hftrain set
+    reasons: list[str] = field(default_factory=list)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"values": self.values, "reasons": self.reasons, "measured": self.measured}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeedPlan:
+        return cls(dict(data["values"]), list(data["reasons"]), dict(data["measured"]))
+
+
+def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.device) -> tuple[str, str]:
+    """"fp32" or the autocast dtype to train in, with the reason."""
+    if recipe.finetune.method in ("qlora", "lora_8bit"):
+        return "fp32", "quantized fine-tuning uses its own compute dtype"
+    if measured is None:
+        return "fp32", f"no measurement on {device.type}"
+    options = {d: measured.speedup(d) for d in measured.seconds if d != "fp32"}
+    if device.type == "cuda" and "bf16" in options:
+        options.pop("fp16", None)  # bf16 where the GPU has it: fp16 needs loss scaling for the same speed
+    best = max(options, key=options.get) if options else None
+    speeds = ", ".join(f"{d} {s:.2f}x" for d, s in options.items())
+    if best is None or options[best] < DTYPE_MIN_SPEEDUP:
+        return "fp32", f"measured step speed vs fp32: {speeds}; none reaches {DTYPE_MIN_SPEEDUP}x"
+    return best, f"measured step speed vs fp32: {speeds}"
+
+
+def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool,
+                   saving_share: float) -> tuple[bool, str]:  # fmt: skip
+    if recipe.finetune.method != "full":
+        return False, "adapters: compile rarely pays for the small trainable part"
+    if strategy not in ("single", "ddp"):
+        return False, f"not with {strategy}"
+    if kwargs.get("gradient_checkpointing"):
+        return False, "not with gradient checkpointing"
+    if saving_share <= 0:
+        return False, "it was measured to save nothing for this device and precision"
+    warmup = COMPILE_WARMUP_S["warm" if warm else "cold"]
+    saving = eager_seconds * saving_share
+    about = f"~{eager_seconds / 60:.0f} min eager, saves ~{saving:.0f} s against a ~{warmup:.0f} s {'warm' if warm else 'cold'} compile"
+    if saving < 2 * warmup:
+        return False, f"a short run ({about}): the compile would not pay back"
+    return True, f"a long run ({about}): the compile pays back"
+
+
+def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device,
+           warm_compile: bool) -> SpeedPlan:  # fmt: skip
+    """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets."""
+    plan = SpeedPlan(measured={"device": str(device), "step_seconds": dict(measured.seconds) if measured else {},
+                               "cached": bool(measured and measured.cached)})  # fmt: skip
+    dtype = "fp32"
+    if not any(key in kwargs for key in PRECISION_KEYS):
+        dtype, why = choose_dtype(recipe, measured, device)
+        plan.values.update({key: dtype == key for key in PRECISION_KEYS if key in dtype_keys(device)})
+        plan.reasons.append(f"{dtype if dtype != 'fp32' else 'fp32 (no autocast)'} ({why})")
+    if "torch_compile" not in kwargs:
+        dtype = next((key for key in ("bf16", "fp16", "tf32") if kwargs.get(key)), dtype)  # the recipe's own, if set
+        step = measured.seconds.get(dtype, measured.seconds["fp32"]) if measured else float("inf")
+        share = COMPILE_SAVING.get((device.type, dtype), 0.0)
+        on, why = choose_compile(recipe, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share)
+        plan.values["torch_compile"] = on
+        plan.reasons.append(f"torch_compile={'on' if on else 'off'} ({why})")
+    return plan
+
+
+def dtype_keys(device: torch.device) -> tuple[str, ...]:
+    """The TrainingArguments precision keys that apply on this device (tf32 is a CUDA setting)."""
+    return PRECISION_KEYS if device.type == "cuda" else ("bf16",)
+
+
+PROBE_OPTIONS = ("hidden_act", "rotary_pct", "use_parallel_residual", "tie_word_embeddings")  # config keys a layer's work depends on
+
+
+def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:
+    c = shape.config
+    options = [(key, getattr(c, key)) for key in PROBE_OPTIONS if hasattr(c, key)]
+    attention = getattr(c, "_attn_implementation", None)
+    if attention:
+        options.append(("attn_implementation", attention))
+    trained = shape.counts["total"] if recipe.finetune.method == "full" else 0  # adapters: a tiny optimizer step
+    return ProbeShape(tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len, seq=recipe.data.seq_len,
+                      hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads, vocab=c.vocab_size,
+                      layers=c.num_hidden_layers, parameters=trained, options=tuple(options))  # fmt: skip
+
+
+def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
+    """Measure on `device` (or read this machine's cached measurement) and decide."""
+    probe = probe_shape(recipe, kwargs, shape)
+    accumulation = kwargs.get("gradient_accumulation_steps", 1)
+    try:
+        measured = measure(probe, device)
+    except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
+        return fallback_without_probe(kwargs, device)
+    per_step = Measurement({k: v * accumulation for k, v in measured.seconds.items()}, measured.device, measured.cached)
+    plan = decide(recipe, kwargs, strategy, per_step, device, compile_is_warm(probe, device))
+    if plan.values.get("torch_compile"):
+        mark_compiled(probe, device)
+    return plan
+
+
+def fallback_without_probe(kwargs: dict[str, Any], device: torch.device) -> SpeedPlan:
+    """The probe did not fit in the device's memory: bf16 on a GPU that has it (its fast dtype for any model
+    that fills it), fp32 elsewhere; no compile (its pay-back cannot be estimated)."""
+    plan = SpeedPlan(measured={"device": str(device), "step_seconds": {}, "cached": False})
+    why = "the speed probe did not fit in the device's memory"
+    if not any(key in kwargs for key in PRECISION_KEYS):
+        fast = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        plan.values.update({key: fast == key for key in PRECISION_KEYS if key in dtype_keys(device)})
+        plan.reasons.append(f"{fast if fast != 'fp32' else 'fp32 (no autocast)'} ({why})")
+    if "torch_compile" not in kwargs:
+        plan.values["torch_compile"] = False
+        plan.reasons.append(f"torch_compile=off ({why})")
+    return plan

@@ -1,0 +1,95 @@
+"""Trainer callbacks: the JSONL metrics file, the throughput clock's start, the optimizer step's timing, and
+preemption signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from hftrain.checkpoint.layout import RunLayout
+from hftrain.training.step_metrics import StepMetrics
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends every log line (training and evaluation) to output_dir/metrics.jsonl, one JSON object per line."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "time": round(time.time(), 3), **logs}
+        path = RunLayout(Path(args.output_dir)).metrics
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class ThroughputClockCallback(TrainerCallback):
+    """Starts the tokens/s clock after the first step of a (re)start, so start-up time is not counted; and times
+    each optimizer step (between the Trainer's pre- and post-optimizer-step events) as the "optimizer" phase."""
+
+    def __init__(self, metrics: StepMetrics):
+        self.metrics = metrics
+        self._optimizer_phase = ExitStack()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.metrics.start(state.global_step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._optimizer_phase.enter_context(self.metrics.timer.phase("optimizer"))
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._optimizer_phase.close()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.metrics.step_done(state.global_step)
+
+
+class PreemptionCallback(TrainerCallback):
+    """SIGTERM / SIGUSR1 (SLURM, spot instances): save a checkpoint at the next step boundary, then stop.
+
+    With several processes the flag is agreed on by all of them at every step (one tiny all-reduce), so every
+    rank saves and stops at the same step even if only one was signalled.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.step: int | None = None
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+
+    def _agreed(self, args: Any) -> bool:
+        import torch.distributed as dist
+
+        flag = self.received is not None
+        if args.world_size > 1 and dist.is_available() and dist.is_initialized():
+            import torch
+
+            tensor = torch.tensor([1.0 if flag else 0.0], device=args.device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            if tensor.item() and not flag:
+                self.received = "a signal to another rank"
+            return bool(tensor.item())
+        return flag
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._agreed(args):
+            self.step = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+    def restore(self) -> None:
+        for sig in self.SIGNALS:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(sig, signal.SIG_DFL)

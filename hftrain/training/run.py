@@ -1,0 +1,215 @@
+"""One training run, start to finish, as named steps:
+
+    measure the model -> parallel dims (parallel/dims.py) -> TrainingArguments -> output dir + tokenizer -> model -> Trainer
+           -> train (resuming where a checkpoint is) -> final model -> results + summary -> share
+
+`train()` is the single code path behind `hftrain train`, `accelerate launch -m hftrain train` and the
+Python API. It resumes an interrupted run in the same output_dir on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hftrain import _compat
+from hftrain.checkpoint import elastic
+from hftrain.model import fused_loss
+from hftrain.parallel import dims as parallel
+from hftrain.integrations import trackers
+from hftrain.training.arguments import TrainingSettings, training_arguments
+from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
+from hftrain.checkpoint.manager import CheckpointManager, step_of
+from hftrain.data.loader import DataPlan, collate_blocks, first_documents, plan_data, validation_blocks
+from hftrain.data.pretokenized import check_compatible
+from hftrain.errors import HftrainError, Preempted
+from hftrain.checkpoint.files import read_json
+from hftrain.eval.during_training import TrainingEvaluation
+from hftrain.model.finetune import apply_method
+from hftrain.model.generation import sample
+from hftrain.speed.hardware import measure_peak_flops
+from hftrain.integrations.hub import CheckpointPusher
+from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
+from hftrain.model.build import ModelShape, build_model, measure_model
+from hftrain.training.nonfinite import NonFiniteGuard
+from hftrain.parallel.dims import Strategy
+from hftrain.training.plot import plot_curves
+from hftrain.speed.profiling import ProfilerCallback
+from hftrain.recipe.schema import Recipe
+from hftrain.training.results import build_results, summary
+from hftrain.training.run_record import Run
+from hftrain.training.step_metrics import MetricsOptions, StepMetrics
+from hftrain.model.tokenizer import load_tokenizer
+from hftrain.training.trainer import HftrainTrainer, TrainerOptions
+
+
+def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
+    """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks)."""
+    _compat.quiet_optional_warnings()
+    _compat.skip_unneeded_imports()
+    shape = measure_model(recipe)
+    layout = RunLayout(Path(recipe.training.output_dir))
+    checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
+    data = plan_data(recipe.data, recipe.training.seed)
+    recorded = checkpoints.recorded_start()
+    dims = parallel.resolve(recipe, recorded, data.reader_limit)  # once: strategy, processes, batch, readers
+    settings = training_arguments(recipe, dims, shape, recorded, data.manifest_tokens)
+    args = settings.args
+    chunked_loss = fused_loss.applies(args.device, args.torch_compile)
+    if chunked_loss:
+        settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
+    # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
+    with args.main_process_first(desc="preparing the output directory"):
+        checkpoints.claim(args.process_index == 0, settings.start_record())
+        tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
+        resume = checkpoints.resume_point(settings.resume, args.process_index == 0)
+    if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
+        elastic.check_backend(resume, dims.strategy, dims.processes)
+    if args.process_index == 0:
+        print(f"hftrain: {settings.length.note}", flush=True)
+        if settings.speed.reasons:
+            print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
+        if resume is not None:
+            print(f"hftrain: resuming from {resume}")
+    if data.pretokenized is not None:
+        check_compatible(data.manifest, data.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
+    model = build_model(recipe, tokenizer, tokenizer_is_new, dims)
+    if chunked_loss:
+        fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
+    model = apply_method(model, recipe, args.gradient_checkpointing)
+    if dims.strategy is Strategy.DEVICE_MAP:
+        model = parallel.spread_over_devices(model, recipe)
+    trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, resume, callbacks)
+    pusher = CheckpointPusher(recipe, args, settings.push_to_hub)
+    checkpoints.on_publish.append(pusher.on_checkpoint)
+    known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
+    if resume is not None and step_of(resume) >= args.max_steps:
+        return already_finished(trainer, recipe, resume, known, pusher)
+    if resume is not None:
+        elastic.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
+    with trackers.one_run(args):
+        fit(trainer, resume)
+        return finish(trainer, recipe, known, pusher)
+
+
+def build_trainer(
+    recipe: Recipe, shape: ModelShape, settings: TrainingSettings, checkpoints: CheckpointManager,
+    data: DataPlan, model: Any, tokenizer: Any, resume: Path | None, callbacks: Sequence[Any] = (),
+) -> HftrainTrainer:  # fmt: skip
+    """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks."""
+    args = settings.args
+    eval_set = validation_blocks(data, tokenizer)
+    metrics = StepMetrics(metrics_options(recipe, settings, shape), args.device, args.process_index == 0)
+    options = TrainerOptions(
+        dims=settings.dims, data=data, checkpoints=checkpoints, metrics=metrics,
+        guard=NonFiniteGuard(recipe.faults, checkpoints.latest),
+        evaluation=TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks), resume_from=resume,
+    )  # fmt: skip
+    trainer = HftrainTrainer(
+        model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate_blocks,
+        callbacks=[MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics)], options=options,
+    )  # fmt: skip
+    if recipe.profile.start_step is not None:
+        trainer.add_callback(ProfilerCallback(recipe.profile, checkpoints.layout.root, args.process_index))
+    return trainer
+
+
+def metrics_options(recipe: Recipe, settings: TrainingSettings, shape: ModelShape) -> MetricsOptions:
+    """The fixed numbers of the step metrics; the MFU peak is the recipe's, else measured here now."""
+    args = settings.args
+    peak_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    peak = recipe.monitor.peak_tflops * 1e12 if recipe.monitor.peak_tflops else measure_peak_flops(args.device, peak_dtype)
+    tokens = settings.dims.global_batch * recipe.data.seq_len
+    return MetricsOptions(
+        tokens_per_step=tokens, world_size=args.world_size, flops_per_token=shape.flops_per_token, peak_flops=peak,
+        price_per_hour=recipe.monitor.price_per_hour, input_bound_threshold=recipe.monitor.input_bound_threshold,
+        dataloader_workers=args.dataloader_num_workers,
+    )  # fmt: skip
+
+
+def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
+    """Train to max_steps; a SIGTERM / SIGUSR1 saves a checkpoint at the next step and stops (Preempted)."""
+    preemption = PreemptionCallback()
+    trainer.add_callback(preemption)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        preemption.restore()
+    if preemption.step is not None:
+        saved = trainer.options.checkpoints.layout.checkpoint(preemption.step)
+        raise Preempted(
+            f"stopped by {preemption.received} after step {preemption.step}; saved {saved}. "
+            "Run the same command again to continue from there."
+        )
+
+
+def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, known: dict[str, Any], pusher: CheckpointPusher) -> Run:
+    """The checkpoint is at max_steps: nothing to train (the Trainer would still take one more step)."""
+    from transformers.trainer_callback import TrainerState
+
+    print(f"hftrain: {resume} is already at training.max_steps={trainer.args.max_steps}; nothing to train (raise max_steps to continue).")
+    trainer.state = TrainerState.load_from_json(str(resume / TRAINER_STATE_FILE))
+    layout = trainer.options.checkpoints.layout
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:  # sharded weights load only inside train()
+        metrics = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
+        return Run(recipe, layout.root, layout.final, trainer, metrics=metrics)
+    trainer.options.checkpoints.load_weights(trainer.model, resume)
+    return finish(trainer, recipe, known, pusher)
+
+
+def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any], pusher: CheckpointPusher) -> Run:
+    """Save the final model, evaluate it, write the results, plot and summary, and share it. `known`: what
+    results.json records from the run's start (parameters, speed choices with their measurements)."""
+    checkpoints = trainer.options.checkpoints
+    layout = checkpoints.layout
+    staged = checkpoints.stage_final(trainer)
+    metrics = trainer.evaluate()
+    run = Run(recipe, layout.root, layout.final, trainer, metrics=metrics)
+    if not trainer.args.should_save:
+        return run
+    checkpoints.publish_final(staged, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
+    results = build_results(trainer.state.global_step, metrics, run.log_history, {**run_facts(trainer), **known})
+    if recipe.monitor.sample_max_new_tokens:
+        run.sample = results["sample"] = sample(run.model, trainer.processing_class, recipe.monitor.sample_prompt,
+                                                recipe.monitor.sample_max_new_tokens)  # fmt: skip
+    if recipe.monitor.plot:
+        run.plot_path = plot_curves(run.log_history, layout.plot, title=str(layout.root))
+    layout.results.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    lines = summary(results, layout.final, recipe.monitor.input_bound_threshold, trainer.args.dataloader_num_workers)
+    lines += [f"plot: {run.plot_path}"] if run.plot_path else []
+    lines += [f"sample: {run.sample!r}"] if run.sample else []
+    print("\n".join(lines), flush=True)
+    share(pusher, layout)
+    return run
+
+
+def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
+    """What results.json records about how the run ran, beyond its metrics."""
+    loader = trainer.train_loader
+    skipped = 0 if loader is None else sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
+    return {
+        **trainer.options.metrics.run_split(),
+        "bf16": trainer.args.bf16,
+        "torch_compile": trainer.args.torch_compile,
+        **trainer.distribution,
+        "data_records_skipped": skipped,
+        "data_readers": trainer.options.dims.readers.readers,
+        "shuffle_window": trainer.options.dims.readers.window,
+    }
+
+
+def share(pusher: CheckpointPusher, layout: RunLayout) -> None:
+    """Push the final model where the recipe says (hub, S3); a failure says how to push it later."""
+    if not pusher.enabled:
+        return
+    try:
+        for target in pusher.on_end(layout.root, layout.final):
+            print(f"pushed: {target}", flush=True)
+    except HftrainError as err:
+        raise HftrainError(
+            f"training finished and is saved in {layout.final}, but sharing it failed: {err}. "
+            f"Push it later with `hftrain push {layout.root} --repo-id {pusher.repo_id()}`."
+        ) from None

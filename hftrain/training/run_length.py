@@ -1,0 +1,78 @@
+"""How long a run is: optimizer steps, given directly or derived from a token budget or a number of epochs.
+
+hftrain streams its data, so a run is counted in optimizer steps. A recipe may give instead:
+- ``data.train_tokens``: tokens to train on; steps = ceil(train_tokens / tokens per step);
+- ``training.num_train_epochs`` with pre-tokenized data: passes over the manifest's token count.
+Tokens per step = global batch (micro-batch x gradient accumulation x processes) x data.seq_len, so the same
+budget gives the same number of tokens on any launch whose global batch is the same.
+When several are set, the first of training.max_steps, data.train_tokens, training.num_train_epochs wins
+(as in transformers, where max_steps overrides num_train_epochs), and the run says which one it used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hftrain.errors import HftrainError
+from hftrain.recipe.schema import Recipe
+
+ORDER = ("training.max_steps", "data.train_tokens", "training.num_train_epochs")
+
+
+@dataclass(frozen=True)
+class RunLength:
+    max_steps: int
+    tokens_per_step: int
+    source: str  # which key decided: one of ORDER
+    note: str  # one line for the console and results.json
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_steps": self.max_steps, "tokens_per_step": self.tokens_per_step, "from": self.source,
+                "tokens": self.max_steps * self.tokens_per_step, "note": self.note}  # fmt: skip
+
+
+def given(recipe: Recipe, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The run-length keys this recipe sets, in precedence order."""
+    found: dict[str, Any] = {}
+    if (kwargs.get("max_steps") or -1) > 0:
+        found["training.max_steps"] = kwargs["max_steps"]
+    if recipe.data.train_tokens is not None:
+        found["data.train_tokens"] = recipe.data.train_tokens
+    if "num_train_epochs" in recipe.training.model_fields_set:
+        found["training.num_train_epochs"] = kwargs.get("num_train_epochs")
+    return found
+
+
+def resolve(recipe: Recipe, kwargs: dict[str, Any], global_batch: int, manifest_tokens: int | None) -> RunLength:
+    """max_steps for TrainingArguments, from whichever run-length key wins. `global_batch`: sequences per step
+    (ParallelDims.global_batch); `manifest_tokens` is the prepared data's size, if any."""
+    per_step = global_batch * recipe.data.seq_len
+    found = given(recipe, kwargs)
+    if not found:
+        raise HftrainError(
+            "training.max_steps: required. hftrain streams its data, so a run is measured in optimizer steps; set "
+            "training.max_steps (e.g. 1000), data.train_tokens (a token budget), or, with pre-tokenized data, "
+            "training.num_train_epochs."
+        )
+    source, value = next(iter(found.items()))
+    unused = [key for key in found if key != source]
+    if source == "training.max_steps":
+        steps, how = int(value), f"training.max_steps={value}"
+    elif source == "data.train_tokens":
+        steps = max(1, math.ceil(value / per_step))
+        how = f"data.train_tokens={value:,} / {per_step:,} tokens per step = {steps:,} steps"
+    else:
+        if manifest_tokens is None:
+            raise HftrainError(
+                "training.num_train_epochs: epochs need the data's token count, which only pre-tokenized data has; "
+                "prepare it with `hftrain data prepare` (data.train: {pretokenized: DIR}), or give data.train_tokens "
+                "or training.max_steps instead."
+            )
+        if value is None or value <= 0:
+            raise HftrainError(f"training.num_train_epochs: {value} is not a positive number of epochs.")
+        steps = max(1, math.ceil(value * manifest_tokens / per_step))
+        how = f"training.num_train_epochs={value:g} x {manifest_tokens:,} prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
+    note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
+    return RunLength(steps, per_step, source, note)

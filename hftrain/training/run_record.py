@@ -1,0 +1,68 @@
+"""`Run`: what a finished run leaves behind, returned by `hftrain.train` for the CLI summary and notebooks.
+
+A record (recipe, directories, metrics, sample, the Trainer); its methods are one-line conveniences over
+weights.py (the trained model), plot.py, hub.py and generation.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hftrain.checkpoint.layout import RunLayout
+from hftrain.recipe.schema import Recipe
+
+
+@dataclass
+class Run:
+    recipe: Recipe
+    output_dir: Path
+    final_dir: Path
+    trainer: Any  # the HftrainTrainer that ran
+    metrics: dict[str, float] = field(default_factory=dict)
+    sample: str = ""
+    plot_path: Path | None = None
+    _model: Any = None
+
+    @property
+    def log_history(self) -> list[dict[str, Any]]:
+        return self.trainer.state.log_history
+
+    @property
+    def last_loss(self) -> float | None:
+        losses = [e["loss"] for e in self.log_history if "loss" in e]
+        return losses[-1] if losses else None
+
+    @property
+    def model(self) -> Any:
+        """The trained model; read back from final_dir when training sharded it over processes."""
+        if self._model is None:
+            from hftrain.checkpoint.weights import trained_model
+
+            self._model = trained_model(self.trainer, self.final_dir)
+        return self._model
+
+    def plot(self) -> Any:
+        """The loss / grad-norm curves: shown inline in a notebook, else the PNG's path."""
+        from hftrain.training.plot import plot_curves
+
+        path = self.plot_path or plot_curves(self.log_history, RunLayout(self.output_dir).plot, title=str(self.output_dir))
+        try:
+            from IPython.display import Image
+
+            return Image(filename=str(path))
+        except ImportError:
+            return path
+
+    def push(self, repo_id: str | None = None, *, to: str | None = None, private: bool | None = None, revision: str | None = None) -> str:
+        """Share the final model: to the hub (repo_id) or to an s3:// / fsspec URL (to)."""
+        from hftrain.integrations.hub import push_run
+
+        return push_run(self.output_dir, repo_id=repo_id, to=to, private=private, revision=revision)
+
+    def generate(self, prompt: str, max_new_tokens: int = 48, seed: int = 0) -> str:
+        """Sample a continuation of `prompt` from the trained model (top-k 40, temperature 0.8)."""
+        from hftrain.model.generation import sample
+
+        return sample(self.model, self.trainer.processing_class, prompt, max_new_tokens, seed)

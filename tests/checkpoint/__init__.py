@@ -1,0 +1,1 @@
+"""Tests of hftrain/checkpoint/ (tests mirror the package)."""

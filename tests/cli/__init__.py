@@ -1,0 +1,1 @@
+"""Tests of hftrain/cli/ (tests mirror the package)."""

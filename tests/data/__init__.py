@@ -1,0 +1,1 @@
+"""Tests of hftrain/data/ (tests mirror the package)."""

@@ -1,0 +1,1 @@
+"""Tests of hftrain/eval/ (tests mirror the package)."""

@@ -1,0 +1,1 @@
+"""Tests of hftrain/integrations/ (tests mirror the package)."""

@@ -1,0 +1,1 @@
+"""Tests of hftrain/model/ (tests mirror the package)."""

@@ -1,0 +1,1 @@
+"""Tests of hftrain/parallel/ (tests mirror the package)."""

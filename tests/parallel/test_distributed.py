@@ -1,0 +1,228 @@
+"""Distributed training with real processes: 2 gloo processes per backend (DDP, FSDP2, DeepSpeed ZeRO-3).
+
+Every run asserts what accelerate really set up (distributed type, world size), so a silent fallback to DDP
+or to one process fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import hftrain
+from hftrain.checkpoint import layout
+from hftrain.parallel import dims as parallel
+from hftrain.errors import HftrainError
+from hftrain.recipe.load import load_recipe
+from hftrain.checkpoint.layout import RunLayout
+
+from ..support.checks import assert_resumed_matches, copy_checkpoint, metrics_losses, train_log
+from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_cli
+from ..support.data import make_documents, tiny_recipe, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def tiny_yaml(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    data = write_jsonl(root / "train.jsonl", make_documents(600))
+    raw = tiny_recipe(data, root / "unused")
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "zero3"])
+def test_backend_trains_resumes_and_exports(tiny_yaml, tmp_path, backend):
+    settings = ("training.max_steps=6", "training.save_steps=3", "training.logging_steps=1")
+    straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+    launch(tiny_yaml, backend, straight_dir, *settings)
+    results = json.loads(RunLayout(straight_dir).results.read_text())
+    assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)
+    for rank in (0, 1):
+        assert (straight_dir / "checkpoint-3" / layout.data_state_file(rank)).is_file()
+
+    # resume from the straight run's step-3 checkpoint, as a killed run would have left it
+    copy_checkpoint(straight_dir, resumed_dir, "checkpoint-3")
+    launch(tiny_yaml, backend, resumed_dir, *settings)
+    straight, resumed = metrics_losses(straight_dir), metrics_losses(resumed_dir)
+    assert_resumed_matches(straight, resumed, (4, 5, 6), label=backend)
+
+    # consolidate the last (possibly sharded) checkpoint into one model plain transformers loads
+    exported = tmp_path / "exported"
+    result = run_cli("export", str(straight_dir / "checkpoint-6"), "--out", str(exported))
+    assert result.returncode == 0, result.stderr[-3000:]
+    script = (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+        "ids = torch.arange(1, 20).unsqueeze(0)\n"
+        f"a = AutoModelForCausalLM.from_pretrained({str(exported)!r}).eval()(ids).logits\n"
+        f"b = AutoModelForCausalLM.from_pretrained({str(straight_dir / 'final')!r}).eval()(ids).logits\n"
+        "assert 'hftrain' not in sys.modules\n"
+        "print(float((a - b).abs().max()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+@pytest.mark.slow
+def test_parity_across_backends(tiny_yaml):
+    result = run_cli("parity", str(tiny_yaml), "--steps", "20", "training.output_dir=" + str(tiny_yaml.parent / "parity"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    header = next(line for line in out.splitlines() if "step" in line and "loss" in line)
+    for label in ("single", "DDP", "FSDP", "ZeRO-3"):
+        assert f"{label} loss" in header
+    assert "NO x1" in out and "MULTI_CPU x2" in out and "FSDP x2" in out and "DEEPSPEED x2" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("parity: max relative loss diff ")
+    loss_diff, norm_diff = (float(x) for x in last.removeprefix("parity: max relative loss diff ").split(", grad-norm diff "))
+    assert loss_diff < 1e-4 and norm_diff < 1e-4
+
+
+@pytest.mark.slow
+def test_global_batch_sets_accumulation_and_is_kept_on_another_process_count(tiny_yaml, tmp_path):
+    out = tmp_path / "gb"
+    launch(tiny_yaml, "ddp", out, "training.max_steps=4", "training.save_steps=4", "parallelism.global_batch_size=16",
+           "training.per_device_train_batch_size=4")  # fmt: skip
+    last = train_log(out)[-1]
+    assert last["tokens_seen"] == 4 * 16 * 32  # 4 steps x 16 sequences (2 processes x 4 x accumulation 2)
+    raw = yaml.safe_load(tiny_yaml.read_text())
+    raw["training"].update(output_dir=str(out), max_steps=6, per_device_train_batch_size=4)
+    run = hftrain.train(load_recipe(None, raw))  # one process continues the 2-process run; no global_batch_size given
+    assert run.trainer.args.gradient_accumulation_steps == 4  # the recorded 16 sequences = 1 process x 4 x 4
+    assert train_log(out)[-1]["tokens_seen"] == 6 * 16 * 32
+
+
+# --------------------------------------------------------------------------- launch checks (no processes)
+def test_strategy_must_match_the_launch(monkeypatch):
+    recipe = load_recipe(None, {"parallelism": {"strategy": "fsdp"}})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(HftrainError) as info:
+        parallel.resolve_strategy(recipe)
+    assert "the recipe asks for FSDP, but this process was launched as DDP (2 process(es))" in str(info.value)
+    assert "accelerate_configs/fsdp.yaml" in str(info.value)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert parallel.resolve_strategy(recipe) == "fsdp"
+
+
+def test_device_map_is_single_process_only(monkeypatch):
+    recipe = load_recipe(None, {"parallelism": {"strategy": "device_map"}})
+    assert parallel.resolve_strategy(recipe) == "device_map"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(HftrainError, match="device_map spreads one model over the devices of ONE process, but this run has 2"):
+        parallel.resolve_strategy(recipe)
+
+
+def test_global_batch_must_divide():
+    recipe = load_recipe(None, {"parallelism": {"global_batch_size": 20}, "training": {"per_device_train_batch_size": 8}})
+    with pytest.raises(HftrainError, match="must be a multiple of 16"):
+        parallel.derive_accumulation(recipe, recipe.training_kwargs(), 2)
+    plain = load_recipe(None, {"training": {"per_device_train_batch_size": 4}})
+    with pytest.raises(HftrainError) as info:  # a run that started with 16 sequences per step, continued on 3 processes
+        parallel.derive_accumulation(plain, plain.training_kwargs(), 3, recorded=16)
+    assert "this run started with 16 sequences per step (recorded in its hftrain_run.json), which cannot be split" in str(info.value)
+    assert "1, 2, 4 process count(s) work" in str(info.value)
+    assert parallel.derive_accumulation(plain, plain.training_kwargs(), 2, recorded=16) == 2
+    ok = load_recipe(None, {"parallelism": {"global_batch_size": 64}, "training": {"per_device_train_batch_size": 8}})
+    assert parallel.derive_accumulation(ok, ok.training_kwargs(), 2) == 4
+
+
+def test_device_map_trains_and_refuses_disk_offload(tmp_path, corpus):
+    raw = tiny_recipe(corpus, tmp_path / "dm", max_steps=4)
+    raw["parallelism"] = {"strategy": "device_map"}
+    run = hftrain.train(load_recipe(None, raw))
+    assert run.trainer.state.global_step == 4
+    raw["training"]["output_dir"] = str(tmp_path / "dm2")
+    raw["parallelism"]["max_memory"] = {"cpu": "10KB"}
+    with pytest.raises(HftrainError, match="would be offloaded to disk, and disk-offloaded parameters do not train"):
+        hftrain.train(load_recipe(None, raw))
+
+
+def test_shipped_accelerate_configs():
+    from hftrain.parallel.launch import backend_of, find_config
+
+    names = sorted(p.name for p in (ROOT / "accelerate_configs").glob("*.yaml"))
+    assert {"ddp.yaml", "fsdp.yaml", "fsdp_offload.yaml", "deepspeed_zero3.yaml", "deepspeed_zero3_offload.yaml"} <= set(names)
+    assert backend_of(find_config("zero3")) == "zero3" and backend_of(find_config("fsdp")) == "fsdp"
+    fsdp = yaml.safe_load((ROOT / "accelerate_configs" / "fsdp.yaml").read_text())["fsdp_config"]
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_transformer_layer_cls_to_wrap"] == "GPTNeoXLayer"
+    for name in ("zero3.json", "zero3_offload.json"):
+        ds = json.loads((ROOT / "accelerate_configs" / "deepspeed" / name).read_text())
+        assert ds["zero_optimization"]["stage"] == 3
+        assert "optimizer" not in ds and "scheduler" not in ds  # the Trainer's own, as on every backend
+    with pytest.raises(HftrainError, match="no shipped config of that name"):
+        find_config("fsdp3")
+
+
+def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
+    from hftrain.parallel import rehearsal
+
+    monkeypatch.delenv(rehearsal.REHEARSAL_ENV, raising=False)
+    kwargs = {"max_steps": 3}
+    assert rehearsal.training_kwargs(dict(kwargs), rehearsal.rehearsal_backend()) == kwargs
+    monkeypatch.setenv(rehearsal.REHEARSAL_ENV, "fsdp")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # on a GPU machine nothing changes
+    assert rehearsal.rehearsal_backend() is None
+    assert rehearsal.training_kwargs(dict(kwargs), rehearsal.rehearsal_backend()) == kwargs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["torchrun", "slurm"])
+def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
+    out = tmp_path / f"{kind}.sh"
+    result = run_cli("launch-script", "recipes/pretrain/pythia-1b.yaml", "--kind", kind, "--nodes", "2",
+                     "--gpus-per-node", "8", "--out", str(out), "training.max_steps=100")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    script = out.read_text()
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
+    assert "--num_machines 2 --num_processes 16" in script and "--rdzv_backend c10d" in script
+    assert "accelerate_configs/fsdp.yaml" in script and "recipes/pretrain/pythia-1b.yaml training.max_steps=100" in script
+    if kind == "slurm":
+        assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
+        assert "--machine_rank $SLURM_NODEID" in script and '"$status" -eq 75' in script and "scontrol requeue" in script
+    else:
+        assert "--machine_rank $NODE_RANK" in script and "NODE_RANK:?" in script
+
+
+@pytest.mark.slow
+def test_plan_recommends_a_strategy():
+    big = run_cli("plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40")
+    assert big.returncode == 0, big.stderr
+    assert "DDP" in big.stdout and "too big" in big.stdout
+    assert "recommendation: FSDP (or ZeRO-3): 329 GB of training state does not fit one GPU, but sharded over 16 GPUs it is 20.6 GB each" in big.stdout
+    small = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "--gpus", "8")
+    assert "recommendation: DDP" in small.stdout
+
+
+@pytest.mark.slow
+def test_cpu_rehearsal_hides_the_gpus_from_its_processes(monkeypatch, tmp_path):
+    """`--cpu` on a machine with CUDA: the children must not see the GPUs (else accelerate runs DDP on them)."""
+    from hftrain.parallel import rehearsal
+
+    seen = {}
+    monkeypatch.setattr(rehearsal.subprocess, "call", lambda cmd, env: seen.update(env) or 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rehearsal.launch_processes(["train", "r.yaml"], ROOT / "accelerate_configs" / "fsdp.yaml", "fsdp", 2) == 0
+    assert seen["CUDA_VISIBLE_DEVICES"] == "" and seen[rehearsal.REHEARSAL_ENV] == "fsdp"
+    probe = "import torch, hftrain.parallel.rehearsal as c; print(torch.cuda.is_available(), c.rehearsal_backend())"
+    env = {k: v for k, v in seen.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "fsdp"]  # in the child: no CUDA, so the rehearsal is active
+
+
+def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
+    """accelerate's dispatch_model offloads CPU-placed layers when a GPU is the main device: they would not train."""
+    from transformers import GPTNeoXForCausalLM
+
+    recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}})
+    from hftrain.model.build import build_config
+
+    config = build_config(recipe, 320, True, eos_token_id=0)
+    with pytest.raises(HftrainError, match=r"would be placed on the CPU\. Beside a GPU, accelerate offloads CPU-placed layers"):
+        parallel.spread_over_devices(GPTNeoXForCausalLM(config), recipe)

@@ -1,0 +1,126 @@
+"""Fine-tuning methods x multi-process backends, each really run with 2 gloo processes; the combinations
+bitsandbytes cannot run are refused before any process starts. Plus plan's memory per method."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import safetensors.torch
+import torch
+import yaml
+
+from hftrain.parallel.dims import resolve as resolve_dims
+from hftrain.model import finetune
+from hftrain.errors import HftrainError
+from hftrain.recipe.load import load_recipe
+from hftrain.checkpoint.layout import RunLayout
+
+from ..support.checks import loss_records, read_metrics
+from ..support.cli import EXPECTED_TYPE, launch, run_cli
+from ..support.data import finetune_recipe
+
+WORKING = [("lora", "ddp"), ("lora", "fsdp"), ("lora", "zero3"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "ddp")]
+
+
+def recipe_file(base, tmp_path, method, **training):
+    raw = finetune_recipe(base, tmp_path, method, max_steps=6, save_steps=6, logging_steps=1, **training)
+    path = tmp_path / f"{method}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, backend", WORKING)
+def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend):
+    out = tmp_path / "out"
+    launch(recipe_file(pretrained_run.final_dir, tmp_path, method), backend, out)
+    results = json.loads(RunLayout(out).results.read_text())
+    assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)  # really distributed
+
+    log = read_metrics(out)
+    losses = [e["loss"] for e in loss_records(log)]
+    evals = [e["eval_loss"] for e in log if "eval_loss" in e]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    assert results["eval_loss"] < evals[0]  # held-out answer loss falls from the base model's
+
+    adapter = safetensors.torch.load_file(RunLayout(out).final / "adapter" / "adapter_model.safetensors")
+    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+    assert lora_b and all(t.ndim == 2 and t.abs().sum() > 0 for t in lora_b)  # gathered whole, and trained (B starts at 0)
+
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(RunLayout(out).final).eval()  # the merged standard model
+    base = AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir).eval()
+    ids = torch.arange(1, 20).unsqueeze(0)
+    with torch.no_grad():
+        logits = merged(ids).logits
+        assert torch.isfinite(logits).all() and not torch.allclose(logits, base(ids).logits)
+    if backend == "fsdp":  # its checkpoints hold the adapter sharded: export consolidates and merges it
+        result = run_cli("export", str(out / "checkpoint-6"), "--merge", "--out", str(tmp_path / "exported"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        with torch.no_grad():
+            torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()(ids).logits, logits)
+
+
+@pytest.mark.slow
+def test_quantized_zero3_is_refused_before_any_process_starts(pretrained_run, tmp_path):
+    result = run_cli("train", str(recipe_file(pretrained_run.final_dir, tmp_path, "qlora")), "--accelerate-config", "zero3", "--nproc", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("hftrain: error: finetune.method=qlora with parallelism.strategy=zero3 (ZeRO-3): not supported. DeepSpeed ZeRO-3 "
+            "partitions weights as the model is built (zero.Init), which does not support bitsandbytes' quantized weights") in result.stderr  # fmt: skip
+    assert not (tmp_path / "qlora").exists()  # nothing was started
+
+
+def test_quantized_combinations_bitsandbytes_cannot_run(pretrained_run, tmp_path):
+    raw = finetune_recipe(pretrained_run.final_dir, tmp_path, "lora_8bit")
+    with pytest.raises(HftrainError, match=r"finetune.method=lora_8bit with parallelism.strategy=fsdp \(FSDP\): FSDP cannot shard bitsandbytes' int8"):
+        finetune.check_strategy(load_recipe(None, raw), "fsdp")
+    raw["finetune"].update(method="qlora", quantization={"bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "bfloat16"})
+    recipe = load_recipe(None, raw)
+    with pytest.raises(HftrainError, match="bnb_4bit_quant_storage: uint8 with FSDP; FSDP shards the 4-bit weights only when .* set it to bfloat16"):
+        finetune.check_strategy(recipe, "fsdp")
+    assert finetune.check_strategy(recipe, "ddp") == "uint8"
+    raw["finetune"]["quantization"].pop("bnb_4bit_quant_storage")
+    assert finetune.check_strategy(load_recipe(None, raw), "fsdp") == "bfloat16"  # defaults to the compute dtype
+
+
+def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tmp_path, monkeypatch):
+    recipe = load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "qlora"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    dims = resolve_dims(recipe)  # the run's dims, resolved once from the launcher's environment
+    assert finetune.quantized_device_map(recipe, dims) is None  # CPU: nothing to choose
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert finetune.quantized_device_map(recipe, dims) == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
+
+
+def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run, tmp_path):
+    """FSDP and ZeRO-3 keep each rank's own part of the adapter: an unseeded init made runs differ by backend."""
+    from transformers import AutoModelForCausalLM
+
+    recipe = load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "lora"))
+    inits = []
+    for _ in range(2):
+        torch.rand(7)  # whatever ran before (imports, data, launch code) must not matter
+        model = finetune.apply_method(AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir), recipe, False)
+        inits.append({k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k})
+    assert inits[0] and all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
+
+
+@pytest.mark.slow
+def test_plan_reports_memory_per_finetune_method():
+    result = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "finetune.method=lora")
+    assert result.returncode == 0, result.stderr
+    table = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ") and line.split()[0] in METHODS and "4-bit" not in line}
+    assert set(table) == set(METHODS) and table["lora"].endswith("<- this recipe")
+    gb = {m: [float(w) for w in line.split()[2:10:2]] for m, line in table.items()}  # weights, gradients, optimizer, total
+    assert gb["full"] == [0.65, 0.65, 1.30, 2.60]  # 162M parameters: fp32 weights and gradients, two fp32 AdamW moments
+    assert gb["lora"][0] >= gb["full"][0] and gb["lora"][1] <= 0.01  # frozen fp32 base; gradients for the adapter only
+    assert gb["qlora"][0] < gb["lora_8bit"][0] < gb["lora"][0]
+    assert gb["qlora"][3] < gb["full"][3] / 5
+    assert "qlora 4-bit weights / bf16: 0.258 for the 84,934,656 quantized linear weights" in result.stdout
+
+
+METHODS = ("full", "lora", "qlora", "lora_8bit")

@@ -1,0 +1,1 @@
+"""Tests of hftrain/recipe/ (tests mirror the package)."""

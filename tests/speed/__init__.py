@@ -1,0 +1,1 @@
+"""Tests of hftrain/speed/ (tests mirror the package)."""

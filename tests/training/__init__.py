@@ -1,0 +1,1 @@
+"""Tests of hftrain/training/ (tests mirror the package)."""

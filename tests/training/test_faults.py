@@ -1,0 +1,254 @@
+"""Preemption: SIGTERM mid-run saves at the next step and exits 75; running again loses no step."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hftrain.checkpoint import manager as ckpt
+from hftrain.checkpoint.layout import RunLayout
+
+from ..support.checks import assert_resumed_matches, checkpoint_losses
+from ..support.data import make_documents, tiny_recipe, write_jsonl
+
+
+@pytest.mark.slow
+def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", make_documents(400))
+    recipe = tmp_path / "r.yaml"
+    raw = tiny_recipe(data, tmp_path / "unused", max_steps=120, save_steps=120, logging_steps=1)
+    recipe.write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "hftrain", "train", str(recipe)]
+
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen([*cmd, f"training.output_dir={interrupted}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = RunLayout(interrupted).metrics
+    deadline = time.time() + 300
+    while (not metrics.exists() or len(metrics.read_text().splitlines()) < 10) and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-2000:]
+    saved = ckpt.latest_checkpoint(interrupted)
+    step = int(saved.name.split("-")[1])
+    assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
+    assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
+
+    again = subprocess.run([*cmd, f"training.output_dir={interrupted}"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    straight = tmp_path / "straight"
+    done = subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    resumed, reference = checkpoint_losses(interrupted), checkpoint_losses(straight)
+    assert sorted(resumed) == list(range(1, 121))  # no step lost or repeated
+    assert_resumed_matches(reference, resumed, range(step + 1, 121))
+
+
+def _recipe_file(tmp_path, **training):
+    data = write_jsonl(tmp_path / "d.jsonl", make_documents(400))
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe(data, tmp_path / "unused", **training)))
+    return path
+
+
+def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and sum('"loss"' in line for line in metrics.read_text().splitlines()) >= step:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not reached")
+
+
+@pytest.mark.slow
+def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
+    import random
+
+    k = 7
+    recipe = _recipe_file(tmp_path, max_steps=80, save_steps=k, logging_steps=1, save_total_limit=1)
+    cmd = [sys.executable, "-m", "hftrain", "train", str(recipe)]
+    killed_at = random.Random().randint(k + 1, 60)  # the test picks the step
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_step(RunLayout(run_dir).metrics, killed_at, proc)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait()
+    survivor = ckpt.latest_checkpoint(run_dir)
+    lost = killed_at - int(survivor.name.split("-")[1])
+    assert 0 <= lost <= k + 1, (killed_at, survivor)  # +1: the kill may land a step after the one observed
+    again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming from {survivor}" in again.stdout
+    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0
+    resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
+    assert sorted(resumed) == list(range(1, 81))
+    assert_resumed_matches(reference, resumed, range(1, 81))
+
+
+KILL_INSIDE_SAVE = """
+import os, signal, sys
+import safetensors.torch as st
+real = st.save_file
+calls = {"n": 0}
+def dying_save(tensors, filename, metadata=None):
+    calls["n"] += 1
+    if calls["n"] == 2:  # the second checkpoint: die half-way through writing its weights
+        with open(filename, "wb") as f:
+            f.write(b"partial")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(tensors, filename, metadata=metadata)
+st.save_file = dying_save
+import transformers.modeling_utils as mu
+mu.safe_save_file = dying_save
+from hftrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
+    recipe = _recipe_file(tmp_path, max_steps=30, save_steps=10, logging_steps=1)
+    run_dir = tmp_path / "run"
+    died = subprocess.run([sys.executable, "-c", KILL_INSIDE_SAVE, "train", str(recipe), f"training.output_dir={run_dir}"],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert died.returncode == -signal.SIGKILL
+    assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-10"]
+    assert (run_dir / RunLayout.STAGING / "checkpoint-20").is_dir()  # the half-written one, never renamed into place
+    again = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe), f"training.output_dir={run_dir}"],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "removed" in again.stdout and "resuming from" in again.stdout and "checkpoint-10" in again.stdout
+    assert not (run_dir / RunLayout.STAGING).exists()
+    assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-20", "checkpoint-30"]
+
+
+def test_disk_full_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, corpus):
+    import errno
+
+    import safetensors.torch as st
+    import transformers.modeling_utils as mu
+
+    import hftrain
+    from hftrain.errors import HftrainError
+
+    real, calls = st.save_file, {"n": 0}
+
+    def full_disk(tensors, filename, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            Path(filename).write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(mu, "safe_save_file", full_disk)
+    raw = tiny_recipe(corpus, tmp_path / "run", max_steps=20, save_steps=10)
+    with pytest.raises(HftrainError) as info:
+        hftrain.train(hftrain.load_recipe(None, raw))
+    message = str(info.value)
+    assert f"could not write {tmp_path / 'run' / 'checkpoint-20'} (No space left on device)" in message
+    assert f"The previous checkpoint {tmp_path / 'run' / 'checkpoint-10'} is intact" in message
+    assert [p.name for p in ckpt.complete_checkpoints(tmp_path / "run")] == ["checkpoint-10"]
+    assert not (tmp_path / "run" / RunLayout.STAGING / "checkpoint-20").exists()
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_loss_is_caught_at_once(tmp_path, monkeypatch, corpus, policy):
+    import torch
+    from transformers import GPTNeoXForCausalLM
+
+    import hftrain
+    from hftrain.errors import HftrainError
+
+    import functools
+
+    real, calls = GPTNeoXForCausalLM.forward, {"n": 0}
+
+    @functools.wraps(real)  # the Trainer reads forward's signature to find the labels
+    def poisoned(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 6:  # the 6th training step
+                out.loss = out.loss * torch.tensor(float("nan"))
+        return out
+
+    monkeypatch.setattr(GPTNeoXForCausalLM, "forward", poisoned)
+    raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5)
+    raw["faults"] = {"on_nonfinite": policy}
+    if policy == "stop":
+        with pytest.raises(HftrainError) as info:
+            hftrain.train(hftrain.load_recipe(None, raw))
+        assert "non-finite loss or gradient norm (nan) at step 6; stopped (faults.on_nonfinite=stop)" in str(info.value)
+        assert f"the last good checkpoint is {tmp_path / 'run' / 'checkpoint-5'}" in str(info.value)
+        return
+    run = hftrain.train(hftrain.load_recipe(None, raw))
+    assert run.trainer.skipped_steps == [6]
+    params = [p for p in run.trainer.model.parameters()]
+    assert all(torch.isfinite(p).all() for p in params)  # the poisoned step never reached the weights
+    assert run.metrics["eval_loss"] < 5.0
+
+
+@pytest.mark.slow
+def test_max_restarts_resumes_after_a_crash(tmp_path):
+    import psutil
+
+    recipe = _recipe_file(tmp_path, max_steps=60, save_steps=10, logging_steps=1)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hftrain", "train", str(recipe), "--max-restarts", "2",
+                             f"training.output_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for_step(RunLayout(run_dir).metrics, 25, proc)
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()  # the training process dies; its supervisor stays
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    assert "training died (signal SIGKILL); restart 1 of 2, resuming from the last complete checkpoint" in err
+    assert json.loads(RunLayout(run_dir).results.read_text())["step"] == 60
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
+    import gzip
+    import os
+    import random
+
+    bucket = s3.make_bucket()
+    docs = make_documents(600)
+    for i in range(4):
+        s3.put(f"{bucket}/c/part-{i}.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[i::4]).encode()))
+    raw = tiny_recipe(tmp_path / "unused", tmp_path / "unused", max_steps=40, save_steps=5, logging_steps=1)
+    raw["data"]["train"] = {"path": f"s3://{bucket}/c/*.jsonl.gz"}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "hftrain", "train", str(recipe), "--accelerate-config", "ddp", "--nproc", "2"]
+    env = {**os.environ, **s3.env()}
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait_for_step(RunLayout(run_dir).metrics, random.Random().randint(7, 30), proc)
+    import psutil
+
+    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in family:  # every process of the run at once: launcher, torchrun and both ranks
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    assert not RunLayout(run_dir).final.exists()
+    survivor = ckpt.latest_checkpoint(run_dir)
+    assert survivor is not None
+    again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env, capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
+    assert sorted(resumed) == list(range(1, 41))
+    assert_resumed_matches(reference, resumed, range(1, 41))
