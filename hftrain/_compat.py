@@ -5,17 +5,17 @@ what it changes, the version it was seen with, the upstream issue, and when it i
 (marked CPU) change nothing on CUDA; with hftrain's CPU rehearsals (parallel/rehearsal.py) they are the whole of
 what hftrain does differently on a machine without a GPU.
 
-| function                    | library (seen with)            | active when                                         |
-| --------------------------- | ------------------------------ | --------------------------------------------------- |
-| quiet_optional_warnings     | bitsandbytes 0.50              | any run or command (a logger level)                 |
-| skip_unneeded_imports       | accelerate 1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same               |
-| hub_request_timeouts        | huggingface_hub 1.x (httpx)    | any command (network.configure)                     |
-| plain_gcs_filesystem        | gcsfs >= 2025                  | before gcsfs is first imported (gs:// data)         |
-| deepspeed_cpu_process_group | accelerate 1.15, DeepSpeed 0.19 | CPU: a ZeRO-3 rehearsal                            |
-| fsdp_state_for_cpu          | accelerate 1.15                | CPU: an FSDP rehearsal                              |
-| bnb_4bit_trainable_on_cpu   | bitsandbytes 0.48-0.50         | CPU: a 4-bit (QLoRA) model                          |
-| keep_freed_memory           | glibc malloc                   | CPU: a process that trains on the CPU (Linux/glibc) |
-| universal_load_fixes        | DeepSpeed 0.19                 | ZeRO-3 resumed on another process count             |
+| function                    | library (seen with)              | active when                                  | upstream                      |
+| --------------------------- | -------------------------------- | -------------------------------------------- | ----------------------------- |
+| quiet_optional_warnings     | bitsandbytes 0.50                | any run or CLI command (a logger level)      | bitsandbytes#2064 (open)      |
+| skip_unneeded_imports       | accelerate 1.10-1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same     | accelerate#1952, transformers#26308 |
+| hub_request_timeouts        | huggingface_hub 1.31-2.x         | any command (integrations/network.py)        | huggingface_hub#3750, #3790   |
+| plain_gcs_filesystem        | gcsfs >= 2025                    | before gcsfs is first imported (gs:// data)  | none filed (fake-gcs-server#2069) |
+| deepspeed_cpu_process_group | accelerate 1.15, DeepSpeed 0.19  | CPU: a ZeRO-3 rehearsal                      | none filed (GPU-only upstream) |
+| fsdp_state_for_cpu          | accelerate 1.15                  | CPU: an FSDP rehearsal                       | accelerate#2741 (CPU launch)  |
+| bnb_4bit_trainable_on_cpu   | bitsandbytes 0.48-0.50           | CPU: a 4-bit (QLoRA) model                   | none filed (since bitsandbytes#1804) |
+| keep_freed_memory           | glibc malloc                     | CPU: a process that trains on the CPU (Linux/glibc) | none filed (pytorch#55675) |
+| universal_load_fixes        | DeepSpeed 0.19                   | ZeRO-3 resumed on another process count      | DeepSpeed#7585 (param groups) |
 
 The Trainer's private methods hftrain overrides are not patches (a subclass of its own); they are listed with
 their reasons in training/trainer.py.
@@ -65,9 +65,10 @@ def skip_unneeded_imports() -> None:
 
 
 def hub_request_timeouts(per_request_s: float) -> None:
-    """huggingface_hub 1.x (httpx) sets no read timeout on uploads and API calls, so an endpoint that accepts the
+    """huggingface_hub 1.x/2.x (httpx, httpx2) sets no read timeout on uploads and API calls, so an endpoint that accepts the
     connection and never answers hangs a push for ever. Its public ``set_client_factory`` takes a factory: each
-    new client gets the per-request timeout. The download/etag constants are set too (read at call time)."""
+    new client gets the per-request timeout. The download/etag constants are set too (read at call time).
+    Upstream: huggingface_hub#3750 / #3790 (no timeout by default since the move to httpx)."""
     from huggingface_hub import constants
     from huggingface_hub.utils import _http
 
@@ -76,7 +77,7 @@ def hub_request_timeouts(per_request_s: float) -> None:
 
     def client() -> Any:
         session = default_factory()
-        session.timeout = _http.httpx2.Timeout(per_request_s)
+        session.timeout = per_request_s  # the client's setter makes the Timeout (httpx2 from hub 2.0, httpx before)
         return session
 
     _http.set_client_factory(client)

@@ -248,3 +248,25 @@ def test_the_top_of_the_package_shows_the_concepts():
     mirrored = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} - {"support", "gpu"}
     assert mirrored <= set(subpackages), f"tests/ folders without a package: {mirrored - set(subpackages)}"
     assert set(subpackages) - mirrored <= set(), f"packages without tests/<name>/: {set(subpackages) - mirrored}"
+
+
+def test_version_bounds_are_floors_unless_a_break_is_recorded():
+    """No upper bound without the break it avoids written next to it; torch 2.15 (what GPU images ship now) and the
+    lent GPU image's torch 2.11 / transformers 5.17 satisfy the requirements, so pip never replaces them."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    project = tomllib.loads(text)["project"]
+    lines = text.splitlines()
+    for spec in [*project["dependencies"], *(s for extra in project["optional-dependencies"].values() for s in extra)]:
+        req = Requirement(spec)
+        if any(c.operator in ("<", "<=", "==", "~=") for c in req.specifier):
+            at = next(i for i, line in enumerate(lines) if f'"{spec}"' in line)
+            context = " ".join(lines[max(0, at - 2): at + 1]).lower()
+            assert "break" in context or "broke" in context, f"{spec}: an upper bound needs the break it avoids next to it"
+    deps = {Requirement(s).name.lower(): Requirement(s) for s in project["dependencies"]}
+    for name, version in (("torch", "2.15.0"), ("torch", "2.11.0"), ("transformers", "5.17.0"), ("transformers", "5.24.0"),
+                          ("accelerate", "1.15.0"), ("huggingface_hub", "1.33.0"), ("tokenizers", "0.23.2")):  # fmt: skip
+        assert deps[name].specifier.contains(version), f"{name} {version} is refused by {deps[name]}"

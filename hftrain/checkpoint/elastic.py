@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hftrain import _compat
-from hftrain.checkpoint.manager import latest_checkpoint
+from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import COMPLETE_MARKER
 from hftrain.parallel.dims import Strategy
@@ -108,18 +108,10 @@ def check_backend(checkpoint: Path, strategy: Strategy | str, world_size: int | 
     )
 
 
-def checkpoint_to_resume(output_dir: Path, setting: Any) -> Path | None:
-    """Without side effects: the checkpoint a run would resume (None for none), for checks before launching."""
-    if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
-        return None
-    if isinstance(setting, str) and setting.lower() != "true":
-        return Path(setting) if (Path(setting) / COMPLETE_MARKER).is_file() else None
-    return latest_checkpoint(output_dir)
-
-
 def check_before_launch(recipe: Any, strategy: Strategy, nproc: int | None) -> None:
     """The backend check once, before any process starts (so a refusal is one message, not one per rank)."""
-    checkpoint = checkpoint_to_resume(Path(recipe.training.output_dir), recipe.training_kwargs().get("resume_from_checkpoint"))
+    setting = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
+    checkpoint = setting.checkpoint_in(Path(recipe.training.output_dir))
     if checkpoint is not None:
         check_backend(checkpoint, strategy, nproc)
 

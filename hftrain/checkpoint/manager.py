@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +31,34 @@ from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 
 
 # --------------------------------------------------------------------------------------- discovery
+@dataclass(frozen=True)
+class ResumeSetting:
+    """training.resume_from_checkpoint, read once (``of``): unset = the newest complete checkpoint if there is one;
+    true = the newest, and there must be one; false = never (an earlier run is moved aside); else a checkpoint path."""
+
+    mode: str  # newest | required | never | path
+    path: Path | None = None
+
+    @classmethod
+    def of(cls, value: Any) -> ResumeSetting:
+        text = str(value).lower() if isinstance(value, (bool, str)) else None
+        if value is None:
+            return cls("newest")
+        if text == "true":
+            return cls("required")
+        if text == "false":
+            return cls("never")
+        return cls("path", Path(str(value)))
+
+    def checkpoint_in(self, output_dir: Path) -> Path | None:
+        """Without side effects: the checkpoint a run would resume (None for none), for checks before launching."""
+        if self.mode == "never":
+            return None
+        if self.mode == "path":
+            return self.path if (self.path / COMPLETE_MARKER).is_file() else None
+        return latest_checkpoint(output_dir)
+
+
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoint directories, oldest step first."""
     if not output_dir.is_dir():
@@ -170,7 +199,7 @@ class CheckpointManager:
             shutil.rmtree(self.layout.staging, ignore_errors=True)
 
     def _starts_over(self) -> bool:
-        return self.recipe.training_kwargs().get("resume_from_checkpoint") in (False, "false", "False")
+        return ResumeSetting.of(self.recipe.training_kwargs().get("resume_from_checkpoint")).mode == "never"
 
     def _move_aside(self) -> Path:
         """The earlier run's own files (complete checkpoints, final/, logs, results) into previous-<UTC time>/;
@@ -192,21 +221,21 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         return latest_checkpoint(self.layout.root)
 
-    def resume_point(self, setting: bool | str | None, is_main: bool = True) -> Path | None:
-        """training.resume_from_checkpoint: unset/true = the newest complete checkpoint that loads, false = never,
-        or a path (which must load)."""
-        if setting is False or (isinstance(setting, str) and setting.lower() == "false"):
+    def resume_point(self, setting: ResumeSetting, is_main: bool = True) -> Path | None:
+        """Where the run continues: the newest complete checkpoint that loads, none, or the given path (which
+        must load); see ResumeSetting."""
+        if setting.mode == "never":
             return None
-        if isinstance(setting, str) and setting.lower() != "true":
-            path = Path(setting)
+        if setting.mode == "path":
+            path = setting.path
             if not (path / COMPLETE_MARKER).is_file():
-                raise HftrainError(f"training.resume_from_checkpoint: {setting} is not a complete hftrain checkpoint.")
+                raise HftrainError(f"training.resume_from_checkpoint: {path} is not a complete hftrain checkpoint.")
             problem = unreadable(path)
             if problem is not None:
-                raise HftrainError(f"training.resume_from_checkpoint: {setting} cannot be loaded ({problem}).")
+                raise HftrainError(f"training.resume_from_checkpoint: {path} cannot be loaded ({problem}).")
             return path
         latest = self._newest_loadable(is_main)
-        if latest is None and setting in (True, "true", "True"):
+        if latest is None and setting.mode == "required":
             raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
         return latest
 

@@ -20,6 +20,7 @@ from hftrain.parallel import dims as parallel
 from hftrain.parallel.dims import ParallelDims
 from hftrain.training import run_length
 from hftrain.speed import defaults as speed
+from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
 from hftrain.recipe.schema import Recipe
@@ -30,7 +31,7 @@ from hftrain.speed.defaults import SpeedPlan
 @dataclass
 class TrainingSettings:
     args: TrainingArguments
-    resume: bool | str | None  # training.resume_from_checkpoint as the recipe gives it
+    resume: ResumeSetting  # training.resume_from_checkpoint, read once
     push_to_hub: bool
     speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed.py)
     length: RunLength  # max_steps and where it came from (run_length.py)
@@ -50,7 +51,7 @@ def training_arguments(recipe: Recipe, dims: ParallelDims, shape: ModelShape, re
     recorded = recorded or {}
     kwargs = recipe.training_kwargs()
     kwargs["gradient_accumulation_steps"] = dims.accumulation
-    resume = kwargs.pop("resume_from_checkpoint", None)
+    resume = ResumeSetting.of(kwargs.pop("resume_from_checkpoint", None))
     push = bool(kwargs.pop("push_to_hub", False))
     kwargs.pop("save_total_limit", None)  # the CheckpointManager rotates, once a new checkpoint is complete
     length = run_length.resolve(recipe, kwargs, dims.global_batch, manifest_tokens)
