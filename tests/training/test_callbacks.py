@@ -1,0 +1,49 @@
+"""hftrain's callbacks attach to a Trainer subclass hftrain did not write (TRL's trainers subclass transformers'
+Trainer): the metrics file and the preemption stop work on a plain one, with nothing of HftrainTrainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback
+
+
+class ForeignTrainer(Trainer):
+    """Stands for a third-party subclass (TRL's SFTTrainer or DPOTrainer)."""
+
+
+class SignalAt(TrainerCallback):
+    """Sends this process SIGUSR1 at the end of one step, as SLURM does before a preemption."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_callbacks_attach_to_a_trainer_hftrain_did_not_write(tmp_path):
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                           max_position_embeddings=32)  # fmt: skip
+    blocks = [torch.randint(0, 64, (16,)) for _ in range(64)]
+    data = [{"input_ids": ids, "labels": ids} for ids in blocks]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=4, logging_steps=1,
+                             save_strategy="no", report_to="none", use_cpu=True)  # fmt: skip
+    preemption = PreemptionCallback()
+    trainer = ForeignTrainer(model=GPTNeoXForCausalLM(config), args=args, train_dataset=data,
+                             callbacks=[SignalAt(3), preemption, MetricsFileCallback()])  # fmt: skip
+    try:
+        trainer.train()
+    finally:
+        preemption.restore()
+    assert preemption.received == "SIGUSR1" and preemption.step == 3 and trainer.state.global_step == 3  # not 10
+    assert (tmp_path / "checkpoint-3").is_dir()  # saved at the step it stopped
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3]
