@@ -83,3 +83,24 @@ def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path):
                               capture_output=True, text=True, cwd=tmp_path, env=offline_env(), timeout=300)  # fmt: skip
     assert imported.returncode == 0, imported.stderr[-3000:]
     assert str(venv) in imported.stdout  # the installed wheel, not this checkout
+
+
+@pytest.mark.slow
+def test_installs_beside_a_newer_torch_without_replacing_it(tmp_path):
+    """A GPU image's torch (here a metadata-only torch 2.15.0, the newest release) stays: pip's plan for
+    `pip install -e .` holds hftrain and its requirements and no torch. (With the old `torch<=2.14.1` it planned to
+    replace it with 2.14.1, a multi-GB CUDA build.)"""
+    import json
+
+    stub = wheelhouse.stub_torch(tmp_path, "2.15.0")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-index", str(stub)], check=True, timeout=300)
+    report = tmp_path / "report.json"
+    done = subprocess.run([*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    planned = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    assert "hftrain" in planned and "transformers" in planned
+    assert "torch" not in planned, f"pip would replace torch 2.15.0 with {planned.get('torch')}"
