@@ -47,8 +47,8 @@ PRIVATE_OVERRIDES = {  # name -> why no public hook serves (upstream issue)
                              "Trainer's loader warns and continues on missing keys (no upstream issue filed)",
     "_load_rng_state": "on another process count the writer's rank-0 RNG state; the Trainer skips a file name it does "
                        "not find (transformers#14554, #14994)",
-    "_get_grad_norm": "the non-finite guard needs the gradient norm before the optimizer step; no callback receives "
-                      "it (transformers#31033)",
+    "_get_grad_norm": "hands the guard the norm the Trainer computed anyway; no callback receives it before the "
+                      "optimizer step (transformers#31033); on other Trainers the guard checks the gradients itself",
     "_clip_grad_norm": "the optimizer phase of the step timing starts at clipping; no callback runs between backward "
                        "and clipping (transformers#31033)",
 }

@@ -47,3 +47,37 @@ def test_callbacks_attach_to_a_trainer_hftrain_did_not_write(tmp_path):
     assert (tmp_path / "checkpoint-3").is_dir()  # saved at the step it stopped
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3]
+
+
+class PoisonAt(TrainerCallback):
+    """Makes one weight NaN before a step: its loss and gradients are then non-finite."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step + 1 == self.step:
+            with torch.no_grad():
+                model.gpt_neox.embed_in.weight[:, 0] = float("nan")
+
+
+def test_the_nonfinite_guard_stops_a_trainer_hftrain_did_not_write(tmp_path):
+    """Nothing feeds the guard there (no HftrainTrainer overrides): it checks the gradients itself at the public
+    pre-optimizer event. Without that check this run trains its 10 steps on NaN weights and exits normally."""
+    import pytest
+
+    from hftrain.errors import HftrainError
+    from hftrain.recipe.schema import FaultsSection
+    from hftrain.training.nonfinite import NonFiniteGuard
+
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                           max_position_embeddings=32)  # fmt: skip
+    data = [{"input_ids": ids, "labels": ids} for ids in (torch.randint(0, 64, (16,)) for _ in range(64))]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=4, save_strategy="no",
+                             report_to="none", use_cpu=True)  # fmt: skip
+    guard = NonFiniteGuard(FaultsSection(on_nonfinite="stop"), lambda: None)
+    trainer = ForeignTrainer(model=GPTNeoXForCausalLM(config), args=args, train_dataset=data, callbacks=[PoisonAt(4), guard])
+    with pytest.raises(HftrainError, match=r"non-finite loss or gradient norm \(nan\) at step 4; stopped \(faults.on_nonfinite=stop\)"):
+        trainer.train()
+    assert trainer.state.global_step == 3
