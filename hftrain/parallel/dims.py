@@ -116,14 +116,6 @@ class ParallelDims:
         """Sequences per optimizer step: micro-batch x accumulation x processes."""
         return self.micro_batch * self.accumulation * self.processes
 
-    @property
-    def label(self) -> str:
-        return self.strategy.label
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit: int | None = None) -> ParallelDims:
     """The run's dims from the launcher's environment, checked against the recipe. `recorded`: what a continuing
@@ -146,7 +138,7 @@ def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit
         readers=ReaderLayout(count, processes, workers, window),
     )  # fmt: skip
     if dims.rehearsal:
-        rehearsal.prepare_process(dims.rehearsal.value)
+        rehearsal.prepare_process(dims.rehearsal)
     return dims
 
 

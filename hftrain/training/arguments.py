@@ -58,7 +58,7 @@ def training_arguments(recipe: Recipe, dims: ParallelDims, shape: ModelShape, re
     kwargs["max_steps"] = length.max_steps
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
-    kwargs = rehearsal.training_kwargs(kwargs, dims.rehearsal and dims.rehearsal.value)
+    kwargs = rehearsal.training_kwargs(kwargs, dims.rehearsal)
     device = training_device(kwargs, dims)
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
     plan = speed_defaults(recipe, kwargs, dims, shape, recorded.get("speed"), device)
