@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hftrain.errors import HftrainError
 from hftrain.recipe.schema import DataSection, Source
 from hftrain.data.instructions import ExampleStream
+from hftrain.data.packed_batch import PackedCollator, real_tokens
 from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
 from hftrain.data.readers import ReaderLayout, rank_state
@@ -76,13 +77,9 @@ def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker, window: int) ->
     return text_or_examples(train_documents(plan, worker, shuffle=window > 1), tokenizer, section, window)
 
 
-def is_instruction_data(section: DataSection) -> bool:
-    return section.train[0].format in ("prompt_completion", "chat")
-
-
 def text_or_examples(docs: DocumentStream, tokenizer: Any, section: DataSection, window: int) -> BlockStream:
     """Packed text blocks, or instruction examples with their loss masks."""
-    if is_instruction_data(section):
+    if section.instruction_data:
         return ExampleStream(docs, tokenizer, section.seq_len, window, section.packing)
     return BlockStream(docs, tokenizer, section.seq_len, window)
 
@@ -156,8 +153,10 @@ def as_sample(block: Any) -> dict[str, torch.Tensor]:
     return {"input_ids": block, "labels": block.clone()}
 
 
-def collate_blocks(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    return {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]}
+def collator_for(section: DataSection, kernel: str, eos: int, form: str | None = None) -> PackedCollator:
+    """The batches that keep the recipe's documents apart on `kernel` (packed_batch.py; `form`: another form, to
+    show what a kernel would get from it)."""
+    return PackedCollator(kernel, eos if section.document_masking and not section.instruction_data else None, form)
 
 
 def _as_is(item: Any) -> Any:
@@ -167,11 +166,20 @@ def _as_is(item: Any) -> Any:
 class ResumableLoader:
     """The rank's samples, batched in the main process; keeps each reader's latest position for checkpoints."""
 
-    def __init__(self, dataset: PackedDataset, batch_size: int, num_workers: int, prefetch_factor: int | None = None):
+    def __init__(self, dataset: PackedDataset, batch_size: int, num_workers: int, prefetch_factor: int | None = None,
+                 collate: Any = None, pad: int = 0):  # fmt: skip
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
         self.prefetch_factor = prefetch_factor
+        self.collate = collate or PackedCollator()
         self.samples = dataset.consumed
         self.positions: dict[str, Any] = dict(dataset.resume["positions"])
+        self.pad = pad
+        self.tokens = {"real": 0, "block": 0}  # this process's blocks since it started: the packing fill
+
+    @property
+    def fill(self) -> float | None:
+        """The share of the block tokens this process read that are real tokens, not padding."""
+        return self.tokens["real"] / self.tokens["block"] if self.tokens["block"] else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         layout = self.dataset.layout
@@ -188,9 +196,12 @@ class ResumableLoader:
         for reader, block, position in loader:
             self.positions[str(reader)] = position
             self.samples += 1
-            batch.append(as_sample(block))
+            sample = as_sample(block)
+            self.tokens["real"] += real_tokens(sample["labels"], sample["input_ids"], sample.get("position_ids"), self.pad)
+            self.tokens["block"] += sample["input_ids"].numel()
+            batch.append(sample)
             if len(batch) == self.batch_size:
-                yield collate_blocks(batch)
+                yield self.collate(batch)
                 batch = []
 
     def state_dict(self) -> dict[str, Any]:

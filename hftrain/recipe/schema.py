@@ -34,8 +34,10 @@ class ModelSection(Section):
     """Hub revision (branch, tag or commit) for from_pretrained."""
     trust_remote_code: bool = False
     """Allow from_pretrained to run Python code shipped with the checkpoint. Off unless you trust the source."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
-    """Attention kernel, as in transformers. flash_attention_2 needs a CUDA GPU and the flash-attn package."""
+    attn_implementation: Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"] = "sdpa"
+    """Attention kernel, as in transformers. flash_attention_2/3 need a CUDA GPU and the flash-attn package (v2 or
+    v3). Packed documents are kept apart on every one of them (data/packed_batch.py); on a GPU, flash attention
+    needs no mask at all, while sdpa builds a batch x seq_len^2 mask for packed data."""
     vocab_size: int | None = Field(default=None, gt=0)
     """Embedding rows. Default: the preset's published size when the tokenizer fits in it, else the tokenizer
     size padded up to pad_vocab_multiple."""
@@ -208,8 +210,12 @@ class DataSection(Section):
     Default: about 4M tokens over all readers (8,192 blocks per reader at seq_len 64 with 8 readers, 256 at
     2048), fixed at the run's start. Bigger mixes more documents; the first step and a resume tokenize one window."""
     packing: bool = True
-    """Instruction data: pack several short examples into one block (each attends only to itself, through
-    position ids that restart per example); false pads each example to seq_len instead."""
+    """Instruction data: pack several short examples into one block (best fit within each shuffle window; each
+    attends only to itself, on every attention kernel); false pads each example to seq_len instead."""
+    document_masking: bool | None = None
+    """Each document attends only to itself (and its first token is not predicted from the one before). Default:
+    on for packed instruction examples, off for pretraining text (documents joined with EOS attend to the ones
+    before them in their block, as Pythia was trained). `hftrain data inspect RECIPE --check-packing` checks it."""
     readers: int | None = Field(default=None, gt=0)
     """Logical readers, each owning an equal share of every source (whole shards, or a part of each); fixed at the
     run's start. The data order (and so the losses) is the same on any launch whose processes x dataloader
@@ -234,7 +240,19 @@ class DataSection(Section):
         kinds = {s.format in ("prompt_completion", "chat") for s in self.train + ([self.validation] if self.validation else [])}
         if len(kinds) > 1:
             raise ValueError("train/validation: instruction data (prompt_completion, chat) cannot be mixed with plain text")
+        if self.document_masking is False and self.packing and True in kinds:
+            raise ValueError("document_masking: false would let packed instruction examples attend to each other; remove "
+                             "it (examples are always kept apart), or set data.packing: false to pad each example instead")
         return self
+
+    @property
+    def instruction_data(self) -> bool:
+        return self.train[0].format in ("prompt_completion", "chat")
+
+    @property
+    def masks_documents(self) -> bool:
+        """Whether each document (instruction example) attends only to itself."""
+        return self.instruction_data or bool(self.document_masking)
 
 
 # ----------------------------------------------------------------------------------------- parallelism

@@ -45,6 +45,10 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
         lines.append("evaluation: " + ", ".join(extra))
     if isinstance(results.get("run_length"), dict):
         lines.append(results["run_length"]["note"])
+    fill = results.get("packing_fill")
+    if fill is not None and fill < 1:
+        lines.append(f"packing: {100 * fill:.1f}% of the block tokens this process trained on are real tokens, "
+                     f"{100 * (1 - fill):.1f}% padding")
     if results.get("time_to_first_step_s") is not None:
         lines.append(f"start-up: {results['time_to_first_step_s']:.1f} s from process start to the end of the first step (not in tokens/s)")
     if results["tokens_per_s_median"]:

@@ -23,7 +23,8 @@ from hftrain.integrations import trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
 from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from hftrain.checkpoint.manager import CheckpointManager, step_of
-from hftrain.data.loader import DataPlan, collate_blocks, first_documents, plan_data, validation_blocks
+from hftrain.data.loader import DataPlan, collator_for, first_documents, plan_data, validation_blocks
+from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.pretokenized import check_compatible
 from hftrain.errors import HftrainError, Preempted
 from hftrain.checkpoint.files import read_json
@@ -77,12 +78,15 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     if data.pretokenized is not None:
         check_compatible(data.manifest, data.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new, dims)
+    collate = collator_for(recipe.data, model.config._attn_implementation, tokenizer.eos_token_id)
+    if args.process_index == 0 and recipe.data.masks_documents:
+        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, args.per_device_train_batch_size, recipe.data.seq_len)}", flush=True)
     if chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
     model = apply_method(model, recipe, args.gradient_checkpointing)
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, recipe)
-    trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, resume, callbacks)
+    trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks)
     pusher = CheckpointPusher(recipe, args, settings.push_to_hub)
     checkpoints.on_publish.append(pusher.on_checkpoint)
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
@@ -97,7 +101,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
 
 def build_trainer(
     recipe: Recipe, shape: ModelShape, settings: TrainingSettings, checkpoints: CheckpointManager,
-    data: DataPlan, model: Any, tokenizer: Any, resume: Path | None, callbacks: Sequence[Any] = (),
+    data: DataPlan, model: Any, tokenizer: Any, collate: PackedCollator, resume: Path | None, callbacks: Sequence[Any] = (),
 ) -> HftrainTrainer:  # fmt: skip
     """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks."""
     args = settings.args
@@ -109,7 +113,7 @@ def build_trainer(
         evaluation=TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks), resume_from=resume,
     )  # fmt: skip
     trainer = HftrainTrainer(
-        model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate_blocks,
+        model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate,
         callbacks=[MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics)], options=options,
     )  # fmt: skip
     if recipe.profile.start_step is not None:
@@ -198,6 +202,8 @@ def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
         "data_records_skipped": skipped,
         "data_readers": trainer.options.dims.readers.readers,
         "shuffle_window": trainer.options.dims.readers.window,
+        "packing_fill": None if loader is None or loader.fill is None else round(loader.fill, 4),
+        "document_masking": trainer.options.data.section.masks_documents,
     }
 
 

@@ -91,8 +91,11 @@ class HftrainTrainer(Trainer):
             saved = options.checkpoints.data_positions(options.resume_from)
             resume = merge_positions(saved, options.dims.readers, options.data.section.seq_len, str(options.resume_from))
         dataset = PackedDataset(options.data, self.processing_class, args.process_index, options.dims.readers, resume)
+        tokenizer = self.processing_class
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.train_loader = ResumableLoader(
-            dataset, args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor
+            dataset, args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor,
+            collate=self.data_collator, pad=pad,
         )
         return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
 
