@@ -104,6 +104,7 @@ CHAIN = [
     "hftrain train recipes/quickstart.yaml training.max_steps=50 training.learning_rate=3e-4",
     "hftrain train recipes/quickstart.yaml parallelism.strategy=device_map",
     "hftrain export runs/quickstart/checkpoint-600 --out runs/quickstart/exported",
+    "hftrain data inspect recipes/finetune/lora.yaml --check-packing",
     "hftrain train recipes/finetune/lora.yaml",
     "hftrain train recipes/finetune/full.yaml",
     "hftrain export runs/finetune-lora/checkpoint-200 --merge --out runs/finetune-lora/merged",
@@ -180,7 +181,9 @@ def test_readme_training_commands_run_in_order(tmp_path):
         extra = SHORT if line.startswith("hftrain train") else ()
         if "finetune" in line and line.startswith("hftrain train"):
             extra = [w for w in SHORT if not w.startswith("tokenizer.")]
-        _run_line(line, cwd, extra=extra)
+        result = _run_line(line, cwd, extra=extra)
+        if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
+            assert all(f"check-packing: {k} max |diff|" in result.stdout for k in ("eager", "sdpa", "flex_attention")), result.stdout
     assert (cwd / "runs/quickstart/exported/model.safetensors").is_file()
     assert (cwd / "runs/finetune-lora/merged/model.safetensors").is_file()
 

@@ -15,12 +15,12 @@ import numpy as np
 from hftrain.recipe.schema import Recipe
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.errors import HftrainError
-from hftrain.data.loader import first_documents, plan_data, train_documents, validation_blocks
+from hftrain.data.loader import first_documents, plan_data, text_or_examples, train_documents, validation_blocks
 from hftrain.data.prepare_pool import PrepareJob, run_units
 from hftrain.data.pretokenized import ShardWriter
 from hftrain.data.readers import DEFAULT_READERS, default_readers, default_window
 from hftrain.data.sources import COMPRESSION
-from hftrain.data.stream import BlockStream, SourcePlan, TokenRun, Worker
+from hftrain.data.stream import SourcePlan, TokenRun, Worker
 
 
 def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None,
@@ -113,6 +113,15 @@ def _shard_sizes(source: SourcePlan) -> list[int] | None:
     return source.sizes if source.source.path is not None and source.sizes else None
 
 
+def as_text(document: Any) -> str:
+    """A document's text; an instruction example's prompt and answer (or its messages) joined."""
+    if isinstance(document, str):
+        return document
+    if "prompt" in document:
+        return f"{document['prompt']}{document['completion']}"
+    return "\n".join(str(m.get("content", "")) for m in document["messages"])
+
+
 def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
     """Sources, shard counts, the first blocks decoded, and an estimate of the token count."""
     plan = plan_data(recipe.data, recipe.training.seed)
@@ -133,7 +142,7 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
         lines += [f"    {name}" for name in source.shards[:3]] + (["    ..."] if len(source.shards) > 3 else [])
         readers = recipe.data.readers or default_readers(plan.reader_limit, 1, 1)
         lines.append(f"    {source.share(Worker(0, readers)).describe()}")
-    sample = list(first_documents(plan, sample_docs))
+    sample = [as_text(d) for d in first_documents(plan, sample_docs)]
     sample_bytes = sum(len(d.encode()) for d in sample)
     sample_tokens = sum(len(ids) + 1 for ids in tokenizer(sample, add_special_tokens=False)["input_ids"])
     if sample_bytes:
@@ -142,9 +151,10 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
             lines.append(f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)")
     docs = train_documents(plan, loop=False)
     window = recipe.data.shuffle_window or default_window(DEFAULT_READERS, recipe.data.seq_len)  # as a run with 8 readers
-    stream = BlockStream(docs, tokenizer, recipe.data.seq_len, window=window)
+    stream = text_or_examples(docs, tokenizer, recipe.data, window=window)  # the blocks training reads
     for i, (block, _) in enumerate(stream.blocks(stream.fresh_state())):
         if i >= blocks:
             break
-        lines.append(f"--- block {i} ({len(block)} tokens) ---\n{tokenizer.decode(block)}")
+        ids = block[0] if block.ndim == 2 else block  # instruction blocks: (ids, labels, position ids)
+        lines.append(f"--- block {i} ({ids.shape[-1]} tokens) ---\n{tokenizer.decode(ids)}")
     return "\n".join(lines)

@@ -59,6 +59,9 @@ def test_every_cpu_kernel_keeps_instruction_examples_apart(recipes):
     assert lines[0].startswith("check-packing: first micro-batch of 4 block(s) x 64 tokens,")
     for kernel in ("eager", "sdpa", "flex_attention"):
         assert any(line.startswith(f"check-packing: {kernel} max |diff| ") and line.endswith(" ok") for line in lines), lines
+    plain = subprocess.run([sys.executable, "-m", "hftrain", "data", "inspect", str(recipes["examples"]), "--blocks", "1"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert plain.returncode == 0 and "--- block 0 (64 tokens) ---" in plain.stdout, plain.stderr[-2000:]  # instruction blocks as trained
 
 
 def test_document_masked_pretraining_keeps_documents_apart(recipes):

@@ -80,22 +80,26 @@ def test_final_model_loads_in_plain_transformers(pretrained_run, tmp_path):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def _run(data, out, **training):
-    return hftrain.train(hftrain.load_recipe(None, tiny_recipe(data, out, **training)))
+def _run(data, out, data_keys=None, **training):
+    raw = tiny_recipe(data, out, **training)
+    raw["data"].update(data_keys or {})
+    return hftrain.train(hftrain.load_recipe(None, raw))
 
 
-def test_resume_is_exact(tmp_path):
+def test_resume_is_exact(tmp_path, capsys):
     """2N steps straight == N steps, stop, resume, N more: the per-step losses after the resume match.
 
     The run that stops is the straight run's own state at step N (its checkpoint-N, copied into a fresh
     directory as a killed run would have left it), so the schedule and everything else is the same run's.
+    With document masking on (its batches are made from each block alone, so they resume as the blocks do).
     """
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300, seed=3))
     settings = dict(max_steps=16, save_steps=8, logging_steps=1, learning_rate=2e-3, warmup_steps=2)
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
-    straight = losses(_run(data, straight_dir, **settings))
+    straight = losses(_run(data, straight_dir, {"document_masking": True}, **settings))
+    assert "hftrain: documents kept apart by sdpa: a block-causal mask of 8 x 32 x 32 bool (8 KiB) per forward" in capsys.readouterr().out
     copy_checkpoint(straight_dir, split_dir, "checkpoint-8")
-    resumed = losses(_run(data, split_dir, **settings))
+    resumed = losses(_run(data, split_dir, {"document_masking": True}, **settings))
     assert sorted(resumed) == list(range(1, 17))
     assert_resumed_matches(straight, resumed, range(9, 17))
 

@@ -1,0 +1,46 @@
+"""GPU tier: packed documents stay apart on the flash kernels, in bf16 at micro-batch 4 (the case where
+flash_attention_2 given (batch, seq_len) rows ignores restarted position ids), for instruction examples and
+document-masked pretraining; and the same kernel given today's rows is caught by the check."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import support
+
+pytestmark = pytest.mark.gpu
+
+
+def _recipes(tmp_path):
+    from hftrain.recipe.load import load_recipe
+
+    data = support.ROOT / "recipes" / "finetune" / "data" / "train.jsonl"
+    base = {"model": {"preset": "pythia-14m"}, "training": {"per_device_train_batch_size": 4, "output_dir": str(tmp_path / "r")}}
+    return {
+        "examples": load_recipe(None, {**base, "data": {"train": {"path": str(data), "format": "prompt_completion"}, "seq_len": 256}}),
+        "documents": load_recipe(None, {**base, "data": {"seq_len": 512, "document_masking": True}}),
+    }
+
+
+@pytest.mark.parametrize("kind", ["examples", "documents"])
+def test_flash_kernels_keep_packed_documents_apart(tmp_path, kind):
+    from hftrain.model.packing_check import available_kernels, check_packing
+    import torch
+
+    kernels = available_kernels(torch.device("cuda"))
+    assert "flash_attention_2" in kernels or "flash_attention_3" in kernels, f"no flash kernel installed here: {kernels}"
+    lines, ok = check_packing(_recipes(tmp_path)[kind])
+    print("\n".join(lines))
+    assert ok, lines
+    assert " bfloat16 on cuda" in lines[0]
+
+
+def test_flash_attention_on_rows_is_caught(tmp_path):
+    from hftrain.data.packed_batch import ROWS
+    from hftrain.model.packing_check import available_kernels, check_packing
+    import torch
+
+    flash = [k for k in available_kernels(torch.device("cuda")) if k.startswith("flash")]
+    assert flash, "no flash kernel installed here"
+    lines, ok = check_packing(_recipes(tmp_path)["examples"], kernels={flash[0]: ROWS})
+    assert not ok, lines
