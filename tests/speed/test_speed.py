@@ -224,3 +224,24 @@ def test_a_run_without_zero3_never_imports_deepspeed():
     out = subprocess.run([sys.executable, "-c", UNWRAP], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "narrowed False" in out.stdout and "as is True" in out.stdout
+
+
+def test_a_busy_moment_during_one_dtype_does_not_decide_the_probe(monkeypatch):
+    """bf16 at half of fp32's speed, and the machine busy (3x slower) during the first fp32 timing: timed once each,
+    one after the other, bf16 looked 1.5x faster (that choice was cached; hftrain then trained at 0.79x the plain
+    Trainer); in alternating rounds each dtype's faster round counts and fp32 stays."""
+    from hftrain.speed import probe
+
+    calls = []
+
+    def timed(shape, device, dtype, head_model, layer_model):
+        calls.append(dtype)
+        busy = 3.0 if len(calls) == 1 else 1.0
+        return {"fp32": 1.0, "bf16": 2.0}[dtype] * busy
+
+    monkeypatch.setattr(probe, "_compute_seconds", timed)
+    monkeypatch.setattr(probe, "_small_matmul_seconds", lambda device, dtype: 1.0)
+    monkeypatch.setattr(probe, "_optimizer_seconds", lambda parameters, device: 0.0)
+    shape = probe.ProbeShape(tokens=64, seq=16, hidden=32, intermediate=64, heads=2, vocab=64, layers=1, parameters=100)
+    seconds = probe._time_dtypes(shape, torch.device("cpu"))
+    assert calls == ["fp32", "bf16", "bf16", "fp32"] and seconds == {"fp32": 1.0, "bf16": 2.0}
