@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hftrain.errors import HftrainError
 from hftrain.recipe.schema import DataSection, Source
 from hftrain.data.instructions import ExampleStream
-from hftrain.data.packed_batch import PackedCollator, real_tokens
+from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
 from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
 from hftrain.data.readers import ReaderLayout, rank_state
@@ -155,7 +155,17 @@ def as_sample(block: Any) -> dict[str, torch.Tensor]:
 
 def collator_for(section: DataSection, kernel: str, eos: int, form: str | None = None) -> PackedCollator:
     """The batches that keep the recipe's documents apart on `kernel` (packed_batch.py; `form`: another form, to
-    show what a kernel would get from it)."""
+    show what a kernel would get from it). A kernel hftrain knows no form for (a checkpoint's own code may name
+    one) is refused where documents share blocks, and gets plain rows where they do not."""
+    if form is None and kernel not in KERNEL_FORMS:
+        shared = bool(section.document_masking) or (section.instruction_data and section.packing)
+        if shared:
+            raise HftrainError(
+                f"model.attn_implementation: the model computes attention with {kernel!r}, and hftrain knows no batch form "
+                f"that keeps packed documents apart on it; set model.attn_implementation to one of {', '.join(KERNEL_FORMS)}"
+                + (", or data.packing: false" if section.instruction_data else ", or remove data.document_masking") + "."
+            )
+        form = ROWS
     return PackedCollator(kernel, eos if section.document_masking and not section.instruction_data else None, form)
 
 

@@ -98,3 +98,14 @@ def test_unmasked_packed_examples_are_refused_at_load(tmp_path):
     with pytest.raises(HftrainError, match=r"data: document_masking: false would let packed instruction examples attend to each other"):
         load_recipe(None, {"data": {"train": {"path": str(path), "format": "prompt_completion"}, "document_masking": False}})
     load_recipe(None, {"data": {"train": {"path": str(path), "format": "prompt_completion"}, "document_masking": False, "packing": False}})
+
+
+def test_a_kernel_without_a_known_form_is_refused_only_where_documents_share_blocks(tmp_path):
+    from hftrain.data.loader import collator_for
+
+    path = write_examples(tmp_path / "x.jsonl", instructions(3, 0))
+    packed = load_recipe(None, {"data": {"train": {"path": str(path), "format": "prompt_completion"}}}).data
+    with pytest.raises(HftrainError, match=r"model.attn_implementation: the model computes attention with 'custom_kernel', .* or data.packing: false\."):
+        collator_for(packed, "custom_kernel", EOS)
+    text = load_recipe(None, {}).data  # plain pretraining: one document stream per row, nothing to keep apart
+    assert collator_for(text, "custom_kernel", EOS).form == "rows"
