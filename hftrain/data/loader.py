@@ -158,8 +158,7 @@ def collator_for(section: DataSection, kernel: str, eos: int, form: str | None =
     show what a kernel would get from it). A kernel hftrain knows no form for (a checkpoint's own code may name
     one) is refused where documents share blocks, and gets plain rows where they do not."""
     if form is None and kernel not in KERNEL_FORMS:
-        shared = bool(section.document_masking) or (section.instruction_data and section.packing)
-        if shared:
+        if section.packs_documents:
             raise HftrainError(
                 f"model.attn_implementation: the model computes attention with {kernel!r}, and hftrain knows no batch form "
                 f"that keeps packed documents apart on it; set model.attn_implementation to one of {', '.join(KERNEL_FORMS)}"

@@ -15,7 +15,7 @@ import numpy as np
 from hftrain.recipe.schema import Recipe
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.errors import HftrainError
-from hftrain.data.loader import first_documents, plan_data, text_or_examples, train_documents, validation_blocks
+from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
 from hftrain.data.prepare_pool import PrepareJob, run_units
 from hftrain.data.pretokenized import ShardWriter
 from hftrain.data.readers import DEFAULT_READERS, default_readers, default_window
@@ -113,6 +113,13 @@ def _shard_sizes(source: SourcePlan) -> list[int] | None:
     return source.sizes if source.source.path is not None and source.sizes else None
 
 
+def scratch_tokenizer(recipe: Recipe, plan: DataPlan) -> Any:
+    """The recipe's tokenizer, to look at its data: one it would train is trained here and nothing is kept."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
+    return tokenizer
+
+
 def as_text(document: Any) -> str:
     """A document's text; an instruction example's prompt and answer (or its messages) joined."""
     if isinstance(document, str):
@@ -130,8 +137,7 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
         m = plan.manifest
         lines.append(f"pre-tokenized: {plan.pretokenized.pretokenized}: {len(m['shards'])} shard(s), {m['blocks']:,} blocks x {m['seq_len']} = {m['tokens']:,} tokens")
         return "\n".join(lines)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
+    tokenizer = scratch_tokenizer(recipe, plan)
     total_bytes = 0
     for source in plan.train:
         where = source.source.path or source.source.dataset or source.source.builtin

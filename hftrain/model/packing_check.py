@@ -9,14 +9,13 @@ as a difference far above rounding: the check fails and names it.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from hftrain.data.loader import as_sample, collator_for, first_documents, plan_data, train_blocks
+from hftrain.data.loader import as_sample, collator_for, plan_data, train_blocks
+from hftrain.data.prepare import scratch_tokenizer
 from hftrain.data.packed_batch import KERNEL_FORMS
 from hftrain.data.stream import Worker
 from hftrain.recipe.schema import Recipe
@@ -65,10 +64,7 @@ def check_packing(recipe: Recipe, kernels: dict[str, str] | None = None, device:
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     plan = plan_data(section, recipe.training.seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        from hftrain.model.tokenizer import load_tokenizer
-
-        tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
+    tokenizer = scratch_tokenizer(recipe, plan)
     samples = first_micro_batch(recipe, plan, tokenizer)
     model = random_model(recipe, len(tokenizer)).to(device=device, dtype=dtype).eval()
     forms = kernels or {k: KERNEL_FORMS[k] for k in available_kernels(device)}

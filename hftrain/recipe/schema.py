@@ -240,7 +240,7 @@ class DataSection(Section):
         kinds = {s.format in ("prompt_completion", "chat") for s in self.train + ([self.validation] if self.validation else [])}
         if len(kinds) > 1:
             raise ValueError("train/validation: instruction data (prompt_completion, chat) cannot be mixed with plain text")
-        if self.document_masking is False and self.packing and True in kinds:
+        if self.document_masking is False and self.packing and self.instruction_data:
             raise ValueError("document_masking: false would let packed instruction examples attend to each other; remove "
                              "it (examples are always kept apart), or set data.packing: false to pad each example instead")
         return self
@@ -248,6 +248,11 @@ class DataSection(Section):
     @property
     def instruction_data(self) -> bool:
         return self.train[0].format in ("prompt_completion", "chat")
+
+    @property
+    def packs_documents(self) -> bool:
+        """Whether one block may hold several documents that must not see each other."""
+        return bool(self.document_masking) or (self.instruction_data and self.packing)
 
     @property
     def masks_documents(self) -> bool:

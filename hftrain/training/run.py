@@ -79,7 +79,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         check_compatible(data.manifest, data.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new, dims)
     collate = collator_for(recipe.data, model.config._attn_implementation, tokenizer.eos_token_id)
-    if args.process_index == 0 and recipe.data.masks_documents:
+    if args.process_index == 0 and recipe.data.packs_documents:
         print(f"hftrain: documents kept apart by {mask_note(collate.kernel, args.per_device_train_batch_size, recipe.data.seq_len)}", flush=True)
     if chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
