@@ -161,7 +161,8 @@ AGREE = """
 import json, os, sys
 from hftrain.parallel import dims
 value = dims.agree("probe", lambda: {"rank": int(os.environ["RANK"])}, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-print(json.dumps(value))
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as out:  # one file each: shared stdout interleaves
+    json.dump(value, out)
 """
 
 
@@ -170,10 +171,10 @@ def test_every_process_gets_rank_0s_decision(tmp_path):
     """Two DDP ranks deciding bf16 separately could disagree and train on, silently, in mixed precisions."""
     script = tmp_path / "agree.py"
     script.write_text(AGREE, encoding="utf-8")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    values = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    values = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert values == [{"rank": 0}, {"rank": 0}]
 
 
