@@ -3,26 +3,9 @@ and a measured matmul peak (hftrain.speed.hardware.measure_peak_flops). An unkno
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# (pattern on the device name, dense bf16 TFLOPS, which card). Order matters: the first match wins.
-SPEC_BF16_TFLOPS: list[tuple[str, float, str]] = [
-    (r"H200", 989.4, "H200"),
-    (r"H100.*NVL", 0.0, "H100 NVL (not in the table)"),
-    (r"H100.*PCIe", 756.0, "H100 PCIe"),
-    (r"H100", 989.4, "H100 SXM"),
-    (r"A100", 312.0, "A100"),
-    (r"\bL4\b", 121.0, "L4"),
-]
-
-
-def spec_bf16_tflops(device_name: str) -> tuple[float | None, str | None]:
-    """(dense bf16 TFLOPS, the card it matched) from the spec sheet, or (None, None) for an unknown GPU."""
-    for pattern, tflops, card in SPEC_BF16_TFLOPS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return (tflops or None, card if tflops else None)
-    return None, None
+from hftrain.speed.hardware import SPEC_BF16_TFLOPS, spec_bf16_tflops  # noqa: F401 (the table lives with the library: `hftrain plan` uses it)
 
 
 def gpu_peaks(seconds: float = 1.0) -> dict[str, Any]:

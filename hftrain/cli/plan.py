@@ -1,4 +1,6 @@
-"""`hftrain plan RECIPE [--gpus N]`: the model's size, FLOPs and memory (per method, per strategy); trains nothing."""
+"""`hftrain plan RECIPE [--gpus N --gpu-mem-gb M]`: the model's size and FLOPs, the predicted peak memory per
+process by component, a layout that fits (strategy, micro-batch, gradient checkpointing), and the run's time and
+cost. Computed on paper (the meta device); trains nothing."""
 
 from __future__ import annotations
 
@@ -7,20 +9,81 @@ from typing import Any
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("plan", help="print the model's size, FLOPs and memory; trains nothing")
+    p = subparsers.add_parser("plan", help="print the model's size, FLOPs, peak memory, a layout that fits, time and cost")
     p.add_argument("recipe")
-    p.add_argument("--gpus", type=int, help="also give per-GPU memory of each strategy on this many GPUs, and advice")
+    p.add_argument("--gpus", type=int, help="plan for this many GPUs (default: the machine at hand)")
     p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory of one GPU for --gpus (default 80)")
+    p.add_argument("--gpu-type", default="H100 SXM", help="for --gpus: the card whose data-sheet bf16 peak times the run "
+                   "(H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)")  # fmt: skip
+    p.add_argument("--mfu", type=float, help="model FLOPs utilization to assume (default: measured by the recipe's last run, "
+                   "else 0.35 on GPUs, 0.50 on CPUs)")  # fmt: skip
+    p.add_argument("--price-per-hour", type=float, help="price of one device-hour (default: monitor.price_per_hour)")
     return p
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain.speed.estimates import format_plan, format_strategies, plan
+    from hftrain.errors import HftrainError
     from hftrain.recipe.load import load_recipe
+    from hftrain.speed import fit as fitting
+    from hftrain.speed.estimates import format_fit, format_peak, format_plan, format_time, plan
 
+    for flag, value in (("--gpus", args.gpus), ("--gpu-mem-gb", args.gpu_mem_gb), ("--mfu", args.mfu), ("--price-per-hour", args.price_per_hour)):
+        if value is not None and value <= 0:
+            raise HftrainError(f"{flag} {value:g}: give a number above 0")
+    if args.mfu is not None and args.mfu > 1:
+        raise HftrainError(f"--mfu {args.mfu:g}: MFU is a fraction of the peak; give a number in (0, 1], e.g. 0.4")
     recipe = load_recipe(args.recipe, overrides)
     info = plan(recipe)
     print(format_plan(info, str(recipe.model.from_pretrained or recipe.model.preset)))
-    if args.gpus:
-        print(format_strategies(info, args.gpus, args.gpu_mem_gb))
+    machine = fitting.gpus(args.gpus, args.gpu_mem_gb) if args.gpus else fitting.this_machine()
+    configured = fitting.as_configured(recipe, info, machine)
+    print("\n".join(format_peak(configured, machine)))
+    chosen = fitting.choose(recipe, info, machine, configured.peak.parts.get("libraries"))
+    print("\n".join(format_fit(configured, chosen)))
+    peak_flops, peak_source = _peak_flops(args, machine, chosen)
+    mfu, mfu_source = _mfu(args, recipe, machine)
+    price = args.price_per_hour or recipe.monitor.price_per_hour
+    print("\n".join(format_time(info, chosen, machine, peak_flops, peak_source, mfu, mfu_source, price)))
     return 0
+
+
+def _peak_flops(args: argparse.Namespace, machine: Any, chosen: Any) -> tuple[float, str]:
+    """The device's peak: the data sheet's for --gpus, else measured here now (a half-second matmul burst)."""
+    from hftrain.errors import HftrainError
+    from hftrain.speed.hardware import SPEC_BF16_TFLOPS, spec_bf16_tflops
+
+    if args.gpus:
+        tflops, card = spec_bf16_tflops(args.gpu_type)
+        if not tflops:
+            known = ", ".join(c for _, t, c in SPEC_BF16_TFLOPS if t)
+            raise HftrainError(f"--gpu-type {args.gpu_type!r}: no data-sheet peak known; give one of {known}")
+        return tflops * 1e12, f"dense bf16 of an {card} (NVIDIA data sheet)"
+    import torch
+
+    from hftrain.speed.hardware import measure_peak_flops
+
+    dtype = torch.bfloat16 if chosen.shape.dtype == "bf16" else torch.float32
+    device = torch.device("cuda" if machine.device == "cuda" else "cpu")
+    return measure_peak_flops(device, dtype), f"{chosen.shape.dtype} matmul peak measured here now"
+
+
+def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, str]:
+    """--mfu, else the MFU the recipe's last run measured (its results.json), else the stated assumption."""
+    from hftrain.checkpoint.layout import RunLayout
+    from hftrain.checkpoint.files import read_json
+    from hftrain.errors import HftrainError
+    from hftrain.speed import fit as fitting
+
+    if args.mfu:
+        return args.mfu, "--mfu"
+    results = RunLayout(__import__("pathlib").Path(recipe.training.output_dir)).results
+    if not args.gpus and results.is_file():
+        try:
+            measured = read_json(results, "the run's results").get("mfu_median")
+        except HftrainError:
+            measured = None
+        if measured:
+            return float(measured), f"measured by the last run in {results}"
+    if machine.device == "cuda":
+        return fitting.GPU_MFU, "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change"
+    return fitting.CPU_MFU, "assumed for CPUs (hftrain measured 0.45-0.65, docs/performance.md); a run's results.json then gives this recipe's"

@@ -6,9 +6,11 @@ it is a CPU rehearsal: 2 gloo processes through torchrun, with the CPU-only adju
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -54,12 +56,30 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         from hftrain.checkpoint.elastic import check_before_launch
 
         check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
+        _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     if cpu or rehearsal.on_cpu():
         return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     if nproc:
         cmd += ["--num_processes", str(nproc)]
     return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])
+
+
+MEMORY_WARNED_ENV = "HFTRAIN_MEMORY_WARNED"  # set for the launched processes: the warning was printed once, here
+
+
+def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:
+    """An explicit micro-batch that will not fit is said once, before any process starts (fit.py)."""
+    if processes is None or recipe.parallelism.fit_memory or backend.value == "device_map":
+        return
+    from hftrain.model.build import measure_model
+    from hftrain.speed.estimates import plan
+    from hftrain.speed.fit import fit_this_run
+
+    _, note = fit_this_run(recipe, plan(recipe, measure_model(recipe)), processes, processes, backend.value, "cpu" if cpu else "cuda")
+    if note:
+        print(f"hftrain: {note}", flush=True)
+    os.environ[MEMORY_WARNED_ENV] = "1"
 
 
 # Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same

@@ -273,6 +273,12 @@ class ParallelismSection(Section):
     micro-batch (training.per_device_train_batch_size) and the process count; it must divide evenly."""
     max_memory: dict[str | int, str] | None = None
     """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
+    fit_memory: bool = False
+    """true: before the model is built, `train` takes the micro-batch and gradient checkpointing that `hftrain plan`
+    recommends for the memory at hand (each GPU's, or this machine's RAM shared by its processes) under the launched
+    strategy, keeping the global batch (accumulation derived), and prints the choice. Unlike TrainingArguments'
+    auto_find_batch_size, which halves the micro-batch after a CUDA out-of-memory error at run time and changes the
+    global batch with it, this is decided on paper before step 1 and keeps the global batch (and so the run's losses)."""
 
 
 # ------------------------------------------------------------------------------------------------ finetune

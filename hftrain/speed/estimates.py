@@ -10,17 +10,19 @@ from typing import Any
 import torch
 
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
-from hftrain.model.build import measure_model
+from hftrain.model.build import ModelShape, measure_model
 from hftrain.parallel.dims import global_batch_of
 from hftrain.recipe.schema import Recipe
+from hftrain.speed.fit import Fit, Machine, step_time
+from hftrain.speed.memory import CUDA_CONTEXT_BYTES
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 
 
-def plan(recipe: Recipe) -> dict[str, Any]:
-    shape = measure_model(recipe)
+def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
+    shape = shape or measure_model(recipe)
     model, config, counts, per_token = shape.meta, shape.config, shape.counts, shape.flops_per_token
     tokens_per_step = global_batch_of(recipe) * recipe.data.seq_len
     memory = {}
@@ -28,6 +30,10 @@ def plan(recipe: Recipe) -> dict[str, Any]:
         weights = counts["total"] * width
         memory[dtype] = {"weights": weights, "gradients": weights, "optimizer": counts["total"] * ADAMW_STATE_BYTES}
     return {
+        "config": config,
+        "matmul_params": shape.matmul_params,
+        "largest_layer_params": max(sum(p.numel() for p in layer.parameters()) for layer in _layers(model)),
+        "layer_params": sum(p.numel() for layer in _layers(model) for p in layer.parameters()),
         "shape": {
             "layers": config.num_hidden_layers,
             "hidden": config.hidden_size,
@@ -44,6 +50,12 @@ def plan(recipe: Recipe) -> dict[str, Any]:
         "finetune_method": recipe.finetune.method,
         "max_steps": _planned_steps(recipe),
     }
+
+
+def _layers(model: Any) -> list[Any]:
+    """The repeated blocks (GPTNeoXLayer): what FSDP wraps one unit each."""
+    blocks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(blocks[0]) if blocks else [model]
 
 
 def _planned_steps(recipe: Recipe) -> int | None:
@@ -116,7 +128,7 @@ def format_plan(info: dict[str, Any], name: str) -> str:
         f"training FLOPs per token: {info['train_flops_per_token']:.4g}  (6N + 12·L·d·T)",
         f"tokens per optimizer step per device: {info['tokens_per_step_per_device']:,} "
         f"-> {info['train_flops_per_step_per_device']:.4g} FLOPs",
-        "memory for training with AdamW (activations not included):",
+        "training state with AdamW (weights, gradients, optimizer; the peak below adds the rest):",
         f"  {'dtype':<6} {'weights':>12} {'gradients':>12} {'optimizer':>12} {'total':>12}",
     ]
     for dtype, m in info["memory_bytes"].items():
@@ -132,7 +144,7 @@ def format_plan(info: dict[str, Any], name: str) -> str:
 
 def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:
     lines = [
-        f"memory by fine-tuning method (AdamW; LoRA r={ft['lora_r']} on {', '.join(ft['targets'])}; activations not included):",
+        f"memory by fine-tuning method (AdamW; LoRA r={ft['lora_r']} on {', '.join(ft['targets'])}; the training state):",
         f"  {'method':<10} {'trainable':>13} {'weights':>12} {'gradients':>12} {'optimizer':>12} {'total':>12}",
     ]
     for method, m in ft["methods"].items():
@@ -149,41 +161,51 @@ def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:
     return lines
 
 
-TRAIN_BYTES_PER_PARAM = 16  # fp32 (or autocast) weights 4 + gradients 4 + AdamW moments 8
-HEADROOM = 1.25  # activations, buffers and fragmentation, as a rough factor
+def format_peak(fit: Fit, machine: Machine) -> list[str]:
+    """The predicted peak per process by component, for the layout in `fit`."""
+    s, peak = fit.shape, fit.peak
+    where = "CPU process" if s.device == "cpu" else "GPU"
+    lines = [f"peak memory per {where} ({s.strategy} on {machine.description}; {s.dtype}, micro-batch {s.micro_batch} x "
+             f"{s.seq_len} tokens, evaluation batch {s.eval_batch}, {s.attention}, gradient checkpointing "
+             f"{'on' if s.checkpointing else 'off'}):"]  # fmt: skip
+    for name, value in peak.parts.items():
+        lines.append(f"  {name:<28} {_gb(value):>10}{PART_NOTES.get(name, '')}")
+    other = "a training step" if peak.phase == "final evaluation" else "the final evaluation"
+    lines.append(f"predicted peak: {peak.total / 1e9:.2f} GB per process (at the {peak.phase}; {other}: {_gb(peak.other_phase_total)})")
+    if s.device == "cuda":
+        lines.append(f"  (as torch.cuda.max_memory_allocated counts it; the CUDA context adds about {_gb(CUDA_CONTEXT_BYTES)} per GPU)")
+    return lines
 
 
-def strategy_memory(info: dict[str, Any], gpus: int, gpu_mem_gb: float) -> tuple[list[tuple[str, float, str]], str]:
-    """Per-GPU training memory (GB) for each strategy on `gpus` devices, and a recommendation with its reason."""
-    n = info["parameters"]["total"]
-    full = n * TRAIN_BYTES_PER_PARAM / 1e9
-    rows = [
-        ("DDP", full, "every GPU holds everything"),
-        ("FSDP (full shard)", full / gpus, "weights, gradients and optimizer sharded"),
-        ("ZeRO-3", full / gpus, "partitioned like FSDP"),
-        ("ZeRO-3 + CPU offload", 2 * n / 1e9 / gpus, f"GPU keeps bf16 working weights; {full:,.0f} GB in host RAM"),
-        ("device_map (pipeline)", full / gpus, "layers split, one GPU busy at a time"),
-    ]
-    budget = gpu_mem_gb / HEADROOM
-    if full <= budget:
-        advice = f"DDP: the whole training state ({full:,.1f} GB) fits one {gpu_mem_gb:g} GB GPU; plain data parallel is simplest and fastest."
-    elif full / gpus <= budget:
-        advice = (f"FSDP (or ZeRO-3): {full:,.0f} GB of training state does not fit one GPU, but sharded over {gpus} GPUs it is "
-                  f"{full / gpus:,.1f} GB each, within {gpu_mem_gb:g} GB.")
-    elif 2 * n / 1e9 / gpus <= budget:
-        advice = (f"ZeRO-3 with CPU offload: even sharded the state needs {full / gpus:,.1f} GB per GPU; offloading it to host RAM "
-                  f"({full:,.0f} GB in total) fits, at a speed cost. More GPUs, or LoRA/QLoRA fine-tuning, avoid that.")
-    else:
-        needed = int(-(-full * HEADROOM // gpu_mem_gb))
-        advice = f"does not fit: full training needs about {needed} x {gpu_mem_gb:g} GB GPUs sharded (FSDP/ZeRO-3); or fine-tune with LoRA/QLoRA."
-    return rows, advice
+PART_NOTES = {
+    "libraries": "  torch, transformers, peft, datasets, ... as `hftrain train` imports them (measured here)",
+    "runtime": "  tokenizer, data pipeline, Trainer, thread pools",
+    "activations": "  saved for backward, every layer (one at a time under gradient checkpointing)",
+    "logits and loss": "  micro-batch x seq_len x vocab, with the loss's working set",
+    "kept freed blocks": "  the step's smaller freed tensors, kept by the allocator for reuse",
+    "evaluation logits and loss": "  evaluation batch x seq_len x vocab, with log-probabilities",
+}
 
 
-def format_strategies(info: dict[str, Any], gpus: int, gpu_mem_gb: float) -> str:
-    rows, advice = strategy_memory(info, gpus, gpu_mem_gb)
-    lines = [f"per-GPU training memory on {gpus} x {gpu_mem_gb:g} GB (AdamW, 16 bytes/parameter, activations not included):"]
-    for name, gb, note in rows:
-        fits = "fits" if gb * HEADROOM <= gpu_mem_gb else "too big"
-        lines.append(f"  {name:<22} {gb:>9,.1f} GB  {fits:<8} {note}")
-    lines.append(f"recommendation: {advice}")
-    return "\n".join(lines)
+def format_fit(configured: Fit, chosen: Fit) -> list[str]:
+    verdict = "fits" if configured.fits else "does NOT fit"
+    lines = [f"as configured ({configured.shape.strategy}, micro-batch {configured.shape.micro_batch}): {verdict} "
+             f"({configured.peak.total / 1e9:,.2f} GB of {configured.limit / 1e9:,.1f} GB usable per process)"]  # fmt: skip
+    lines.append(f"recommendation: {chosen.reason}")
+    lines.append("  (parallelism.fit_memory: true makes `hftrain train` take this micro-batch and gradient checkpointing)")
+    return lines
+
+
+def format_time(info: dict[str, Any], fit: Fit, machine: Machine, peak_flops: float, peak_source: str, mfu: float,
+                mfu_source: str, price_per_hour: float | None) -> list[str]:  # fmt: skip
+    """Step time, the run's hours and cost from the FLOPs, a stated MFU and the device's peak."""
+    seconds = step_time(info, fit, peak_flops, mfu)
+    lines = [f"time: {seconds:,.2f} s per optimizer step = FLOPs / ({peak_flops / 1e12:,.1f} TFLOP/s {peak_source} x MFU {mfu:.2f}, {mfu_source})"]
+    steps = info["max_steps"]
+    if steps:
+        hours = steps * seconds / 3600
+        lines.append(f"run: {steps:,} steps = {hours:,.1f} hours on {machine.description}")
+        if price_per_hour:
+            devices = machine.processes if machine.device == "cuda" else 1
+            lines.append(f"cost: {hours * devices:,.1f} device-hours x ${price_per_hour:,.2f} = ${hours * devices * price_per_hour:,.0f}")
+    return lines

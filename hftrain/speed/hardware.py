@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -23,3 +24,23 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float 
             torch.cuda.synchronize()
         best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
     return best
+
+
+# (pattern on the device name, dense bf16 TFLOPS, which card), from NVIDIA's data sheets (dense, no sparsity).
+# Order matters: the first match wins.
+SPEC_BF16_TFLOPS: list[tuple[str, float, str]] = [
+    (r"H200", 989.4, "H200"),
+    (r"H100.*NVL", 0.0, "H100 NVL (not in the table)"),
+    (r"H100.*PCIe", 756.0, "H100 PCIe"),
+    (r"H100", 989.4, "H100 SXM"),
+    (r"A100", 312.0, "A100"),
+    (r"\bL4\b", 121.0, "L4"),
+]
+
+
+def spec_bf16_tflops(device_name: str) -> tuple[float | None, str | None]:
+    """(dense bf16 TFLOPS, the card it matched) from the spec sheet, or (None, None) for an unknown GPU."""
+    for pattern, tflops, card in SPEC_BF16_TFLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return (tflops or None, card if tflops else None)
+    return None, None

@@ -10,6 +10,7 @@ Python API. It resumes an interrupted run in the same output_dir on its own.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -52,6 +53,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     _compat.quiet_optional_warnings()
     _compat.skip_unneeded_imports()
     shape = measure_model(recipe)
+    recipe, memory_note = fit_memory(recipe, shape)
     layout = RunLayout(Path(recipe.training.output_dir))
     checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
     data = plan_data(recipe.data, recipe.training.seed)
@@ -71,6 +73,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         elastic.check_backend(resume, dims.strategy, dims.processes)
     if args.process_index == 0:
         print(f"hftrain: {settings.length.note}", flush=True)
+        if memory_note:
+            print(f"hftrain: {memory_note}", flush=True)
         if settings.speed.reasons:
             print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
         if resume is not None:
@@ -97,6 +101,25 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     with trackers.one_run(args):
         fit(trainer, resume)
         return finish(trainer, recipe, known, pusher)
+
+
+def fit_memory(recipe: Recipe, shape: ModelShape) -> tuple[Recipe, str | None]:
+    """parallelism.fit_memory's micro-batch and checkpointing, or a warning when the recipe's will not fit (fit.py)."""
+    strategy = parallel.resolve_strategy(recipe)
+    if strategy is Strategy.DEVICE_MAP:
+        return recipe, None
+    from hftrain.parallel import rehearsal
+    from hftrain.parallel.launch import MEMORY_WARNED_ENV
+    from hftrain.speed.estimates import plan
+    from hftrain.speed.fit import fit_this_run
+
+    processes = parallel.world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
+    name = "single" if strategy is Strategy.SINGLE else strategy.value
+    fitted, note = fit_this_run(recipe, plan(recipe, shape), processes, local, name, "cpu" if rehearsal.on_cpu() else "cuda")
+    if note and not recipe.parallelism.fit_memory and os.environ.get(MEMORY_WARNED_ENV):
+        note = None  # `hftrain train --accelerate-config` said it once before starting the processes
+    return fitted, note
 
 
 def build_trainer(

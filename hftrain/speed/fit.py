@@ -1,0 +1,172 @@
+"""How a recipe fits the memory at hand, and what its run takes in time and money: `hftrain plan`'s advice,
+and `parallelism.fit_memory: true` in `hftrain train`.
+
+The fit keeps the recipe's global batch (micro-batch x accumulation x processes) and searches, fastest first:
+strategy (DDP before FSDP before ZeRO-3; CPU offload last), gradient checkpointing off before on (it recomputes
+the forward: about a third more compute), then the largest micro-batch that divides each process's share of the
+global batch; the evaluation batch is capped at the micro-batch (its logits are often the larger peak). A choice fits when its predicted peak (memory.py) leaves MARGIN of the device's memory free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hftrain.recipe.schema import Recipe
+from hftrain.speed.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
+
+MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and what the prediction leaves out
+GPU_MFU = 0.35  # assumed when nothing was measured: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3)
+CPU_MFU = 0.50  # assumed on a CPU before a run of the recipe measured it (hftrain's CPU runs: 0.45-0.65, docs/performance.md)
+GPU_STRATEGIES = ("ddp", "fsdp", "zero3", "zero3_offload")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the recipe would run: data-parallel processes of one device kind, and the memory of each."""
+
+    device: str  # cpu | cuda
+    processes: int
+    memory_per_process: float  # bytes
+    description: str
+
+
+@dataclass
+class Fit:
+    shape: RunShape
+    accumulation: int
+    peak: PeakPrediction
+    limit: float  # bytes a process may use: its memory less the margin
+    reason: str
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.limit
+
+
+def gpus(count: int, memory_gb: float) -> Machine:
+    return Machine("cuda", count, memory_gb * GB, f"{count} x {memory_gb:g} GB GPU{'s' if count > 1 else ''}")
+
+
+def this_machine(processes: int = 1) -> Machine:
+    """The machine at hand: its GPUs when torch sees any, else its RAM shared by `processes` CPU processes."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        count = torch.cuda.device_count()
+        return Machine("cuda", count, float(props.total_memory), f"{count} x {props.name} ({props.total_memory / GB:.0f} GB)")
+    import psutil
+
+    total = float(psutil.virtual_memory().total)
+    what = f"this CPU machine ({total / GB:.0f} GB RAM" + (f", shared by {processes} processes)" if processes > 1 else ")")
+    return Machine("cpu", processes, total / processes, what)
+
+
+def global_batch(recipe: Recipe, processes: int) -> int:
+    t = recipe.training
+    return recipe.parallelism.global_batch_size or t.per_device_train_batch_size * t.gradient_accumulation_steps * processes
+
+
+def as_configured(recipe: Recipe, info: dict[str, Any], machine: Machine, strategy: str | None = None,
+                  libraries: float | None = None) -> Fit:  # fmt: skip
+    """The recipe's own micro-batch and checkpointing on `machine`."""
+    shape = run_shape(recipe, machine.device, machine.processes, strategy)
+    share = global_batch(recipe, machine.processes) // machine.processes
+    peak = predict_peak(recipe, info, shape, libraries)
+    return Fit(shape, max(share // shape.micro_batch, 1), peak, machine.memory_per_process * (1 - MARGIN), "as the recipe says")
+
+
+def choose(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: float | None = None,
+           strategy: str | None = None) -> Fit:  # fmt: skip
+    """The fastest layout that fits with MARGIN to spare (under `strategy` only, when given: a launched run's);
+    if none does, the smallest one, with the reason."""
+    share, rest = divmod(global_batch(recipe, machine.processes), machine.processes)
+    share = max(share, 1)
+    micro = [m for m in range(share, 0, -1) if share % m == 0]
+    strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp")
+    strategies = (strategy,) if strategy else strategies
+    order = [(s, False) for s in strategies if s != "zero3_offload"] + [(s, True) for s in strategies if s != "zero3_offload"]
+    order += [(s, c) for s in strategies if s == "zero3_offload" for c in (False, True)]
+    limit = machine.memory_per_process * (1 - MARGIN)
+    tried: list[Fit] = []
+    for strategy, checkpointing in order:
+        bigger: Fit | None = None
+        for m in micro:
+            shape = run_shape(recipe, machine.device, machine.processes, strategy, micro_batch=m, checkpointing=checkpointing,
+                              eval_batch=min(m, recipe.training.per_device_eval_batch_size))  # fmt: skip
+            fit = Fit(shape, share // m, predict_peak(recipe, info, shape, libraries), limit, "")
+            if fit.fits:
+                fit.reason = _reason(fit, machine, bigger, tried, rest)
+                return fit
+            bigger = fit
+            tried.append(fit)
+    smallest = min(tried, key=lambda f: f.peak.total)
+    smallest.reason = (f"nothing fits: the smallest layout ({_describe(smallest)}) needs {smallest.peak.total / GB:,.1f} GB per "
+                       f"process, over {limit / GB:,.1f} GB; more devices, LoRA/QLoRA or a shorter data.seq_len would")  # fmt: skip
+    return smallest
+
+
+def _describe(fit: Fit) -> str:
+    s = fit.shape
+    return (f"{s.strategy}, micro-batch {s.micro_batch} x accumulation {fit.accumulation}, gradient checkpointing "
+            f"{'on' if s.checkpointing else 'off'}, evaluation batch {s.eval_batch}")  # fmt: skip
+
+
+def _reason(fit: Fit, machine: Machine, bigger: Fit | None, tried: list[Fit], rest: int) -> str:
+    why = [f"{_describe(fit)}: predicted peak {fit.peak.total / GB:,.2f} GB per process, within {fit.limit / GB:,.1f} GB "
+           f"({machine.memory_per_process / GB:,.1f} GB less a {MARGIN:.0%} margin)"]  # fmt: skip
+    if bigger is not None:
+        why.append(f"micro-batch {bigger.shape.micro_batch} would need {bigger.peak.total / GB:,.2f} GB")
+    faster = [f for f in tried if f.shape.strategy != fit.shape.strategy or f.shape.checkpointing != fit.shape.checkpointing]
+    if faster:
+        best = min(faster, key=lambda f: f.peak.total)
+        why.append(f"no faster layout fits ({_describe(best)} needs {best.peak.total / GB:,.2f} GB)")
+    if rest:
+        why.append(f"the global batch does not divide over {machine.processes} processes: {rest} sequences are dropped per step")
+    return "; ".join(why)
+
+
+def step_time(info: dict[str, Any], fit: Fit, peak_flops: float, mfu: float) -> float:
+    """Seconds per optimizer step: the FLOPs of each process's share of the global batch at `mfu` of `peak_flops`
+    (gradient checkpointing recomputes the forward: 8/6 of the work)."""
+    tokens = fit.shape.micro_batch * fit.accumulation * fit.shape.seq_len
+    work = info["train_flops_per_token"] * tokens * (8 / 6 if fit.shape.checkpointing else 1.0)
+    return work / (peak_flops * mfu)
+
+
+def fit_this_run(recipe: Recipe, info: dict[str, Any], processes: int, local_processes: int, strategy: str,
+                 device: str) -> tuple[Recipe, str | None]:  # fmt: skip
+    """What `train` runs: with parallelism.fit_memory, the recipe with plan's micro-batch and gradient checkpointing
+    (global batch kept) and the line that says so; otherwise the recipe as it is, and a warning when its micro-batch
+    will not fit. `strategy`: the launched one (single, ddp, fsdp, zero3)."""
+    if device == "cuda":
+        import torch
+
+        mem = float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        machine = Machine("cuda", processes, mem, f"{torch.cuda.get_device_name()} ({mem / GB:.0f} GB)")
+    else:
+        here = this_machine(local_processes)
+        machine = Machine("cpu", processes, here.memory_per_process, here.description)
+    libraries = library_footprint() if device == "cpu" else None
+    configured = as_configured(recipe, info, machine, strategy, libraries)
+    if not recipe.parallelism.fit_memory:
+        if configured.fits:
+            return recipe, None
+        chosen = choose(recipe, info, machine, libraries, strategy)
+        advice = f"parallelism.fit_memory: true would take {_describe(chosen)}" if chosen.fits else chosen.reason
+        return recipe, (
+            f"warning: training.per_device_train_batch_size={configured.shape.micro_batch} with gradient checkpointing "
+            f"{'on' if configured.shape.checkpointing else 'off'} needs about {configured.peak.total / GB:,.2f} GB per process "
+            f"(predicted peak, at the {configured.peak.phase}), more than the {configured.limit / GB:,.1f} GB usable on "
+            f"{machine.description}; `hftrain plan` shows where it goes. {advice}."
+        )  # fmt: skip
+    chosen = choose(recipe, info, machine, libraries, strategy)
+    if not chosen.fits:
+        return recipe, f"warning: parallelism.fit_memory: {chosen.reason}; training as the recipe says"
+    training = recipe.training.model_copy(update={"per_device_train_batch_size": chosen.shape.micro_batch,
+                                                  "per_device_eval_batch_size": min(chosen.shape.micro_batch, recipe.training.per_device_eval_batch_size),
+                                                  "gradient_accumulation_steps": chosen.accumulation,
+                                                  "gradient_checkpointing": chosen.shape.checkpointing})  # fmt: skip
+    batch = recipe.parallelism.model_copy(update={"global_batch_size": global_batch(recipe, processes)})
+    return recipe.model_copy(update={"training": training, "parallelism": batch}), f"memory fit (parallelism.fit_memory): {chosen.reason}"

@@ -1,0 +1,205 @@
+"""Peak memory per process, predicted on paper: what `hftrain plan` prints before anyone rents a GPU.
+
+A run's peak is the larger of two moments (measured per phase on CPUs, VmHWM reset at each Trainer event):
+- a training step, just before backward frees the activations: weights, gradients, optimizer state, the
+  activations saved for backward, and the logits with the loss's working set;
+- the final evaluation: weights and optimizer state, plus what the allocator kept of the step's smaller freed
+  blocks, and the evaluation batch's logits with the loss's working set (transformers' cross-entropy:
+  log-probabilities as large as the logits). With a 50k vocabulary this is often the larger one.
+On a CPU the whole process counts (RSS): the libraries' own footprint (measured here once, cached per library
+versions) and hftrain's runtime (tokenizer, data pipeline, Trainer) come on top. On a GPU the figures are what
+torch's allocator hands out (`torch.cuda.max_memory_allocated`); the CUDA context is listed apart.
+`benchmarks/plan_calibration.py` compares this with measured peaks on a grid of real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hftrain.recipe.schema import Recipe
+
+GB = 1e9
+CPU_RUNTIME_BYTES = 150e6  # tokenizer, data pipeline, Trainer, thread pools: calibrated (plan_calibration.py)
+KEPT_AFTER_TRAINING = 1.25  # CPU: x the gradients' bytes, what glibc keeps of the steps' freed blocks (calibrated)
+ADAPTER_ACTIVATIONS = 1.65  # CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
+CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context and kernels, outside the allocator (not in max_memory_allocated)
+LOGIT_BYTES = {  # working set per logit: (training step, evaluation)
+    ("cpu-chunked", "fp32"): (8, 8),  # logits + the chunked loss's gradient (fused_loss.py); eval: + log-probs
+    ("cpu-chunked", "bf16"): (6, 10),
+    ("native", "fp32"): (12, 8),  # logits, log-probs, their gradient
+    ("native", "bf16"): (14, 10),  # bf16 logits, fp32 copy, log-probs, gradient, its bf16 cast
+}
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How the recipe would run: what the peak depends on besides the model."""
+
+    device: str = "cpu"  # cpu | cuda
+    processes: int = 1
+    strategy: str = "single"  # single | ddp | fsdp | zero3 | zero3_offload
+    micro_batch: int = 1
+    eval_batch: int = 8
+    seq_len: int = 128
+    checkpointing: bool = False
+    dtype: str = "fp32"  # fp32 | bf16 (autocast; fp16 counts as bf16)
+    attention: str = "sdpa"
+    chunked_loss: bool = True  # CPU eager training uses hftrain's chunked loss
+    document_mask: bool = False  # packed documents kept apart (data.masks_documents)
+
+
+@dataclass
+class PeakPrediction:
+    """Bytes per process by component at the peak moment, and the other moment's total for comparison."""
+
+    parts: dict[str, float]
+    phase: str  # "training step" | "final evaluation"
+    other_phase_total: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def run_shape(recipe: Recipe, device: str = "cpu", processes: int = 1, strategy: str | None = None,
+              micro_batch: int | None = None, checkpointing: bool | None = None, eval_batch: int | None = None) -> RunShape:  # fmt: skip
+    """The recipe as it would run on `processes` processes of `device`."""
+    t = recipe.training
+    bf16 = bool(t.bf16 or t.fp16) or (device == "cuda" and t.bf16 is not False)
+    return RunShape(
+        device=device, processes=processes,
+        strategy=strategy or ("single" if processes == 1 else recipe.parallelism.strategy if recipe.parallelism.strategy not in ("auto", "single") else "ddp"),
+        micro_batch=micro_batch or t.per_device_train_batch_size,
+        eval_batch=min(eval_batch or t.per_device_eval_batch_size, recipe.data.eval_blocks), document_mask=recipe.data.masks_documents,
+        seq_len=recipe.data.seq_len,
+        checkpointing=t.gradient_checkpointing if checkpointing is None else checkpointing,
+        dtype="bf16" if bf16 else "fp32", attention=recipe.model.attn_implementation or "sdpa",
+        chunked_loss=device == "cpu" and not t.torch_compile,
+    )  # fmt: skip
+
+
+def layer_activations(config: Any, tokens: int, shape: RunShape) -> list[float]:
+    """Bytes of each tensor one GPTNeoXLayer saves for backward (its input, norms, projections, attention, MLP)."""
+    d, f, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    low = 2 if shape.dtype == "bf16" else 4  # what autocast saves for matmuls
+    saved = [4 * d, low * d, low * 3 * d, 4 * 2 * d, low * d, low * d, low * d, low * f, low * f, 6 * d]
+    # residual input (fp32), attention norm out, qkv, rotated q and k (fp32 cos/sin), attention out, its
+    # reshape for the output projection, MLP norm out, MLP up projection, GELU, and the rest (norm statistics,
+    # rotary halves): 78 bytes x hidden per token in fp32, as torch's saved-tensor hooks count it
+    if shape.attention == "eager":
+        saved.append(low * heads * shape.seq_len)  # softmax probabilities: heads x seq_len per token
+    elif shape.document_mask and not shape.attention.startswith("flash"):
+        saved.append(4 * shape.seq_len)  # the block-causal mask each layer keeps (seq_len per token)
+    return [tokens * b for b in saved]
+
+
+def activations(config: Any, shape: RunShape) -> float:
+    """Bytes saved for backward over a micro-batch: every layer's, or under gradient checkpointing each layer's
+    input and one layer recomputed at a time; plus the final norm's input and output."""
+    tokens = shape.micro_batch * shape.seq_len
+    layer = sum(layer_activations(config, tokens, shape))
+    head = 2 * 4 * tokens * config.hidden_size
+    if shape.checkpointing:
+        return config.num_hidden_layers * 4 * tokens * config.hidden_size + layer + head
+    return config.num_hidden_layers * layer + head
+
+
+def state_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
+    """Weights, gradients and AdamW state per process for the recipe's fine-tuning method and the strategy."""
+    m = info["finetune_bytes"]["methods"][recipe.finetune.method]
+    weights, grads, optim = float(m["weights"]), float(m["gradients"]), float(m["optimizer"])
+    if shape.strategy in ("fsdp", "zero3", "zero3_offload"):
+        p = shape.processes
+        if shape.device == "cpu":
+            # a CPU rehearsal builds the whole model in every process before sharding it, and unshards each
+            # unit's gradients before reducing them: glibc keeps those freed blocks, so only AdamW shrinks
+            return {"weights": weights + weights / p, "gradients": grads, "optimizer": optim / p}
+        unit = 4 * info["largest_layer_params"]  # one layer gathered at a time, the next prefetched
+        root = 4 * (info["parameters"]["total"] - info["layer_params"])  # embeddings and head: gathered all step
+        weights, grads, optim = weights / p + 2 * unit + root, grads / p + 2 * unit + root, optim / p
+        if shape.strategy == "zero3_offload":
+            weights, grads, optim = 2 * unit + root, 2 * unit + root, 0.0  # the sharded state lives in host memory
+    return {"weights": weights, "gradients": grads, "optimizer": optim}
+
+
+def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = None,
+                 libraries: float | None = None) -> PeakPrediction:  # fmt: skip
+    """Peak bytes per process of `recipe` run as `shape` (default: one CPU process as the recipe says); `info`
+    is `estimates.plan(recipe)`."""
+    shape = shape or run_shape(recipe)
+    config = info["config"]
+    state = state_bytes(recipe, info, shape)
+    act = activations(config, shape)
+    if recipe.finetune.method != "full" and shape.device == "cpu":
+        act *= ADAPTER_ACTIVATIONS
+    train_logit, eval_logit = LOGIT_BYTES[("cpu-chunked" if shape.chunked_loss else "native", shape.dtype)]
+    vocab = config.vocab_size
+    train_logits = train_logit * shape.micro_batch * shape.seq_len * vocab
+    eval_logits = eval_logit * shape.eval_batch * shape.seq_len * vocab
+    if shape.device == "cpu":
+        fixed = {"libraries": libraries if libraries is not None else library_footprint(), "runtime": CPU_RUNTIME_BYTES}
+        kept = KEPT_AFTER_TRAINING * state["gradients"]
+    else:
+        fixed, kept = {}, 0.0
+    autocast_cache = 2 * info["matmul_params"] if shape.dtype == "bf16" and recipe.finetune.method in ("full", "lora") else 0.0
+    # backward frees the activations as it fills the gradients: the step peaks at the larger of the two
+    step = {"activations": act + autocast_cache, "logits and loss": train_logits}
+    if state["gradients"] > sum(step.values()):
+        step = {"gradients": state["gradients"]}
+    train = {**fixed, "weights": state["weights"], "optimizer": state["optimizer"], **step}
+    evaluation = {**fixed, "weights": state["weights"], "optimizer": state["optimizer"], "kept freed blocks": kept,
+                  "evaluation logits and loss": eval_logits}  # fmt: skip
+    t_total, e_total = sum(train.values()), sum(evaluation.values())
+    if t_total >= e_total:
+        return PeakPrediction(train, "training step", e_total)
+    return PeakPrediction(evaluation, "final evaluation", t_total)
+
+
+def import_training_libraries() -> None:
+    """Import what `hftrain train` imports before it builds a model: their footprint is the libraries' part."""
+    import hftrain.cli  # noqa: F401
+    import hftrain.training.run  # noqa: F401
+
+
+def library_footprint() -> float:
+    """RSS of a process that imported the training libraries (bytes), measured once per library versions and
+    cached with the speed probe's measurements (HFTRAIN_CACHE_DIR)."""
+    from importlib import metadata
+
+    from hftrain.speed.probe import cache_file
+
+    versions = ",".join(f"{p}={_version(metadata, p)}" for p in ("torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "deepspeed"))
+    path = cache_file().with_name("library_footprint.json")
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("versions") == versions:
+            return float(cached["bytes"])
+    except (OSError, ValueError, KeyError):
+        pass
+    import_training_libraries()
+    measured = _current_rss()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"versions": versions, "bytes": measured}))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return measured
+
+
+def _version(metadata: Any, name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def _current_rss() -> float:
+    import psutil
+
+    return float(psutil.Process().memory_info().rss)
