@@ -190,11 +190,35 @@ def print_table(rows: list[dict[str, Any]], libs_measured: int) -> None:
     print(f"worst relative error: {worst:.1%} over {len(rows)} configurations")
 
 
+def replay(path: Path) -> None:
+    """The stored measurements against the current prediction (the same recipes, the stored libraries figure)."""
+    from hftrain.recipe.load import load_recipe
+    from hftrain.speed.estimates import plan
+    from hftrain.speed.memory import predict_peak, run_shape
+
+    stored = json.loads(path.read_text())
+    by_name = {c.name: c for c in GRID}
+    with tempfile.TemporaryDirectory(prefix="hftrain-plancal-") as tmp:
+        bases = Path(tmp) / "bases"
+        build_bases(bases, {by_name[r["name"]].size for r in stored["rows"] if by_name[r["name"]].method != "pretrain"})
+        for r in stored["rows"]:
+            config = by_name[r["name"]]
+            recipe = load_recipe(None, recipe_for(config, bases, Path(tmp) / config.name))
+            shape = run_shape(recipe, processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+            predicted = predict_peak(recipe, plan(recipe), shape, r["libraries"])
+            r.update(predicted=predicted.total, parts=predicted.parts, phase=predicted.phase)
+    print_table(stored["rows"], stored["libraries"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--replay", type=Path, help="predict again for the measurements stored by --json (after a change "
+                        "of the model in hftrain/speed/memory.py); runs nothing")  # fmt: skip
     args = parser.parse_args()
+    if args.replay:
+        return replay(args.replay)
     grid = [c for c in GRID if not args.only or c.name in args.only.split(",")]
     env = {**os.environ, "HFTRAIN_CACHE_DIR": os.environ.get("HFTRAIN_CACHE_DIR", str(Path.home() / ".cache/hftrain"))}
     with tempfile.TemporaryDirectory(prefix="hftrain-plancal-") as tmp:

@@ -91,10 +91,11 @@ def _command_lines() -> list[str]:
 
 # Run as written, from the repository root (they write nothing).
 FAST = [
-    "hftrain plan recipes/pretrain/pythia-1b.yaml",
+    "hftrain plan recipes/pretrain/pythia-1b.yaml --gpus 8 --gpu-mem-gb 80 --price-per-hour 2.5",
     "hftrain train --help",
     "hftrain plan recipes/pretrain/pythia-1b.yaml --gpus 8 --gpu-mem-gb 80",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind slurm --nodes 2 --gpus-per-node 8",
+    "hftrain plan recipes/quickstart.yaml",
 ]
 # Run in order in one scratch directory (recipes/ linked in, runs/ written there), each with SHORT appended: the
 # README's runs, a few steps long. Checkpoint numbers in the README (200, 600) become the short runs' last step.

@@ -5,6 +5,7 @@ cost. Computed on paper (the meta device); trains nothing."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.errors import HftrainError
     from hftrain.recipe.load import load_recipe
     from hftrain.speed import fit as fitting
-    from hftrain.speed.estimates import format_fit, format_peak, format_plan, format_time, plan
+    from hftrain.speed.estimates import format_fit, format_peak, format_peak_table, format_plan, format_time, plan
 
     for flag, value in (("--gpus", args.gpus), ("--gpu-mem-gb", args.gpu_mem_gb), ("--mfu", args.mfu), ("--price-per-hour", args.price_per_hour)):
         if value is not None and value <= 0:
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     machine = fitting.gpus(args.gpus, args.gpu_mem_gb) if args.gpus else fitting.this_machine()
     configured = fitting.as_configured(recipe, info, machine)
     print("\n".join(format_peak(configured, machine)))
+    print("\n".join(format_peak_table(recipe, info, machine, configured.peak.parts.get("libraries"))))
     chosen = fitting.choose(recipe, info, machine, configured.peak.parts.get("libraries"))
     print("\n".join(format_fit(configured, chosen)))
     peak_flops, peak_source = _peak_flops(args, machine, chosen)
@@ -76,7 +78,7 @@ def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, st
 
     if args.mfu:
         return args.mfu, "--mfu"
-    results = RunLayout(__import__("pathlib").Path(recipe.training.output_dir)).results
+    results = RunLayout(Path(recipe.training.output_dir)).results
     if not args.gpus and results.is_file():
         try:
             measured = read_json(results, "the run's results").get("mfu_median")
@@ -86,4 +88,4 @@ def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, st
             return float(measured), f"measured by the last run in {results}"
     if machine.device == "cuda":
         return fitting.GPU_MFU, "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change"
-    return fitting.CPU_MFU, "assumed for CPUs (hftrain measured 0.45-0.65, docs/performance.md); a run's results.json then gives this recipe's"
+    return fitting.CPU_MFU, "assumed for CPUs (pythia-160m steps measured 0.39-0.65, docs/planning.md); a run's results.json then gives this recipe's"

@@ -65,16 +65,13 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])
 
 
-MEMORY_WARNED_ENV = "HFTRAIN_MEMORY_WARNED"  # set for the launched processes: the warning was printed once, here
-
-
 def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:
     """An explicit micro-batch that will not fit is said once, before any process starts (fit.py)."""
     if processes is None or recipe.parallelism.fit_memory or backend.value == "device_map":
         return
     from hftrain.model.build import measure_model
     from hftrain.speed.estimates import plan
-    from hftrain.speed.fit import fit_this_run
+    from hftrain.speed.fit import MEMORY_WARNED_ENV, fit_this_run
 
     _, note = fit_this_run(recipe, plan(recipe, measure_model(recipe)), processes, processes, backend.value, "cpu" if cpu else "cuda")
     if note:

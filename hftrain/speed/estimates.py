@@ -13,7 +13,7 @@ from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.model.build import ModelShape, measure_model
 from hftrain.parallel.dims import global_batch_of
 from hftrain.recipe.schema import Recipe
-from hftrain.speed.fit import Fit, Machine, step_time
+from hftrain.speed.fit import MARGIN, Fit, Machine, step_time
 from hftrain.speed.memory import CUDA_CONTEXT_BYTES
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -185,6 +185,26 @@ PART_NOTES = {
     "kept freed blocks": "  the step's smaller freed tensors, kept by the allocator for reuse",
     "evaluation logits and loss": "  evaluation batch x seq_len x vocab, with log-probabilities",
 }
+
+
+def format_peak_table(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: float | None) -> list[str]:
+    """Predicted peak per process for each strategy and fine-tuning method, at the recipe's micro-batch."""
+    from hftrain.speed.fit import GPU_STRATEGIES
+    from hftrain.speed.memory import predict_peak, run_shape
+
+    methods = ("full", "lora", "qlora")
+    strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")
+    usable = machine.memory_per_process * (1 - MARGIN)
+    lines = [f"predicted peak per process by strategy and method (micro-batch {recipe.training.per_device_train_batch_size}; "
+             f"* = over the {usable / 1e9:,.1f} GB usable):", "  " + f"{'strategy':<16}" + "".join(f"{m:>12}" for m in methods)]  # fmt: skip
+    for strategy in strategies:
+        cells = []
+        for method in methods:
+            variant = recipe.model_copy(update={"finetune": recipe.finetune.model_copy(update={"method": method})})
+            total = predict_peak(variant, info, run_shape(variant, machine.device, machine.processes, strategy), libraries).total
+            cells.append(f"{total / 1e9:>10,.2f}{'*' if total > usable else ' '}")
+        lines.append("  " + f"{strategy:<16}" + "".join(f"{c:>12}" for c in cells))
+    return lines
 
 
 def format_fit(configured: Fit, chosen: Fit) -> list[str]:

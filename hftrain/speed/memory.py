@@ -25,6 +25,7 @@ GB = 1e9
 CPU_RUNTIME_BYTES = 150e6  # tokenizer, data pipeline, Trainer, thread pools: calibrated (plan_calibration.py)
 KEPT_AFTER_TRAINING = 1.25  # CPU: x the gradients' bytes, what glibc keeps of the steps' freed blocks (calibrated)
 ADAPTER_ACTIVATIONS = 1.65  # CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
+ADAPTER_BASE_COPY = 0.5  # CPU: and hold about half the fp32 base's bytes more during a step (peft's wrapped forward; calibrated)
 CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context and kernels, outside the allocator (not in max_memory_allocated)
 LOGIT_BYTES = {  # working set per logit: (training step, evaluation)
     ("cpu-chunked", "fp32"): (8, 8),  # logits + the chunked loss's gradient (fused_loss.py); eval: + log-probs
@@ -135,7 +136,7 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     state = state_bytes(recipe, info, shape)
     act = activations(config, shape)
     if recipe.finetune.method != "full" and shape.device == "cpu":
-        act *= ADAPTER_ACTIVATIONS
+        act = act * ADAPTER_ACTIVATIONS + ADAPTER_BASE_COPY * 4 * info["parameters"]["total"]
     train_logit, eval_logit = LOGIT_BYTES[("cpu-chunked" if shape.chunked_loss else "native", shape.dtype)]
     vocab = config.vocab_size
     train_logits = train_logit * shape.micro_batch * shape.seq_len * vocab
@@ -145,7 +146,10 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         kept = KEPT_AFTER_TRAINING * state["gradients"]
     else:
         fixed, kept = {}, 0.0
-    autocast_cache = 2 * info["matmul_params"] if shape.dtype == "bf16" and recipe.finetune.method in ("full", "lora") else 0.0
+    autocast_cache = 0.0  # autocast keeps a bf16 copy of each fp32 weight it casts until backward is done
+    if shape.dtype == "bf16" and recipe.finetune.method in ("full", "lora"):
+        held = state["weights"] / float(info["finetune_bytes"]["methods"][recipe.finetune.method]["weights"])
+        autocast_cache = 2 * info["matmul_params"] * min(held, 1.0)  # sharded: only the gathered layers
     # backward frees the activations as it fills the gradients: the step peaks at the larger of the two
     step = {"activations": act + autocast_cache, "logits and loss": train_logits}
     if state["gradients"] > sum(step.values()):
@@ -160,9 +164,13 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
 
 
 def import_training_libraries() -> None:
-    """Import what `hftrain train` imports before it builds a model: their footprint is the libraries' part."""
-    import hftrain.cli  # noqa: F401
-    import hftrain.training.run  # noqa: F401
+    """Import the libraries `hftrain train` imports before it builds a model: their footprint is the libraries' part
+    (by name: hftrain's own modules are small, and importing the training package from here would be a cycle)."""
+    import accelerate  # noqa: F401
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import transformers.trainer  # noqa: F401
 
 
 def library_footprint() -> float:

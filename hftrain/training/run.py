@@ -109,9 +109,8 @@ def fit_memory(recipe: Recipe, shape: ModelShape) -> tuple[Recipe, str | None]:
     if strategy is Strategy.DEVICE_MAP:
         return recipe, None
     from hftrain.parallel import rehearsal
-    from hftrain.parallel.launch import MEMORY_WARNED_ENV
     from hftrain.speed.estimates import plan
-    from hftrain.speed.fit import fit_this_run
+    from hftrain.speed.fit import MEMORY_WARNED_ENV, fit_this_run
 
     processes = parallel.world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))

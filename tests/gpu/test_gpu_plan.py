@@ -1,0 +1,44 @@
+"""GPU tier: `hftrain plan`'s predicted peak per GPU against torch.cuda.max_memory_allocated of real steps
+(within 10%), for full bf16 training with and without gradient checkpointing and for LoRA: the allocator-counted
+part of the prediction (the CUDA context is listed apart)."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import support
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("method,checkpointing", [("full", False), ("full", True), ("lora", False)])
+def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpointing):
+    import torch
+    from transformers import TrainerCallback
+
+    import hftrain
+    from hftrain.recipe.load import load_recipe
+    from hftrain.speed.estimates import plan
+    from hftrain.speed.memory import predict_peak, run_shape
+
+    raw = {"model": {"preset": "pythia-160m"}, "tokenizer": {"builtin": "gpt2"},
+           "data": {"train": {"builtin": "python-docs"}, "seq_len": 1024, "eval_blocks": 4, "holdout_every": 10},
+           "training": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "per_device_train_batch_size": 8,
+                        "per_device_eval_batch_size": 4, "bf16": True, "gradient_checkpointing": checkpointing,
+                        "save_steps": 1000, "report_to": "none", "torch_compile": False},
+           "monitor": {"sample_max_new_tokens": 0, "plot": False}}  # fmt: skip
+    if method == "lora":
+        raw["finetune"] = {"method": "lora", "lora": {"r": 16}}
+    recipe = load_recipe(None, raw)
+    predicted = predict_peak(recipe, plan(recipe), run_shape(recipe, "cuda", 1))
+
+    class Peak(TrainerCallback):
+        def on_train_begin(self, *args, **kwargs):
+            torch.cuda.reset_peak_memory_stats()
+
+    torch.cuda.empty_cache()
+    hftrain.train(recipe, callbacks=[Peak()])
+    measured = torch.cuda.max_memory_allocated()
+    support.record("plan", f"{method}-checkpointing-{checkpointing}", {"predicted_gb": predicted.total / 1e9,
+                   "measured_gb": measured / 1e9, "phase": predicted.phase})  # fmt: skip
+    assert predicted.total == pytest.approx(measured, rel=0.10)
