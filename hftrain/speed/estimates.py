@@ -182,6 +182,7 @@ PART_NOTES = {
     "runtime": "  tokenizer, data pipeline, Trainer, thread pools",
     "activations": "  saved for backward, every layer (one at a time under gradient checkpointing)",
     "logits and loss": "  micro-batch x seq_len x vocab, with the loss's working set",
+    "autocast weight copies": "  bf16 copies of the matmul weights autocast keeps until backward",
     "kept freed blocks": "  the step's smaller freed tensors, kept by the allocator for reuse",
     "evaluation logits and loss": "  evaluation batch x seq_len x vocab, with log-probabilities",
 }

@@ -151,7 +151,9 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         held = state["weights"] / float(info["finetune_bytes"]["methods"][recipe.finetune.method]["weights"])
         autocast_cache = 2 * info["matmul_params"] * min(held, 1.0)  # sharded: only the gathered layers
     # backward frees the activations as it fills the gradients: the step peaks at the larger of the two
-    step = {"activations": act + autocast_cache, "logits and loss": train_logits}
+    step = {"activations": act, "logits and loss": train_logits}
+    if autocast_cache:
+        step["autocast weight copies"] = autocast_cache
     if state["gradients"] > sum(step.values()):
         step = {"gradients": state["gradients"]}
     train = {**fixed, "weights": state["weights"], "optimizer": state["optimizer"], **step}
