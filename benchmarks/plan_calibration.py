@@ -129,7 +129,7 @@ def library_peak(env: dict[str, str]) -> int:
 
 def predicted_libraries(env: dict[str, str]) -> float:
     """The libraries' figure `hftrain plan` uses (memory.library_footprint, measured in a fresh process, cached)."""
-    code = "from hftrain.speed.memory import library_footprint; print('BYTES', library_footprint())"
+    code = "from hftrain.speed.memory import library_footprint; print('BYTES', library_footprint(measure=True))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     line = next((x for x in done.stdout.splitlines() if x.startswith("BYTES ")), None)
     if done.returncode or line is None:

@@ -27,6 +27,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.recipe.load import load_recipe
     from hftrain.speed import fit as fitting
     from hftrain.speed.estimates import format_fit, format_peak, format_peak_table, format_plan, format_time, plan
+    from hftrain.speed.memory import library_footprint
 
     for flag, value in (("--gpus", args.gpus), ("--gpu-mem-gb", args.gpu_mem_gb), ("--mfu", args.mfu), ("--price-per-hour", args.price_per_hour)):
         if value is not None and value <= 0:
@@ -37,10 +38,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     info = plan(recipe)
     print(format_plan(info, str(recipe.model.from_pretrained or recipe.model.preset)))
     machine = fitting.gpus(args.gpus, args.gpu_mem_gb) if args.gpus else fitting.this_machine()
-    configured = fitting.as_configured(recipe, info, machine)
+    libraries = library_footprint(measure=True) if machine.device == "cpu" else None  # this process: imports only
+    configured = fitting.as_configured(recipe, info, machine, libraries=libraries)
     print("\n".join(format_peak(configured, machine)))
-    print("\n".join(format_peak_table(recipe, info, machine, configured.peak.parts.get("libraries"))))
-    chosen = fitting.choose(recipe, info, machine, configured.peak.parts.get("libraries"))
+    print("\n".join(format_peak_table(recipe, info, machine, libraries)))
+    chosen = fitting.choose(recipe, info, machine, libraries)
     print("\n".join(format_fit(configured, chosen)))
     peak_flops, peak_source = _peak_flops(args, machine, chosen)
     mfu, mfu_source = _mfu(args, recipe, machine)

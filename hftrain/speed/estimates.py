@@ -179,7 +179,8 @@ def format_peak(fit: Fit, machine: Machine) -> list[str]:
 
 PART_NOTES = {
     "libraries": "  torch, transformers, peft, datasets, ... as `hftrain train` imports them (measured here)",
-    "runtime": "  tokenizer, data pipeline, Trainer, thread pools",
+    "runtime": "  tokenizer, Trainer, thread pools, allocator slack",
+    "data pipeline": "  the shuffle windows read in this process (data.shuffle_window x seq_len, int32)",
     "activations": "  saved for backward, every layer (one at a time under gradient checkpointing)",
     "logits and loss": "  micro-batch x seq_len x vocab, with the loss's working set",
     "autocast weight copies": "  bf16 copies of the matmul weights autocast keeps until backward",

@@ -22,6 +22,7 @@ from typing import Any
 from hftrain.recipe.schema import Recipe
 
 GB = 1e9
+LIBRARIES_FALLBACK_BYTES = 0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)
 CPU_RUNTIME_BYTES = 150e6  # tokenizer, data pipeline, Trainer, thread pools: calibrated (plan_calibration.py)
 KEPT_AFTER_TRAINING = 1.25  # CPU: x the gradients' bytes, what glibc keeps of the steps' freed blocks (calibrated)
 ADAPTER_ACTIVATIONS = 1.65  # CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
@@ -142,7 +143,8 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     train_logits = train_logit * shape.micro_batch * shape.seq_len * vocab
     eval_logits = eval_logit * shape.eval_batch * shape.seq_len * vocab
     if shape.device == "cpu":
-        fixed = {"libraries": libraries if libraries is not None else library_footprint(), "runtime": CPU_RUNTIME_BYTES}
+        fixed = {"libraries": libraries if libraries is not None else library_footprint(), "runtime": CPU_RUNTIME_BYTES,
+                 "data pipeline": data_pipeline_bytes(recipe, shape.processes)}
         kept = KEPT_AFTER_TRAINING * state["gradients"]
     else:
         fixed, kept = {}, 0.0
@@ -165,6 +167,17 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     return PeakPrediction(evaluation, "final evaluation", t_total)
 
 
+def data_pipeline_bytes(recipe: Recipe, processes: int) -> float:
+    """The shuffle windows this process fills (int32 tokens) when it reads in its main process; DataLoader
+    workers hold theirs in their own processes. Host memory: on GPUs it is not in the device's peak."""
+    from hftrain.data.readers import decide_readers, decide_window
+
+    workers = recipe.training.dataloader_num_workers
+    readers = decide_readers(recipe.data.readers, None, None, processes, max(workers, 1))
+    window = decide_window(recipe.data.shuffle_window, None, readers, recipe.data.seq_len)
+    return 0.0 if workers else -(-readers // processes) * window * recipe.data.seq_len * 4
+
+
 def import_training_libraries() -> None:
     """Import the libraries `hftrain train` imports before it builds a model: their footprint is the libraries' part
     (by name: hftrain's own modules are small, and importing the training package from here would be a cycle)."""
@@ -175,9 +188,11 @@ def import_training_libraries() -> None:
     import transformers.trainer  # noqa: F401
 
 
-def library_footprint() -> float:
+def library_footprint(measure: bool = False) -> float:
     """RSS of a process that imported the training libraries (bytes), measured once per library versions and
-    cached with the speed probe's measurements (HFTRAIN_CACHE_DIR)."""
+    cached with the speed probe's measurements (HFTRAIN_CACHE_DIR). `measure`: this process holds nothing else yet
+    (the `plan` CLI), so a missing figure is measured here; otherwise (a training run, a notebook) a missing one is
+    LIBRARIES_FALLBACK_BYTES and nothing is cached."""
     from importlib import metadata
 
     from hftrain.speed.probe import cache_file
@@ -190,6 +205,8 @@ def library_footprint() -> float:
             return float(cached["bytes"])
     except (OSError, ValueError, KeyError):
         pass
+    if not measure:
+        return LIBRARIES_FALLBACK_BYTES
     import_training_libraries()
     measured = _current_rss()
     try:
