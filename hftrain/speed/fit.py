@@ -64,9 +64,11 @@ def this_machine(processes: int = 1) -> Machine:
     return Machine("cpu", processes, total / processes, what)
 
 
-def global_batch(recipe: Recipe, processes: int) -> int:
+def global_batch(recipe: Recipe, processes: int, recorded: int | None = None) -> int:
+    """Sequences per optimizer step: parallelism.global_batch_size, else the one a continuing run recorded at its
+    start, else micro-batch x accumulation x processes (as parallel/dims.py derives it)."""
     t = recipe.training
-    return recipe.parallelism.global_batch_size or t.per_device_train_batch_size * t.gradient_accumulation_steps * processes
+    return recipe.parallelism.global_batch_size or recorded or t.per_device_train_batch_size * t.gradient_accumulation_steps * processes
 
 
 def as_configured(recipe: Recipe, info: dict[str, Any], machine: Machine, strategy: str | None = None,
@@ -79,10 +81,10 @@ def as_configured(recipe: Recipe, info: dict[str, Any], machine: Machine, strate
 
 
 def choose(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: float | None = None,
-           strategy: str | None = None) -> Fit:  # fmt: skip
+           strategy: str | None = None, recorded_global: int | None = None) -> Fit:  # fmt: skip
     """The fastest layout that fits with MARGIN to spare (under `strategy` only, when given: a launched run's);
     if none does, the smallest one, with the reason."""
-    share, rest = divmod(global_batch(recipe, machine.processes), machine.processes)
+    share, rest = divmod(global_batch(recipe, machine.processes, recorded_global), machine.processes)
     share = max(share, 1)
     micro = [m for m in range(share, 0, -1) if share % m == 0]
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp")
@@ -137,7 +139,7 @@ def step_time(info: dict[str, Any], fit: Fit, peak_flops: float, mfu: float) -> 
 
 
 def fit_this_run(recipe: Recipe, info: dict[str, Any], processes: int, local_processes: int, strategy: str,
-                 device: str) -> tuple[Recipe, str | None]:  # fmt: skip
+                 device: str, recorded_global: int | None = None) -> tuple[Recipe, str | None]:  # fmt: skip
     """What `train` runs: with parallelism.fit_memory, the recipe with plan's micro-batch and gradient checkpointing
     (global batch kept) and the line that says so; otherwise the recipe as it is, and a warning when its micro-batch
     will not fit. `strategy`: the launched one (single, ddp, fsdp, zero3)."""
@@ -162,12 +164,12 @@ def fit_this_run(recipe: Recipe, info: dict[str, Any], processes: int, local_pro
             f"(predicted peak, at the {configured.peak.phase}), more than the {configured.limit / GB:,.1f} GB usable on "
             f"{machine.description}; `hftrain plan` shows where it goes. {advice}."
         )  # fmt: skip
-    chosen = choose(recipe, info, machine, libraries, strategy)
+    chosen = choose(recipe, info, machine, libraries, strategy, recorded_global)
     if not chosen.fits:
         return recipe, f"warning: parallelism.fit_memory: {chosen.reason}; training as the recipe says"
     training = recipe.training.model_copy(update={"per_device_train_batch_size": chosen.shape.micro_batch,
                                                   "per_device_eval_batch_size": min(chosen.shape.micro_batch, recipe.training.per_device_eval_batch_size),
                                                   "gradient_accumulation_steps": chosen.accumulation,
                                                   "gradient_checkpointing": chosen.shape.checkpointing})  # fmt: skip
-    batch = recipe.parallelism.model_copy(update={"global_batch_size": global_batch(recipe, processes)})
+    batch = recipe.parallelism.model_copy(update={"global_batch_size": global_batch(recipe, processes, recorded_global)})
     return recipe.model_copy(update={"training": training, "parallelism": batch}), f"memory fit (parallelism.fit_memory): {chosen.reason}"

@@ -53,11 +53,13 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     _compat.quiet_optional_warnings()
     _compat.skip_unneeded_imports()
     shape = measure_model(recipe)
-    recipe, memory_note = fit_memory(recipe, shape)
     layout = RunLayout(Path(recipe.training.output_dir))
     checkpoints = CheckpointManager(layout, recipe, recipe.training.save_total_limit)
     data = plan_data(recipe.data, recipe.training.seed)
     recorded = checkpoints.recorded_start()
+    fitted, memory_note = fit_memory(recipe, shape, recorded.get("global_batch"))
+    if fitted is not recipe:  # parallelism.fit_memory: the micro-batch and checkpointing that fit here
+        recipe, checkpoints = fitted, CheckpointManager(layout, fitted, fitted.training.save_total_limit)
     dims = parallel.resolve(recipe, recorded, data.reader_limit)  # once: strategy, processes, batch, readers
     settings = training_arguments(recipe, dims, shape, recorded, data.manifest_tokens)
     args = settings.args
@@ -103,8 +105,9 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         return finish(trainer, recipe, known, pusher)
 
 
-def fit_memory(recipe: Recipe, shape: ModelShape) -> tuple[Recipe, str | None]:
-    """parallelism.fit_memory's micro-batch and checkpointing, or a warning when the recipe's will not fit (fit.py)."""
+def fit_memory(recipe: Recipe, shape: ModelShape, recorded_global: int | None) -> tuple[Recipe, str | None]:
+    """parallelism.fit_memory's micro-batch and checkpointing, or a warning when the recipe's will not fit (fit.py);
+    a continuing run keeps the global batch it recorded at its start."""
     strategy = parallel.resolve_strategy(recipe)
     if strategy is Strategy.DEVICE_MAP:
         return recipe, None
@@ -115,7 +118,8 @@ def fit_memory(recipe: Recipe, shape: ModelShape) -> tuple[Recipe, str | None]:
     processes = parallel.world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
     name = "single" if strategy is Strategy.SINGLE else strategy.value
-    fitted, note = fit_this_run(recipe, plan(recipe, shape), processes, local, name, "cpu" if rehearsal.on_cpu() else "cuda")
+    fitted, note = fit_this_run(recipe, plan(recipe, shape), processes, local, name, "cpu" if rehearsal.on_cpu() else "cuda",
+                                recorded_global)  # fmt: skip
     if note and not recipe.parallelism.fit_memory and os.environ.get(MEMORY_WARNED_ENV):
         note = None  # `hftrain train --accelerate-config` said it once before starting the processes
     return fitted, note
