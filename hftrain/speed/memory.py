@@ -3,11 +3,11 @@
 A run's peak is the larger of two moments (measured per phase on CPUs, VmHWM reset at each Trainer event):
 - a training step, just before backward frees the activations: weights, gradients, optimizer state, the
   activations saved for backward, and the logits with the loss's working set;
-- the final evaluation: weights and optimizer state, plus what the allocator kept of the step's smaller freed
-  blocks, and the evaluation batch's logits with the loss's working set (transformers' cross-entropy:
+- the final evaluation: weights and optimizer state, plus what the allocator kept of the steps' freed blocks,
+  and the evaluation batch's logits with the loss's working set (transformers' cross-entropy:
   log-probabilities as large as the logits). With a 50k vocabulary this is often the larger one.
 On a CPU the whole process counts (RSS): the libraries' own footprint (measured here once, cached per library
-versions) and hftrain's runtime (tokenizer, data pipeline, Trainer) come on top. On a GPU the figures are what
+versions), hftrain's runtime (tokenizer, Trainer) and the data pipeline's shuffle windows come on top. On a GPU the figures are what
 torch's allocator hands out (`torch.cuda.max_memory_allocated`); the CUDA context is listed apart.
 `benchmarks/plan_calibration.py` compares this with measured peaks on a grid of real runs.
 """
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hftrain.recipe.schema import Recipe
 
 GB = 1e9
 LIBRARIES_FALLBACK_BYTES = 0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)
-CPU_RUNTIME_BYTES = 150e6  # tokenizer, data pipeline, Trainer, thread pools: calibrated (plan_calibration.py)
+CPU_RUNTIME_BYTES = 150e6  # tokenizer, Trainer, thread pools, allocator slack: calibrated (plan_calibration.py)
 KEPT_AFTER_TRAINING = 1.25  # CPU: x the gradients' bytes, what glibc keeps of the steps' freed blocks (calibrated)
 ADAPTER_ACTIVATIONS = 1.65  # CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
 ADAPTER_BASE_COPY = 0.5  # CPU: and hold about half the fp32 base's bytes more during a step (peft's wrapped forward; calibrated)
@@ -60,7 +60,6 @@ class PeakPrediction:
     parts: dict[str, float]
     phase: str  # "training step" | "final evaluation"
     other_phase_total: float
-    notes: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> float:
@@ -71,7 +70,9 @@ def run_shape(recipe: Recipe, device: str = "cpu", processes: int = 1, strategy:
               micro_batch: int | None = None, checkpointing: bool | None = None, eval_batch: int | None = None) -> RunShape:  # fmt: skip
     """The recipe as it would run on `processes` processes of `device`."""
     t = recipe.training
-    bf16 = bool(t.bf16 or t.fp16) or (device == "cuda" and t.bf16 is not False)
+    explicit = {"bf16", "fp16"} & t.model_fields_set
+    # unset on a GPU: the speed defaults turn bf16 autocast on (speed/defaults.py); on a CPU they measure first
+    bf16 = bool(t.bf16 or t.fp16) if explicit else device == "cuda"
     return RunShape(
         device=device, processes=processes,
         strategy=strategy or ("single" if processes == 1 else recipe.parallelism.strategy if recipe.parallelism.strategy not in ("auto", "single") else "ddp"),
