@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hftrain.errors import HftrainError
 from hftrain.recipe.schema import DataSection, Source
 from hftrain.data.instructions import ExampleStream
+from hftrain.data.preference import PreferenceStream, pair_tokens, records
 from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
 from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
@@ -78,7 +79,9 @@ def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker, window: int) ->
 
 
 def text_or_examples(docs: DocumentStream, tokenizer: Any, section: DataSection, window: int) -> BlockStream:
-    """Packed text blocks, or instruction examples with their loss masks."""
+    """Packed text blocks, instruction examples with their loss masks, or preference pairs."""
+    if section.preference_data:
+        return PreferenceStream(docs, tokenizer, section.seq_len, window)
     if section.instruction_data:
         return ExampleStream(docs, tokenizer, section.seq_len, window, section.packing)
     return BlockStream(docs, tokenizer, section.seq_len, window)
@@ -145,8 +148,11 @@ class PackedDataset(IterableDataset):
                 yield reader, item[0], item[1]  # numpy, pickled to the main process (no shared-memory tensor per sample)
 
 
-def as_sample(block: Any) -> dict[str, torch.Tensor]:
-    """A text block (labels = inputs) or an instruction block (3 rows: ids, labels, position ids)."""
+def as_sample(block: Any) -> dict[str, Any]:
+    """A text block (labels = inputs), an instruction block (3 rows: ids, labels, position ids), or a
+    preference pair (id lists, for TRL's collator)."""
+    if isinstance(block, dict):
+        return block
     block = torch.from_numpy(block.astype("int64"))
     if block.dim() == 2:
         return {"input_ids": block[0], "labels": block[1], "position_ids": block[2]}
@@ -206,16 +212,50 @@ class ResumableLoader:
             self.positions[str(reader)] = position
             self.samples += 1
             sample = as_sample(block)
-            self.tokens["real"] += real_tokens(sample["labels"], sample["input_ids"], sample.get("position_ids"), self.pad)
-            self.tokens["block"] += sample["input_ids"].numel()
+            if "input_ids" in sample:
+                self.tokens["real"] += real_tokens(sample["labels"], sample["input_ids"], sample.get("position_ids"), self.pad)
+                self.tokens["block"] += sample["input_ids"].numel()
+            else:  # a pair: padded to its batch's longest, not to a block
+                self.tokens["real"] += pair_tokens(sample)
             batch.append(sample)
             if len(batch) == self.batch_size:
-                yield self.collate(batch)
+                batch = self.collate(batch)
+                if "completion_mask" in batch:  # pairs: the positions the policy reads, padding included
+                    self.tokens["block"] += batch["input_ids"].numel()
+                yield batch
                 batch = []
 
     def state_dict(self) -> dict[str, Any]:
         layout = self.dataset.layout
         return rank_state(layout, self.dataset.rank, self.samples, self.positions, self.dataset.plan.section.seq_len)
+
+
+def held_out_documents(plan: DataPlan) -> DocumentStream:
+    """The validation source, or the training documents held out for validation (every holdout_every-th)."""
+    return DocumentStream(
+        plans=plan.validation or plan.train,
+        seed=plan.seed,
+        holdout_every=0 if plan.validation else plan.section.holdout_every,
+        split="all" if plan.validation else "holdout",
+        shuffle=False,
+        loop=False,
+        bad=BadRecords(plan.section.on_bad_record),
+    )
+
+
+def validation_pairs(plan: DataPlan) -> list[dict[str, Any]]:
+    """The held-out preference pairs, as records (TRL tokenizes its evaluation set itself): eval_blocks of them."""
+    pairs = records(held_out_documents(plan), plan.section.eval_blocks)
+    if not pairs:
+        what = "data.validation" if plan.validation else "the held-out training pairs (data.holdout_every)"
+        raise HftrainError(f"{what}: no preference pair to evaluate on; give data.validation or more pairs.")
+    return pairs
+
+
+def first_pairs(plan: DataPlan, n: int) -> list[dict[str, Any]]:
+    """The first n training pairs in a fixed order (what TRL checks its training set by)."""
+    stream = train_documents(plan, loop=False, shuffle=False)
+    return records(stream, n)
 
 
 def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
@@ -226,16 +266,7 @@ def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
         assert plan.manifest is not None and source.pretokenized is not None
         blocks = validation_from(source.pretokenized, plan.manifest, source.storage_options, section.eval_blocks)
         return [{"input_ids": torch.from_numpy(b), "labels": torch.from_numpy(b).clone()} for b in blocks]
-    docs = DocumentStream(
-        plans=plan.validation or plan.train,
-        seed=plan.seed,
-        holdout_every=0 if plan.validation else section.holdout_every,
-        split="all" if plan.validation else "holdout",
-        shuffle=False,
-        loop=False,
-        bad=BadRecords(section.on_bad_record),
-    )
-    stream = text_or_examples(docs, tokenizer, section, window=section.eval_blocks)
+    stream = text_or_examples(held_out_documents(plan), tokenizer, section, window=section.eval_blocks)
     out = []
     for block, _ in stream.blocks(stream.fresh_state()):
         out.append(as_sample(block))

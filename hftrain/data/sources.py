@@ -18,7 +18,7 @@ import fsspec
 from hftrain import _compat
 from hftrain.integrations import network
 from hftrain.errors import HftrainError
-from hftrain.recipe.schema import Source
+from hftrain.recipe.schema import Source, data_kind
 from hftrain.data import jsonl
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
 from hftrain.data.shares import Part, span
@@ -113,7 +113,7 @@ def file_format(path: str, declared: str) -> str:
     if declared != "auto":
         return declared
     stem, _ = _split_compression(path.lower())
-    if declared in ("prompt_completion", "chat") or stem.endswith(JSONL_SUFFIXES):
+    if data_kind(declared) != "text" or stem.endswith(JSONL_SUFFIXES):
         return "jsonl"
     if stem.endswith(PARQUET_SUFFIXES):
         return "parquet"
@@ -181,7 +181,7 @@ def lines_in_every_part(source: Source, shard: str, size: int | None, count: int
 
 def _reads_as_jsonl(source: Source, shard: str) -> bool:
     """A JSON record per line: text records (.jsonl or format: jsonl) or examples (prompt_completion, chat)."""
-    return source.format in ("prompt_completion", "chat") or file_format(shard, source.format) == "jsonl"
+    return data_kind(source.format) != "text" or file_format(shard, source.format) == "jsonl"
 
 
 def _check_extensions(listed: list[str], found: list[str], path: str, where: str) -> None:
@@ -208,7 +208,7 @@ def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords
         return
     options, codec = source.storage_options, _split_compression(shard)[1]
     if _reads_as_jsonl(source, shard):
-        take = _example_reader(source) if source.format in ("prompt_completion", "chat") else _text_reader(source.text_field)
+        take = _example_reader(source) if data_kind(source.format) != "text" else _text_reader(source.text_field)
         yield from jsonl.read_jsonl(_open(shard, options), shard, codec, take, pos, bad, part, size)
     elif file_format(shard, source.format) == "parquet":
         yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad, part)
@@ -233,11 +233,15 @@ def _text_reader(field: str) -> Any:
 
 
 def _example_reader(source: Source) -> Any:
-    """prompt_completion -> {"prompt", "completion"}; chat -> {"messages": [{role, content}, ...]}."""
+    """prompt_completion -> {"prompt", "completion"}; chat -> {"messages": [{role, content}, ...]};
+    preference -> {"prompt", "chosen", "rejected"} (strings, or message lists; the prompt may be absent from a
+    conversation, and TRL's extract_prompt then takes the turns the two share)."""
 
     def take(obj: Any) -> tuple[Any, str | None]:
         if not isinstance(obj, dict):
             return None, f"not a JSON object ({type(obj).__name__})"
+        if source.format == "preference":
+            return _preference(obj, source)
         if source.format == "prompt_completion":
             p, c = obj.get(source.prompt_field), obj.get(source.completion_field)
             if isinstance(p, str) and isinstance(c, str):
@@ -250,6 +254,26 @@ def _example_reader(source: Source) -> Any:
         return None, f"needs {source.messages_field!r}: a list of {{role, content}} with at least one assistant message"
 
     return take
+
+
+def _messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in value)
+
+
+def _preference(obj: dict[str, Any], source: Source) -> tuple[Any, str | None]:
+    """One preference pair, or what is wrong with it."""
+    p, c, r = obj.get(source.prompt_field), obj.get(source.chosen_field), obj.get(source.rejected_field)
+    fields = f"{source.prompt_field!r}, {source.chosen_field!r} and {source.rejected_field!r}"
+    if isinstance(c, str) and isinstance(r, str):
+        if isinstance(p, str):
+            return {"prompt": p, "chosen": c, "rejected": r}, None
+        return None, f"needs a string {source.prompt_field!r} beside string {source.chosen_field!r} and {source.rejected_field!r} (has: {', '.join(obj) or 'nothing'})"
+    if _messages(c) and _messages(r) and (p is None or _messages(p)):
+        pair = {"chosen": c, "rejected": r}
+        return (pair if p is None else {"prompt": p, **pair}), None
+    return None, (f"needs {fields}: three strings, or message lists of {{role, content}} (the prompt list optional) "
+                  f"(has: {', '.join(obj) or 'nothing'})")
 
 
 def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None) -> Iterator[Record]:
@@ -299,7 +323,14 @@ def _read_dataset(source: Source, pos: tuple[int, ...]) -> Iterator[Record]:
         stream = datasets.load_dataset(source.dataset, source.dataset_config, split=source.split, streaming=True)
     except Exception as err:  # datasets raises many types for "not found / no network"
         raise HftrainError(f"data: cannot open dataset {source.dataset!r} ({str(err).splitlines()[0]}).") from None
+    take = _example_reader(source) if data_kind(source.format) != "text" else None
     for index, row in enumerate(stream.skip(offset) if offset else stream, start=offset):
+        if take is not None:  # an example or a pair: one record, never cut
+            example, problem = take(dict(row))
+            if problem is not None:
+                raise HftrainError(f"data: dataset {source.dataset!r} row {index}: {problem}. Set the source's field names, or fix that row.")
+            yield Record(example, (index + 1, index + 1))
+            continue
         text = row.get(source.text_field)
         if not isinstance(text, str):
             raise HftrainError(

@@ -21,9 +21,11 @@ from hftrain.checkpoint.layout import RECIPE_FILE, RunLayout, checkpoint_step
 
 MAX_EVAL_ROWS = 200
 
-# (id, title, metrics key(s), y label, colour); the loss chart also draws eval_loss.
+# (id, title, metrics key(s), y label, colour); each chart also draws the evaluations' eval_<key> where logged.
 CHARTS = [
     ("chart-loss", "Loss", "loss", "loss (nats/token)", "tab:blue"),
+    ("chart-reward-margin", "DPO reward margin (chosen - rejected)", "rewards/margins", "reward margin (nats)", "tab:olive"),
+    ("chart-reward-accuracy", "DPO reward accuracy", "rewards/accuracies", "share of pairs", "tab:cyan"),
     ("chart-grad-norm", "Gradient norm", "grad_norm", "gradient norm", "tab:orange"),
     ("chart-learning-rate", "Learning rate", "learning_rate", "learning rate", "tab:purple"),
     ("chart-tokens-per-s", "Throughput", "tokens_per_s", "tokens/s", "tab:red"),
@@ -81,11 +83,11 @@ def chart_png(records: list[dict[str, Any]], key: str, title: str, ylabel: str, 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.6, 3.2), dpi=100)
-    ax.plot(steps, values, color=colour, linewidth=1.8, label="train loss" if key == "loss" else key)
-    if key == "loss":
-        eval_steps, eval_values = series(records, "eval_loss")
-        if eval_steps:
-            ax.plot(eval_steps, eval_values, "o-", color="tab:green", label="eval loss")
+    ax.plot(steps, values, color=colour, linewidth=1.8, label=f"train {key}")
+    eval_steps, eval_values = series(records, f"eval_{key}")
+    if eval_steps:
+        ax.plot(eval_steps, eval_values, "o-", color="tab:green", label=f"eval {key}")
+    if eval_steps or key == "loss":
         ax.legend()
     ax.set_title(title)
     ax.set_xlabel("optimizer step")

@@ -91,10 +91,24 @@ def linear_names(model: torch.nn.Module) -> list[str]:
 
 def apply_method(model: Any, recipe: Recipe, gradient_checkpointing: bool) -> Any:
     """Wrap the model for its fine-tuning method (returns it unchanged for full training)."""
+    model, config = prepare_adapter(model, recipe, gradient_checkpointing)
+    if config is None:
+        return model
+    from peft import get_peft_model
+
+    # the adapter's random init, the same in every run and on every rank (FSDP and ZeRO-3 keep each rank's own part)
+    torch.manual_seed(recipe.training.seed)
+    return get_peft_model(model, config)
+
+
+def prepare_adapter(model: Any, recipe: Recipe, gradient_checkpointing: bool) -> tuple[Any, Any]:
+    """The model ready for its adapter (a quantized base prepared for k-bit training) and the adapter's
+    LoraConfig, checked against the model's layers; (model, None) for full training. DPO hands the config to
+    TRL, which wraps the model itself and disables the adapter for the reference."""
     method = recipe.finetune.method
     if method == "full":
-        return model
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        return model, None
+    from peft import LoraConfig, prepare_model_for_kbit_training
 
     options = dict(recipe.finetune.lora)
     targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model.config.model_type)
@@ -110,9 +124,6 @@ def apply_method(model: Any, recipe: Recipe, gradient_checkpointing: bool) -> An
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
         _compat.bnb_4bit_trainable_on_cpu(model)
     try:
-        config = LoraConfig(task_type="CAUSAL_LM", target_modules=targets, **options)
+        return model, LoraConfig(task_type="CAUSAL_LM", target_modules=targets, **options)
     except (TypeError, ValueError) as err:
         raise HftrainError(f"finetune.lora: {err}") from None
-    # the adapter's random init, the same in every run and on every rank (FSDP and ZeRO-3 keep each rank's own part)
-    torch.manual_seed(recipe.training.seed)
-    return get_peft_model(model, config)

@@ -160,16 +160,21 @@ class Source(Section):
     separated by one or more empty lines; line = each non-empty line is a document. Files are read in
     bounded pieces whatever their size, and a long document is tokenized in pieces cut where the tokenizer's
     pre-tokenizer splits, so its tokens are those of the whole document."""
-    format: Literal["auto", "txt", "jsonl", "parquet", "prompt_completion", "chat"] = "auto"
+    format: Literal["auto", "txt", "jsonl", "parquet", "prompt_completion", "chat", "preference"] = "auto"
     """File format; auto decides by extension (.gz/.zst compression is always detected). prompt_completion
     (JSONL with prompt and completion) and chat (JSONL with messages) are instruction data: the loss is on the
-    completion / assistant tokens only."""
+    completion / assistant tokens only. preference: pairs for finetune.objective dpo, JSONL (or a dataset) with
+    prompt, chosen and rejected strings, or chosen and rejected message lists (an optional prompt list first)."""
     prompt_field: str = "prompt"
     """prompt_completion: the key of the prompt."""
     completion_field: str = "completion"
     """prompt_completion: the key of the completion."""
     messages_field: str = "messages"
     """chat: the key of the list of {role, content} messages."""
+    chosen_field: str = "chosen"
+    """preference: the key of the preferred answer (a string, or a list of messages)."""
+    rejected_field: str = "rejected"
+    """preference: the key of the answer that is not preferred."""
     weight: float = Field(default=1.0, gt=0)
     """Relative share of this source in a mixture."""
     storage_options: dict[str, Any] = {}
@@ -183,6 +188,11 @@ class Source(Section):
         if len(given) != 1:
             raise ValueError(f"give exactly one of path, dataset, builtin or pretokenized (got {', '.join(given) or 'none'})")
         return self
+
+
+def data_kind(fmt: str) -> str:
+    """text, instruction (prompt_completion, chat) or preference: what a source's records are."""
+    return "instruction" if fmt in ("prompt_completion", "chat") else "preference" if fmt == "preference" else "text"
 
 
 def _as_list(value: Any) -> Any:
@@ -237,9 +247,10 @@ class DataSection(Section):
     def _one_kind_of_data(self) -> DataSection:
         if len(self.train) > 1 and any(s.pretokenized for s in self.train):
             raise ValueError("train: a pretokenized source cannot be mixed with others; prepare the mixture as one")
-        kinds = {s.format in ("prompt_completion", "chat") for s in self.train + ([self.validation] if self.validation else [])}
+        kinds = {data_kind(s.format) for s in self.train + ([self.validation] if self.validation else [])}
         if len(kinds) > 1:
-            raise ValueError("train/validation: instruction data (prompt_completion, chat) cannot be mixed with plain text")
+            raise ValueError(f"train/validation: {' and '.join(sorted(kinds))} data cannot be mixed; give sources of one kind "
+                             "(plain text, instruction data: prompt_completion or chat, or preference pairs)")
         if self.document_masking is False and self.packing and self.instruction_data:
             raise ValueError("document_masking: false would let packed instruction examples attend to each other; remove "
                              "it (examples are always kept apart), or set data.packing: false to pad each example instead")
@@ -247,7 +258,11 @@ class DataSection(Section):
 
     @property
     def instruction_data(self) -> bool:
-        return self.train[0].format in ("prompt_completion", "chat")
+        return data_kind(self.train[0].format) == "instruction"
+
+    @property
+    def preference_data(self) -> bool:
+        return data_kind(self.train[0].format) == "preference"
 
     @property
     def packs_documents(self) -> bool:
@@ -295,6 +310,17 @@ class QuantizationSection(Section):
     """Storage dtype of the packed weights; FSDP needs it equal to the compute dtype."""
 
 
+DPO_KEYS_HFTRAIN_SETS = {  # DPOConfig keys that hftrain decides from other parts of the recipe: why
+    "max_length": "the longest prompt + answer is data.seq_len; set that",
+    "model_init_kwargs": "the model section builds the policy and the reference",
+    "trust_remote_code": "set model.trust_remote_code",
+    "precompute_ref_log_probs": "the pairs are streamed, so the reference log-probs are computed with each batch",
+    "precompute_ref_batch_size": "the pairs are streamed, so the reference log-probs are computed with each batch",
+    "padding_free": "TRL 1.x disabled it; batches are padded to their longest pair",
+    "dataset_num_proc": "hftrain tokenizes the pairs in its data stream (data.readers, dataloader_num_workers)",
+}
+
+
 class FinetuneSection(Section):
     """How the weights are trained: all of them, or a LoRA adapter over a (possibly quantized) base."""
 
@@ -306,6 +332,13 @@ class FinetuneSection(Section):
     every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h)."""
     quantization: QuantizationSection = QuantizationSection()
     """4-bit quantization of the base for qlora."""
+    objective: Literal["lm", "dpo"] = "lm"
+    """lm: next-token loss (pretraining, or supervised fine-tuning on instruction data). dpo: Direct Preference
+    Optimization on preference pairs (data format: preference), by TRL's DPOTrainer (pip install 'hftrain[dpo]').
+    The reference is the base with the adapter disabled (lora, qlora) or a frozen copy of the starting weights (full)."""
+    dpo: dict[str, Any] = {}
+    """TRL DPOConfig keys by their own names (beta, loss_type, label_smoothing, truncation_mode, ...); the
+    TrainingArguments keys stay in the training section, and the sequence limit is data.seq_len."""
 
     @model_validator(mode="after")
     def _lora_keys(self) -> FinetuneSection:
@@ -320,6 +353,29 @@ class FinetuneSection(Section):
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)
             raise ValueError(f"lora: {unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
+        return self
+
+    @model_validator(mode="after")
+    def _dpo_keys(self) -> FinetuneSection:
+        if self.dpo and self.objective != "dpo":
+            raise ValueError("dpo: DPOConfig keys are set but finetune.objective is lm; set finetune.objective: dpo or remove them")
+        if self.objective != "dpo":
+            return self
+        try:
+            import dataclasses as dc
+
+            from transformers import TrainingArguments
+            from trl import DPOConfig  # imported only for DPO runs
+        except ImportError:
+            raise ValueError("objective dpo needs TRL: pip install 'hftrain[dpo]'") from None
+        own = {f.name for f in dc.fields(DPOConfig) if f.init} - {f.name for f in dc.fields(TrainingArguments)}
+        for key in self.dpo:
+            if key in DPO_KEYS_HFTRAIN_SETS:
+                raise ValueError(f"dpo: {key} is not taken: {DPO_KEYS_HFTRAIN_SETS[key]}")
+            if key not in own:
+                where = "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
+                close = difflib.get_close_matches(key, own, n=1)
+                raise ValueError(f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else ""))
         return self
 
 
@@ -364,6 +420,17 @@ class Recipe(Section):
     def _quantized_needs_weights(self) -> Recipe:
         if self.finetune.method in ("qlora", "lora_8bit") and not self.model.from_pretrained:
             raise ValueError(f"finetune.method {self.finetune.method} quantizes pretrained weights: set model.from_pretrained")
+        return self
+
+    @model_validator(mode="after")
+    def _dpo_needs_pairs(self) -> Recipe:
+        dpo, pairs = self.finetune.objective == "dpo", self.data.preference_data
+        if dpo and not pairs:
+            raise ValueError("finetune.objective dpo trains on preference pairs: set format: preference on data.train "
+                             "(records with prompt, chosen and rejected)")
+        if pairs and not dpo:
+            raise ValueError("data.train: preference pairs (format: preference) train with finetune.objective: dpo; set it, "
+                             "or give prompt_completion / chat data for supervised fine-tuning")
         return self
 
     def training_kwargs(self) -> dict[str, Any]:

@@ -65,9 +65,14 @@ def training_arguments(recipe: Recipe, dims: ParallelDims, shape: ModelShape, re
     if memory:
         plan.reasons.append(memory)
     try:
-        args = TrainingArguments(**kwargs)
+        if recipe.finetune.objective == "dpo":  # TRL's DPOConfig: TrainingArguments plus finetune.dpo's keys
+            from hftrain.training.preference import dpo_arguments
+
+            args = dpo_arguments(kwargs, recipe.finetune.dpo, recipe.data.seq_len)
+        else:
+            args = TrainingArguments(**kwargs)
     except (ValueError, TypeError) as err:
-        raise HftrainError(f"training: {err}") from None
+        raise HftrainError(f"training / finetune.dpo: {err}" if recipe.finetune.objective == "dpo" else f"training: {err}") from None
     return TrainingSettings(args, resume, push, plan, length, dims)
 
 

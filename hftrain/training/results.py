@@ -36,8 +36,9 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
     lines = [
         "",
         f"final checkpoint: {final_dir}",
-        f"validation loss {results['eval_loss']:.4f}, perplexity {results['eval_perplexity']:.2f}, "
-        f"bits per byte {results.get('eval_bits_per_byte', float('nan')):.3f}",
+        f"validation loss {results['eval_loss']:.4f}"
+        + (f", perplexity {results['eval_perplexity']:.2f}, bits per byte {results.get('eval_bits_per_byte', float('nan')):.3f}"
+           if "eval_perplexity" in results else ""),  # a DPO loss is no next-token loss: no perplexity
     ]
     extra = [f"{k.removeprefix('eval_')} {v:.4g}" for k, v in results.items()
              if k.startswith("eval_") and k not in ("eval_loss", "eval_perplexity", "eval_bits_per_byte")]  # fmt: skip

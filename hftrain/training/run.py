@@ -63,7 +63,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     dims = parallel.resolve(recipe, recorded, data.reader_limit)  # once: strategy, processes, batch, readers
     settings = training_arguments(recipe, dims, shape, recorded, data.manifest_tokens)
     args = settings.args
-    chunked_loss = fused_loss.applies(args.device, args.torch_compile)
+    dpo = recipe.finetune.objective == "dpo"
+    chunked_loss = fused_loss.applies(args.device, args.torch_compile) and not dpo  # TRL's DPO has its own fused head
     if chunked_loss:
         settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
@@ -89,10 +90,11 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         print(f"hftrain: documents kept apart by {mask_note(collate.kernel, args.per_device_train_batch_size, recipe.data.seq_len)}", flush=True)
     if chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
-    model = apply_method(model, recipe, args.gradient_checkpointing)
+    if not dpo:  # DPO: TRL wraps the adapter itself (training/preference.py)
+        model = apply_method(model, recipe, args.gradient_checkpointing)
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, recipe)
-    trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks)
+    trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
     pusher = CheckpointPusher(recipe, args, settings.push_to_hub)
     checkpoints.on_publish.append(pusher.on_checkpoint)
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
@@ -128,20 +130,28 @@ def fit_memory(recipe: Recipe, shape: ModelShape, recorded_global: int | None) -
 def build_trainer(
     recipe: Recipe, shape: ModelShape, settings: TrainingSettings, checkpoints: CheckpointManager,
     data: DataPlan, model: Any, tokenizer: Any, collate: PackedCollator, resume: Path | None, callbacks: Sequence[Any] = (),
+    tokenizer_is_new: bool = False,
 ) -> HftrainTrainer:  # fmt: skip
-    """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks."""
+    """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks (TRL's DPOTrainer behind them
+    for finetune.objective dpo: training/preference.py)."""
     args = settings.args
-    eval_set = validation_blocks(data, tokenizer)
     metrics = StepMetrics(metrics_options(recipe, settings, shape), args.device, args.process_index == 0)
     options = TrainerOptions(
         dims=settings.dims, data=data, checkpoints=checkpoints, metrics=metrics,
-        guard=NonFiniteGuard(recipe.faults, checkpoints.latest),
-        evaluation=TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks), resume_from=resume,
+        guard=NonFiniteGuard(recipe.faults, checkpoints.latest), resume_from=resume,
     )  # fmt: skip
-    trainer = HftrainTrainer(
-        model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate,
-        callbacks=[MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics)], options=options,
-    )  # fmt: skip
+    callbacks = [MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics)]
+    if recipe.finetune.objective == "dpo":
+        from hftrain.training.preference import preference_trainer
+
+        trainer = preference_trainer(recipe, settings.dims, options, model, args, tokenizer, callbacks, tokenizer_is_new)
+    else:
+        eval_set = validation_blocks(data, tokenizer)
+        options.evaluation = TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks)
+        trainer = HftrainTrainer(
+            model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate,
+            callbacks=callbacks, options=options,
+        )  # fmt: skip
     if recipe.profile.start_step is not None:
         trainer.add_callback(ProfilerCallback(recipe.profile, checkpoints.layout.root, args.process_index))
     return trainer
@@ -153,8 +163,9 @@ def metrics_options(recipe: Recipe, settings: TrainingSettings, shape: ModelShap
     peak_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     peak = recipe.monitor.peak_tflops * 1e12 if recipe.monitor.peak_tflops else measure_peak_flops(args.device, peak_dtype)
     tokens = settings.dims.global_batch * recipe.data.seq_len
+    flops = shape.flops_per_token * (8 / 6 if recipe.finetune.objective == "dpo" else 1)  # + the reference's forward
     return MetricsOptions(
-        tokens_per_step=tokens, world_size=args.world_size, flops_per_token=shape.flops_per_token, peak_flops=peak,
+        tokens_per_step=tokens, world_size=args.world_size, flops_per_token=flops, peak_flops=peak,
         price_per_hour=recipe.monitor.price_per_hour, input_bound_threshold=recipe.monitor.input_bound_threshold,
         dataloader_workers=args.dataloader_num_workers,
     )  # fmt: skip

@@ -37,12 +37,18 @@ class StepMetrics:
         self._warned_input_bound = False
         self._starting = False
         self.time_to_first_step_s: float | None = None
+        self.counted_tokens: Any = None  # () -> tokens of all processes so far, where steps differ in tokens (DPO pairs)
+        self._last_tokens = 0
 
     def start(self, step: int) -> None:
         """Training (re)starts at `step`: what came before (model loading, resume) is not step time."""
         self._last_step = step
         self._starting = True
+        self._last_tokens = self._tokens()
         self.timer.restart()
+
+    def _tokens(self) -> int:
+        return int(self.counted_tokens()) if self.counted_tokens is not None else 0
 
     def step_done(self, step: int) -> None:
         """After each optimizer step: the first one after a (re)start ends start-up; the clocks start there."""
@@ -51,15 +57,18 @@ class StepMetrics:
         self._starting = False
         self.time_to_first_step_s = round(process_age_s(), 2)
         self._last_step = step
+        self._last_tokens = self._tokens()
         self.timer.restart()
 
     def for_log_line(self, step: int) -> dict[str, float]:
         """Throughput, MFU, cost, where the step time went and peak memory, since the previous log line."""
         o = self.options
-        out: dict[str, float] = {"tokens_seen": float(step * o.tokens_per_step)}
+        counted = self.counted_tokens is not None
+        out: dict[str, float] = {} if counted else {"tokens_seen": float(step * o.tokens_per_step)}
         seconds, fractions = self.timer.take()
+        tokens = self._tokens()
         if self._last_step is not None and step > self._last_step:
-            rate = (step - self._last_step) * o.tokens_per_step / seconds
+            rate = (tokens - self._last_tokens if counted else (step - self._last_step) * o.tokens_per_step) / seconds
             out["tokens_per_s"] = round(rate, 1)
             out["tokens_per_s_per_device"] = round(rate / o.world_size, 1)
             out["mfu"] = round(rate * o.flops_per_token / (o.peak_flops * o.world_size), 4)
@@ -68,7 +77,7 @@ class StepMetrics:
             out.update(fractions)
             self._warn_if_input_bound()
         out["peak_mem_gb"] = round(peak_memory_gb(self.device), 3)
-        self._last_step = step
+        self._last_step, self._last_tokens = step, tokens
         return out
 
     def _warn_if_input_bound(self) -> None:

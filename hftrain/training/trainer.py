@@ -97,6 +97,9 @@ class HftrainTrainer(Trainer):
             dataset, args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor,
             collate=self.data_collator, pad=pad,
         )
+        if options.data.section.preference_data:  # pairs differ in length: tokens/s counts the batches' positions
+            loader, world = self.train_loader, args.world_size
+            options.metrics.counted_tokens = lambda: loader.tokens["block"] * world
         return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
 
     # ---------------------------------------------------------------------------- timed phases

@@ -1,0 +1,120 @@
+"""Preference pairs: tokenized exactly as TRL tokenizes them, read from every kind of source, bad records named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hftrain.data.loader import plan_data, train_blocks, validation_pairs
+from hftrain.data.preference import encode_pair, use_chatml
+from hftrain.data.stream import Worker
+from hftrain.errors import HftrainError
+from hftrain.recipe.load import load_recipe
+
+SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "finetune" / "data"
+
+CHATS = [
+    {"chosen": [{"role": "user", "content": "What does json.dumps do?"}, {"role": "assistant", "content": "Serialize obj to a JSON str."}],
+     "rejected": [{"role": "user", "content": "What does json.dumps do?"}, {"role": "assistant", "content": "Merge sorted inputs."}]},
+    {"prompt": [{"role": "user", "content": "And os.getcwd?"}],
+     "chosen": [{"role": "assistant", "content": "Return the current working directory."}],
+     "rejected": [{"role": "assistant", "content": "Close the file."}]},
+]  # fmt: skip
+
+
+def gpt2():
+    from hftrain.model.tokenizer import load_tokenizer
+
+    recipe = load_recipe(None, {"data": {"train": {"builtin": "python-docs"}}})
+    tokenizer, _ = load_tokenizer(recipe, Path("/nonexistent"), lambda n: iter(()))
+    return tokenizer
+
+
+def trl_ids(tokenizer, records):
+    """What TRL's DPOTrainer makes of the records (its own dataset preparation, on a bare instance)."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    trainer = DPOTrainer.__new__(DPOTrainer)
+    trainer._tokenizer = tokenizer
+    prepared = trainer._prepare_dataset(Dataset.from_list(records), tokenizer, DPOConfig("unused", max_length=None, use_cpu=True, bf16=False, gradient_checkpointing=None), "train")
+    return [{k: row[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")} for row in prepared]
+
+
+def test_pairs_are_tokenized_as_trl_tokenizes_them():
+    tokenizer = gpt2()
+    shipped = [json.loads(line) for line in (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:200]]
+    assert [encode_pair(tokenizer, r) for r in shipped] == trl_ids(tokenizer, shipped)
+    use_chatml(tokenizer)  # conversations: an implicit prompt extracted, the chat template applied
+    ours = [encode_pair(tokenizer, r) for r in CHATS]
+    assert ours == [trl_ids(tokenizer, [r])[0] for r in CHATS]  # one dataset each: a dataset has one set of columns
+    assert tokenizer.decode(ours[0]["chosen_ids"]).startswith("Serialize obj")
+    # the check can fail: without the EOS TRL appends to a plain answer, the ids differ
+    assert [encode_pair(tokenizer, {**r, "chosen": r["chosen"] + tokenizer.eos_token}) for r in shipped[:3]] == trl_ids(tokenizer, shipped[:3])
+    assert encode_pair(tokenizer, shipped[0])["chosen_ids"][-1] == tokenizer.eos_token_id
+
+
+def dpo_recipe(tmp_path, train, validation=None, **data):
+    return load_recipe(None, {
+        "data": {"train": {"path": str(train), "format": "preference"}, "seq_len": 64, "eval_blocks": 8,
+                 **({"validation": {"path": str(validation), "format": "preference"}} if validation else {}), **data},
+        "finetune": {"objective": "dpo"},
+        "training": {"output_dir": str(tmp_path / "run")},
+    })  # fmt: skip
+
+
+def test_pairs_stream_resumes_where_they_stopped(tmp_path):
+    recipe = dpo_recipe(tmp_path, SHIPPED / "preference_train.jsonl", SHIPPED / "preference_validation.jsonl", shuffle_window=16)
+    plan, tokenizer = plan_data(recipe.data, 0), gpt2()
+    stream = train_blocks(plan, tokenizer, Worker(), 16)
+    items = []
+    for pair, position in stream.blocks(stream.fresh_state()):
+        items.append((pair, position))
+        if len(items) == 40:
+            break
+    resumed = [item[0] for item, _ in zip(stream.blocks(items[24][1]), range(15))]
+    assert resumed == [pair for pair, _ in items[25:40]]
+    assert [p for p, _ in items[:16]] != [encode_pair(tokenizer, r) for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])]  # shuffled
+    held_out = validation_pairs(plan)
+    assert len(held_out) == 8 and held_out[0]["prompt"].startswith("What does the Python function dataclasses.fields")
+
+
+@pytest.mark.parametrize("line, problem", [
+    ({"chosen": "c", "rejected": "r"}, "needs a string 'prompt' beside string 'chosen' and 'rejected' (has: chosen, rejected)"),
+    ({"prompt": "p", "chosen": "c"}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+    ({"prompt": "p", "chosen": "c", "rejected": 3}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+    ({"chosen": [{"role": "user"}], "rejected": []}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+])  # fmt: skip
+def test_a_bad_pair_names_its_file_and_line(tmp_path, line, problem):
+    path = tmp_path / "pairs.jsonl"
+    good = {"prompt": "p", "chosen": " yes", "rejected": " no"}
+    path.write_text("\n".join(json.dumps(x) for x in [good, good, line, good]) + "\n")
+    plan = plan_data(dpo_recipe(tmp_path, path).data, 0)
+    stream = train_blocks(plan, gpt2(), Worker(), 4)
+    with pytest.raises(HftrainError) as err:
+        list(zip(stream.blocks(stream.fresh_state()), range(3)))
+    assert f"{path}:3" in str(err.value) and problem in str(err.value)
+
+
+def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "p", "chosen": " yes", "rejected": " no"}) + "\n")
+    cases = [
+        ({"data": {"train": {"path": str(pairs), "format": "preference"}}}, "preference pairs (format: preference) train with finetune.objective: dpo"),
+        ({"finetune": {"objective": "dpo"}}, "finetune.objective dpo trains on preference pairs: set format: preference on data.train"),
+        ({"finetune": {"dpo": {"beta": 0.2}}}, "DPOConfig keys are set but finetune.objective is lm"),
+        ({"finetune": {"objective": "dpo", "dpo": {"betta": 0.2}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+         "'betta' is not a DPOConfig key; did you mean beta?"),
+        ({"finetune": {"objective": "dpo", "dpo": {"max_length": 512}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+         "max_length is not taken: the longest prompt + answer is data.seq_len; set that"),
+        ({"finetune": {"objective": "dpo", "dpo": {"learning_rate": 1e-6}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+         "'learning_rate' is not a DPOConfig key; TrainingArguments keys go in the training section"),
+        ({"data": {"train": [{"path": str(pairs), "format": "preference"}, {"builtin": "python-docs"}]}, "finetune": {"objective": "dpo"}},
+         "preference and text data cannot be mixed"),
+    ]  # fmt: skip
+    for raw, message in cases:
+        with pytest.raises(HftrainError) as err:
+            load_recipe(None, raw)
+        assert message in str(err.value), (raw, str(err.value))
