@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: the fast tier (pytest -m "not slow") on the LOWEST versions pyproject.toml allows of transformers, accelerate,
-# datasets, peft, huggingface_hub and tokenizers. The main suite only ever sees the newest ones pip picks, so a floor
+# datasets, peft, huggingface_hub, tokenizers and trl. The main suite only ever sees the newest ones pip picks, so a floor
 # that no longer installs or works would go unnoticed until a user with an older stack hits it.
 # Like the README's test command, in its own venv (.venv-lowest, git-ignored) with torch 2.13.0 (CPU) first; each floor
 # `>=X` (read from pyproject.toml) becomes a constraint `==` the lowest release >= X, beside torch==2.13.0, so a
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
-PKGS="transformers accelerate datasets peft huggingface_hub tokenizers"
+PKGS="transformers accelerate datasets peft huggingface_hub tokenizers trl"
 scripts/install_test_deps.sh
 python3 -m venv --clear .venv-lowest && . .venv-lowest/bin/activate
 pip install torch==2.13.0

@@ -63,13 +63,18 @@ def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: 
     if datasets:
         meta["datasets"] = datasets
     shape = recipe.model.from_pretrained or recipe.model.preset
-    rows = [(k, results.get(k)) for k in ("step", "eval_loss", "eval_perplexity", "tokens_per_s_median", "mfu_median")]
+    method = training_method(recipe)
+    if recipe.finetune.objective == "dpo":
+        meta["tags"] += ["dpo", "trl"]
+    rows = [(k, results.get(k)) for k in ("step", "eval_loss", "eval_perplexity", "eval_preference_accuracy", "eval_rewards/accuracies",
+                                          "eval_rewards/margins", "tokens_per_s_median", "mfu_median")]  # fmt: skip
     table = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None)
     lines = [
         "---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
         f"# {repo_id}", "",
         f"A GPT-NeoX-style causal language model ({shape}, {_count(results)} parameters) "
         f"trained with [hftrain](https://pypi.org/project/hftrain/) on {', '.join(map(str, sources))}.", "",
+        f"Training method: {method}.", "",
         "## Results", "", "| metric | value |", "| --- | --- |", table, "",
     ]  # fmt: skip
     if has_plot:
@@ -81,6 +86,18 @@ def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: 
         "The full training recipe (secrets removed) is in `hftrain_recipe.yaml`; per-step metrics in `metrics.jsonl`.", "",
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def training_method(recipe: Recipe) -> str:
+    """How the weights were trained, in words: objective, and which weights."""
+    weights = {"full": "all weights", "lora": "a LoRA adapter, merged", "qlora": "a LoRA adapter over a 4-bit base (QLoRA), merged",
+               "lora_8bit": "a LoRA adapter over an 8-bit base, merged"}[recipe.finetune.method]  # fmt: skip
+    if recipe.finetune.objective == "dpo":
+        beta = recipe.finetune.dpo.get("beta", 0.1)
+        return f"DPO (Direct Preference Optimization, TRL's DPOTrainer, beta {beta}) on preference pairs, {weights}"
+    kind = "supervised fine-tuning on instruction data" if recipe.data.instruction_data else (
+        "fine-tuning" if recipe.model.from_pretrained else "pretraining")
+    return f"{kind} (next-token loss), {weights}"
 
 
 def _count(results: dict[str, Any]) -> str:

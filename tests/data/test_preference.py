@@ -78,7 +78,7 @@ def test_pairs_stream_resumes_where_they_stopped(tmp_path):
     assert resumed == [pair for pair, _ in items[25:40]]
     assert [p for p, _ in items[:16]] != [encode_pair(tokenizer, r) for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])]  # shuffled
     held_out = validation_pairs(plan)
-    assert len(held_out) == 8 and held_out[0]["prompt"].startswith("What does the Python function dataclasses.fields")
+    assert len(held_out) == 8 and held_out[0]["prompt"].startswith("What does the Python function ipaddress.num_addresses")
 
 
 @pytest.mark.parametrize("line, problem", [

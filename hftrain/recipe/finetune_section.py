@@ -1,0 +1,94 @@
+"""The recipe's ``finetune`` section: which weights train (full, LoRA over a full, 4-bit or 8-bit base) and on
+which objective (next-token loss, or DPO by TRL), with peft's LoraConfig and TRL's DPOConfig keys checked by
+their own names."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from hftrain.recipe.sections import Section
+
+
+class QuantizationSection(Section):
+    """BitsAndBytesConfig keys for qlora (4-bit); lora_8bit uses load_in_8bit."""
+
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type: NF4 (QLoRA's) or FP4."""
+    bnb_4bit_use_double_quant: bool = True
+    """Quantize the quantization constants too (saves ~0.4 bits/parameter)."""
+    bnb_4bit_compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype the 4-bit weights are dequantized to for matmuls."""
+    bnb_4bit_quant_storage: Literal["uint8", "bfloat16", "float16", "float32"] | None = None
+    """Storage dtype of the packed weights; FSDP needs it equal to the compute dtype."""
+
+
+DPO_KEYS_HFTRAIN_SETS = {  # DPOConfig keys that hftrain decides from other parts of the recipe: why
+    "max_length": "the longest prompt + answer is data.seq_len; set that",
+    "model_init_kwargs": "the model section builds the policy and the reference",
+    "trust_remote_code": "set model.trust_remote_code",
+    "precompute_ref_log_probs": "the pairs are streamed, so the reference log-probs are computed with each batch",
+    "precompute_ref_batch_size": "the pairs are streamed, so the reference log-probs are computed with each batch",
+    "padding_free": "TRL 1.x disabled it; batches are padded to their longest pair",
+    "dataset_num_proc": "hftrain tokenizes the pairs in its data stream (data.readers, dataloader_num_workers)",
+}
+
+
+class FinetuneSection(Section):
+    """How the weights are trained: all of them, or a LoRA adapter over a (possibly quantized) base."""
+
+    method: Literal["full", "lora", "qlora", "lora_8bit"] = "full"
+    """full: every weight. lora: a LoRA adapter. qlora: LoRA over a 4-bit base. lora_8bit: LoRA over an 8-bit base.
+    qlora and lora_8bit need model.from_pretrained."""
+    lora: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}
+    """peft LoraConfig keys (r, lora_alpha, lora_dropout, target_modules, bias, ...). target_modules defaults to
+    every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h)."""
+    quantization: QuantizationSection = QuantizationSection()
+    """4-bit quantization of the base for qlora."""
+    objective: Literal["lm", "dpo"] = "lm"
+    """lm: next-token loss (pretraining, or supervised fine-tuning on instruction data). dpo: Direct Preference
+    Optimization on preference pairs (data format: preference), by TRL's DPOTrainer (pip install 'hftrain[dpo]').
+    The reference is the base with the adapter disabled (lora, qlora) or a frozen copy of the starting weights (full)."""
+    dpo: dict[str, Any] = {}
+    """TRL DPOConfig keys by their own names (beta, loss_type, label_smoothing, truncation_mode, ...); the
+    TrainingArguments keys stay in the training section, and the sequence limit is data.seq_len."""
+
+    @model_validator(mode="after")
+    def _lora_keys(self) -> FinetuneSection:
+        if self.method == "full":
+            return self  # peft is imported only for LoRA runs
+        import dataclasses as dc
+
+        from peft import LoraConfig
+
+        known = {f.name for f in dc.fields(LoraConfig) if f.init} - {"task_type", "peft_type"}
+        unknown = sorted(set(self.lora) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            raise ValueError(f"lora: {unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
+        return self
+
+    @model_validator(mode="after")
+    def _dpo_keys(self) -> FinetuneSection:
+        if self.dpo and self.objective != "dpo":
+            raise ValueError("dpo: DPOConfig keys are set but finetune.objective is lm; set finetune.objective: dpo or remove them")
+        if self.objective != "dpo":
+            return self
+        try:
+            import dataclasses as dc
+
+            from transformers import TrainingArguments
+            from trl import DPOConfig  # imported only for DPO runs
+        except ImportError:
+            raise ValueError("objective dpo needs TRL: pip install 'hftrain[dpo]'") from None
+        own = {f.name for f in dc.fields(DPOConfig) if f.init} - {f.name for f in dc.fields(TrainingArguments)}
+        for key in self.dpo:
+            if key in DPO_KEYS_HFTRAIN_SETS:
+                raise ValueError(f"dpo: {key} is not taken: {DPO_KEYS_HFTRAIN_SETS[key]}")
+            if key not in own:
+                where = "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
+                close = difflib.get_close_matches(key, own, n=1)
+                raise ValueError(f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else ""))
+        return self
