@@ -109,6 +109,8 @@ CHAIN = [
     "hftrain train recipes/finetune/lora.yaml",
     "hftrain train recipes/finetune/full.yaml",
     "hftrain export runs/finetune-lora/checkpoint-200 --merge --out runs/finetune-lora/merged",
+    "hftrain train recipes/finetune/dpo.yaml",
+    "hftrain export runs/finetune-dpo/checkpoint-200 --merge --out runs/finetune-dpo/merged",
 ]
 S3_LINE = "hftrain train recipes/quickstart.yaml 'data.train={path: \"s3://corpus/*.jsonl.gz\"}'"
 # Run elsewhere in the suite (the same command on a tiny recipe), or not runnable on this machine, with the reason.
