@@ -32,7 +32,7 @@ def test_plan_for_a_named_python_and_platform(tmp_path):
     assert "warning: target Python 3.12" in result.stderr or sys.version_info[:2] == (3, 12)
     assert not (tmp_path / "wh").exists()  # a dry run downloads nothing
     bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--extras", "qlora,cuda", "--dry-run"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, gcs, sagemaker, trackers, test" in bad.stderr
+    assert bad.returncode == 2 and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, gcs, sagemaker, trackers, test" in bad.stderr
 
 
 def test_no_torch_leaves_out_torch_and_the_cuda_libraries_but_not_nvml(tmp_path):
