@@ -36,6 +36,7 @@ class Config:
     seq_len: int = 256
     checkpointing: bool = False
     processes: int = 1  # 2: an FSDP rehearsal (gloo)
+    objective: str = "lm"  # lm | dpo (the shipped preference pairs; full keeps a reference copy)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -47,6 +48,8 @@ GRID = [
     Config("31m-lora-b8-s256", "pythia-31m", "lora", batch=8),
     Config("31m-qlora-b8-s256-gc", "pythia-31m", "qlora", batch=8, checkpointing=True),
     Config("31m-fsdp2-b4-s256", "pythia-31m", processes=2),
+    Config("31m-dpo-full-b4-s256", "pythia-31m", "full", objective="dpo"),
+    Config("31m-dpo-lora-b8-s256", "pythia-31m", "lora", batch=8, objective="dpo"),
     Config("160m-b4-s256", "pythia-160m"),
     Config("160m-b2-s1024", "pythia-160m", batch=2, seq_len=1024),
     Config("160m-b2-s1024-gc", "pythia-160m", batch=2, seq_len=1024, checkpointing=True),
@@ -66,8 +69,9 @@ def recipe_for(config: Config, bases: Path, out: Path) -> dict[str, Any]:
     else:
         model = {"from_pretrained": str(bases / config.size)}
         tokenizer = {"path": str(bases / config.size)}
-        data = {"train": {"path": str(ROOT / "recipes/finetune/data/train.jsonl"), "format": "prompt_completion"},
-                "validation": {"path": str(ROOT / "recipes/finetune/data/validation.jsonl"), "format": "prompt_completion"}}
+        kind, fmt = ("preference", "preference") if config.objective == "dpo" else ("", "prompt_completion")
+        data = {"train": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}train.jsonl"), "format": fmt},
+                "validation": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}validation.jsonl"), "format": fmt}}
     recipe: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer,
@@ -78,7 +82,7 @@ def recipe_for(config: Config, bases: Path, out: Path) -> dict[str, Any]:
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }  # fmt: skip
     if config.method != "pretrain":
-        recipe["finetune"] = {"method": config.method, "lora": {"r": 16, "lora_alpha": 32}}
+        recipe["finetune"] = {"method": config.method, "lora": {"r": 16, "lora_alpha": 32}, "objective": config.objective}
     for key, value in config.extra.items():
         section, name = key.split(".", 1)
         recipe.setdefault(section, {})[name] = value

@@ -8,6 +8,7 @@ what hftrain does differently on a machine without a GPU.
 | function                    | library (seen with)              | active when                                  | upstream                      |
 | --------------------------- | -------------------------------- | -------------------------------------------- | ----------------------------- |
 | quiet_optional_warnings     | bitsandbytes 0.50                | any run or CLI command (a logger level)      | bitsandbytes#2064 (open)      |
+| quiet_trl_deprecations      | TRL 1.16, transformers 5.x       | a DPO run (a warnings filter)                | none filed                    |
 | skip_unneeded_imports       | accelerate 1.10-1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same     | accelerate#1952, transformers#26308 |
 | hub_request_timeouts        | huggingface_hub 1.31-2.x         | any command (integrations/network.py)        | huggingface_hub#3750, #3790   |
 | plain_gcs_filesystem        | gcsfs >= 2025                    | before gcsfs is first imported (gs:// data)  | none filed (fake-gcs-server#2069) |
@@ -38,6 +39,15 @@ def quiet_optional_warnings() -> None:
     """bitsandbytes 0.50's CPU backend logs a warning on import that an optional kernel package is absent; it is
     not needed for anything hftrain does. Upstream: none filed (a logger level, not a behaviour change)."""
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def quiet_trl_deprecations() -> None:
+    """TRL 1.16's DPOTrainer reads ``model.is_gradient_checkpointing``, which transformers 5 deprecates with a
+    FutureWarning at every evaluation and save: the user can do nothing about it. One message filtered; the
+    attribute still works. Upstream: none filed (TRL will move to ``is_activation_checkpointing``)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def skip_unneeded_imports() -> None:

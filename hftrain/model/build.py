@@ -178,9 +178,12 @@ def parameter_counts(model: PreTrainedModel) -> dict[str, int]:
     return {"total": total, "embedding": embed, "head": head, "non_embedding": total - embed - head}
 
 
-def flops_per_token(counts: dict[str, int], config: Any, seq_len: int) -> float:
+def flops_per_token(counts: dict[str, int], config: Any, seq_len: int, objective: str = "lm") -> float:
+    """6N + 12·L·d·T per trained token (forward a third, backward two thirds); under DPO the reference's
+    forward on the same token adds a third (8N + 16·L·d·T)."""
     matmul_params = counts["total"] - counts["embedding"]
-    return 6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    train = 6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    return train * 4 / 3 if objective == "dpo" else train
 
 
 def tokenizer_size_estimate(recipe: Recipe) -> tuple[int, bool]:
@@ -223,4 +226,4 @@ def measure_model(recipe: Recipe) -> ModelShape:
     model = meta_model(recipe, size, is_new)
     check_context(recipe, model.config)  # `hftrain plan` refuses what `hftrain train` refuses
     counts = parameter_counts(model)
-    return ModelShape(model, counts, flops_per_token(counts, model.config, recipe.data.seq_len))
+    return ModelShape(model, counts, flops_per_token(counts, model.config, recipe.data.seq_len, recipe.finetune.objective))

@@ -53,6 +53,9 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
             print(f"parity --elastic: {label} {name} ...", flush=True)
             _train(recipe_path, backend, nproc, run_dir, common, label)
             runs[name] = read_run(run_dir)
+            if source is not None and min(runs[name]["steps"], default=0) != half + 1:  # else a fresh start compares equal
+                raise HftrainError(f"parity --elastic: the {label} {name} run did not continue from checkpoint-{half} "
+                                   f"(its first logged step is {min(runs[name]['steps'], default=None)}); see {run_dir}")  # fmt: skip
         pairs = {"1 vs 2": (runs["2"], runs["1"], range(1, steps + 1)),
                  "2->1": (runs["2"], runs["2->1"], range(half + 1, steps + 1)),
                  "1->2": (runs["1"], runs["1->2"], range(half + 1, steps + 1))}  # fmt: skip

@@ -25,6 +25,8 @@ class QuantizationSection(Section):
     """Storage dtype of the packed weights; FSDP needs it equal to the compute dtype."""
 
 
+OUTPUT_HEADS = ("embed_out", "lm_head")  # GPT-NeoX's output projection, and most other causal LMs'
+
 DPO_KEYS_HFTRAIN_SETS = {  # DPOConfig keys that hftrain decides from other parts of the recipe: why
     "max_length": "the longest prompt + answer is data.seq_len; set that",
     "model_init_kwargs": "the model section builds the policy and the reference",
@@ -91,4 +93,17 @@ class FinetuneSection(Section):
                 where = "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
                 close = difflib.get_close_matches(key, own, n=1)
                 raise ValueError(f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else ""))
+        if self.method != "full" and self.dpo.get("sync_ref_model"):
+            raise ValueError(f"dpo: sync_ref_model with method {self.method}: the reference is the base with the adapter "
+                             "disabled, so there is no reference copy to sync (TRL refuses it); use method: full or remove it")  # fmt: skip
+        targets = self.lora.get("target_modules") or []
+        if self.method != "full" and any(t in OUTPUT_HEADS for t in ([targets] if isinstance(targets, str) else targets)):
+            raise ValueError("lora.target_modules: an adapter on the output head is never trained under DPO (TRL scores "
+                             "log-probabilities from the head's weight directly); remove embed_out / lm_head")  # fmt: skip
+        # DPOConfig's own check (TRL 1.16), made here: building a DPOConfig would set up accelerate's process state
+        losses = self.dpo.get("loss_type", ["sigmoid"])
+        weights = self.dpo.get("loss_weights")
+        if weights is not None and len(weights) != len([losses] if isinstance(losses, str) else losses):
+            raise ValueError(f"dpo: loss_weights has {len(weights)} weight(s) for {len([losses] if isinstance(losses, str) else losses)} "
+                             "loss_type(s); give one weight per loss type")  # fmt: skip
         return self

@@ -24,7 +24,8 @@ BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
     shape = shape or measure_model(recipe)
     model, config, counts, per_token = shape.meta, shape.config, shape.counts, shape.flops_per_token
-    tokens_per_step = global_batch_of(recipe) * recipe.data.seq_len
+    rows = 2 if recipe.finetune.objective == "dpo" else 1  # DPO: a pair's chosen and rejected answers, each up to seq_len
+    tokens_per_step = global_batch_of(recipe) * recipe.data.seq_len * rows
     memory = {}
     for dtype, width in BYTES.items():
         weights = counts["total"] * width
@@ -43,6 +44,7 @@ def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
         },
         "parameters": counts,
         "train_flops_per_token": per_token,
+        "flops_formula": "8N + 16·L·d·T: DPO, with the reference's forward" if rows == 2 else "6N + 12·L·d·T",
         "tokens_per_step_per_device": tokens_per_step,
         "train_flops_per_step_per_device": per_token * tokens_per_step,
         "memory_bytes": memory,
@@ -125,7 +127,7 @@ def format_plan(info: dict[str, Any], name: str) -> str:
     lines = [
         f"model {name}: {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, vocab {s['vocab']:,}, context {s['context']:,}",
         f"parameters: {p['total']:,} total = {p['embedding']:,} embedding + {p['head']:,} output head + {p['non_embedding']:,} non-embedding",
-        f"training FLOPs per token: {info['train_flops_per_token']:.4g}  (6N + 12·L·d·T)",
+        f"training FLOPs per token: {info['train_flops_per_token']:.4g}  ({info['flops_formula']})",
         f"tokens per optimizer step per device: {info['tokens_per_step_per_device']:,} "
         f"-> {info['train_flops_per_step_per_device']:.4g} FLOPs",
         "training state with AdamW (weights, gradients, optimizer; the peak below adds the rest):",
@@ -182,7 +184,8 @@ PART_NOTES = {
     "runtime": "  tokenizer, Trainer, thread pools, allocator slack",
     "data pipeline": "  the shuffle windows read in this process (data.shuffle_window x seq_len, int32)",
     "activations": "  saved for backward, every layer (one at a time under gradient checkpointing)",
-    "logits and loss": "  micro-batch x seq_len x vocab, with the loss's working set",
+    "logits and loss": "  micro-batch x seq_len x vocab, with the loss's working set (DPO: TRL's fused head, in tiles)",
+    "reference weights": "  DPO: the frozen copy of the starting weights (full fine-tuning), sharded as the weights are",
     "autocast weight copies": "  bf16 copies of the matmul weights autocast keeps until backward",
     "kept freed blocks": "  the step's smaller freed tensors, kept by the allocator for reuse",
     "evaluation logits and loss": "  evaluation batch x seq_len x vocab, with log-probabilities",

@@ -27,6 +27,7 @@ CPU_RUNTIME_BYTES = 150e6  # tokenizer, Trainer, thread pools, allocator slack: 
 KEPT_AFTER_TRAINING = 1.25  # CPU: x the gradients' bytes, what glibc keeps of the steps' freed blocks (calibrated)
 ADAPTER_ACTIVATIONS = 1.65  # CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
 ADAPTER_BASE_COPY = 0.5  # CPU: and hold about half the fp32 base's bytes more during a step (peft's wrapped forward; calibrated)
+FUSED_HEAD_TILE = (4096, 32768)  # DPO: tokens x vocabulary TRL's fused LM head projects at a time (trl.kernels, TRL 1.16)
 CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context and kernels, outside the allocator (not in max_memory_allocated)
 LOGIT_BYTES = {  # working set per logit: (training step, evaluation)
     ("cpu-chunked", "fp32"): (8, 8),  # logits + the chunked loss's gradient (fused_loss.py); eval: + log-probs
@@ -51,6 +52,7 @@ class RunShape:
     attention: str = "sdpa"
     chunked_loss: bool = True  # CPU eager training uses hftrain's chunked loss
     document_mask: bool = False  # packed documents kept apart (data.masks_documents)
+    objective: str = "lm"  # lm | dpo: a pair is two rows (chosen, rejected), scored by TRL's fused head
 
 
 @dataclass
@@ -81,7 +83,8 @@ def run_shape(recipe: Recipe, device: str = "cpu", processes: int = 1, strategy:
         seq_len=recipe.data.seq_len,
         checkpointing=t.gradient_checkpointing if checkpointing is None else checkpointing,
         dtype="bf16" if bf16 else "fp32", attention=recipe.model.attn_implementation or "sdpa",
-        chunked_loss=device == "cpu" and not t.torch_compile,
+        chunked_loss=device == "cpu" and not t.torch_compile and recipe.finetune.objective == "lm",
+        objective=recipe.finetune.objective,
     )  # fmt: skip
 
 
@@ -102,13 +105,18 @@ def layer_activations(config: Any, tokens: int, shape: RunShape) -> list[float]:
 
 def activations(config: Any, shape: RunShape) -> float:
     """Bytes saved for backward over a micro-batch: every layer's, or under gradient checkpointing each layer's
-    input and one layer recomputed at a time; plus the final norm's input and output."""
-    tokens = shape.micro_batch * shape.seq_len
+    input and one layer recomputed at a time; plus the final norm's input and output. Under DPO each pair is
+    two rows (TRL runs chosen and rejected as one batch)."""
+    tokens = shape.micro_batch * shape.seq_len * rows_per_sample(shape)
     layer = sum(layer_activations(config, tokens, shape))
     head = 2 * 4 * tokens * config.hidden_size
     if shape.checkpointing:
         return config.num_hidden_layers * 4 * tokens * config.hidden_size + layer + head
     return config.num_hidden_layers * layer + head
+
+
+def rows_per_sample(shape: RunShape) -> int:
+    return 2 if shape.objective == "dpo" else 1
 
 
 def state_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
@@ -129,6 +137,15 @@ def state_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> dict[s
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
+def reference_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> float:
+    """DPO with full fine-tuning keeps a frozen copy of the starting weights as its reference, built and sharded
+    (TRL's prepare_fsdp / prepare_deepspeed) as the policy's weights are; with an adapter the reference is the
+    base with the adapter disabled: nothing more."""
+    if shape.objective != "dpo" or recipe.finetune.method != "full":
+        return 0.0
+    return state_bytes(recipe, info, shape)["weights"]
+
+
 def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = None,
                  libraries: float | None = None) -> PeakPrediction:  # fmt: skip
     """Peak bytes per process of `recipe` run as `shape` (default: one CPU process as the recipe says); `info`
@@ -143,6 +160,17 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     vocab = config.vocab_size
     train_logits = train_logit * shape.micro_batch * shape.seq_len * vocab
     eval_logits = eval_logit * shape.eval_batch * shape.seq_len * vocab
+    if shape.objective == "dpo":
+        # TRL's fused head scores log-probabilities in tiles (no batch x seq_len x vocab logits); the evaluation's
+        # preference accuracy (eval/preference.py) bounds its logits per forward
+        from hftrain.eval.preference import LOGIT_BUDGET_BYTES
+
+        tokens, columns = FUSED_HEAD_TILE
+        # the fp32 tile, and half as much again for its log-sum-exp (calibrated: plan_calibration.py's DPO rows)
+        tile = 1.5 * 4 * min(tokens, 2 * shape.micro_batch * shape.seq_len) * min(columns, vocab)
+        per_row = 2 * 4 * shape.seq_len * vocab  # logits and log-probabilities of one held-out answer
+        train_logits = tile
+        eval_logits = max(tile, max(per_row, min(LOGIT_BUDGET_BYTES, 2 * shape.eval_batch * per_row)))
     if shape.device == "cpu":
         fixed = {"libraries": libraries if libraries is not None else library_footprint(), "runtime": CPU_RUNTIME_BYTES,
                  "data pipeline": data_pipeline_bytes(recipe, shape.processes)}
@@ -159,8 +187,9 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         step["autocast weight copies"] = autocast_cache
     if state["gradients"] > sum(step.values()):
         step = {"gradients": state["gradients"]}
-    train = {**fixed, "weights": state["weights"], "optimizer": state["optimizer"], **step}
-    evaluation = {**fixed, "weights": state["weights"], "optimizer": state["optimizer"], "kept freed blocks": kept,
+    reference = {"reference weights": reference_bytes(recipe, info, shape)} if shape.objective == "dpo" and recipe.finetune.method == "full" else {}
+    train = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], **step}
+    evaluation = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], "kept freed blocks": kept,
                   "evaluation logits and loss": eval_logits}  # fmt: skip
     t_total, e_total = sum(train.values()), sum(evaluation.values())
     if t_total >= e_total:

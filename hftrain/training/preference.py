@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hftrain import _compat
 from hftrain.data.loader import first_pairs, validation_pairs
 from hftrain.data.preference import needs_chat_template, use_chatml
+from hftrain.errors import HftrainError
 from hftrain.eval.preference import PreferenceEvaluation
 from hftrain.model.build import build_model
 from hftrain.model.finetune import prepare_adapter
@@ -83,8 +85,19 @@ def preference_trainer(recipe: Recipe, dims: ParallelDims, options: TrainerOptio
     if adapter is None:
         reference = build_model(recipe, tokenizer, tokenizer_is_new, dims).eval().requires_grad_(False)
     options.evaluation = PreferenceEvaluation(held_out, tokenizer)
-    return _trainer_class()(
-        model=model, ref_model=reference, args=args, train_dataset=train_records(first),
-        eval_dataset=eval_records(held_out), processing_class=tokenizer, peft_config=adapter,
-        callbacks=callbacks, options=options,
-    )  # fmt: skip
+    import datasets
+
+    _compat.quiet_trl_deprecations()
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # TRL's tokenization of the held-out pairs: three bars per rank, at start
+    try:
+        return _trainer_class()(
+            model=model, ref_model=reference, args=args, train_dataset=train_records(first),
+            eval_dataset=eval_records(held_out), processing_class=tokenizer, peft_config=adapter,
+            callbacks=callbacks, options=options,
+        )  # fmt: skip
+    except (ValueError, NotImplementedError) as err:  # TRL's checks of its keys against the model and data
+        raise HftrainError(f"finetune.dpo: TRL's DPOTrainer refuses this run: {err}") from None
+    finally:
+        if bars:
+            datasets.enable_progress_bars()

@@ -163,9 +163,8 @@ def metrics_options(recipe: Recipe, settings: TrainingSettings, shape: ModelShap
     peak_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     peak = recipe.monitor.peak_tflops * 1e12 if recipe.monitor.peak_tflops else measure_peak_flops(args.device, peak_dtype)
     tokens = settings.dims.global_batch * recipe.data.seq_len
-    flops = shape.flops_per_token * (8 / 6 if recipe.finetune.objective == "dpo" else 1)  # + the reference's forward
     return MetricsOptions(
-        tokens_per_step=tokens, world_size=args.world_size, flops_per_token=flops, peak_flops=peak,
+        tokens_per_step=tokens, world_size=args.world_size, flops_per_token=shape.flops_per_token, peak_flops=peak,
         price_per_hour=recipe.monitor.price_per_hour, input_bound_threshold=recipe.monitor.input_bound_threshold,
         dataloader_workers=args.dataloader_num_workers,
     )  # fmt: skip

@@ -1,9 +1,10 @@
-"""Elastic resume: a run continues on another process count with the same data order and the same losses.
+"""Resume, on the same or another process count, with the same data order and the same losses.
 
-For each backend, in fp32 on gloo: a 2-process run and a 1-process run of the same recipe give the same per-step
-losses (the data order belongs to the run, not the launch); the 2-process run's mid checkpoint continues on 1
-process and the 1-process run's on 2, and the steps after the resume equal the uninterrupted runs' (loss 1e-5
-relative, grad norm 1e-4). Plus a kill -9 of a 2-process run continued on 1 process.
+For each sharded backend (FSDP, ZeRO-3), in fp32 on gloo: a 2-process run and a 1-process run of the same recipe
+give the same per-step losses (the data order belongs to the run, not the launch); the 2-process run's mid
+checkpoint continues on 2 processes and on 1, and the 1-process run's on 2, and the steps after the resume equal
+the uninterrupted runs' (loss 1e-5 relative, grad norm 1e-4); the sharded checkpoint exports to one model. DDP
+is checked the same way by `hftrain parity --elastic`, plus a kill -9 of a 2-process run continued on 1 process.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import psutil
 import pytest
 import yaml
 
+from hftrain.checkpoint import layout
 from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import copy_checkpoint, train_log
-from ..support.cli import ROOT, run_cli
+from ..support.cli import EXPECTED_TYPE, ROOT, run_cli
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 STEPS, SAVE = 8, 4
@@ -67,22 +69,42 @@ def assert_same_steps(reference: dict, other: dict, which: range, label: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ddp", "fsdp", "zero3"])
-def test_resume_on_another_process_count(sharded_yaml, tmp_path, backend):
+@pytest.mark.parametrize("backend", ["fsdp", "zero3"])
+def test_sharded_backend_resumes_on_any_process_count_and_exports(sharded_yaml, tmp_path, backend):
+    """One sharded run checked every way: what accelerate set up, a resume on the same process count, on 1
+    process and from 1 process onto 2, and its sharded checkpoint exported as one model. (DDP: `parity --elastic`
+    below and the kill -9 tests.)"""
     two, one = tmp_path / "two", tmp_path / "one"
     train(sharded_yaml, backend, 2, two)
+    results = json.loads(RunLayout(two).results.read_text())
+    assert (results["distributed_type"], results["world_size"], results["data_readers"]) == (EXPECTED_TYPE[backend], 2, 8)
+    for rank in (0, 1):
+        assert (two / f"checkpoint-{SAVE}" / layout.data_state_file(rank)).is_file()
     train(sharded_yaml, backend, 1, one)
     assert_same_steps(steps(two), steps(one), range(1, STEPS + 1), f"{backend}: 2 vs 1 process(es) from the start")
-    results = json.loads(RunLayout(two).results.read_text())
-    assert results["data_readers"] == 8 and results["world_size"] == 2
 
-    for source, nproc, label in ((two, 1, "2 -> 1"), (one, 2, "1 -> 2")):
-        resumed = tmp_path / f"resumed-{nproc}"
+    for source, nproc, label in ((two, 2, "2 -> 2"), (two, 1, "2 -> 1"), (one, 2, "1 -> 2")):
+        resumed = tmp_path / f"resumed-{label.replace(' -> ', '-to-')}"
         copy_checkpoint(source, resumed, f"checkpoint-{SAVE}")
         out = train(sharded_yaml, backend, nproc, resumed).stdout
         assert f"resuming from {resumed / f'checkpoint-{SAVE}'}" in out, label
         assert_same_steps(steps(source), steps(resumed), range(SAVE + 1, STEPS + 1), f"{backend} {label}")
-        assert json.loads(RunLayout(resumed).results.read_text())["world_size"] == nproc
+        assert min(steps(resumed)) == SAVE + 1 and json.loads(RunLayout(resumed).results.read_text())["world_size"] == nproc
+
+    # the last (sharded) checkpoint consolidated into one model that plain transformers loads: the final model's
+    exported = tmp_path / "exported"
+    result = run_cli("export", str(two / f"checkpoint-{STEPS}"), "--out", str(exported))
+    assert result.returncode == 0, result.stderr[-3000:]
+    script = (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+        "ids = torch.arange(1, 20).unsqueeze(0)\n"
+        f"a = AutoModelForCausalLM.from_pretrained({str(exported)!r}).eval()(ids).logits\n"
+        f"b = AutoModelForCausalLM.from_pretrained({str(two / 'final')!r}).eval()(ids).logits\n"
+        "assert 'hftrain' not in sys.modules\n"
+        "print(float((a - b).abs().max()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
 
 
 @pytest.mark.slow

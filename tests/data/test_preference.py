@@ -113,6 +113,13 @@ def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
          "'learning_rate' is not a DPOConfig key; TrainingArguments keys go in the training section"),
         ({"data": {"train": [{"path": str(pairs), "format": "preference"}, {"builtin": "python-docs"}]}, "finetune": {"objective": "dpo"}},
          "preference and text data cannot be mixed"),
+        # what TRL's DPOTrainer would refuse in every process, refused once here
+        ({"finetune": {"objective": "dpo", "method": "lora", "dpo": {"sync_ref_model": True}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+         "dpo: sync_ref_model with method lora: the reference is the base with the adapter disabled"),
+        ({"finetune": {"objective": "dpo", "method": "lora", "lora": {"target_modules": ["query_key_value", "embed_out"]}},
+          "data": {"train": {"path": str(pairs), "format": "preference"}}}, "lora.target_modules: an adapter on the output head is never trained"),
+        ({"finetune": {"objective": "dpo", "dpo": {"loss_type": ["sigmoid", "ipo"], "loss_weights": [1.0]}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+         "dpo: loss_weights has 1 weight(s) for 2 loss_type(s); give one weight per loss type"),
     ]  # fmt: skip
     for raw, message in cases:
         with pytest.raises(HftrainError) as err:

@@ -77,6 +77,25 @@ def test_sharding_and_checkpointing_lower_the_predicted_peak():
     assert lora < ddp - 7 * GB  # no AdamW state (8 GB) for the frozen base
 
 
+def test_dpo_counts_its_reference_copy_and_both_answers():
+    """Full DPO holds a frozen reference as large as the weights (sharded as they are); both answers of a pair
+    run through the model, so the activations double; TRL's fused head never holds a micro-batch's logits."""
+    dpo = ["finetune.objective=dpo", "data.train.format=preference"]
+    lm, full = load_recipe(PYTHIA_1B, []), load_recipe(PYTHIA_1B, dpo)
+    info = plan(lm)
+    for strategy, processes in (("ddp", 8), ("fsdp", 8), ("single", 1)):
+        a, b = (predict_peak(r, info, run_shape(r, "cuda", processes, strategy=strategy)) for r in (lm, full))
+        assert b.parts["reference weights"] == a.parts["weights"] > 0, strategy
+        assert b.parts["activations"] == pytest.approx(2 * a.parts["activations"]), strategy
+        assert b.parts["logits and loss"] < a.parts["logits and loss"] / 4, strategy
+    fsdp = predict_peak(full, info, run_shape(full, "cuda", 8, strategy="fsdp")).parts["reference weights"]
+    assert fsdp < predict_peak(full, info, run_shape(full, "cuda", 8, strategy="ddp")).parts["reference weights"] / 2
+    lora = load_recipe(PYTHIA_1B, [*dpo, "finetune.method=lora"])
+    assert "reference weights" not in predict_peak(lora, info | plan(lora), run_shape(lora, "cuda", 8)).parts  # the adapter disabled
+    assert plan(full)["train_flops_per_token"] == pytest.approx(4 / 3 * info["train_flops_per_token"])  # + the reference's forward
+    assert plan(full)["tokens_per_step_per_device"] == 2 * info["tokens_per_step_per_device"]
+
+
 def test_plan_refuses_numbers_that_cannot_work(capsys):
     for argv, message in ((["--gpus", "0"], "--gpus 0: give a number above 0"),
                           (["--mfu", "1.5"], "--mfu 1.5: MFU is a fraction of the peak"),

@@ -1,7 +1,8 @@
 """DPO through TRL on hftrain's path: one full fine-tuning run on the shipped pairs (a frozen copy of the start as
-the reference), checked many ways (the first step's loss against a plain TRL DPOTrainer on the same batch, rewards
+the reference), checked many ways (the first five steps' losses against a plain TRL DPOTrainer on the same pairs, rewards
 and held-out preference rising, an exact resume, an export that plain transformers loads and that prefers the
-chosen answers more often than the base); and a short LoRA run (the adapter disabled as the reference, merged)."""
+chosen answers more often than the base); and a short QLoRA run (the adapter disabled as the reference, merged).
+Backends, kill -9, trackers and the Hub: test_preference_backends.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "finetune" / "data"
 PAIRS = 80  # the questions the shipped held-out pairs ask again
+STEPS_VS_TRL = 5  # steps compared with a plain TRL DPOTrainer
 
 
 def dpo_recipe(base, data, out, **training):
@@ -36,17 +38,6 @@ def dpo_recipe(base, data, out, **training):
                      "seed": 7, **training},
         "monitor": {"peak_tflops": 0.1, "plot": False, "sample_max_new_tokens": 0},
     }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def docs_model(tmp_path_factory):
-    """A short quickstart: the shipped recipe's model and tokenizer, on the standard library's docstrings."""
-    root = tmp_path_factory.mktemp("docs-model")
-    raw = load_recipe("recipes/quickstart.yaml", None).model_dump(exclude_unset=True)
-    raw["training"].update(output_dir=str(root), max_steps=60, save_steps=60, eval_strategy="no", report_to="none",
-                           disable_tqdm=True, bf16=False, torch_compile=False, logging_steps=40)  # fmt: skip
-    raw["monitor"] = {"plot": False, "sample_max_new_tokens": 0, "peak_tflops": 0.1}
-    return hftrain.train(load_recipe(None, raw)).final_dir
 
 
 @pytest.fixture(scope="module")
@@ -81,28 +72,44 @@ def test_dpo_rewards_and_held_out_preference_rise(dpo, docs_model):
     assert run.trainer.ref_model is not None and not any(p.requires_grad for p in run.trainer.ref_model.parameters())
 
 
-def test_the_first_step_is_plain_trls(dpo, docs_model):
-    """The same 8 pairs through TRL's own DPOTrainer (its own tokenization, collator and loss) give the same loss."""
+def test_the_steps_are_plain_trls(dpo, docs_model):
+    """The same pairs in the same order through TRL's own DPOTrainer (its own tokenization, collator, loss and
+    optimizer step) give the same losses, step after step: the integration adds nothing to the objective."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from torch.utils.data import SequentialSampler
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
     run, raw, root = dpo
-    records = [json.loads(line) for line in (root / "pairs.jsonl").read_text().splitlines()[:8]]
-    base = docs_model
-    args = DPOConfig(str(root / "trl"), per_device_train_batch_size=8, learning_rate=1e-3, max_steps=1, logging_steps=1, beta=0.1,
+    records = [json.loads(line) for line in (root / "pairs.jsonl").read_text().splitlines()[: 8 * STEPS_VS_TRL]]
+
+    class InFileOrder(DPOTrainer):  # hftrain's run reads the pairs in file order (one reader, no shuffle window)
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+    class StopEarly(TrainerCallback):  # the same 40-step learning-rate schedule, compared over its first steps
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= STEPS_VS_TRL
+
+    args = DPOConfig(str(root / "trl"), per_device_train_batch_size=8, learning_rate=1e-3, max_steps=40, logging_steps=1, beta=0.1,
                      max_length=192, report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=7,
-                     disable_tqdm=True, save_strategy="no")  # fmt: skip
-    trainer = DPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), args=args, train_dataset=Dataset.from_list(records),
-        processing_class=AutoTokenizer.from_pretrained(base),
+                     disable_tqdm=True, save_strategy="no", warmup_steps=0,
+                     adam_beta2=0.95, weight_decay=0.1, lr_scheduler_type="cosine")  # hftrain's training defaults  # fmt: skip
+    trainer = InFileOrder(
+        model=AutoModelForCausalLM.from_pretrained(docs_model, dtype=torch.float32), args=args, train_dataset=Dataset.from_list(records),
+        processing_class=AutoTokenizer.from_pretrained(docs_model), callbacks=[StopEarly()],
     )  # fmt: skip
     trainer.train()
-    plain = next(e for e in trainer.state.log_history if "loss" in e)
-    ours = next(e for e in run.log_history if e.get("step") == 1 and "loss" in e)
-    assert abs(ours["loss"] - plain["loss"]) < 1e-4, (ours["loss"], plain["loss"])
-    assert abs(ours["logps/chosen"] - plain["logps/chosen"]) < 1e-3 * abs(plain["logps/chosen"])
+    plain, ours = losses(trainer.state.log_history), losses(run.log_history)
+    assert sorted(plain) == list(range(1, STEPS_VS_TRL + 1))
+    diffs = {step: abs(ours[step] - plain[step]) for step in plain}
+    print("per-step |hftrain - TRL| DPO loss:", {s: f"{d:.2g}" for s, d in diffs.items()})
+    assert max(diffs.values()) < 1e-6, (ours, plain)  # measured: 0 at every step
+    assert plain[STEPS_VS_TRL] < plain[1] - 0.03  # the steps compared did train
+    first = next(e for e in trainer.state.log_history if e.get("step") == 1 and "loss" in e)
+    mine = next(e for e in run.log_history if e.get("step") == 1 and "loss" in e)
+    assert abs(mine["logps/chosen"] - first["logps/chosen"]) < 1e-3 * abs(first["logps/chosen"])
 
 
 def test_a_resumed_dpo_run_continues_exactly(dpo, tmp_path):
@@ -133,19 +140,20 @@ def test_the_export_prefers_chosen_answers_in_plain_transformers(dpo, docs_model
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt_neox" and (out / "model.safetensors").is_file()
 
 
-def test_lora_dpo_disables_the_adapter_for_its_reference_and_merges(docs_model, dpo, tmp_path):
+def test_qlora_dpo_disables_the_adapter_for_its_reference_and_merges(docs_model, dpo, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     _, raw, root = dpo
-    lora = {**raw, "finetune": {**raw["finetune"], "method": "lora"},
-            "training": {**raw["training"], "output_dir": str(tmp_path / "lora"), "max_steps": 4, "save_steps": 4, "eval_strategy": "no",
-                         "learning_rate": 3e-3}}  # fmt: skip
-    run = hftrain.train(load_recipe(None, lora))
+    qlora = {**raw, "finetune": {**raw["finetune"], "method": "qlora"},
+             "training": {**raw["training"], "output_dir": str(tmp_path / "qlora"), "max_steps": 4, "save_steps": 4, "eval_strategy": "no",
+                          "learning_rate": 3e-3}}  # fmt: skip
+    run = hftrain.train(load_recipe(None, qlora))
     model = run.trainer.model
     assert isinstance(model, PeftModel) and run.trainer.ref_model is None and list(model.peft_config) == ["default"]
+    assert any(type(m).__name__ == "Linear4bit" for m in model.modules())  # the base is 4-bit; no second copy exists
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) < sum(p.numel() for p in model.parameters()) / 4
-    assert (tmp_path / "lora" / "checkpoint-4" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "qlora" / "checkpoint-4" / "adapter_model.safetensors").is_file()
     assert next(e for e in run.log_history if e.get("step") == 4)["rewards/margins"] != 0  # the adapter moved off the base
     merged = AutoModelForCausalLM.from_pretrained(run.final_dir)  # final/: the merged standard model
     assert merged.config.model_type == "gpt_neox" and not hasattr(merged, "peft_config")
