@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hftrain.cli.numbers import positive_int
 from hftrain.errors import HftrainError
 from hftrain.eval.text_metrics import METRICS, evaluate_texts, load_model, load_texts, run_lm_eval
 
@@ -33,9 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=".jsonl/.jsonl.gz/.txt file, directory or glob, local or s3://...; or hf:NAME[:CONFIG[:SPLIT]]")
     p.add_argument("--metric", action="append", choices=METRICS, help="repeat for several (default: perplexity)")
     p.add_argument("--text-field", default="text", help="the JSONL key / dataset column holding the text")
-    p.add_argument("--context", type=int, help="tokens per window (default: max_position_embeddings, at most 1024)")
-    p.add_argument("--stride", type=int, help="tokens a window advances (default: context // 2)")
-    p.add_argument("--limit", type=int, help="first N documents of --data, or N examples per lm-eval task")
+    p.add_argument("--context", type=positive_int, help="tokens per window (default: max_position_embeddings, at most 1024)")
+    p.add_argument("--stride", type=positive_int, help="tokens a window advances (default: context // 2)")
+    p.add_argument("--limit", type=positive_int, help="first N documents of --data, or N examples per lm-eval task")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
     p.add_argument("--lm-eval", metavar="TASKS", help="comma-separated lm-eval tasks (shipped: local_lambada)")
     p.add_argument("--include-path", metavar="DIR", help="a directory of extra lm-eval task YAMLs")

@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from hftrain.cli.numbers import positive_float, positive_int
+
 NAME = "launch-script"
 
 
@@ -14,21 +16,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="write a multi-node launch script (torchrun rendezvous, SLURM, or a SageMaker training job)")
     p.add_argument("recipe")
     p.add_argument("--kind", choices=["torchrun", "slurm", "sagemaker"], default="slurm")
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--nodes", type=positive_int, default=2)
+    p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--accelerate-config", default="accelerate_configs/fsdp.yaml",
                    help="the backend (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)")
     p.add_argument("--out", help="write the script here (default: print it)")
     sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
     sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
-    sm.add_argument("--instance-count", type=int, default=1)
+    sm.add_argument("--instance-count", type=positive_int, default=1)
     sm.add_argument("--spot", action=argparse.BooleanOptionalAction, default=True, help="managed spot capacity (default: on)")
     sm.add_argument("--role", help="execution role name or ARN (default: the SageMaker config's, else the caller's role)")
     sm.add_argument("--region", help="default: the standard AWS configuration")
     sm.add_argument("--bucket", help="S3 bucket for code, checkpoints and the model (default: sagemaker-REGION-ACCOUNT)")
     sm.add_argument("--image", help="training image URI (default: the AWS PyTorch training image)")
-    sm.add_argument("--max-run-hours", type=float, default=24.0)
-    sm.add_argument("--volume-gb", type=int, default=200)
+    sm.add_argument("--max-run-hours", type=positive_float, default=24.0)
+    sm.add_argument("--volume-gb", type=positive_int, default=200)
     sm.add_argument("--channel", action="append", nargs=2, default=[], metavar=("NAME", "S3URI"),
                     help="an input channel, read in the recipe as channel:NAME (default: none; s3:// paths stream)")
     sm.add_argument("--job-name", help="job name prefix (default: hftrain-RECIPE)")

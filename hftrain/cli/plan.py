@@ -8,17 +8,19 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hftrain.cli.numbers import fraction, non_negative_float, positive_float, positive_int
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("plan", help="print the model's size, FLOPs, peak memory, a layout that fits, time and cost")
     p.add_argument("recipe")
-    p.add_argument("--gpus", type=int, help="plan for this many GPUs (default: the machine at hand)")
-    p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory of one GPU for --gpus (default 80)")
+    p.add_argument("--gpus", type=positive_int, help="plan for this many GPUs (default: the machine at hand)")
+    p.add_argument("--gpu-mem-gb", type=positive_float, default=80.0, help="memory of one GPU for --gpus (default 80)")
     p.add_argument("--gpu-type", default="H100 SXM", help="for --gpus: the card whose data-sheet bf16 peak times the run "
                    "(H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)")  # fmt: skip
-    p.add_argument("--mfu", type=float, help="model FLOPs utilization to assume (default: measured by the recipe's last run, "
+    p.add_argument("--mfu", type=fraction, help="model FLOPs utilization to assume (default: measured by the recipe's last run, "
                    "else 0.35 on GPUs, 0.50 on CPUs)")  # fmt: skip
-    p.add_argument("--price-per-hour", type=float, help="price of one device-hour (default: monitor.price_per_hour)")
+    p.add_argument("--price-per-hour", type=non_negative_float, help="price of one device-hour (default: monitor.price_per_hour)")
     return p
 
 

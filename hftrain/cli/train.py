@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hftrain.cli.numbers import non_negative_int, positive_int
 from hftrain.recipe.docs import explain
 
 
@@ -19,9 +20,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
     p.add_argument("--accelerate-config", metavar="NAME_OR_PATH",
                    help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them")
-    p.add_argument("--nproc", type=int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
+    p.add_argument("--nproc", type=positive_int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
     p.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+    p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="N",
                    help="after a crash, start again (resuming from the last complete checkpoint) up to N times")
     return p
 

@@ -200,6 +200,10 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, dict) else value
 
 
+MAX_SEQ_LEN = 2**20  # a million tokens per sequence: beyond any NeoX context, and any one GPU's activations
+MAX_TRAIN_TOKENS = 10**15  # 50x the largest open pretraining runs: a bigger number is a typo, not a plan
+
+
 class DataSection(Section):
     """Where the text comes from and how it becomes fixed-length training blocks."""
 
@@ -243,6 +247,16 @@ class DataSection(Section):
         if not sources:
             raise ValueError("an empty list: give at least one source, e.g. {path: data.jsonl} or {builtin: python-docs}")
         return sources
+
+    @field_validator("seq_len", "train_tokens")
+    @classmethod
+    def _within_reach(cls, value: int | None, info: Any) -> int | None:
+        limit = {"seq_len": MAX_SEQ_LEN, "train_tokens": MAX_TRAIN_TOKENS}[info.field_name]
+        if value is not None and value > limit:
+            what = "tokens per sequence" if info.field_name == "seq_len" else "training tokens"
+            raise ValueError(f"{value:,} {what} is more than hftrain trains (at most {limit:,}); check the number (a "
+                             "misplaced exponent?)")  # fmt: skip
+        return value
 
     @model_validator(mode="after")
     def _one_kind_of_data(self) -> DataSection:

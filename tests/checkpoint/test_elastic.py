@@ -10,14 +10,10 @@ is checked the same way by `hftrain parity --elastic`, plus a kill -9 of a 2-pro
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -26,7 +22,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import copy_checkpoint, train_log
-from ..support.cli import EXPECTED_TYPE, ROOT, run_cli
+from ..support.cli import EXPECTED_TYPE, kill_at_checkpoint, run_cli
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 STEPS, SAVE = 8, 4
@@ -116,21 +112,7 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
     budget = [f"training.max_steps={total}", f"training.save_steps={every}"]
     cmd = [sys.executable, "-m", "hftrain", "train", str(sharded_yaml), "--accelerate-config", "ddp", "--nproc", "2",
            f"training.output_dir={run_dir}", *FP32, *budget]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while not any(ckpt.checkpoint_step(c) >= 6 for c in ckpt.complete_checkpoints(run_dir)):
-        assert proc.poll() is None and time.time() < deadline, "the 2-process run ended before its step-6 checkpoint"
-        time.sleep(0.05)
-    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    for pid in family:  # the launcher, torchrun and both ranks at once; no handler runs
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    assert not RunLayout(run_dir).final.exists(), "the run finished before the kill: nothing was resumed"
-    survivor = ckpt.latest_checkpoint(run_dir)
-    assert survivor is not None
+    survivor = kill_at_checkpoint(cmd, run_dir, 6)
     at = ckpt.step_of(survivor)  # read now: rotation (save_total_limit 2) removes it once the run goes on
     assert 6 <= at < total
     out = train(sharded_yaml, "ddp", 1, run_dir, *budget).stdout

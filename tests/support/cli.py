@@ -27,3 +27,38 @@ def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess
                      f"training.output_dir={out}", *overrides)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def kill_family(proc: subprocess.Popen) -> None:
+    """SIGKILL a launched run's every process at once (the launcher, torchrun and the ranks): no handler runs."""
+    import signal
+
+    import psutil
+
+    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def kill_at_checkpoint(cmd: list[str], run_dir: Path, step: int, timeout: float = 300) -> Path:
+    """Start `cmd` (a training run into `run_dir`), kill it with SIGKILL once a checkpoint at `step` or later is
+    complete, and return the latest complete checkpoint the kill left (the run must not have finished)."""
+    import time
+
+    from hftrain.checkpoint import manager as ckpt
+    from hftrain.checkpoint.layout import RunLayout
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while not any(ckpt.checkpoint_step(c) >= step for c in ckpt.complete_checkpoints(run_dir)):
+        assert proc.poll() is None and time.time() < deadline, f"the run ended before its step-{step} checkpoint"
+        time.sleep(0.05)
+    kill_family(proc)
+    assert not RunLayout(run_dir).final.exists(), "the run finished before the kill: nothing was resumed"
+    survivor = ckpt.latest_checkpoint(run_dir)
+    assert survivor is not None
+    return survivor

@@ -16,6 +16,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_resumed_matches, checkpoint_losses
+from ..support.cli import kill_family
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 
@@ -233,15 +234,7 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     _wait_for_step(RunLayout(run_dir).metrics, random.Random().randint(7, 30), proc)
-    import psutil
-
-    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    for pid in family:  # every process of the run at once: launcher, torchrun and both ranks
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
+    kill_family(proc)  # every process of the run at once: launcher, torchrun and both ranks
     assert not RunLayout(run_dir).final.exists()
     survivor = ckpt.latest_checkpoint(run_dir)
     assert survivor is not None

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import yaml
 
@@ -26,7 +22,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import train_log
-from ..support.cli import ROOT, run_cli
+from ..support.cli import kill_at_checkpoint, run_cli
 from ..support.trackers import tracker_env, trackio_metrics
 from .test_preference import SHIPPED
 
@@ -76,19 +72,7 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
               "parallelism.global_batch_size=8", "data.readers=2"]  # the same pairs per step on 2 processes and on 1  # fmt: skip
     cmd = [sys.executable, "-m", "hftrain", "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "2",
            f"training.output_dir={run_dir}", *common]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while not any(ckpt.checkpoint_step(c) >= 4 for c in ckpt.complete_checkpoints(run_dir)):
-        assert proc.poll() is None and time.time() < deadline, "the 2-process run ended before its step-4 checkpoint"
-        time.sleep(0.05)
-    for pid in [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]:
-        try:  # the launcher, torchrun and both ranks at once; no handler runs
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    assert not RunLayout(run_dir).final.exists(), "the run finished before the kill: nothing was resumed"
-    survivor = ckpt.latest_checkpoint(run_dir)
+    survivor = kill_at_checkpoint(cmd, run_dir, 4)
     at = ckpt.step_of(survivor)
     assert 4 <= at < total
 

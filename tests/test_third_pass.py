@@ -1,0 +1,79 @@
+"""The third bad-input pass (issue 33), by class. Each case runs through the CLI's own entry point and checks the
+exit code, the exact message, that no traceback is printed, the time it took, and that every file that existed
+before is byte-identical after.
+
+Class 6, arguments and values that cannot work: bounds live where a value is parsed (hftrain/cli/numbers.py for
+the commands' numbers, the recipe schema for data.seq_len and data.train_tokens), so nothing starts with them."""
+
+from __future__ import annotations
+
+import ast
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hftrain.cli import main
+
+from .support.data import make_documents, tiny_recipe, write_jsonl
+from .test_mistakes import tree_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (name, argv with {recipe} and {tmp}, expected message)
+VALUES = [
+    ("launch-script --nodes 0", ["launch-script", "{recipe}", "--nodes", "0"], "argument --nodes: 0 cannot work: give a whole number of 1 or more"),
+    ("--gpus-per-node -1", ["launch-script", "{recipe}", "--gpus-per-node", "-1"], "argument --gpus-per-node: -1 cannot work"),
+    ("--instance-count 0", ["launch-script", "{recipe}", "--kind", "sagemaker", "--instance-count", "0"], "argument --instance-count: 0 cannot work"),
+    ("train --nproc 0", ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "0"], "argument --nproc: 0 cannot work: give a whole number of 1 or more"),
+    ("train --nproc -1", ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "-1"], "argument --nproc: -1 cannot work"),
+    ("--max-restarts -1", ["train", "{recipe}", "--max-restarts", "-1"], "argument --max-restarts: -1 cannot work: give a whole number of 0 or more"),
+    ("--max-restarts two", ["train", "{recipe}", "--max-restarts", "two"], "argument --max-restarts: 'two' is not a whole number"),
+    ("plan --mfu 35", ["plan", "{recipe}", "--mfu", "35"], "argument --mfu: 35 cannot work: give a number above 0 and at most 1"),
+    ("plan --gpus 0", ["plan", "{recipe}", "--gpus", "0"], "argument --gpus: 0 cannot work"),
+    ("plan --gpu-mem-gb nan", ["plan", "{recipe}", "--gpus", "8", "--gpu-mem-gb", "nan"], "argument --gpu-mem-gb: nan cannot work: give a number above 0"),
+    ("parity --steps 0", ["parity", "{recipe}", "--steps", "0"], "argument --steps: 0 cannot work"),
+    ("data prepare --processes 0", ["data", "prepare", "{recipe}", "--out", "{tmp}/shards", "--processes", "0"], "argument --processes: 0 cannot work"),
+    ("eval --stride 0", ["eval", "{tmp}", "--stride", "0"], "argument --stride: 0 cannot work"),
+    ("train_tokens 10^30", ["train", "{recipe}", "training.max_steps=-1", "data.train_tokens=1000000000000000000000000000000"],
+     "data.train_tokens: 1,000,000,000,000,000,000,000,000,000,000 training tokens is more than hftrain trains (at most 1,000,000,000,000,000)"),
+    ("seq_len 10^9", ["train", "{recipe}", "data.seq_len=1000000000"],
+     "data.seq_len: 1,000,000,000 tokens per sequence is more than hftrain trains (at most 1,048,576); check the number"),
+    ("seq_len 10^9 in plan", ["plan", "{recipe}", "data.seq_len=1000000000"], "data.seq_len: 1,000,000,000 tokens per sequence"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    data = write_jsonl(tmp_path / "good.jsonl", make_documents(100))
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(tiny_recipe(data, tmp_path / "run", max_steps=4)), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, argv, expected", VALUES, ids=[c[0] for c in VALUES])
+def test_a_value_that_cannot_work_is_refused_where_it_is_parsed(capsys, work, name, argv, expected):
+    before = tree_digest(work)
+    started = time.monotonic()
+    try:
+        code = main([a.format(recipe=work / "r.yaml", tmp=work) for a in argv])
+    except SystemExit as exit_:  # argparse's own refusal
+        code = exit_.code
+    took = time.monotonic() - started
+    printed = capsys.readouterr()
+    assert code == 2, (code, printed.err[-2000:])
+    assert expected in printed.err and "Traceback" not in printed.err + printed.out, printed.err[-2000:]
+    assert took < 10, took
+    assert tree_digest(work) == before  # nothing written, nothing started
+
+
+def test_every_numeric_option_is_bounded():
+    """A plain type=int / type=float option would take 0 or -1 again; the check can fail (see the last line)."""
+
+    def plain_numbers(source: str) -> list[int]:
+        return [kw.value.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                for kw in node.keywords if kw.arg == "type" and isinstance(kw.value, ast.Name) and kw.value.id in ("int", "float")]  # fmt: skip
+
+    found = {p.name: plain_numbers(p.read_text()) for p in (ROOT / "hftrain" / "cli").glob("*.py")}
+    assert not any(found.values()), found
+    assert plain_numbers('p.add_argument("--nodes", type=int, default=2)') == [1]
