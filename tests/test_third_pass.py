@@ -77,3 +77,30 @@ def test_every_numeric_option_is_bounded():
     found = {p.name: plain_numbers(p.read_text()) for p in (ROOT / "hftrain" / "cli").glob("*.py")}
     assert not any(found.values()), found
     assert plain_numbers('p.add_argument("--nodes", type=int, default=2)') == [1]
+
+
+# Class 4, every network client bounded: an http(s):// data source at a server that accepts and never answers is an
+# error within faults.network_timeout_s (it hung before: aiohttp's default has no read limit).
+@pytest.mark.parametrize("scheme, command", [("http", "train"), ("https", "train"), ("http", "data")])
+def test_a_silent_http_source_is_an_error_within_the_bound(capsys, work, silent_server, scheme, command):
+    from hftrain.integrations import network
+
+    url = silent_server.url.replace("http://", f"{scheme}://") + "/corpus/part-0.jsonl"
+    raw = yaml.safe_load((work / "r.yaml").read_text())
+    raw["data"]["train"] = {"path": url}
+    raw["faults"] = {"network_timeout_s": 2}
+    (work / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    before = tree_digest(work)
+    argv = ["train", str(work / "r.yaml")] if command == "train" else ["data", "inspect", str(work / "r.yaml")]
+    started = time.monotonic()
+    try:
+        code = main(argv)
+    finally:
+        network.configure()  # this process's default bound again
+    took = time.monotonic() - started
+    printed = capsys.readouterr()
+    assert code == 2, printed.err[-2000:]
+    assert f"cannot list {url!r}: the endpoint: no answer within the network time limit (2 s, retries included)" in printed.err
+    assert "Traceback" not in printed.err + printed.out and silent_server.connections
+    assert took < 15, took
+    assert tree_digest(work) == before

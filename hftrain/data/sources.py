@@ -17,7 +17,7 @@ import fsspec
 
 from hftrain import _compat
 from hftrain.integrations import network
-from hftrain.errors import HftrainError
+from hftrain.errors import HftrainError, as_user_error
 from hftrain.recipe.schema import Source, data_kind
 from hftrain.data import jsonl
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
@@ -156,6 +156,9 @@ def list_shard_sizes(source: Source, where: str) -> list[tuple[str, int]]:
     except FileNotFoundError:  # e.g. gcsfs listing a bucket that does not exist
         found = []
     except (OSError, ValueError, ImportError, TypeError) as err:
+        known = as_user_error(err, network.bound())  # a silent or refused endpoint says so
+        if known is not None:
+            raise HftrainError(f"{where}.path: cannot list {path!r}: {known}") from None
         raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path, the endpoint and the credentials.") from None
     if not found:
         raise HftrainError(f"{where}.path: no file matches {path!r}. Check the path (relative paths start at the current directory).")

@@ -4,7 +4,8 @@ connection and never answers) is an error naming it within a bound, retries incl
 The bound is ``faults.network_timeout_s`` (default ``DEFAULT_BOUND_S`` = 60 s): ``configure`` applies it to
 
 * fsspec's defaults for s3:// (s3fs/aiobotocore: connect and read timeouts sized for s3fs's and botocore's retries
-  together) and gs:// (gcsfs: a time limit per request). Options a recipe gives in
+  together), gs:// (gcsfs: a time limit per request) and http(s):// (aiohttp: connect and read time limits).
+  Options a recipe gives in
   ``storage_options`` win; ``storage_options_with_timeouts`` merges the timeouts into them key by key;
 * huggingface_hub: its shared HTTP client (used by create_repo, upload_folder, ...; unbounded by default) and
   the metadata and download timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT, inherited by child processes), through
@@ -56,12 +57,27 @@ def gcs_options() -> dict[str, Any]:
     return {"requests_timeout": max(1.0, _bound * 0.5)}
 
 
+def http_options() -> dict[str, Any]:
+    """fsspec's HTTPFileSystem keyword arguments: aiohttp's per-connection and per-read time limits (fsspec does
+    not retry a request that timed out; hftrain's transient-read retries, sources.py, stop at the bound)."""
+    import aiohttp
+
+    per = max(0.5, _bound * ATTEMPT_SHARE)
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=per, sock_read=per)}}
+
+
+OPTIONS_BY_SCHEME = {"s3": s3_options, "s3a": s3_options, "gs": gcs_options, "gcs": gcs_options, "http": http_options,
+                     "https": http_options}  # fmt: skip
+"""The network protocols whose clients hftrain bounds (hf:// goes through huggingface_hub, bounded below). Other
+fsspec protocols (ftp, sftp, abfs, ...) keep their own defaults: docs/recipes-and-data.md says so."""
+
+
 def storage_options_with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """`options` (a recipe's storage_options) with the timeouts for `url`'s scheme merged in; the recipe's own
-    values win, key by key (config_kwargs too)."""
+    values win, key by key (config_kwargs and client_kwargs too)."""
     options = dict(options or {})
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    defaults = s3_options() if scheme in ("s3", "s3a") else gcs_options() if scheme in ("gs", "gcs") else {}
+    defaults = OPTIONS_BY_SCHEME[scheme]() if scheme in OPTIONS_BY_SCHEME else {}
     for key, value in defaults.items():
         if isinstance(value, dict) and isinstance(options.get(key), dict):
             options[key] = {**value, **options[key]}
@@ -82,6 +98,7 @@ def configure(bound_s: float | None = None) -> None:
 
     fsspec.config.conf["s3"] = s3_options()
     fsspec.config.conf["gcs"] = fsspec.config.conf["gs"] = gcs_options()
+    fsspec.config.conf["http"] = fsspec.config.conf["https"] = http_options()
     per = str(max(1, int(attempt_timeout())))
     os.environ["HF_HUB_ETAG_TIMEOUT"] = os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = per
     _compat.hub_request_timeouts(attempt_timeout())

@@ -40,6 +40,8 @@ def test_the_default_bound_is_at_most_60_seconds_retries_included():
         assert attempts * s3["read_timeout"] + backoff + network.S3FS_ATTEMPTS * 2.0 <= 60  # + botocore's back-off (<= 2 s)
         assert s3["retries"]["total_max_attempts"] * s3["connect_timeout"] <= 60
         assert network.gcs_options()["requests_timeout"] <= 60
+        http = network.http_options()["client_kwargs"]["timeout"]
+        assert http.sock_connect <= 60 and http.sock_read <= 60  # fsspec's http does not retry a timed-out read
         from huggingface_hub import constants
         from huggingface_hub.utils import get_session
 
