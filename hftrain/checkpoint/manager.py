@@ -140,6 +140,22 @@ def writable_directory(root: Path) -> None:
         ) from None
 
 
+FULL_DISK_SIGNS = ("No space left", "file write failed", "StorageFull", "unexpected pos", "Disk quota exceeded")
+"""How writers that raise no OSError report a full disk: torch.save's RuntimeError (PytorchStreamWriter "file write
+failed", "unexpected pos"), safetensors' SafetensorError (IoError ... StorageFull)."""
+
+
+def write_failure(err: BaseException) -> str | None:
+    """Why a checkpoint write failed, in words, when it is the disk's doing (full, quota, permissions); None for
+    anything else, which keeps its own error."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    first = (str(err).splitlines() or [""])[0][:200]
+    if any(sign in str(err) for sign in FULL_DISK_SIGNS):
+        return f"the disk is full or refused a write: {type(err).__name__}: {first}"
+    return None
+
+
 class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
@@ -279,16 +295,19 @@ class CheckpointManager:
         staged = self.layout.staged(name)
         try:
             write_trainer_files()
-        except OSError as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
+            if data_position is not None:
+                (staged / data_state_file(rank)).write_text(json.dumps(data_position), encoding="utf-8")
+        except Exception as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
+            reason = write_failure(err)
+            if reason is None:
+                raise
             shutil.rmtree(staged, ignore_errors=True)
             latest = self.latest()
             raise HftrainError(
-                f"training.output_dir: could not write {self.layout.root / name} ({err.strerror or err}). "
+                f"training.output_dir: could not write {self.layout.root / name} ({reason}). "
                 f"{'The previous checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
                 "free space or fix permissions, then run the same command to resume."
             ) from None
-        if data_position is not None:
-            (staged / data_state_file(rank)).write_text(json.dumps(data_position), encoding="utf-8")
         trainer.accelerator.wait_for_everyone()
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
@@ -325,7 +344,19 @@ class CheckpointManager:
         """Write the final model as one standard HF directory into staging (every process takes part in
         gathering a sharded model); `publish_final` moves it into final/ once its evaluation is known."""
         staged = self.layout.staged(RunLayout.FINAL)
-        save_full_model(trainer, staged, self.recipe.model.from_pretrained or "")
+        try:
+            save_full_model(trainer, staged, self.recipe.model.from_pretrained or "")
+        except Exception as err:
+            reason = write_failure(err)
+            if reason is None:
+                raise
+            shutil.rmtree(staged, ignore_errors=True)
+            latest = self.latest()
+            raise HftrainError(
+                f"training.output_dir: could not write the final model ({reason}). "
+                f"{'The last checkpoint ' + str(latest) + ' is intact' if latest else 'No checkpoint exists'}; "
+                "free space, then run the same command: it resumes and writes the final model."
+            ) from None
         return staged
 
     def publish_final(self, staged: Path, info: dict[str, Any]) -> Path:

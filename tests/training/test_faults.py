@@ -131,30 +131,45 @@ def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
     assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-20", "checkpoint-30"]
 
 
-def test_disk_full_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, corpus):
-    import errno
+FULL_DISK = {  # what each writer raises when the disk fills: safetensors (an OSError), torch.save (a RuntimeError)
+    "weights": (OSError(28, "No space left on device"), "(No space left on device)"),
+    "optimizer": (RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/3: "
+                               "file write failed"), "(the disk is full or refused a write: RuntimeError: [enforce fail"),
+}  # fmt: skip
 
+
+@pytest.mark.parametrize("writer", FULL_DISK)
+def test_disk_full_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, corpus, writer):
     import safetensors.torch as st
+    import torch
     import transformers.modeling_utils as mu
 
     import hftrain
     from hftrain.errors import HftrainError
 
-    real, calls = st.save_file, {"n": 0}
+    error, expected = FULL_DISK[writer]
+    real, calls = (st.save_file, torch.save)[writer == "optimizer"], {"n": 0}
 
-    def full_disk(tensors, filename, metadata=None):
+    def full_disk(obj, filename, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             Path(filename).write_bytes(b"half")
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(tensors, filename, metadata=metadata)
+            raise error
+        return real(obj, filename, *args, **kwargs)
 
-    monkeypatch.setattr(mu, "safe_save_file", full_disk)
+    if writer == "weights":
+        monkeypatch.setattr(mu, "safe_save_file", full_disk)
+    else:  # the Trainer's optimizer state goes through torch.save
+
+        def save(obj, f, *args, **kwargs):
+            return (full_disk if str(f).endswith("optimizer.pt") else real)(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "save", save)
     raw = tiny_recipe(corpus, tmp_path / "run", max_steps=20, save_steps=10)
     with pytest.raises(HftrainError) as info:
         hftrain.train(hftrain.load_recipe(None, raw))
     message = str(info.value)
-    assert f"could not write {tmp_path / 'run' / 'checkpoint-20'} (No space left on device)" in message
+    assert f"could not write {tmp_path / 'run' / 'checkpoint-20'} {expected}" in message
     assert f"The previous checkpoint {tmp_path / 'run' / 'checkpoint-10'} is intact" in message
     assert [p.name for p in ckpt.complete_checkpoints(tmp_path / "run")] == ["checkpoint-10"]
     assert not (tmp_path / "run" / RunLayout.STAGING / "checkpoint-20").exists()
