@@ -18,8 +18,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain.eval.report import write_report
+    from hftrain.eval.report import run_staleness, write_report
 
     path = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    stale = run_staleness(Path(args.run_dir))
+    if stale:
+        print(f"hftrain: note: {stale}")
     print(f"report: {path}")
     return 0

@@ -188,6 +188,22 @@ def find_recipe(run_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def stale_results(results: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """Why results.json is not the run's final word, when metrics.jsonl went on past it (a run still training,
+    or continued after it finished once); None when it is."""
+    done, last = results.get("step"), max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None)
+    if not results or not isinstance(done, int) or last is None or last <= done:
+        return None
+    return (f"results.json is from step {done:,}, and metrics.jsonl goes on to step {last:,}: the run is still training "
+            "or was continued, so the summary below is an earlier finish's, not this run's final results.")
+
+
+def run_staleness(run_dir: Path) -> str | None:
+    """stale_results for a run directory (what `hftrain report` also prints)."""
+    path = RunLayout(run_dir).results
+    return stale_results(read_json(path, "the run's results") if path.is_file() else {}, read_metrics(run_dir))
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write run_dir/report.html (or `out`) and return its path."""
     run_dir = Path(run_dir)
@@ -206,8 +222,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         figures.append(f'<figure><img id="{chart_id}" alt="{html.escape(alt)}" src="{uri}"></figure>')
     skipped = "".join(f"<li>{m}</li>" for m in missing)
 
+    stale = stale_results(results, records)
     if results:
-        summary = _table(summary_rows(results, records))
+        summary = (f'<p class="note" id="stale">{html.escape(stale)}</p>' if stale else "") + _table(summary_rows(results, records))
     else:
         summary = "<p class=\"note\">No results.json: the run has not finished (the charts show it so far).</p>"
     samples = results.get("sample")

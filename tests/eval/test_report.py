@@ -102,6 +102,23 @@ def test_report_refuses_a_directory_without_metrics(tmp_path: Path) -> None:
         write_report(tmp_path)
 
 
+def test_report_of_a_run_that_went_on_says_its_results_are_not_final(pretrained_run, tmp_path: Path, capsys) -> None:
+    """A run continued (or still training) after results.json was written: the page and the command say so."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(pretrained_run.output_dir, run_dir, ignore=shutil.ignore_patterns("checkpoint-*", "final"))
+    done = json.loads(RunLayout(run_dir).results.read_text())["step"]
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    fresh = write_report(run_dir, tmp_path / "fresh.html").read_text()
+    assert 'id="stale"' not in fresh  # the check can fail: a finished run's page has no such note
+    with RunLayout(run_dir).metrics.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": done + 5, "loss": 1.0, "learning_rate": 1e-4, "grad_norm": 0.5}) + "\n")
+    assert run(add_parser(argparse.ArgumentParser().add_subparsers()).parse_args([str(run_dir)]), []) == 0
+    expected = f"results.json is from step {done:,}, and metrics.jsonl goes on to step {done + 5:,}: the run is still training"
+    assert expected in capsys.readouterr().out
+    assert expected in html.unescape((run_dir / "report.html").read_text())
+    assert all((run_dir / name).read_bytes() == data for name, data in before.items() if name != "metrics.jsonl")
+
+
 def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("chromium")
     if exe is None:
