@@ -2,8 +2,13 @@
 exit code, the exact message, that no traceback is printed, the time it took, and that every file that existed
 before is byte-identical after.
 
-Class 6, arguments and values that cannot work: bounds live where a value is parsed (hftrain/cli/numbers.py for
-the commands' numbers, the recipe schema for data.seq_len and data.train_tokens), so nothing starts with them."""
+- Class 6, arguments and values that cannot work: bounds live where a value is parsed (hftrain/cli/numbers.py for
+  the commands' numbers, the recipe schema for data.seq_len and data.train_tokens), so nothing starts with them.
+- Class 4, every network client bounded: http(s) sources too (integrations/network.py).
+- Class 2, secrets by value (recipe/load.py: storage options are saved only when they are known settings, and a
+  URL's user info never), across the saved recipe, the model card and error messages.
+(Class 7: tests/training/test_faults.py, full disk whatever the writer raises; tests/eval/test_report.py, a report of
+a run that went on.)"""
 
 from __future__ import annotations
 
@@ -104,3 +109,41 @@ def test_a_silent_http_source_is_an_error_within_the_bound(capsys, work, silent_
     assert "Traceback" not in printed.err + printed.out and silent_server.connections
     assert took < 15, took
     assert tree_digest(work) == before
+
+
+# Class 2, secrets by value: what may be saved is decided by what the field is. Planted values of every kind, under
+# names that do not look secret, never reach a saved recipe, a model card or an error message.
+PLANTED = {
+    "header": ("storage_options", {"client_kwargs": {"headers": {"Authorization": "Bearer PLANTEDheader0123"}}}),
+    "custom credential field": ("storage_options", {"account_key": "PLANTEDaccountKEY0123"}),
+    "access key id": ("storage_options", {"key": "AKIAPLANTEDKEYID0123"}),
+    "endpoint with user info": ("storage_options", {"endpoint_url": "https://admin:PLANTEDendpointPW@store.example:9000"}),
+    "data URL with user info": ("path", "https://reader:PLANTEDpathPW@data.example/corpus.jsonl"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, kind):
+    from hftrain.integrations.hub import model_card
+    from hftrain.recipe.load import load_recipe, save_recipe
+
+    where, value = PLANTED[kind]
+    secret = next(word for word in str(value).replace("'", " ").replace(":", " ").replace("@", " ").split() if "PLANTED" in word)
+    raw = yaml.safe_load((work / "r.yaml").read_text())
+    raw["data"]["train"] = {"path": str(work / "good.jsonl"), "storage_options": {"anon": True, "config_kwargs": {"read_timeout": 7}}}
+    if where == "path":
+        raw["data"]["train"]["path"] = value
+    else:
+        raw["data"]["train"]["storage_options"].update(value)
+    recipe = load_recipe(None, raw)
+    save_recipe(recipe, work / "saved.yaml")
+    saved = (work / "saved.yaml").read_text()
+    assert secret not in saved and secret not in model_card(recipe, {}, "me/model", False)
+    kept = yaml.safe_load(saved)["data"]["train"][0]["storage_options"]
+    assert kept["anon"] is True and kept["config_kwargs"] == {"read_timeout": 7}  # settings stay, to explain the run
+    if kind == "data URL with user info":  # the error that names the path keeps its host, not its password
+        raw["faults"] = {"network_timeout_s": 1}
+        (work / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+        code = main(["data", "inspect", str(work / "r.yaml")])
+        printed = capsys.readouterr()
+        assert code == 2 and secret not in printed.err + printed.out and "https://***@data.example" in printed.err, printed.err

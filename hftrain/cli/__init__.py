@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         known = as_user_error(err, network.bound())
         if known is None:
             raise
-        print(f"hftrain: error: {known}", file=sys.stderr)
+        from hftrain.recipe.load import redact_value
+
+        print(f"hftrain: error: {redact_value('', str(known))}", file=sys.stderr)  # no URL's user:password@
         return 2
 
 

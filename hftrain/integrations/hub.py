@@ -22,6 +22,7 @@ import yaml
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout
+from hftrain.recipe.load import redact_value
 from hftrain.recipe.schema import Recipe
 
 CARD = "README.md"
@@ -50,7 +51,7 @@ def _retry(action: Callable[[], Any], what: str) -> Any:
 
 def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: bool) -> str:
     """README.md with Hub metadata, the final metrics, the curves and how to load the model without hftrain."""
-    sources = [s.dataset or s.path or s.builtin or s.pretokenized for s in recipe.data.train]
+    sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in recipe.data.train]  # no user:password@
     meta: dict[str, Any] = {
         "library_name": "transformers",
         "license": recipe.hub.license,
