@@ -69,7 +69,7 @@ def http_options() -> dict[str, Any]:
 OPTIONS_BY_SCHEME = {"s3": s3_options, "s3a": s3_options, "gs": gcs_options, "gcs": gcs_options, "http": http_options,
                      "https": http_options}  # fmt: skip
 """The network protocols whose clients hftrain bounds (hf:// goes through huggingface_hub, bounded below). Other
-fsspec protocols (ftp, sftp, abfs, ...) keep their own defaults: docs/recipes-and-data.md says so."""
+fsspec protocols (ftp, sftp, abfs, ...) keep their own defaults: docs/operations.md says so."""
 
 
 def storage_options_with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:

@@ -201,7 +201,7 @@ def _as_list(value: Any) -> Any:
 
 
 MAX_SEQ_LEN = 2**20  # a million tokens per sequence: beyond any NeoX context, and any one GPU's activations
-MAX_TRAIN_TOKENS = 10**15  # 50x the largest open pretraining runs: a bigger number is a typo, not a plan
+MAX_TRAIN_TOKENS = 10**15  # about 30x the largest published pretraining runs: a bigger number is a typo, not a plan
 
 
 class DataSection(Section):

@@ -125,3 +125,15 @@ def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
         with pytest.raises(HftrainError) as err:
             load_recipe(None, raw)
         assert message in str(err.value), (raw, str(err.value))
+
+
+def test_held_out_scoring_bounds_its_logits_by_the_recipe_not_the_number_of_pairs():
+    from hftrain.eval.preference import LOGIT_BUDGET_BYTES, _batches
+
+    rows = [([1] * 100, [2] * 28)] * 1000  # 1,000 rows of 128 tokens
+    small = _batches(rows, vocab=512, batch_size=16)
+    assert [len(b) for b in small] == [16] * 62 + [8]  # the batch size when the logits fit
+    large = _batches(rows, vocab=50_000, batch_size=16)  # 16 x 128 x 50k x 8 bytes would be 819 MB
+    assert max(8 * len(b) * 128 * 50_000 for b in large) <= LOGIT_BUDGET_BYTES and sum(map(len, large)) == 1000
+    huge = _batches([([1] * 4000, [2] * 96)] * 3, vocab=50_000, batch_size=16)
+    assert [len(b) for b in huge] == [1, 1, 1]  # one row at least, even over the budget
