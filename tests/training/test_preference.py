@@ -112,6 +112,44 @@ def test_the_steps_are_plain_trls(dpo, docs_model):
     assert abs(mine["logps/chosen"] - first["logps/chosen"]) < 1e-3 * abs(first["logps/chosen"])
 
 
+def test_the_report_charts_the_rewards(dpo):
+    from hftrain.eval.report import write_report
+
+    run, _, _ = dpo
+    page = write_report(run.output_dir).read_text()
+    for chart in ("chart-loss", "chart-reward-margin", "chart-reward-accuracy", "chart-tokens-per-s"):
+        assert f'id="{chart}"' in page, chart  # an id is written only for a chart that was drawn
+
+
+def test_a_non_finite_dpo_loss_stops_the_run_at_once(dpo, tmp_path, monkeypatch):
+    """The non-finite guard sees TRL's loss: a NaN at step 3 stops the run and names the last good checkpoint."""
+    import torch
+    from trl import DPOTrainer
+
+    from hftrain.errors import HftrainError
+
+    _, raw, _ = dpo
+    real, calls = DPOTrainer.compute_loss, {"n": 0}
+
+    def poisoned(self, model, inputs, *args, **kwargs):
+        out = real(self, model, inputs, *args, **kwargs)
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] == 3:  # the third training step's loss
+                nan = torch.tensor(float("nan"))
+                return (out[0] * nan, *out[1:]) if isinstance(out, tuple) else out * nan
+        return out
+
+    monkeypatch.setattr(DPOTrainer, "compute_loss", poisoned)
+    run_dir = tmp_path / "nan"
+    stopped = {**raw, "faults": {"on_nonfinite": "stop"},
+               "training": {**raw["training"], "output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_strategy": "no"}}  # fmt: skip
+    with pytest.raises(HftrainError) as info:
+        hftrain.train(load_recipe(None, stopped))
+    assert "non-finite loss or gradient norm (nan) at step 3; stopped (faults.on_nonfinite=stop)" in str(info.value)
+    assert f"the last good checkpoint is {run_dir / 'checkpoint-2'}" in str(info.value)
+
+
 def test_a_resumed_dpo_run_continues_exactly(dpo, tmp_path):
     run, raw, root = dpo
     copy = tmp_path / "run"
