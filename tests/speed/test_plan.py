@@ -97,10 +97,15 @@ def test_dpo_counts_its_reference_copy_and_both_answers():
 
 
 def test_plan_refuses_numbers_that_cannot_work(capsys):
-    for argv, message in ((["--gpus", "0"], "--gpus 0: give a number above 0"),
-                          (["--mfu", "1.5"], "--mfu 1.5: MFU is a fraction of the peak"),
+    for argv, message in ((["--gpus", "0"], "argument --gpus: 0 cannot work: give a whole number of 1 or more"),
+                          (["--mfu", "1.5"], "argument --mfu: 1.5 cannot work: give a number above 0 and at most 1"),
+                          (["--price-per-hour", "0"], "argument --price-per-hour: 0 cannot work: give a number above 0"),
                           (["--gpus", "2", "--gpu-type", "Z9"], "--gpu-type 'Z9': no data-sheet peak known")):  # fmt: skip
-        assert main(["plan", PYTHIA_1B, *argv]) == 2
+        try:
+            code = main(["plan", PYTHIA_1B, *argv])
+        except SystemExit as refused:  # argparse's own refusal (cli/numbers.py)
+            code = refused.code
+        assert code == 2
         assert message in capsys.readouterr().err
 
 
