@@ -298,16 +298,7 @@ class CheckpointManager:
             if data_position is not None:
                 (staged / data_state_file(rank)).write_text(json.dumps(data_position), encoding="utf-8")
         except Exception as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
-            reason = write_failure(err)
-            if reason is None:
-                raise
-            shutil.rmtree(staged, ignore_errors=True)
-            latest = self.latest()
-            raise HftrainError(
-                f"training.output_dir: could not write {self.layout.root / name} ({reason}). "
-                f"{'The previous checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
-                "free space or fix permissions, then run the same command to resume."
-            ) from None
+            raise self._write_error(err, staged, str(self.layout.root / name)) from None
         trainer.accelerator.wait_for_everyone()
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
@@ -347,17 +338,22 @@ class CheckpointManager:
         try:
             save_full_model(trainer, staged, self.recipe.model.from_pretrained or "")
         except Exception as err:
-            reason = write_failure(err)
-            if reason is None:
-                raise
-            shutil.rmtree(staged, ignore_errors=True)
-            latest = self.latest()
-            raise HftrainError(
-                f"training.output_dir: could not write the final model ({reason}). "
-                f"{'The last checkpoint ' + str(latest) + ' is intact' if latest else 'No checkpoint exists'}; "
-                "free space, then run the same command: it resumes and writes the final model."
-            ) from None
+            raise self._write_error(err, staged, "the final model") from None
         return staged
+
+    def _write_error(self, err: Exception, staged: Path, what: str) -> Exception:
+        """The error to raise for a failed write into `staged`: the disk's doing (write_failure) becomes one message
+        naming the intact checkpoint, with the half-written staging removed; anything else is `err` itself."""
+        reason = write_failure(err)
+        if reason is None:
+            return err
+        shutil.rmtree(staged, ignore_errors=True)
+        latest = self.latest()
+        return HftrainError(
+            f"training.output_dir: could not write {what} ({reason}). "
+            f"{'The last complete checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
+            "free space or fix permissions, then run the same command to resume."
+        )
 
     def publish_final(self, staged: Path, info: dict[str, Any]) -> Path:
         """Main process: the staged final model, with its recipe, replaces final/ atomically."""

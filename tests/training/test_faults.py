@@ -170,7 +170,7 @@ def test_disk_full_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(
         hftrain.train(hftrain.load_recipe(None, raw))
     message = str(info.value)
     assert f"could not write {tmp_path / 'run' / 'checkpoint-20'} {expected}" in message
-    assert f"The previous checkpoint {tmp_path / 'run' / 'checkpoint-10'} is intact" in message
+    assert f"The last complete checkpoint {tmp_path / 'run' / 'checkpoint-10'} is intact" in message
     assert [p.name for p in ckpt.complete_checkpoints(tmp_path / "run")] == ["checkpoint-10"]
     assert not (tmp_path / "run" / RunLayout.STAGING / "checkpoint-20").exists()
 
