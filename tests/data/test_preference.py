@@ -137,3 +137,27 @@ def test_held_out_scoring_bounds_its_logits_by_the_recipe_not_the_number_of_pair
     assert max(8 * len(b) * 128 * 50_000 for b in large) <= LOGIT_BUDGET_BYTES and sum(map(len, large)) == 1000
     huge = _batches([([1] * 4000, [2] * 96)] * 3, vocab=50_000, batch_size=16)
     assert [len(b) for b in huge] == [1, 1, 1]  # one row at least, even over the budget
+
+
+def test_pairs_read_the_same_from_a_local_file_s3_and_a_hugging_face_dataset(tmp_path, s3):
+    import gzip
+
+    lines = "".join((SHIPPED / "preference_train.jsonl").read_text().splitlines(keepends=True)[:24])
+    (tmp_path / "pairs.jsonl").write_text(lines)
+    bucket = s3.make_bucket()
+    s3.put(f"{bucket}/pairs.jsonl.gz", gzip.compress(lines.encode()))
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text(lines)
+    tokenizer = gpt2()
+
+    def first_pairs(train):
+        recipe = load_recipe(None, {"data": {"train": {**train, "format": "preference"}, "seq_len": 64, "eval_blocks": 4,
+                                             "shuffle_window": 1, "readers": 1},
+                                    "finetune": {"objective": "dpo"}, "training": {"output_dir": str(tmp_path / "run")}})  # fmt: skip
+        stream = train_blocks(plan_data(recipe.data, 0), tokenizer, Worker(), 16)
+        return [pair for (pair, _), _ in zip(stream.blocks(stream.fresh_state()), range(12))]
+
+    local = first_pairs({"path": str(tmp_path / "pairs.jsonl")})
+    assert len(local) == 12 and all(p["chosen_ids"] != p["rejected_ids"] for p in local)
+    assert first_pairs({"path": f"s3://{bucket}/pairs.jsonl.gz"}) == local
+    assert first_pairs({"dataset": str(tmp_path / "ds"), "split": "train"}) == local
