@@ -187,7 +187,8 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         step["autocast weight copies"] = autocast_cache
     if state["gradients"] > sum(step.values()):
         step = {"gradients": state["gradients"]}
-    reference = {"reference weights": reference_bytes(recipe, info, shape)} if shape.objective == "dpo" and recipe.finetune.method == "full" else {}
+    copy = reference_bytes(recipe, info, shape)
+    reference = {"reference weights": copy} if copy else {}
     train = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], **step}
     evaluation = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], "kept freed blocks": kept,
                   "evaluation logits and loss": eval_logits}  # fmt: skip
