@@ -98,7 +98,8 @@ def test_start_over_moves_the_earlier_run_aside_and_never_mixes_them(capsys, rec
     assert code == 0 and "moved the earlier run to" in printed
     (aside,) = run_dir.glob("previous-*")
     tokenizer = {k: v for k, v in earlier.items() if k.startswith(RunLayout.TOKENIZER_DIR + "/")}
-    assert tokenizer and tree_digest(aside) == {k: v for k, v in earlier.items() if k not in tokenizer}  # byte for byte
+    own = {k: v for k, v in earlier.items() if k not in tokenizer and k != ".hftrain.lock"}  # the lock stays: the directory's
+    assert tokenizer and tree_digest(aside) == own  # byte for byte
     assert {k: v for k, v in tree_digest(run_dir).items() if k in tokenizer} == tokenizer  # reused, not retrained
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
     code, printed = cli(capsys, "train", str(recipe_file), "training.max_steps=8")  # resumes the new run, not the old
@@ -148,14 +149,16 @@ def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, cod
 
 @pytest.mark.slow
 def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file):
-    """Found by the child process (the recipe itself is valid): exit 2 once, not N + 1 times."""
-    in_the_way = tmp_path / "a-file"
-    in_the_way.write_text("mine")
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3",
-                             f"training.output_dir={in_the_way}"], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 2 and result.stderr.count(f"training.output_dir: {in_the_way} is a file, not a directory") == 1
+    """Found by the child process (the recipe itself is valid: the data file's first record is not JSON): exit 2
+    once, not N + 1 times."""
+    data = tmp_path / "good.jsonl"
+    data.write_text("{not json\n" + data.read_text(encoding="utf-8"), encoding="utf-8")
+    before = data.read_bytes()
+    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3"],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count(f"{data}:1: not valid JSON") == 1, result.stderr[-2000:]
     assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
-    assert "Traceback" not in result.stderr and in_the_way.read_text() == "mine"
+    assert "Traceback" not in result.stderr and data.read_bytes() == before
 
 
 # ------------------------------------------------------------------------------------------- resume fallback

@@ -147,3 +147,64 @@ def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, ki
         code = main(["data", "inspect", str(work / "r.yaml")])
         printed = capsys.readouterr()
         assert code == 2 and secret not in printed.err + printed.out and "https://***@data.example" in printed.err, printed.err
+
+
+# Class 1, two launches, one directory: a run and a prepare own their output while they work
+# (hftrain/checkpoint/output_lock.py), and a prepare never writes into what it did not create (data/prepare.py).
+OWNED = [
+    ("train into a directory another launch owns", "held", ["train", "{recipe}"],
+     "training.output_dir: {tmp}/run is in use by another hftrain process: pid {pid} on"),
+    ("prepare into a directory another prepare owns", "held", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+     "--out: {tmp}/run is in use by another hftrain process: pid {pid} on"),
+    ("prepare over a manifest.json that was there", "manifest.json", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+     "--out {tmp}/run: already holds prepared data (manifest.json); nothing was changed. Prepare into a new directory, "
+     "or delete {tmp}/run first to prepare it again."),
+    ("prepare into a folder of other files", "notes.txt", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+     "--out {tmp}/run: is not empty (notes.txt) and was not written by `hftrain data prepare`; nothing was changed."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, there, argv, expected", OWNED, ids=[c[0] for c in OWNED])
+def test_a_directory_owned_by_another_launch_or_not_by_hftrain_is_left_as_it_was(capsys, work, monkeypatch, name, there, argv, expected):
+    from .checkpoint.test_output_lock import hold
+
+    monkeypatch.delenv("HFTRAIN_RUN_TOKEN", raising=False)
+    (work / "run").mkdir()
+    if there == "held":  # what a prepare (or run) at work has written so far
+        (work / "run" / "train-s0-00000-00000.bin").write_bytes(b"\0" * 64)
+    else:
+        (work / "run" / there).write_text('{"version": 1, "shards": []}')
+    holder = hold(work / "run", "--out" if "prepare" in argv else "training.output_dir") if there == "held" else None
+    try:
+        before = tree_digest(work)
+        started = time.monotonic()
+        code = main([a.format(recipe=work / "r.yaml", tmp=work) for a in argv])
+        took = time.monotonic() - started
+        printed = capsys.readouterr()
+        assert code == 2, printed.err[-2000:]
+        assert expected.format(tmp=work, pid=holder.pid if holder else "") in printed.err, printed.err[-2000:]
+        assert "Traceback" not in printed.err + printed.out and took < 10, took
+        assert tree_digest(work) == before
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+
+
+def test_a_second_prepare_into_its_own_folder_is_refused_and_a_killed_one_is_redone(capsys, work, monkeypatch):
+    """Before: the second prepare nested the tokenizer one level down (tokenizer/tok) and failed."""
+    monkeypatch.delenv("HFTRAIN_RUN_TOKEN", raising=False)
+    out = work / "shards"
+    argv = ["data", "prepare", str(work / "r.yaml"), "--out", str(out), "--processes", "1"]
+    assert main(argv) == 0
+    done = tree_digest(work)
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert f"--out {out}: already holds prepared data (manifest.json); nothing was changed." in capsys.readouterr().err
+    assert tree_digest(work) == done
+    (out / "manifest.json").unlink()  # what a prepare killed before its last write leaves: shards, no manifest
+    (out / "train-s0-00000-00000.bin").write_bytes(b"cut short")
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hftrain: removed" in printed and f"an interrupted prepare left in {out}" in printed
+    assert tree_digest(work) == done  # the same shards, manifest and tokenizer as the prepare that finished

@@ -13,6 +13,7 @@ so a name changes in one line. What a run directory holds::
     checkpoint-N/               complete checkpoints (each holds hftrain_complete.json)
     final/                      the final model: a standard HF model directory (LoRA: + adapter/)
     .staging/                   saves in progress; removed at the next start
+    .hftrain.lock               held by the launch that trains here now (output_lock.py)
 """
 
 from __future__ import annotations

@@ -46,6 +46,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
     recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
+    from hftrain.checkpoint.output_lock import owning
+
+    with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it
+        return _train(args, overrides, recipe, job)
+
+
+def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any) -> int:
     if args.max_restarts > 0:
         from hftrain.parallel.launch import supervise
 

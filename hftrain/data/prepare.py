@@ -17,7 +17,8 @@ from hftrain.model.tokenizer import load_tokenizer
 from hftrain.errors import HftrainError
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
 from hftrain.data.prepare_pool import PrepareJob, run_units
-from hftrain.data.pretokenized import ShardWriter
+from hftrain.checkpoint.output_lock import LOCK_FILE, owning
+from hftrain.data.pretokenized import MANIFEST, PREPARED_NAME, ShardWriter
 from hftrain.data.readers import DEFAULT_READERS, default_readers, default_window
 from hftrain.data.sources import COMPRESSION
 from hftrain.data.stream import SourcePlan, TokenRun, Worker
@@ -29,14 +30,48 @@ def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str
     `processes` processes (default: every core), one input shard per task (prepare_pool.py). The output is the
     same whatever the process count."""
     options = storage_options or {}
+    fs, root = fsspec.core.url_to_fs(out, **options)
+    interrupted = fs.exists(f"{root.rstrip('/')}/{LOCK_FILE}")  # left by a prepare that was killed
+    _claim_out(fs, root, out, interrupted, clean=False)  # before the lock: a refused prepare writes nothing
+    with owning(out, "--out", options):
+        _claim_out(fs, root, out, interrupted)
+        return _prepare(recipe, out, shard_mb, options, processes)
+
+
+def _claim_out(fs: Any, root: str, out: str, interrupted: bool, clean: bool = True) -> None:
+    """--out is new, empty, or what a killed prepare left there (its files are removed); anything else stays as it
+    is: a directory that already holds prepared data, or files prepare did not write."""
+    if not fs.isdir(root):
+        if fs.exists(root):
+            raise HftrainError(f"--out {out}: is a file; give a new or empty directory for the shards.")
+        return
+    names = sorted(Path(p.rstrip("/")).name for p in fs.ls(root, detail=False))
+    names = [n for n in names if n != LOCK_FILE]
+    if MANIFEST in names:
+        raise HftrainError(f"--out {out}: already holds prepared data ({MANIFEST}); nothing was changed. Prepare into a "
+                           f"new directory, or delete {out} first to prepare it again.")  # fmt: skip
+    foreign = [n for n in names if not PREPARED_NAME.match(n)]
+    if foreign or (names and not interrupted):
+        raise HftrainError(f"--out {out}: is not empty ({', '.join((foreign or names)[:3])}{', ...' if len(foreign or names) > 3 else ''}) "
+                           "and was not written by `hftrain data prepare`; nothing was changed. Give a new or empty directory.")  # fmt: skip
+    if not clean:
+        return
+    for name in names:
+        fs.rm(f"{root.rstrip('/')}/{name}", recursive=True)
+    if names:
+        print(f"hftrain: removed {len(names)} file(s) an interrupted prepare left in {out}", flush=True)
+
+
+def _prepare(recipe: Recipe, out: str, shard_mb: float, options: dict[str, Any], processes: int | None) -> dict[str, Any]:
     processes = processes or os.cpu_count() or 1
     plan = plan_data(recipe.data, recipe.training.seed)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
         tokenizer.save_pretrained(Path(tmp) / "tok")
         fs, root = fsspec.core.url_to_fs(out, **options)
-        fs.makedirs(root, exist_ok=True)
-        fs.put(str(Path(tmp) / "tok"), root.rstrip("/") + "/tokenizer", recursive=True)
+        fs.makedirs(f"{root.rstrip('/')}/tokenizer", exist_ok=True)
+        for file in sorted((Path(tmp) / "tok").iterdir()):  # file by file: put(dir) would nest into an existing tokenizer/
+            fs.put_file(str(file), f"{root.rstrip('/')}/tokenizer/{file.name}")
     seq_len, shard_bytes = recipe.data.seq_len, int(shard_mb * 2**20)
     units = [(s, k) for s, source in enumerate(plan.train) for k in range(len(source.shards))]
     job = PrepareJob(plan, tokenizer, out, shard_bytes, options)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Iterator
 
 import fsspec
@@ -24,6 +25,7 @@ from hftrain.data.shares import share_of, span
 from hftrain.data.stream import BlockStream, Worker, _mix
 
 MANIFEST = "manifest.json"
+PREPARED_NAME = re.compile(r"^(manifest\.json|validation\.bin|train-[\w-]+\.bin|tokenizer)$")  # what a prepare writes
 VERSION = 1
 
 

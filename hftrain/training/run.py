@@ -24,6 +24,7 @@ from hftrain.integrations import trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
 from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
 from hftrain.checkpoint.manager import CheckpointManager, step_of
+from hftrain.checkpoint.output_lock import owning
 from hftrain.data.loader import DataPlan, collator_for, first_documents, plan_data, validation_blocks
 from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.pretokenized import check_compatible
@@ -49,7 +50,13 @@ from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
 
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
-    """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks)."""
+    """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks). The run owns
+    its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
+    with owning(recipe.training.output_dir, "training.output_dir"):
+        return _train(recipe, callbacks)
+
+
+def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     _compat.quiet_optional_warnings()
     _compat.skip_unneeded_imports()
     shape = measure_model(recipe)

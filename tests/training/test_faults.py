@@ -234,6 +234,9 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     import gzip
     import os
     import random
+    import signal
+
+    import psutil
 
     bucket = s3.make_bucket()
     docs = make_documents(600)
@@ -249,6 +252,13 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     _wait_for_step(RunLayout(run_dir).metrics, random.Random().randint(7, 30), proc)
+    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in family:  # frozen mid-run (as a hung run would be): it still owns its directory
+        os.kill(pid, signal.SIGSTOP)
+    second = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stderr[-2000:]  # an independent second launch (issue 33, class 1)
+    assert f"training.output_dir: {run_dir} is in use by another hftrain process: pid {proc.pid} on" in second.stderr
+    assert "Traceback" not in second.stderr and second.stderr.count("hftrain: error:") == 1
     kill_family(proc)  # every process of the run at once: launcher, torchrun and both ranks
     assert not RunLayout(run_dir).final.exists()
     survivor = ckpt.latest_checkpoint(run_dir)
