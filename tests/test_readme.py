@@ -204,3 +204,43 @@ def test_readme_s3_example(tmp_path, s3_server):
     env = {**os.environ, **s3_server.env()}
     result = _run_line(S3_LINE, _scratch(tmp_path), env=env, extra=SHORT)
     assert "final checkpoint: runs/quickstart/final" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_quickstart_says_what_it_does_until_its_first_step(tmp_path):
+    """On a machine new to hftrain (no speed probe, no parsed corpus cached) the quickstart's start-up (imports,
+    speed probe, tokenizer, corpus, first shuffle window) never goes 10 s without a line (issue 33, class 8;
+    before: nothing for the ~20 s of the probe and tokenizer, 116 s on an emulated-bf16 CPU)."""
+    import os
+    import time
+
+    env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "hftrain", "train", "recipes/quickstart.yaml", "training.max_steps=3",
+           f"training.output_dir={tmp_path / 'run'}", "monitor.plot=false", "monitor.sample_max_new_tokens=0"]  # fmt: skip
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=_scratch(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+    lines, text, gap = [], b"", 0.0
+    try:
+        while True:
+            char = proc.stdout.read(1)
+            if not char:
+                break
+            if char not in b"\r\n":
+                text += char
+                continue
+            now = time.monotonic() - started
+            gap = max(gap, now - (lines[-1][0] if lines else 0.0))
+            lines.append((now, text.decode(errors="replace")))
+            text = b""
+            if "| 1/3 [" in lines[-1][1]:  # the first step is done
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    shown = "\n".join(f"{t:6.1f} {line[:120]}" for t, line in lines)
+    assert any("| 1/3 [" in line for _, line in lines), shown
+    for announced in ("hftrain: measuring this CPU's step speed in fp32 and bf16", "hftrain: training a 4,096-token BPE tokenizer",
+                      "hftrain: reading the docstrings of", "hftrain: filling the first shuffle window (4,096 blocks of 128 tokens)"):  # fmt: skip
+        assert any(announced in line for _, line in lines), (announced, shown)
+    assert gap <= 10.0, shown
+    print(f"first step after {lines[-1][0]:.1f} s; longest silence {gap:.1f} s")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hftrain import _compat
-from hftrain.checkpoint.manager import ResumeSetting
+from hftrain.checkpoint.manager import ResumeSetting, loadable
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import COMPLETE_MARKER
 from hftrain.parallel.dims import Strategy
@@ -109,8 +109,11 @@ def check_backend(checkpoint: Path, strategy: Strategy | str, world_size: int | 
 
 
 def check_before_launch(recipe: Any, strategy: Strategy, nproc: int | None) -> None:
-    """The backend check once, before any process starts (so a refusal is one message, not one per rank)."""
+    """The backend check, and an explicit resume path's readability, once before any process starts (so a refusal
+    is one message, not one per rank)."""
     setting = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
+    if setting.mode == "path":
+        loadable(setting.path)
     checkpoint = setting.checkpoint_in(Path(recipe.training.output_dir))
     if checkpoint is not None:
         check_backend(checkpoint, strategy, nproc)

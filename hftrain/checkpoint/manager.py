@@ -6,9 +6,10 @@ What a checkpoint holds, and who writes it:
 * the resolved recipe (secrets removed), a LoRA adapter's exact base, config + tokenizer for sharded saves:
   ``_write_extras``.
 A checkpoint is written into ``output_dir/.staging/checkpoint-N`` and renamed into place only once all of
-that is there, then marked complete. A kill during a save leaves a staging directory that the next start
-removes; ``checkpoint-N`` directories without the marker (copied by hand, half-deleted) are never resumed
-from. Rotation (``save_total_limit``) happens here, after the new checkpoint is complete.
+that is there, then marked complete: the marker records every file's size (integrity.py), which a resume and
+`hftrain export` check before trusting the checkpoint. A kill during a save leaves a staging directory that the
+next start removes; ``checkpoint-N`` directories without the marker (copied by hand, half-deleted) are never
+resumed from. Rotation (``save_total_limit``) happens here, after the new checkpoint is complete.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable
 from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
+from hftrain.checkpoint.integrity import RECORD, check_files, record
 from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
 from hftrain.recipe.load import fingerprint, save_recipe
 from hftrain.recipe.schema import Recipe
@@ -82,13 +84,15 @@ def step_of(checkpoint: Path) -> int:
 
 
 def unreadable(checkpoint: Path) -> str | None:
-    """Why a complete checkpoint's files cannot be read back (None when they can): the Trainer's state, the data
-    positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
+    """Why a complete checkpoint's files cannot be read back (None when they can): first every file against the
+    record in its marker (integrity.py: any format, FSDP shards and ZeRO partitions included), then the Trainer's
+    state, the data positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
     import zipfile
 
     from hftrain.checkpoint.files import CorruptFile, check_safetensors
 
     try:
+        check_files(checkpoint)
         step_of(checkpoint)
         for state in sorted(checkpoint.glob(DATA_STATE_GLOB)):
             read_json(state)
@@ -102,11 +106,25 @@ def unreadable(checkpoint: Path) -> str | None:
     return None
 
 
-def publish(staged: Path, target: Path, info: dict[str, Any]) -> None:
-    """Mark a fully written staging directory complete and move it into place. A directory already there is
+def loadable(path: Path) -> Path:
+    """training.resume_from_checkpoint's explicit `path`, refused (one message) unless it is a complete checkpoint
+    whose files read back: there is no other checkpoint to fall back to."""
+    if not (path / COMPLETE_MARKER).is_file():
+        raise HftrainError(f"training.resume_from_checkpoint: {path} is not a complete hftrain checkpoint.")
+    problem = unreadable(path)
+    if problem is not None:
+        raise HftrainError(f"training.resume_from_checkpoint: {path} cannot be loaded ({problem}).")
+    return path
+
+
+def publish(staged: Path, target: Path, info: dict[str, Any], files: dict[str, Any] | None = None) -> None:
+    """Mark a fully written staging directory complete and move it into place. The marker holds `info` and the
+    record of the directory's files (integrity.py; `files`: records already gathered, else this process lists
+    `staged`, which holds every process's files once they have all written). A directory already there is
     replaced only if hftrain wrote it (it holds the marker); it is moved aside first, so that a kill at any point
     leaves either the old or the new one complete."""
-    (staged / COMPLETE_MARKER).write_text(json.dumps(info, indent=2), encoding="utf-8")
+    marker = {**info, RECORD: files if files is not None else record(staged)}
+    (staged / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
     if target.exists() and not (target / COMPLETE_MARKER).is_file():
         raise HftrainError(
             f"{target}: already exists and was not written by hftrain (no {COMPLETE_MARKER}), so it stays as it is. "
@@ -243,22 +261,18 @@ class CheckpointManager:
         if setting.mode == "never":
             return None
         if setting.mode == "path":
-            path = setting.path
-            if not (path / COMPLETE_MARKER).is_file():
-                raise HftrainError(f"training.resume_from_checkpoint: {path} is not a complete hftrain checkpoint.")
-            problem = unreadable(path)
-            if problem is not None:
-                raise HftrainError(f"training.resume_from_checkpoint: {path} cannot be loaded ({problem}).")
-            return path
+            return loadable(setting.path)
         latest = self._newest_loadable(is_main)
         if latest is None and setting.mode == "required":
             raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
         return latest
 
     def _newest_loadable(self, is_main: bool) -> Path | None:
-        """The newest complete checkpoint whose files read back. An unreadable one (truncated weights, a corrupt
-        state file) is renamed unreadable-checkpoint-N, byte for byte as it was, with a warning; only refusals
-        (another run, backend or process count) are errors, and those come later, from a readable checkpoint."""
+        """The newest complete checkpoint whose files read back. An unreadable one (a file missing or cut short
+        against its marker's record, in any format; a corrupt state file) is renamed unreadable-checkpoint-N, byte
+        for byte as it was, with a warning; only refusals (another run, backend or process count) are errors, and
+        those come later, from a readable checkpoint. Every process judges the same files, before any loads them
+        (run.py), so all agree; the main process alone moves the unreadable ones aside."""
         done = self.complete()
         for checkpoint in reversed(done):
             problem = unreadable(checkpoint)
@@ -304,7 +318,7 @@ class CheckpointManager:
             self._write_extras(staged, trainer)
             # the writer's backend and process count: how a resume judges the checkpoint (elastic.py)
             info = {"step": step, "world_size": trainer.args.world_size, "strategy": trainer.options.dims.strategy.value}
-            publish(staged, self.layout.checkpoint(step), info)
+            publish(staged, self.layout.checkpoint(step), info, record(staged, trainer.args.process_index))
             self._rotate()
             for notify in self.on_publish:
                 notify(self.layout.checkpoint(step))

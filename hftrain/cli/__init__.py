@@ -13,13 +13,15 @@ import re
 import sys
 from types import ModuleType
 
-from hftrain import _compat
+from hftrain import _compat, progress
 
 _compat.quiet_optional_warnings()  # the CLI is a program: before its commands import transformers (and bitsandbytes)
 
-from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
+with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
+    from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
 from hftrain.errors import Preempted, as_user_error  # noqa: E402
 from hftrain.integrations import network  # noqa: E402
+from hftrain.parallel import child_errors  # noqa: E402
 
 # name -> module, in the order `hftrain --help` lists them
 COMMANDS: dict[str, ModuleType] = {
@@ -59,24 +61,23 @@ def run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; hftrain's errors, and the exceptions a user can fix (user_errors.py), become one line and
-    exit status 2. Anything else is a bug in hftrain and keeps its traceback."""
+    exit status 2. Anything else is a bug in hftrain and keeps its traceback. In a process that hftrain's launcher
+    started, the line goes to the launcher, which says it once for all processes (parallel/child_errors.py)."""
+    error_dir = child_errors.take_error_dir()
     try:
         network.configure()  # the default bound until a recipe gives its own (faults.network_timeout_s)
         return run(sys.argv[1:] if argv is None else argv)
     except Preempted as err:
-        print(f"hftrain: {err}", file=sys.stderr)
-        return err.exit_code
+        return child_errors.say(err.exit_code, str(err), error_dir)
     except KeyboardInterrupt:
-        print("hftrain: interrupted", file=sys.stderr)
-        return 130
+        return child_errors.say(130, "interrupted", error_dir)
     except Exception as err:
         known = as_user_error(err, network.bound())
         if known is None:
             raise
         from hftrain.recipe.load import redact_value
 
-        print(f"hftrain: error: {redact_value('', str(known))}", file=sys.stderr)  # no URL's user:password@
-        return 2
+        return child_errors.say(2, redact_value("", str(known)), error_dir)  # no URL's user:password@
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ def _without_option(argv: list[str], option: str) -> list[str]:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain import progress
     from hftrain.recipe.load import load_recipe
     from hftrain.integrations.sagemaker_job import adapt, current_job
+
+    progress.start()  # a line at least every few seconds until the first step (progress.py)
 
     job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
     recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
@@ -53,6 +56,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any) -> int:
+    from hftrain import progress
+
+    if args.max_restarts > 0 or args.accelerate_config:
+        progress.stop()  # the processes started below speak for themselves
     if args.max_restarts > 0:
         from hftrain.parallel.launch import supervise
 

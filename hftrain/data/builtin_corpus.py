@@ -8,6 +8,11 @@ Software Foundation License; which modules exist depends on the Python version.
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
+import json
+import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -23,7 +28,42 @@ def python_docs_files() -> list[str]:
 
 
 def module_docstrings(path: str) -> str:
-    """All docstrings of one module, in source order ('' for a module without any, or that does not parse)."""
+    """All docstrings of one module, in source order ('' for a module without any, or that does not parse); from
+    this machine's copy of the corpus (`corpus_copy`) when the module is in it."""
+    copied = corpus_copy().get(path)
+    return copied if copied is not None else _parse(path)
+
+
+@functools.lru_cache(maxsize=1)
+def corpus_copy() -> dict[str, str]:
+    """Every module's docstrings, parsed once per machine and Python and kept beside the speed probe's cache
+    (HFTRAIN_CACHE_DIR, else ~/.cache/hftrain): parsing the whole standard library takes seconds, and a run reads
+    the corpus three times before its first step (tokenizer, validation set, first shuffle window), in every
+    process. A changed standard library (new files, sizes or times) gets a new copy."""
+    from hftrain.speed.probe import cache_file
+
+    files = python_docs_files()
+    stamp = json.dumps([sys.version, *((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)])
+    path = cache_file().with_name(f"python-docs-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.json")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    from hftrain.progress import phase
+
+    with phase(f"reading the docstrings of {len(files)} standard-library modules (once per machine, kept in {path.parent})"):
+        corpus = {f: _parse(f) for f in files}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(corpus), encoding="utf-8")
+        os.replace(partial, path)  # a concurrent run never reads half a file
+    except OSError:
+        pass  # a read-only home: parse again next time
+    return corpus
+
+
+def _parse(path: str) -> str:
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
     except (SyntaxError, ValueError):

@@ -8,9 +8,8 @@ Two layers, each with a small JSON-able state:
   validation by a hash of its identity, so train and validation never overlap whatever the sharding.
 * ``BlockStream`` tokenizes, joins documents with EOS and cuts blocks of exactly seq_len tokens; the tail
   is carried into the next block, nothing is padded or dropped. Blocks are shuffled within windows of
-  ``shuffle_window`` blocks (a window also ends where a source starts a new epoch). A position is (state at
-  the window's start, blocks emitted from the window): resuming re-reads at most one window, never the data
-  consumed before it. (datasets' shuffle buffer cannot resume exactly; this can.)
+  ``shuffle_window`` blocks (a window also ends where a source starts a new epoch). A position is (state at the
+  window's start, blocks emitted from it): a resume re-reads at most one window (datasets' shuffle cannot resume).
 """
 
 from __future__ import annotations
@@ -19,12 +18,14 @@ import copy
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal
 
 import numpy as np
 
 from hftrain.errors import HftrainError
+from hftrain.progress import phase
 from hftrain.recipe.schema import Source
 from hftrain.data.chunking import SafeCut
 from hftrain.data.shares import Part, Share, share_of
@@ -270,9 +271,12 @@ class BlockStream:
         state = copy.deepcopy(state)
         pieces, live = self._reader(state["start"])
         try:
+            first = self.shuffle and self.window > 1 and self.worker.index == 0  # the wait before step 1: say so
             while True:
                 start = copy.deepcopy(state["start"])
-                blocks, after = self._fill(start, pieces, live)
+                with phase(f"filling the first shuffle window ({self.window:,} blocks of {self.seq_len:,} tokens)") if first else nullcontext():
+                    blocks, after = self._fill(start, pieces, live)
+                first = False
                 if not blocks:
                     return
                 order = np.arange(len(blocks))

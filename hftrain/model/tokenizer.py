@@ -75,7 +75,10 @@ def _load(
         if (saved / "tokenizer.json").is_file():
             return AutoTokenizer.from_pretrained(saved), True
         spec = section.train
-        tok = train_bpe(training_texts(spec.max_documents), spec.vocab_size, spec.min_frequency, spec.special_tokens)
+        from hftrain.progress import phase
+
+        with phase(f"training a {spec.vocab_size:,}-token BPE tokenizer on the first {spec.max_documents:,} training documents"):
+            tok = train_bpe(training_texts(spec.max_documents), spec.vocab_size, spec.min_frequency, spec.special_tokens)
         saved.mkdir(parents=True, exist_ok=True)
         tok.save_pretrained(saved)
         return tok, True

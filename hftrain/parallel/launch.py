@@ -1,7 +1,8 @@
 """`hftrain train RECIPE --accelerate-config NAME`: start the processes a backend needs, then train.
 
 On GPUs this is exactly `accelerate launch --config_file CONFIG -m hftrain train RECIPE ...`. Without CUDA
-it is a CPU rehearsal: 2 gloo processes through torchrun, with the CPU-only adjustments of rehearsal.py.
+it is a CPU rehearsal: 2 gloo processes through torchrun, with the CPU-only adjustments of rehearsal.py. Either
+launcher runs in this process, so that an error of the processes is said once with its exit code (child_errors.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from hftrain.parallel import rehearsal
+from hftrain.parallel import child_errors, rehearsal
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import Strategy
 from hftrain.recipe.schema import Recipe
@@ -59,10 +60,17 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     if cpu or rehearsal.on_cpu():
         return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    if nproc:
-        cmd += ["--num_processes", str(nproc)]
-    return subprocess.call([*cmd, "-m", "hftrain", "train", *train_args])
+    return accelerate_processes(train_args, config, nproc)
+
+
+def accelerate_processes(train_args: list[str], config: Path, nproc: int | None) -> int:
+    """`accelerate launch --config_file CONFIG -m hftrain train TRAIN_ARGS`, with accelerate's launcher in this
+    process so that a failure is reported once (child_errors.py); returns the exit code."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    words = ["--config_file", str(config), *(["--num_processes", str(nproc)] if nproc else [])]
+    args = launch_command_parser().parse_args([*words, "-m", "hftrain", "train", *train_args])
+    return child_errors.launch(lambda: launch_command(args), {})
 
 
 def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:

@@ -9,8 +9,8 @@ What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what this mod
 
 * ``launch_processes``: accelerate starts ONE process for a ``MULTI_CPU`` config (multi-process CPU means
   mpirun there; accelerate#2741) and never enables FSDP or DeepSpeed for CPU processes. So hftrain starts the
-  processes itself with torchrun, on gloo, with the GPUs hidden (``CUDA_VISIBLE_DEVICES=""``): `--cpu` on a GPU
-  machine rehearses on CPU as asked instead of silently running DDP on the GPUs.
+  processes itself with torchrun's launcher, on gloo, with the GPUs hidden (``CUDA_VISIBLE_DEVICES=""``, see
+  ``process_env``): `--cpu` on a GPU machine rehearses on CPU as asked instead of silently running DDP on the GPUs.
 * ``prepare_process`` (the only side effect, called once when the run's parallel dims are resolved): a ZeRO-3
   rehearsal's process group (``_compat.deepspeed_cpu_process_group``).
 * ``training_kwargs`` (pure): the TrainingArguments a rehearsal needs: gloo, ``use_cpu`` for DDP/FSDP, the
@@ -23,14 +23,13 @@ What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what this mod
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hftrain import _compat
+from hftrain.parallel import child_errors
 
 REHEARSAL_ENV = "HFTRAIN_CPU_REHEARSAL"  # ddp | fsdp | zero3
 CONFIG_ENV = "HFTRAIN_ACCELERATE_CONFIG"  # the accelerate YAML the rehearsal follows
@@ -45,18 +44,24 @@ def rehearsal_backend() -> str | None:
     return os.environ.get(REHEARSAL_ENV) if on_cpu() else None
 
 
-def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int) -> int:
-    """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns its exit code."""
-    env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # asked for a CPU rehearsal: never the GPUs, even where there are some
-    env[REHEARSAL_ENV] = backend
-    env[CONFIG_ENV] = str(config_path.resolve())
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+def process_env(config_path: Path, backend: str, nproc: int) -> dict[str, str]:
+    """What a rehearsal's processes get on top of the launcher's environment."""
+    env = {"CUDA_VISIBLE_DEVICES": "", REHEARSAL_ENV: backend, CONFIG_ENV: str(config_path.resolve())}  # never the GPUs
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     if backend == "zero3":
         env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
+def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int) -> int:
+    """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns the exit code.
+    torchrun's launcher runs in this process, so that a failure is reported once (child_errors.py)."""
+    from torch.distributed import run as torchrun
+
     # --standalone: a local c10d rendezvous on a port torchrun picks itself (no free-port race)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "hftrain", *hftrain_args]
-    return subprocess.call(cmd, env=env)
+    args = torchrun.parse_args(["--standalone", "--nproc_per_node", str(nproc), "-m", "hftrain", *hftrain_args])
+    return child_errors.launch(lambda: torchrun.run(args), process_env(config_path, backend, nproc))
 
 
 def prepare_process(backend: str) -> None:

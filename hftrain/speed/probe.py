@@ -107,7 +107,11 @@ def measure(shape: ProbeShape, device: torch.device) -> Measurement:
     cache = _read_cache()
     if key in cache:
         return Measurement(cache[key], str(device), cached=True)
-    seconds = _time_dtypes(shape, device)
+    from hftrain.progress import phase
+
+    with phase(f"measuring this {device.type.upper()}'s step speed in {' and '.join(candidates(device))} "
+               f"(once per machine and model shape, cached in {cache_file()})"):  # fmt: skip
+        seconds = _time_dtypes(shape, device)
     cache[key] = seconds
     _write_cache(cache)
     return Measurement(seconds, str(device))

@@ -13,6 +13,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from hftrain import progress
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.training.step_metrics import StepMetrics
 
@@ -27,6 +28,13 @@ class MetricsFileCallback(TrainerCallback):
         path = RunLayout(Path(args.output_dir)).metrics
         with path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class StartupOverCallback(TrainerCallback):
+    """The first step has ended: the progress bar and the logs speak from here (progress.py's watchdog stops)."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        progress.stop()
 
 
 class ThroughputClockCallback(TrainerCallback):

@@ -22,9 +22,11 @@ from hftrain.model import fused_loss
 from hftrain.parallel import dims as parallel
 from hftrain.integrations import trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
-from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback, ThroughputClockCallback
+from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback, StartupOverCallback, ThroughputClockCallback
 from hftrain.checkpoint.manager import CheckpointManager, step_of
 from hftrain.checkpoint.output_lock import owning
+from hftrain import progress
+from hftrain.progress import phase
 from hftrain.data.loader import DataPlan, collator_for, first_documents, plan_data, validation_blocks
 from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.pretokenized import check_compatible
@@ -53,7 +55,11 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks). The run owns
     its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
     with owning(recipe.training.output_dir, "training.output_dir"):
-        return _train(recipe, callbacks)
+        progress.start()  # a line at least every few seconds until the first step ends (StartupOverCallback)
+        try:
+            return _train(recipe, callbacks)
+        finally:
+            progress.stop()
 
 
 def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
@@ -147,13 +153,14 @@ def build_trainer(
         dims=settings.dims, data=data, checkpoints=checkpoints, metrics=metrics,
         guard=NonFiniteGuard(recipe.faults, checkpoints.latest), resume_from=resume,
     )  # fmt: skip
-    callbacks = [MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics)]
+    callbacks = [MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics), StartupOverCallback()]
     if recipe.finetune.objective == "dpo":
         from hftrain.training.preference import preference_trainer
 
         trainer = preference_trainer(recipe, settings.dims, options, model, args, tokenizer, callbacks, tokenizer_is_new)
     else:
-        eval_set = validation_blocks(data, tokenizer)
+        with phase(f"reading the validation set ({recipe.data.eval_blocks:,} blocks of {recipe.data.seq_len:,} tokens)", after_s=2):
+            eval_set = validation_blocks(data, tokenizer)
         options.evaluation = TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks)
         trainer = HftrainTrainer(
             model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate,

@@ -3,8 +3,10 @@
 For each sharded backend (FSDP, ZeRO-3), in fp32 on gloo: a 2-process run and a 1-process run of the same recipe
 give the same per-step losses (the data order belongs to the run, not the launch); the 2-process run's mid
 checkpoint continues with the uninterrupted run's losses (loss 1e-5 relative, grad norm 1e-4); the sharded
-checkpoint exports to one model. On another process count: the state, tensor by tensor, in test_elastic_state.py;
-the losses by `hftrain parity --elastic` on DDP and by a kill -9 of a 2-process run continued on 1 process.
+checkpoint exports to one model; one with a shard cut short is set aside at resume, and its export and explicit
+resume are refused with one message (integrity.py). On another process count: the state, tensor by tensor, in
+test_elastic_state.py; the losses by `hftrain parity --elastic` on DDP and by a kill -9 of a 2-process run
+continued on 1 process.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from hftrain.checkpoint import layout
 from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
-from ..support.checks import copy_checkpoint, train_log
-from ..support.cli import EXPECTED_TYPE, kill_at_checkpoint, run_cli
+from ..support.checks import assert_export_refused, copy_checkpoint, damaged_copy, train_log
+from ..support.cli import EXPECTED_TYPE, kill_at_checkpoint, messages, run_cli
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 STEPS, SAVE = 8, 4
+SHARD = {"fsdp": "pytorch_model_fsdp_0/__1_0.distcp", "zero3": f"global_step{STEPS}/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
 FP32 = ["training.bf16=false", "training.fp16=false", "training.torch_compile=false", "model.hidden_dropout=0",
         "model.attention_dropout=0", "monitor.sample_max_new_tokens=0", "training.eval_strategy=no"]  # fmt: skip
 
@@ -68,9 +71,10 @@ def assert_same_steps(reference: dict, other: dict, which: range, label: str) ->
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
 def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, tmp_path, backend):
     """One sharded run checked every way: what accelerate set up, the same losses as 1 process from the start (the
-    data order belongs to the run), an exact resume, and its sharded checkpoint exported as one model. A resume on
-    another process count restores this state exactly (test_elastic_state.py, tensor by tensor) and the data
-    position (the same code for every backend: `parity --elastic` below and the kill -9 test, on DDP)."""
+    data order belongs to the run), an exact resume (past a newer checkpoint with a shard cut short, set aside), and
+    its sharded checkpoint exported as one model (the damaged one refused). A resume on another process count
+    restores this state exactly (test_elastic_state.py, tensor by tensor) and the data position (the same code for
+    every backend: `parity --elastic` below and the kill -9 test, on DDP)."""
     two, one = tmp_path / "two", tmp_path / "one"
     train(sharded_yaml, backend, 2, two)
     results = json.loads(RunLayout(two).results.read_text())
@@ -82,8 +86,12 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, t
 
     resumed = tmp_path / "resumed"
     copy_checkpoint(two, resumed, f"checkpoint-{SAVE}")
+    shard = SHARD[backend]
+    damaged = damaged_copy(two / f"checkpoint-{STEPS}", resumed, shard)  # newer, one rank's shard cut short
     out = train(sharded_yaml, backend, 2, resumed).stdout
-    assert f"resuming from {resumed / f'checkpoint-{SAVE}'}" in out
+    aside = resumed / f"unreadable-checkpoint-{STEPS}"
+    assert f"hftrain: warning: {damaged} cannot be loaded ({shard}: truncated (" in out, out[-3000:]
+    assert f"kept as {aside}" in out and f"resuming from {resumed / f'checkpoint-{SAVE}'}" in out
     assert_same_steps(steps(two), steps(resumed), range(SAVE + 1, STEPS + 1), f"{backend}: resumed")
     assert min(steps(resumed)) == SAVE + 1
 
@@ -101,6 +109,16 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, t
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+    assert_export_refused(aside, shard)  # checked before anything is written
+    refused = run_cli("train", str(sharded_yaml), "--accelerate-config", backend, "--nproc", "2", f"training.output_dir={resumed}",
+                      f"training.resume_from_checkpoint={aside}", *FP32)  # fmt: skip
+    cut, whole = (aside / shard).stat().st_size, (two / f"checkpoint-{STEPS}" / shard).stat().st_size
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert messages(refused.stderr) == [  # one message, before any process starts
+        f"hftrain: error: training.resume_from_checkpoint: {aside} cannot be loaded ({shard}: truncated ({cut:,} bytes of "
+        f"{whole:,} recorded in hftrain_complete.json))."
+    ]
 
 
 @pytest.mark.slow

@@ -172,11 +172,16 @@ def test_cpu_rehearsal_hides_the_gpus_from_its_processes(monkeypatch, tmp_path):
     """`--cpu` on a machine with CUDA: the children must not see the GPUs (else accelerate runs DDP on them)."""
     from hftrain.parallel import rehearsal
 
-    seen = {}
-    monkeypatch.setattr(rehearsal.subprocess, "call", lambda cmd, env: seen.update(env) or 0)
+    import os
+
+    import torch.distributed.run as torchrun
+
+    seen, environ = {}, dict(os.environ)
+    monkeypatch.setattr(torchrun, "run", lambda args: seen.update(os.environ))  # what torch elastic gives the processes
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert rehearsal.launch_processes(["train", "r.yaml"], ROOT / "accelerate_configs" / "fsdp.yaml", "fsdp", 2) == 0
     assert seen["CUDA_VISIBLE_DEVICES"] == "" and seen[rehearsal.REHEARSAL_ENV] == "fsdp"
+    assert dict(os.environ) == environ  # the launcher runs in this process: its own environment is left as it was
     probe = "import torch, hftrain.parallel.rehearsal as c; print(torch.cuda.is_available(), c.rehearsal_backend())"
     env = {k: v for k, v in seen.items() if k != "OMP_NUM_THREADS"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout

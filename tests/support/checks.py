@@ -1,5 +1,5 @@
-"""Checks the tests share: per-step losses from a run's logs, the straight-vs-resumed comparison, and leaving a
-run directory as a run killed after a checkpoint would have left it."""
+"""Checks the tests share: per-step losses from a run's logs, the straight-vs-resumed comparison, leaving a
+run directory as a run killed after a checkpoint would have left it, and damaging a checkpoint's file."""
 
 from __future__ import annotations
 
@@ -67,3 +67,34 @@ def assert_resumed_matches(straight: dict[int, float], resumed: dict[int, float]
     """The straight-vs-resumed check: at every one of `steps`, the resumed run's loss is the straight run's (rel 1e-5)."""
     for step in steps:
         assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step if label is None else (label, step)
+
+
+# ---------------------------------------------------------------------------------------------- damaged checkpoints
+
+
+def cut_short(file: Path) -> Path:
+    """`file` truncated to half its size, as a copy or a write that stopped part-way leaves it."""
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+    return file
+
+
+def damaged_copy(checkpoint: Path, run_dir: Path, relative: str) -> Path:
+    """A copy of `checkpoint` in `run_dir` whose file `relative` is cut short."""
+    copy = run_dir / checkpoint.name
+    shutil.copytree(checkpoint, copy)
+    cut_short(copy / relative)
+    return copy
+
+
+def assert_export_refused(checkpoint: Path, relative: str, *extra: str) -> None:
+    """`hftrain export` of a checkpoint whose file `relative` is cut short: exit 2 with one message naming the file
+    (no traceback), and neither --out nor its staging directory left behind."""
+    from .cli import run_cli
+
+    out = checkpoint.parent / "exported-damaged"
+    result = run_cli("export", str(checkpoint), "--out", str(out), *extra)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"hftrain: error: {checkpoint / relative}: truncated (" in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("hftrain: error:") == 1 and "exported:" not in result.stdout
+    assert not out.exists() and not list(checkpoint.parent.glob(f".{out.name}*"))

@@ -21,6 +21,14 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str
     )
 
 
+def messages(stderr: str) -> list[str]:
+    """stderr's lines without hftrain's start-up narration ("hftrain: loading torch and transformers ..." on a slow
+    or cold machine; hftrain/progress.py), which may come before a command's one message."""
+    from hftrain.progress import is_narration
+
+    return [line for line in stderr.strip().splitlines() if not is_narration(line)]
+
+
 def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     """`hftrain train RECIPE` with 2 processes on `backend` into `out`; asserts it succeeded."""
     result = run_cli("train", str(recipe), "--accelerate-config", backend, "--nproc", "2",
