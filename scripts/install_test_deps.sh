@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# What the test suite needs beyond pip: headless Chromium (tests/eval/test_report.py renders the HTML report in it).
-# Installs it with apt on Debian/Ubuntu when it is missing (sudo unless root); does nothing when it is there.
-# The README's test command and .ci/run both start with this script.
+# What the test suite needs beyond pip, installed with apt on Debian/Ubuntu when missing (sudo unless root); does
+# nothing when it is there. The README's test command and .ci/run both start with this script.
+# - headless Chromium: tests/eval/test_report.py renders the HTML report in it;
+# - a C++ compiler: the test extra's llama-cpp-python is a source package that builds llama.cpp with cmake (cmake
+#   and ninja come from PyPI as its build requirements); tests/checkpoint/test_gguf.py runs exported GGUF files in it.
 set -euo pipefail
-if ! command -v chromium >/dev/null; then
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v g++ >/dev/null || missing+=(g++)
+if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
+  $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
 fi

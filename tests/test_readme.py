@@ -105,6 +105,7 @@ CHAIN = [
     "hftrain train recipes/quickstart.yaml training.max_steps=50 training.learning_rate=3e-4",
     "hftrain train recipes/quickstart.yaml parallelism.strategy=device_map",
     "hftrain export runs/quickstart/checkpoint-600 --out runs/quickstart/exported",
+    "hftrain export runs/quickstart/final --format gguf --quant q8_0 --out runs/quickstart/quickstart-q8_0.gguf",
     "hftrain data inspect recipes/finetune/lora.yaml --check-packing",
     "hftrain train recipes/finetune/lora.yaml",
     "hftrain train recipes/finetune/full.yaml",
@@ -150,7 +151,8 @@ def test_every_readme_command_is_run_or_says_where_and_why_not():
 
 def test_install_script_is_what_ci_runs():
     script = (ROOT / "scripts" / "install_test_deps.sh").read_text(encoding="utf-8")
-    assert "apt-get install -y -q chromium" in script and "command -v chromium" in script
+    assert 'apt-get install -y -q "${missing[@]}"' in script
+    assert "command -v chromium >/dev/null || missing+=(chromium)" in script and "command -v g++ >/dev/null || missing+=(g++)" in script
     assert _shell_blocks()[1].strip().startswith("scripts/install_test_deps.sh && ")
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "install_test_deps.sh")]).returncode == 0
 
@@ -188,6 +190,7 @@ def test_readme_training_commands_run_in_order(tmp_path):
         if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
             assert all(f"check-packing: {k} max |diff|" in result.stdout for k in ("eager", "sdpa", "flex_attention")), result.stdout
     assert (cwd / "runs/quickstart/exported/model.safetensors").is_file()
+    assert (cwd / "runs/quickstart/quickstart-q8_0.gguf").read_bytes()[:4] == b"GGUF"  # what llama.cpp reads: test_gguf.py
     assert (cwd / "runs/finetune-lora/merged/model.safetensors").is_file()
 
 
