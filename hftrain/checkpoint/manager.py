@@ -9,7 +9,8 @@ A checkpoint is written into ``output_dir/.staging/checkpoint-N`` and renamed in
 that is there, then marked complete: the marker records every file's size (integrity.py), which a resume and
 `hftrain export` check before trusting the checkpoint. A kill during a save leaves a staging directory that the
 next start removes; ``checkpoint-N`` directories without the marker (copied by hand, half-deleted) are never
-resumed from. Rotation (``save_total_limit``) happens here, after the new checkpoint is complete.
+resumed from. Rotation (``save_total_limit``) happens here, after the new checkpoint is complete; the checkpoints
+recipe.checkpoints keeps for study (Pythia-style schedules) are never rotated.
 """
 
 from __future__ import annotations
@@ -336,10 +337,12 @@ class CheckpointManager:
             trainer.processing_class.save_pretrained(staged)
 
     def _rotate(self) -> None:
-        """Keep the newest `keep` complete checkpoints (None or <= 0: keep all)."""
+        """Keep the newest `keep` complete checkpoints (None or <= 0: keep all), besides those recipe.checkpoints
+        keeps for study, which are never removed."""
         if not self.keep or self.keep <= 0:
             return
-        for old in self.complete()[: -self.keep]:
+        rotating = [c for c in self.complete() if not self.recipe.checkpoints.keeps(checkpoint_step(c) or 0)]
+        for old in rotating[: -self.keep]:
             doomed = self.layout.staged(f"rotated-{old.name}")  # a kill mid-delete leaves it in staging, removed at start
             doomed.parent.mkdir(parents=True, exist_ok=True)
             os.replace(old, doomed)

@@ -15,7 +15,7 @@ import tempfile
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -49,8 +49,9 @@ def _retry(action: Callable[[], Any], what: str) -> Any:
             time.sleep(2.0 * attempt)
 
 
-def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: bool) -> str:
-    """README.md with Hub metadata, the final metrics, the curves and how to load the model without hftrain."""
+def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: bool, revisions: Sequence[str] = ()) -> str:
+    """README.md with Hub metadata, the final metrics, the curves, the kept checkpoints' revisions and how to load the
+    model without hftrain."""
     sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in recipe.data.train]  # no user:password@
     meta: dict[str, Any] = {
         "library_name": "transformers",
@@ -86,6 +87,10 @@ def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: 
         f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")', "```", "",
         "The full training recipe (secrets removed) is in `hftrain_recipe.yaml`; per-step metrics in `metrics.jsonl`.", "",
     ]  # fmt: skip
+    if revisions:
+        lines += ["## Checkpoints", "", f"Kept checkpoints are branches of this repo ({len(revisions)}): "
+                  + ", ".join(f"`{r}`" for r in revisions) + ".", "", "```python",
+                  f'model = AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1]}")', "```", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -106,7 +111,7 @@ def _count(results: dict[str, Any]) -> str:
     return f"{total:,}" if isinstance(total, int) else "?"
 
 
-def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str) -> Path:
+def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisions: Sequence[str] = ()) -> Path:
     """A temporary folder with the model, card, plot, metrics and recipe: what a push sends."""
     out = Path(tempfile.mkdtemp(prefix="hftrain-push-"))
     for item in model_dir.iterdir():
@@ -117,7 +122,7 @@ def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str) -> Path
         if path.is_file():
             shutil.copy2(path, out / path.name)
     results = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
-    (out / CARD).write_text(model_card(recipe, results, repo_id, (out / RunLayout.PLOT_FILE).is_file()), encoding="utf-8")
+    (out / CARD).write_text(model_card(recipe, results, repo_id, (out / RunLayout.PLOT_FILE).is_file(), revisions), encoding="utf-8")
     return out
 
 
@@ -154,11 +159,13 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
 
 
 class CheckpointPusher:
-    """Pushes during training (hub_strategy) in the background: at most one upload in flight, never blocking."""
+    """Pushes during training (hub_strategy) in the background: at most one upload in flight, never blocking; and
+    kept checkpoints as revisions stepN (recipe.checkpoints.push_revisions: revisions.py)."""
 
-    def __init__(self, recipe: Recipe, args: Any, push_to_hub: bool):
+    def __init__(self, recipe: Recipe, args: Any, push_to_hub: bool, revisions: Any = None):
         self.recipe, self.args, self.push_to_hub = recipe, args, push_to_hub
         self.pending: Future | None = None
+        self.revisions = revisions  # a revisions.RevisionPublisher, or None
 
     @property
     def enabled(self) -> bool:
@@ -168,6 +175,8 @@ class CheckpointPusher:
         return self.args.hub_model_id or Path(self.args.output_dir).name
 
     def on_checkpoint(self, checkpoint: Path) -> None:
+        if self.revisions is not None and self.revisions.wants(checkpoint):
+            self.revisions.submit(Path(self.args.output_dir), checkpoint)
         strategy = str(getattr(self.args.hub_strategy, "value", self.args.hub_strategy))
         if not self.enabled or strategy == "end":
             return
@@ -194,8 +203,9 @@ class CheckpointPusher:
                 print(f"hftrain: a background hub push failed ({type(err).__name__}); pushing the final model now", file=sys.stderr)
         if self.recipe.hub.s3_uri:
             done.append(copy_to_fsspec(final_dir, f"{self.recipe.hub.s3_uri.rstrip('/')}/final", self.recipe.hub.storage_options))
+        revisions = self.revisions.finish() if self.revisions is not None else []
         if self.push_to_hub:
-            folder = bundle(run_dir, final_dir, self.recipe, self.repo_id())
+            folder = bundle(run_dir, final_dir, self.recipe, self.repo_id(), revisions)
             try:
                 push_folder(folder, self.repo_id(), private=self.args.hub_private_repo, revision=self.args.hub_revision,
                             message="hftrain: final model")  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from hftrain.model.presets import PRESETS
-from hftrain.recipe.sections import EvalTask, FaultsSection, HubSection, MonitorSection, ProfileSection, Section  # noqa: F401 (re-exported)
+from hftrain.recipe.sections import CheckpointsSection, EvalTask, FaultsSection, HubSection, MonitorSection, ProfileSection, Section  # noqa: F401 (re-exported)
 from hftrain.recipe.finetune_section import DPO_KEYS_HFTRAIN_SETS, FinetuneSection, QuantizationSection  # noqa: F401 (re-exported)
 from hftrain.recipe.training_section import TrainingSection
 
@@ -328,6 +328,8 @@ class Recipe(Section):
     """Data-parallel / sharded / pipelined training (the backend itself comes from the launcher)."""
     hub: HubSection = HubSection()
     """Model card details and an S3 target."""
+    checkpoints: CheckpointsSection = CheckpointsSection()
+    """Checkpoints kept for study (Pythia's schedule, log-spaced, a list), and their Hub revisions."""
     faults: FaultsSection = FaultsSection()
     """Non-finite losses and gradients."""
     monitor: MonitorSection = MonitorSection()
@@ -362,6 +364,15 @@ class Recipe(Section):
         if pairs and not dpo:
             raise ValueError("data.train: preference pairs (format: preference) train with finetune.objective: dpo; set it, "
                              "or give prompt_completion / chat data for supervised fine-tuning")
+        return self
+
+    @model_validator(mode="after")
+    def _revisions_need_a_hub_repo(self) -> Recipe:
+        if self.checkpoints.push_revisions and not self.training_kwargs().get("push_to_hub"):
+            raise ValueError("checkpoints.push_revisions pushes kept checkpoints as Hub branches: set training.push_to_hub: true "
+                             "and training.hub_model_id")  # fmt: skip
+        if self.checkpoints.push_revisions and not (self.checkpoints.schedule or self.checkpoints.steps):
+            raise ValueError("checkpoints.push_revisions: no checkpoint is kept; set checkpoints.schedule or checkpoints.steps")
         return self
 
     def training_kwargs(self) -> dict[str, Any]:

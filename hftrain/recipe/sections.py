@@ -1,11 +1,11 @@
-"""The recipe's smaller sections (hub, faults, monitor, profile) and the base every section shares; schema.py
+"""The recipe's smaller sections (hub, checkpoints, faults, monitor, profile) and the base every section shares; schema.py
 holds the others and the whole Recipe. Each field is documented right under it, for `hftrain explain`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hftrain.recipe.training_section import bool_is_not_a_number
 
@@ -30,6 +30,73 @@ class HubSection(Section):
     """License written into the model card's metadata."""
     tags: list[str] = []
     """Extra model card tags."""
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+PYTHIA_LOG_UNTIL, PYTHIA_EVERY = 512, 1000  # Pythia: steps 1, 2, 4, ..., 512, then every 1,000 (to 143,000)
+
+
+class CheckpointsSection(Section):
+    """Checkpoints kept for study, as Pythia publishes its own, besides training.save_steps' checkpoints (which
+    exist for resuming and which training.save_total_limit rotates). A kept checkpoint is a full checkpoint (a run
+    resumes from it like any other) that rotation never removes."""
+
+    schedule: Literal["pythia", "log"] | None = None
+    """pythia: Pythia's steps 1, 2, 4, ..., 512, then every 1,000 (its step 0, the initialization, is not a
+    checkpoint here); log: 1, 2, 4, ... up to log_until, then every `every` steps when that is set."""
+    log_until: int | None = Field(default=None, ge=1)
+    """With schedule: log, the last step of the log-spaced part (the largest power of two up to it)."""
+    every: int | None = Field(default=None, ge=1)
+    """With schedule: log, a kept checkpoint every this many steps after log_until (pythia: 1000)."""
+    steps: list[int] = []
+    """More steps to keep, e.g. [100, 250, 5000] (alone, or with a schedule)."""
+    push_revisions: bool = False
+    """Push each kept checkpoint to the Hub while training, in the background, as branch `stepN` of
+    training.hub_model_id (needs training.push_to_hub), loadable with from_pretrained(repo, revision="stepN"); the
+    final model goes to main and its model card lists the revisions."""
+
+    @field_validator("steps")
+    @classmethod
+    def _positive_steps(cls, steps: list[int]) -> list[int]:
+        if any(s < 1 for s in steps):
+            raise ValueError("steps are optimizer steps, 1 or more (a checkpoint is written after its step)")
+        return sorted(set(steps))
+
+    @model_validator(mode="after")
+    def _log_has_an_end(self) -> CheckpointsSection:
+        if self.schedule == "log" and self.log_until is None:
+            raise ValueError("schedule: log needs log_until (the last log-spaced step), e.g. log_until: 512")
+        if self.schedule != "log" and (self.log_until is not None or self.every is not None):
+            raise ValueError("log_until and every belong to schedule: log (pythia fixes them at 512 and 1000)")
+        return self
+
+    def _log_part(self) -> tuple[int, int | None]:
+        if self.schedule == "pythia":
+            return PYTHIA_LOG_UNTIL, PYTHIA_EVERY
+        return (self.log_until or 0), self.every
+
+    def keeps(self, step: int) -> bool:
+        """Whether the checkpoint after optimizer step `step` is kept."""
+        if step < 1:
+            return False
+        if step in self.steps:
+            return True
+        if self.schedule is None:
+            return False
+        until, every = self._log_part()
+        if step <= until:
+            return step & (step - 1) == 0  # a power of two
+        return every is not None and step % every == 0
+
+    def kept_steps(self, max_steps: int) -> list[int]:
+        """Every kept step of a run of max_steps steps, in order."""
+        kept = {s for s in self.steps if s <= max_steps}
+        if self.schedule is not None:
+            until, every = self._log_part()
+            kept |= {1 << k for k in range(max(min(until, max_steps), 1).bit_length()) if 1 << k <= min(until, max_steps)}
+            if every is not None:
+                kept |= set(range((until // every + 1) * every, max_steps + 1, every))
+        return sorted(kept)
 
 
 # -------------------------------------------------------------------------------------------------- faults

@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from transformers import TrainerCallback
 
@@ -28,6 +28,18 @@ class MetricsFileCallback(TrainerCallback):
         path = RunLayout(Path(args.output_dir)).metrics
         with path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class KeptCheckpointsCallback(TrainerCallback):
+    """A checkpoint at every step recipe.checkpoints keeps (Pythia's schedule, log-spaced, a list), besides
+    save_steps' own; the CheckpointManager's rotation leaves these alone."""
+
+    def __init__(self, keeps: Callable[[int], bool]):
+        self.keeps = keeps
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.keeps(state.global_step):
+            control.should_save = True
 
 
 class StartupOverCallback(TrainerCallback):

@@ -20,9 +20,9 @@ from hftrain import _compat
 from hftrain.checkpoint import elastic
 from hftrain.model import fused_loss
 from hftrain.parallel import dims as parallel
-from hftrain.integrations import trackers
+from hftrain.integrations import revisions, trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
-from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback, StartupOverCallback, ThroughputClockCallback
+from hftrain.training.callbacks import KeptCheckpointsCallback, MetricsFileCallback, PreemptionCallback, StartupOverCallback, ThroughputClockCallback
 from hftrain.checkpoint.manager import CheckpointManager, step_of
 from hftrain.checkpoint.output_lock import owning
 from hftrain import progress
@@ -108,7 +108,7 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, recipe)
     trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
-    pusher = CheckpointPusher(recipe, args, settings.push_to_hub)
+    pusher = CheckpointPusher(recipe, args, settings.push_to_hub, revisions.publisher(recipe, args, settings.push_to_hub))
     checkpoints.on_publish.append(pusher.on_checkpoint)
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
     if resume is not None and step_of(resume) >= args.max_steps:
@@ -153,7 +153,8 @@ def build_trainer(
         dims=settings.dims, data=data, checkpoints=checkpoints, metrics=metrics,
         guard=NonFiniteGuard(recipe.faults, checkpoints.latest), resume_from=resume,
     )  # fmt: skip
-    callbacks = [MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics), StartupOverCallback()]
+    callbacks = [MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics), StartupOverCallback(),
+                 KeptCheckpointsCallback(recipe.checkpoints.keeps)]
     if recipe.finetune.objective == "dpo":
         from hftrain.training.preference import preference_trainer
 

@@ -123,11 +123,15 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, t
 
 @pytest.mark.slow
 def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
+    """kill -9 of a 2-process DDP run, continued on 1 process: the uninterrupted run's losses, and the same kept
+    checkpoints."""
     # 24 steps, killed once a checkpoint at step 6 or later is complete: the kill must land while the run is still
     # going, and a 2-core CI host can starve this poller for seconds (a 12-step run once ended unseen between polls).
+    # With checkpoints kept for study (issue 30): they survive the kill, the resume on 1 process and rotation.
     total, every = 24, 3
     run_dir, straight = tmp_path / "killed", tmp_path / "straight"
-    budget = [f"training.max_steps={total}", f"training.save_steps={every}"]
+    budget = [f"training.max_steps={total}", f"training.save_steps={every}", "training.save_total_limit=2",
+              "checkpoints.schedule=log", "checkpoints.log_until=4", "checkpoints.steps=[10]"]  # fmt: skip
     cmd = [sys.executable, "-m", "hftrain", "train", str(sharded_yaml), "--accelerate-config", "ddp", "--nproc", "2",
            f"training.output_dir={run_dir}", *FP32, *budget]  # fmt: skip
     survivor = kill_at_checkpoint(cmd, run_dir, 6)
@@ -139,6 +143,9 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
     resumed = {e["step"]: (e["loss"], e["grad_norm"]) for e in train_log(run_dir) if e["step"] > at}
     assert sorted(resumed) == list(range(at + 1, total + 1))
     assert_same_steps(steps(straight), resumed, range(at + 1, total + 1), "kill -9, 2 -> 1")
+    kept = [1, 2, 4, 10, 21, 24]  # the schedule's, and the 2 newest of save_steps' (rotated)
+    for run in (straight, run_dir):
+        assert [ckpt.checkpoint_step(c) for c in ckpt.complete_checkpoints(run)] == kept, run
 
 
 @pytest.mark.slow

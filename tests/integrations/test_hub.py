@@ -127,3 +127,60 @@ def test_training_data_from_an_hf_url(local_hub, monkeypatch, tmp_path):
     stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
     assert list(stream.documents(stream.fresh_state())) == docs
     HfFileSystem.clear_instance_cache()
+
+
+@pytest.mark.slow
+def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monkeypatch, tmp_path, corpus, capsys):
+    """checkpoints.push_revisions: each kept checkpoint becomes branch stepN in the background while training goes on
+    (the push of step1 waits until checkpoint-4 exists: a push that blocked training would never see it), a push that
+    fails is reported and training goes on, the final model goes to main with a card listing the revisions, and plain
+    transformers loads a revision as the local checkpoint it came from. Rotation leaves kept checkpoints alone."""
+    import time
+
+    from hftrain.checkpoint.layout import RunLayout
+    from hftrain.integrations import revisions
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run_dir = tmp_path / "run"
+    real_push = revisions.push_folder
+
+    def push(folder, repo_id, *, revision, **kwargs):
+        if revision == "step1":  # slow: training must go on meanwhile
+            deadline = time.monotonic() + 120
+            while not (run_dir / "checkpoint-4" / "hftrain_complete.json").is_file():
+                assert time.monotonic() < deadline, "training waited for a revision push"
+                time.sleep(0.05)
+        if revision == "step2":
+            raise HftrainError(f"pushing {folder} to {repo_id} failed after 3 attempts: 503 Service Unavailable")
+        return real_push(folder, repo_id, revision=revision, **kwargs)
+
+    monkeypatch.setattr(revisions, "push_folder", push)
+    raw = tiny_recipe(corpus, run_dir, max_steps=8, save_steps=3, save_total_limit=1)
+    raw["training"].update(push_to_hub=True, hub_model_id="tester/pythia-style", hub_strategy="end")
+    raw["checkpoints"] = {"schedule": "log", "log_until": 4, "steps": [5], "push_revisions": True}
+    run = hftrain.train(hftrain.load_recipe(None, raw))
+    printed = capsys.readouterr()
+    said = printed.out + printed.err
+
+    kept = [1, 2, 4, 5]
+    assert sorted(int(c.name.split("-")[1]) for c in run_dir.glob("checkpoint-*")) == [*kept, 8]  # + the newest rotating one
+    assert "hftrain: pushed checkpoint-1 to tester/pythia-style as revision step1" in said
+    assert ("hftrain: warning: pushing checkpoint-2 as revision step2 of tester/pythia-style failed (pushing" in said
+            and f"`hftrain export {run_dir / 'checkpoint-2'} --merge --out DIR`" in said)  # fmt: skip
+    repo = local_hub.repo("tester/pythia-style")
+    assert sorted(repo.branches) == ["main", "step1", "step4", "step5"]
+    card = repo.read("README.md", "main").decode()
+    assert "Kept checkpoints are branches of this repo (3): `step1`, `step4`, `step5`." in card
+    assert 'from_pretrained("tester/pythia-style", revision="step5")' in card
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(repo.files("step4"))
+    assert not any("optimizer" in f or f.startswith("hftrain_data_state") for f in repo.files("step4"))
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    for step in (4, 5):
+        remote = AutoModelForCausalLM.from_pretrained("tester/pythia-style", revision=f"step{step}", token=TOKEN).eval()
+        local = AutoModelForCausalLM.from_pretrained(run_dir / f"checkpoint-{step}").eval()
+        with torch.no_grad():
+            torch.testing.assert_close(remote(ids).logits, local(ids).logits, rtol=0, atol=0)
+    main = AutoModelForCausalLM.from_pretrained("tester/pythia-style", token=TOKEN).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(main(ids).logits, AutoModelForCausalLM.from_pretrained(RunLayout(run_dir).final).eval()(ids).logits)
+    assert TOKEN not in said
