@@ -58,6 +58,7 @@ class RunLayout:
     PROFILE_DIR = "profile"
     TOKENIZER_DIR = "tokenizer"
     FINAL = "final"
+    INITIAL = "initial"  # the weights before step 1, when recipe.checkpoints keeps step 0 (Pythia's step0)
     STAGING = ".staging"
 
     @property
@@ -91,6 +92,10 @@ class RunLayout:
     @property
     def final(self) -> Path:
         return self.root / self.FINAL
+
+    @property
+    def initial(self) -> Path:
+        return self.root / self.INITIAL
 
     @property
     def staging(self) -> Path:

@@ -243,7 +243,7 @@ class CheckpointManager:
         layout = self.layout
         aside = layout.root / time.strftime("previous-%Y%m%dT%H%M%SZ", time.gmtime())
         aside.mkdir()
-        own = [*self.complete(), layout.final, layout.metrics, layout.results, layout.plot, layout.report,
+        own = [*self.complete(), layout.initial, layout.final, layout.metrics, layout.results, layout.plot, layout.report,
                layout.profile, layout.run_file]  # fmt: skip
         for path in own:
             if path.exists():
@@ -341,12 +341,32 @@ class CheckpointManager:
         keeps for study, which are never removed."""
         if not self.keep or self.keep <= 0:
             return
-        rotating = [c for c in self.complete() if not self.recipe.checkpoints.keeps(checkpoint_step(c) or 0)]
+        rotating = [c for c in self.complete() if not self.recipe.checkpoints.keeps(checkpoint_step(c) or -1)]
         for old in rotating[: -self.keep]:
             doomed = self.layout.staged(f"rotated-{old.name}")  # a kill mid-delete leaves it in staging, removed at start
             doomed.parent.mkdir(parents=True, exist_ok=True)
             os.replace(old, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
+
+    def save_initial(self, trainer: Any) -> Path | None:
+        """Step 0 kept (Pythia's step0): the weights before step 1 as a model directory `initial/` (main process).
+        Not for an adapter or a quantized base (the base model is step 0), nor ZeRO-3's partitioned parameters."""
+        if not trainer.args.should_save:
+            return None
+        model = trainer.model
+        if self.recipe.finetune.method != "full" or any(hasattr(p, "ds_id") for p in model.parameters()):
+            print("hftrain: checkpoints: step 0 is not saved for an adapter, a quantized base or ZeRO-3 (the base model, "
+                  "or partitioned weights); the other kept steps are.", flush=True)  # fmt: skip
+            return None
+        staged = self.layout.staged(RunLayout.INITIAL)
+        try:
+            model.save_pretrained(staged, safe_serialization=True)
+            trainer.processing_class.save_pretrained(staged)
+            save_recipe(self.recipe, staged / RECIPE_FILE)
+        except Exception as err:
+            raise self._write_error(err, staged, "the initial weights (step 0)") from None
+        publish(staged, self.layout.initial, {"step": 0})
+        return self.layout.initial
 
     def stage_final(self, trainer: Any) -> Path:
         """Write the final model as one standard HF directory into staging (every process takes part in

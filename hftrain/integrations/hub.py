@@ -21,7 +21,7 @@ import yaml
 
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
-from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout
+from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
 from hftrain.recipe.load import redact_value
 from hftrain.recipe.schema import Recipe
 
@@ -174,9 +174,14 @@ class CheckpointPusher:
     def repo_id(self) -> str:
         return self.args.hub_model_id or Path(self.args.output_dir).name
 
+    def on_initial(self, initial: Path) -> None:
+        """The weights before step 1 (recipe.checkpoints keeps step 0): revision step0, when revisions are pushed."""
+        if self.revisions is not None:
+            self.revisions.submit(Path(self.args.output_dir), initial, 0)
+
     def on_checkpoint(self, checkpoint: Path) -> None:
         if self.revisions is not None and self.revisions.wants(checkpoint):
-            self.revisions.submit(Path(self.args.output_dir), checkpoint)
+            self.revisions.submit(Path(self.args.output_dir), checkpoint, checkpoint_step(checkpoint) or 0)
         strategy = str(getattr(self.args.hub_strategy, "value", self.args.hub_strategy))
         if not self.enabled or strategy == "end":
             return

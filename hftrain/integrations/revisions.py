@@ -47,10 +47,11 @@ class RevisionPublisher:
         step = checkpoint_step(checkpoint)
         return bool(self.recipe.checkpoints.push_revisions and step is not None and self.recipe.checkpoints.keeps(step))
 
-    def submit(self, run_dir: Path, checkpoint: Path) -> None:
+    def submit(self, run_dir: Path, checkpoint: Path, step: int) -> None:
+        """Queue the push of `checkpoint` (a checkpoint, or initial/ for step 0) as branch stepN."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hftrain-revisions")
-        branch = branch_of(checkpoint_step(checkpoint) or 0)
+        branch = branch_of(step)
         future = self.pool.submit(self._push, run_dir, checkpoint, branch)
         future.add_done_callback(lambda done: self._report(done, checkpoint, branch))
 

@@ -42,14 +42,15 @@ class CheckpointsSection(Section):
     resumes from it like any other) that rotation never removes."""
 
     schedule: Literal["pythia", "log"] | None = None
-    """pythia: Pythia's steps 1, 2, 4, ..., 512, then every 1,000 (its step 0, the initialization, is not a
-    checkpoint here); log: 1, 2, 4, ... up to log_until, then every `every` steps when that is set."""
+    """pythia: Pythia's steps 0, 1, 2, 4, ..., 512, then every 1,000; log: 0, 1, 2, 4, ... up to log_until, then
+    every `every` steps when that is set. Step 0 is the initialization, kept as output_dir/initial (the weights and
+    tokenizer: nothing to resume from)."""
     log_until: int | None = Field(default=None, ge=1)
     """With schedule: log, the last step of the log-spaced part (the largest power of two up to it)."""
     every: int | None = Field(default=None, ge=1)
     """With schedule: log, a kept checkpoint every this many steps after log_until (pythia: 1000)."""
     steps: list[int] = []
-    """More steps to keep, e.g. [100, 250, 5000] (alone, or with a schedule)."""
+    """More steps to keep, e.g. [0, 100, 250, 5000] (alone, or with a schedule)."""
     push_revisions: bool = False
     """Push each kept checkpoint to the Hub while training, in the background, as branch `stepN` of
     training.hub_model_id (needs training.push_to_hub), loadable with from_pretrained(repo, revision="stepN"); the
@@ -58,8 +59,8 @@ class CheckpointsSection(Section):
     @field_validator("steps")
     @classmethod
     def _positive_steps(cls, steps: list[int]) -> list[int]:
-        if any(s < 1 for s in steps):
-            raise ValueError("steps are optimizer steps, 1 or more (a checkpoint is written after its step)")
+        if any(s < 0 for s in steps):
+            raise ValueError("steps are optimizer steps: 0 (the initialization) or more")
         return sorted(set(steps))
 
     @model_validator(mode="after")
@@ -76,13 +77,13 @@ class CheckpointsSection(Section):
         return (self.log_until or 0), self.every
 
     def keeps(self, step: int) -> bool:
-        """Whether the checkpoint after optimizer step `step` is kept."""
-        if step < 1:
-            return False
+        """Whether the checkpoint after optimizer step `step` is kept (0: the initialization)."""
         if step in self.steps:
             return True
-        if self.schedule is None:
+        if self.schedule is None or step < 0:
             return False
+        if step == 0:
+            return True
         until, every = self._log_part()
         if step <= until:
             return step & (step - 1) == 0  # a power of two
@@ -92,6 +93,7 @@ class CheckpointsSection(Section):
         """Every kept step of a run of max_steps steps, in order."""
         kept = {s for s in self.steps if s <= max_steps}
         if self.schedule is not None:
+            kept.add(0)
             until, every = self._log_part()
             kept |= {1 << k for k in range(max(min(until, max_steps), 1).bit_length()) if 1 << k <= min(until, max_steps)}
             if every is not None:

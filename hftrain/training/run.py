@@ -110,6 +110,10 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
     pusher = CheckpointPusher(recipe, args, settings.push_to_hub, revisions.publisher(recipe, args, settings.push_to_hub))
     checkpoints.on_publish.append(pusher.on_checkpoint)
+    if resume is None and recipe.checkpoints.keeps(0):  # Pythia's step0: the weights before the first step
+        initial = checkpoints.save_initial(trainer)
+        if initial is not None:
+            pusher.on_initial(initial)
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
     if resume is not None and step_of(resume) >= args.max_steps:
         return already_finished(trainer, recipe, resume, known, pusher)

@@ -146,6 +146,8 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
     kept = [1, 2, 4, 10, 21, 24]  # the schedule's, and the 2 newest of save_steps' (rotated)
     for run in (straight, run_dir):
         assert [ckpt.checkpoint_step(c) for c in ckpt.complete_checkpoints(run)] == kept, run
+    # step 0, the initialization, written once when each run started (not again at the resume): the seed's weights
+    assert (straight / "initial" / "model.safetensors").read_bytes() == (run_dir / "initial" / "model.safetensors").read_bytes()
 
 
 @pytest.mark.slow

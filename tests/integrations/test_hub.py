@@ -131,7 +131,8 @@ def test_training_data_from_an_hf_url(local_hub, monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monkeypatch, tmp_path, corpus, capsys):
-    """checkpoints.push_revisions: each kept checkpoint becomes branch stepN in the background while training goes on
+    """checkpoints.push_revisions: each kept checkpoint (step 0: the initial weights) becomes branch stepN in the
+    background while training goes on
     (the push of step1 waits until checkpoint-4 exists: a push that blocked training would never see it), a push that
     fails is reported and training goes on, the final model goes to main with a card listing the revisions, and plain
     transformers loads a revision as the local checkpoint it came from. Rotation leaves kept checkpoints alone."""
@@ -168,16 +169,16 @@ def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monke
     assert ("hftrain: warning: pushing checkpoint-2 as revision step2 of tester/pythia-style failed (pushing" in said
             and f"`hftrain export {run_dir / 'checkpoint-2'} --merge --out DIR`" in said)  # fmt: skip
     repo = local_hub.repo("tester/pythia-style")
-    assert sorted(repo.branches) == ["main", "step1", "step4", "step5"]
+    assert sorted(repo.branches) == ["main", "step0", "step1", "step4", "step5"]
     card = repo.read("README.md", "main").decode()
-    assert "Kept checkpoints are branches of this repo (3): `step1`, `step4`, `step5`." in card
+    assert "Kept checkpoints are branches of this repo (4): `step0`, `step1`, `step4`, `step5`." in card
     assert 'from_pretrained("tester/pythia-style", revision="step5")' in card
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(repo.files("step4"))
     assert not any("optimizer" in f or f.startswith("hftrain_data_state") for f in repo.files("step4"))
     ids = torch.tensor([[5, 17, 42, 7, 99]])
-    for step in (4, 5):
+    for step in (0, 4, 5):  # step 0: the initialization, kept as initial/
         remote = AutoModelForCausalLM.from_pretrained("tester/pythia-style", revision=f"step{step}", token=TOKEN).eval()
-        local = AutoModelForCausalLM.from_pretrained(run_dir / f"checkpoint-{step}").eval()
+        local = AutoModelForCausalLM.from_pretrained(run_dir / (f"checkpoint-{step}" if step else "initial")).eval()
         with torch.no_grad():
             torch.testing.assert_close(remote(ids).logits, local(ids).logits, rtol=0, atol=0)
     main = AutoModelForCausalLM.from_pretrained("tester/pythia-style", token=TOKEN).eval()

@@ -11,24 +11,25 @@ from hftrain.recipe.load import load_recipe
 from hftrain.recipe.sections import CheckpointsSection
 
 
-def test_pythias_schedule_is_its_published_steps_but_step_0():
+def test_pythias_schedule_is_its_published_steps():
     kept = CheckpointsSection(schedule="pythia").kept_steps(143_000)
-    assert kept[:11] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000] and kept[11:13] == [2000, 3000]
-    assert len(kept) == 153 and kept[-1] == 143_000  # Pythia's 154 revisions less step0 (the initialization)
+    assert kept[:12] == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000] and kept[12:14] == [2000, 3000]
+    assert len(kept) == 154 and kept[-1] == 143_000  # Pythia's 154 revisions, step0 (the initialization) included
 
 
 def test_a_log_schedule_with_an_end_then_every_and_a_list():
     section = CheckpointsSection(schedule="log", log_until=100, every=250, steps=[7, 3, 7])
-    assert section.kept_steps(1000) == [1, 2, 3, 4, 7, 8, 16, 32, 64, 250, 500, 750, 1000]
-    assert section.kept_steps(1000) == [s for s in range(1, 1001) if section.keeps(s)]  # the two agree
-    assert CheckpointsSection(schedule="log", log_until=8).kept_steps(10**6) == [1, 2, 4, 8]  # no `every`: ends there
-    assert CheckpointsSection(steps=[5]).kept_steps(4) == [] and not CheckpointsSection().keeps(1)
+    assert section.kept_steps(1000) == [0, 1, 2, 3, 4, 7, 8, 16, 32, 64, 250, 500, 750, 1000]
+    assert section.kept_steps(1000) == [s for s in range(0, 1001) if section.keeps(s)]  # the two agree
+    assert CheckpointsSection(schedule="log", log_until=8).kept_steps(10**6) == [0, 1, 2, 4, 8]  # no `every`: ends there
+    assert CheckpointsSection(steps=[5]).kept_steps(4) == [] and CheckpointsSection(steps=[0, 5]).kept_steps(9) == [0, 5]
+    assert not CheckpointsSection().keeps(0) and not CheckpointsSection().keeps(1)
 
 
 @pytest.mark.parametrize("checkpoints, training, message", [
     ({"schedule": "log"}, {}, "checkpoints: schedule: log needs log_until (the last log-spaced step), e.g. log_until: 512"),
     ({"every": 1000}, {}, "log_until and every belong to schedule: log (pythia fixes them at 512 and 1000)"),
-    ({"steps": [0, 10]}, {}, "checkpoints.steps: steps are optimizer steps, 1 or more"),
+    ({"steps": [-1, 10]}, {}, "checkpoints.steps: steps are optimizer steps: 0 (the initialization) or more"),
     ({"schedule": "pythia", "push_revisions": True}, {}, "checkpoints.push_revisions pushes kept checkpoints as Hub branches: set "
                                                          "training.push_to_hub: true and training.hub_model_id"),
     ({"push_revisions": True}, {"push_to_hub": True}, "checkpoints.push_revisions: no checkpoint is kept"),
