@@ -96,10 +96,12 @@ def test_installs_beside_a_newer_torch_without_replacing_it(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
-    subprocess.run([*pip, "install", "-q", "--no-index", str(stub)], check=True, timeout=300)
+    # hftrain's requirements alone: a machine-wide pip constraint (some hosts cap torch in /etc/xdg/pip) is not ours
+    env = {**os.environ, "PIP_CONSTRAINT": os.devnull}
+    subprocess.run([*pip, "install", "-q", "--no-index", str(stub)], check=True, timeout=300, env=env)
     report = tmp_path / "report.json"
     done = subprocess.run([*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     planned = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
     assert "hftrain" in planned and "transformers" in planned

@@ -46,13 +46,15 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.integrations.sagemaker_job import adapt, current_job
 
     progress.start()  # a line at least every few seconds until the first step (progress.py)
+    try:
+        job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
+        recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
+        from hftrain.checkpoint.output_lock import owning
 
-    job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
-    recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
-    from hftrain.checkpoint.output_lock import owning
-
-    with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it
-        return _train(args, overrides, recipe, job)
+        with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it
+            return _train(args, overrides, recipe, job)
+    finally:
+        progress.stop()  # however it ended (a refused recipe, in a notebook or a test, must not leave it talking)
 
 
 def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any) -> int:

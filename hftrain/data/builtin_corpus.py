@@ -52,7 +52,7 @@ def corpus_copy() -> dict[str, str]:
     from hftrain.progress import phase
 
     with phase(f"reading the docstrings of {len(files)} standard-library modules (once per machine, kept in {path.parent})"):
-        corpus = {f: _parse(f) for f in files}
+        corpus = dict(zip(files, _parse_all(files)))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -61,6 +61,22 @@ def corpus_copy() -> dict[str, str]:
     except OSError:
         pass  # a read-only home: parse again next time
     return corpus
+
+
+def _parse_all(files: list[str]) -> list[str]:
+    """_parse of every file, on every core (seconds of CPU on a fresh machine, before the first step); forked
+    workers, since this process has loaded torch already (a spawned one would import it again). One core, a
+    DataLoader worker (daemonic: no children) or a pool that cannot start: in this process."""
+    import multiprocessing
+
+    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon:
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                return pool.map(_parse, files, chunksize=8)
+        except OSError:
+            pass
+    return [_parse(f) for f in files]
 
 
 def _parse(path: str) -> str:
