@@ -158,6 +158,11 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
     return url
 
 
+def repo_id_of(args: Any) -> str:
+    """The Hub repo a run pushes to: training.hub_model_id, else the output directory's name (as the Trainer does)."""
+    return args.hub_model_id or Path(args.output_dir).name
+
+
 class CheckpointPusher:
     """Pushes during training (hub_strategy) in the background: at most one upload in flight, never blocking; and
     kept checkpoints as revisions stepN (recipe.checkpoints.push_revisions: revisions.py)."""
@@ -172,7 +177,7 @@ class CheckpointPusher:
         return bool(self.push_to_hub or self.recipe.hub.s3_uri)
 
     def repo_id(self) -> str:
-        return self.args.hub_model_id or Path(self.args.output_dir).name
+        return repo_id_of(self.args)
 
     def on_initial(self, initial: Path) -> None:
         """The weights before step 1 (recipe.checkpoints keeps step 0): revision step0, when revisions are pushed."""

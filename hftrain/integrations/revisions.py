@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hftrain.checkpoint.layout import checkpoint_step
-from hftrain.integrations.hub import bundle, push_folder
+from hftrain.integrations.hub import bundle, push_folder, repo_id_of
 
 BRANCH = re.compile(r"step(\d+)")
 
@@ -33,7 +33,7 @@ def publisher(recipe: Any, args: Any, push_to_hub: bool) -> RevisionPublisher | 
     """The run's publisher of revisions, when the recipe asks for them (checkpoints.push_revisions)."""
     if not (push_to_hub and recipe.checkpoints.push_revisions):
         return None
-    return RevisionPublisher(recipe, args.hub_model_id or Path(args.output_dir).name, args.hub_private_repo)
+    return RevisionPublisher(recipe, repo_id_of(args), args.hub_private_repo)
 
 
 class RevisionPublisher:
@@ -45,7 +45,7 @@ class RevisionPublisher:
 
     def wants(self, checkpoint: Path) -> bool:
         step = checkpoint_step(checkpoint)
-        return bool(self.recipe.checkpoints.push_revisions and step is not None and self.recipe.checkpoints.keeps(step))
+        return step is not None and self.recipe.checkpoints.keeps(step)
 
     def submit(self, run_dir: Path, checkpoint: Path, step: int) -> None:
         """Queue the push of `checkpoint` (a checkpoint, or initial/ for step 0) as branch stepN."""
