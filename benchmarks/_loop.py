@@ -51,6 +51,12 @@ def clm_blocks(docs_file: Path, tokenizer: Any, block_size: int) -> Any:
     return tokenized.map(group_texts, batched=True)
 
 
+def context(shape: dict[str, Any]) -> int:
+    """The model's max_position_embeddings on both sides: 1024 (the small presets'), or the shape's seq when longer
+    (gpu-160m trains at 2048, as Pythia did; hftrain refuses a seq_len beyond the model's context)."""
+    return max(1024, shape["seq"])
+
+
 def neox_model(shape: dict[str, Any], tokenizer: Any) -> Any:
     """GPTNeoXForCausalLM of the shape, its vocabulary padded to a multiple of 128 as hftrain sizes it."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -58,7 +64,7 @@ def neox_model(shape: dict[str, Any], tokenizer: Any) -> Any:
     vocab = -(-len(tokenizer) // 128) * 128
     config = GPTNeoXConfig(vocab_size=vocab, hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
                            num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
-                           max_position_embeddings=1024, bos_token_id=tokenizer.eos_token_id,
+                           max_position_embeddings=context(shape), bos_token_id=tokenizer.eos_token_id,
                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     return GPTNeoXForCausalLM(config)
 

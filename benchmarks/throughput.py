@@ -153,14 +153,15 @@ def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, lo
     }
 
 
-def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
-                heldout: Path, docs_dir: Path, device: str = "cpu", tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
-    import hftrain
-    import yaml
+def hftrain_recipe(shape: dict[str, Any], out: Path, run_steps: int, log_steps: int, docs_dir: Path,
+                   tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
+    """hftrain's side of a shape as a recipe (tests/test_gpu_tier.py validates every shape's on a CPU)."""
+    from benchmarks._loop import context
 
-    overrides = {
+    return {
         "model": {"preset": "cpu-small", "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
-                  "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"]},
+                  "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"],
+                  "max_position_embeddings": context(shape)},
         "tokenizer": {"path": tokenizer_dir} if tokenizer_dir else {"builtin": "gpt2"},
         "data": {"train": [{"path": str(docs_dir / "train-docs")}], "validation": {"path": str(docs_dir / "heldout-docs.jsonl")},
                  "seq_len": shape["seq"], "eval_blocks": 4},
@@ -168,6 +169,14 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
                      "seed": seed},
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }  # fmt: skip
+
+
+def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
+                heldout: Path, docs_dir: Path, device: str = "cpu", tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
+    import hftrain
+    import yaml
+
+    overrides = hftrain_recipe(shape, out, run_steps, log_steps, docs_dir, tokenizer_dir, seed)
     if device == "cpu" and _cuda():
         overrides["training"]["use_cpu"] = True
     out.mkdir(parents=True, exist_ok=True)

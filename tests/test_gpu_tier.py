@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_report  # noqa: E402
 
 ITEM_MODULES = {"training": "test_gpu_training", "finetune": "test_gpu_finetune", "backends": "test_gpu_backends",
-                "benchmark": "test_gpu_benchmark"}  # fmt: skip
+                "benchmark": "test_gpu_benchmark", "plan": "test_gpu_plan", "packing": "test_gpu_packing"}  # fmt: skip
 
 
 def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -86,6 +86,7 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
         init.write_text("")
     (gpu / "test_gpu_backends.py").write_text(textwrap.dedent(SYNTHETIC).replace("def test_broken():\n    assert 1 == 2\n", ""))
     (gpu / "test_gpu_finetune.py").write_text(textwrap.dedent(SYNTHETIC))
+    (gpu / "test_gpu_newcomer.py").write_text(textwrap.dedent(SYNTHETIC))  # a module no item names: its failure still counts
     pytest_run("tests", "-q", "-o", "addopts=", "--junitxml", str(tmp_path / "junit.xml"), cwd=tmp_path)
     (tmp_path / "items").mkdir()
     (tmp_path / "items" / "fsdp_world1.json").write_text(json.dumps({"item": "backends", "test": "fsdp_world1", "numbers": {"resume_max_rel_loss_diff": 0.0}}))
@@ -95,13 +96,31 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
     assert gpu_report.main([str(tmp_path), "--bench-rc", "0"]) == 1  # not all items passed
     report = json.loads((tmp_path / "report.json").read_text())
     status = {k: v["status"] for k, v in report["items"].items()}
-    assert status == {"backends": "PASS", "finetune": "FAIL", "training": "NOT RUN", "benchmark": "PASS"}
+    assert status == {"backends": "PASS", "finetune": "FAIL", "training": "NOT RUN", "benchmark": "PASS", "plan": "NOT RUN",
+                      "packing": "NOT RUN", "other": "FAIL"}  # fmt: skip
+    assert [t["id"] for t in report["items"]["other"]["tests"] if t["outcome"] == "failed"] == ["tests.gpu.test_gpu_newcomer::test_broken"]
     assert report["verdict"] == "FAIL" and report["items"]["backends"]["numbers"][0]["test"] == "fsdp_world1"
     assert report["items"]["benchmark"]["numbers"][0]["numbers"]["ratio"] == 1.5
     md = (tmp_path / "report.md").read_text()
     assert "## finetune: FAIL" in md and "- skipped: `tests.gpu.test_gpu_backends::test_world2`" in md and "ratio 1.5" in md
     assert gpu_report.main([str(tmp_path), "--bench-rc", "1"]) == 1
     assert json.loads((tmp_path / "report.json").read_text())["items"]["benchmark"]["status"] == "FAIL"
+    # nothing failed but some items did not run (a machine without a kernel they need): INCOMPLETE, not PASS
+    for module in ("test_gpu_finetune.py", "test_gpu_newcomer.py"):
+        (gpu / module).unlink()
+    pytest_run("tests", "-q", "-o", "addopts=", "--junitxml", str(tmp_path / "junit.xml"), cwd=tmp_path)
+    assert gpu_report.main([str(tmp_path), "--bench-rc", "0"]) == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"] == "INCOMPLETE" and "other" not in report["items"], report["items"].keys()
+    assert (tmp_path / "report.md").read_text().startswith("# hftrain GPU acceptance report: INCOMPLETE")
+
+
+def test_report_checks_every_requirement_floor(monkeypatch):
+    """The environment check reads hftrain's floors from pyproject.toml (a floor written into the script went stale)."""
+    assert gpu_report.below_floor() == []  # this environment meets them
+    real = gpu_report.version
+    monkeypatch.setattr(gpu_report, "version", lambda name: "0.1" if name == "peft" else real(name))
+    assert gpu_report.below_floor() == ["peft>=0.18 (found 0.1)"]
 
 
 @pytest.mark.parametrize("name, tflops", [
@@ -128,3 +147,18 @@ def test_the_gpu_tests_recipes_validate(tmp_path):
         assert recipe.training.output_dir.startswith(str(tmp_path))
     pythia = hftrain.load_recipe(None, recipes[1])
     assert pythia.data.seq_len == 2048 and pythia.model.preset == "pythia-160m" and pythia.training.bf16
+
+
+def test_every_benchmark_shape_is_a_recipe_hftrain_accepts(tmp_path):
+    """The first GPU run found gpu-160m (2,048 tokens) refused by hftrain: its model kept a 1,024-token context.
+    Every shape's hftrain recipe goes through the same checks `hftrain train` makes before the model is built."""
+    import hftrain
+    from benchmarks import throughput
+    from benchmarks._loop import context
+    from hftrain.model.build import check_context, meta_model
+
+    for name, shape in throughput.SHAPES.items():
+        raw = throughput.hftrain_recipe(shape, tmp_path / name, 2000, 5, tmp_path / "docs")
+        recipe = hftrain.load_recipe(None, raw)
+        check_context(recipe, meta_model(recipe, 50_257, False).config)  # raises on the failure the GPU run met
+        assert context(shape) >= shape["seq"], name

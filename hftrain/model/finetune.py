@@ -42,6 +42,18 @@ def quantization_config(recipe: Recipe, strategy: Strategy) -> Any:
     )
 
 
+def check_adapter_base(recipe: Recipe) -> None:
+    """A LoRA adapter is trained onto saved weights that it is merged into and loaded with; a preset starts from
+    random weights that no file holds, so its final merge would fail after the whole run. Refused before training
+    (`hftrain plan` still sizes such a recipe: its memory is the pretrained model's of the same shape)."""
+    if recipe.finetune.method == "lora" and not recipe.model.from_pretrained:
+        raise HftrainError(
+            f"finetune.method: lora trains an adapter onto pretrained weights, but this recipe builds model.preset "
+            f"{recipe.model.preset} from random weights (no model.from_pretrained). Set model.from_pretrained to a "
+            "checkpoint directory or Hub id (a pretraining run's final/ will do), or train every weight with finetune.method: full."
+        )
+
+
 def check_strategy(recipe: Recipe, strategy: Strategy) -> str:
     """Refuse quantized methods with backends that cannot shard or partition bitsandbytes weights; returns the
     4-bit storage dtype: under FSDP it must be the compute dtype, or the packed uint8 weights stay unsharded.

@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -22,6 +23,9 @@ from hftrain.data.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
 from hftrain.recipe.schema import Recipe
+
+SHIPPED_CONFIGS = Path(__file__).parents[1] / "accelerate_configs"  # accelerate_configs/ in a checkout links here
+DEEPSPEED_FILE_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # accelerate launch passes the YAML's deepspeed_config_file on as written
 
 
 class Strategy(str, Enum):
@@ -139,7 +143,30 @@ def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit
     )  # fmt: skip
     if dims.rehearsal:
         rehearsal.prepare_process(dims.rehearsal)
+    elif dims.strategy is Strategy.ZERO3:
+        locate_deepspeed_config()
     return dims
+
+
+def locate_deepspeed_config(search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> None:
+    """The accelerate YAML's deepspeed_config_file, as a path this process can open. DeepSpeed opens it relative to
+    the working directory, while the shipped YAMLs name theirs relative to their own folder (deepspeed/zero3.json),
+    so that `accelerate launch --config_file .../deepspeed_zero3.yaml` works from any directory and from an
+    installed hftrain. A relative path missing from the working directory is looked for in `search`; missing
+    everywhere, it is one message instead of accelerate's error from inside TrainingArguments."""
+    value = os.environ.get(DEEPSPEED_FILE_ENV, "none")
+    if value == "none" or value.lstrip().startswith("{") or Path(value).is_file():
+        return  # none, an inline JSON, or a path that opens as it is
+    if not value.endswith(".json") and "/" not in value:
+        return  # accelerate also takes a base64-encoded config
+    found = next((folder / value for folder in search if not Path(value).is_absolute() and (folder / value).is_file()), None)
+    if found is None:
+        raise HftrainError(
+            f"the accelerate config's deepspeed_config.deepspeed_config_file: {value} does not exist (a relative path is "
+            f"read from the working directory, {Path.cwd()}). Give its absolute path in the accelerate YAML, or launch "
+            "from the directory it is relative to."
+        )
+    os.environ[DEEPSPEED_FILE_ENV] = str(found.resolve())
 
 
 def world_size() -> int:

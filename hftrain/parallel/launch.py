@@ -17,10 +17,9 @@ import yaml
 
 from hftrain.parallel import child_errors, rehearsal
 from hftrain.errors import HftrainError
-from hftrain.parallel.dims import Strategy
+from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy
 from hftrain.recipe.schema import Recipe
 
-PACKAGED = Path(__file__).parents[1] / "accelerate_configs"
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
 
 
@@ -29,10 +28,10 @@ def find_config(name: str) -> Path:
     path = Path(name)
     if path.is_file():
         return path
-    packaged = PACKAGED / f"{ALIASES.get(name, name)}.yaml"
+    packaged = SHIPPED_CONFIGS / f"{ALIASES.get(name, name)}.yaml"
     if packaged.is_file():
         return packaged
-    shipped = ", ".join(sorted(p.stem for p in PACKAGED.glob("*.yaml")))
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml")))
     raise HftrainError(f"--accelerate-config: no file {name!r} and no shipped config of that name; shipped: {shipped}, zero3")
 
 
@@ -51,8 +50,9 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     config = find_config(config_name)
     backend = backend_of(config)
     if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
-        from hftrain.model.finetune import check_strategy
+        from hftrain.model.finetune import check_adapter_base, check_strategy
 
+        check_adapter_base(recipe)
         check_strategy(recipe, backend)
         from hftrain.checkpoint.elastic import check_before_launch
 
@@ -68,9 +68,19 @@ def accelerate_processes(train_args: list[str], config: Path, nproc: int | None)
     process so that a failure is reported once (child_errors.py); returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    words = ["--config_file", str(config), *(["--num_processes", str(nproc)] if nproc else [])]
+    words = ["--config_file", str(config), *(["--num_processes", str(nproc)] if nproc else []), *deepspeed_file(config)]
     args = launch_command_parser().parse_args([*words, "-m", "hftrain", "train", *train_args])
     return child_errors.launch(lambda: launch_command(args), {})
+
+
+def deepspeed_file(config: Path) -> list[str]:
+    """A DeepSpeed JSON named relative to its accelerate YAML's folder (as the CPU rehearsal reads it), given to
+    accelerate as an absolute path: accelerate would read it relative to the working directory."""
+    data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    name = (data.get("deepspeed_config") or {}).get("deepspeed_config_file")
+    if not name or Path(name).is_absolute() or Path(name).is_file() or not (config.parent / name).is_file():
+        return []
+    return ["--deepspeed_config_file", str((config.parent / name).resolve())]
 
 
 def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:

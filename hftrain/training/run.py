@@ -33,7 +33,7 @@ from hftrain.data.pretokenized import check_compatible
 from hftrain.errors import HftrainError, Preempted
 from hftrain.checkpoint.files import read_json
 from hftrain.eval.during_training import TrainingEvaluation
-from hftrain.model.finetune import apply_method
+from hftrain.model.finetune import apply_method, check_adapter_base
 from hftrain.model.generation import sample
 from hftrain.speed.hardware import measure_peak_flops
 from hftrain.integrations.hub import CheckpointPusher
@@ -54,6 +54,7 @@ from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks). The run owns
     its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
+    check_adapter_base(recipe)  # before output_dir is touched
     with owning(recipe.training.output_dir, "training.output_dir"):
         progress.start()  # a line at least every few seconds until the first step ends (StartupOverCallback)
         try:

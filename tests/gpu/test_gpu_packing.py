@@ -9,6 +9,8 @@ import pytest
 from . import support
 
 pytestmark = pytest.mark.gpu
+# The report (scripts/gpu_report.py) counts a skip that starts with "needs " as not run, never as passed
+NO_FLASH = "needs flash_attention_2 or flash_attention_3 (pip install flash-attn); this machine has {kernels}"
 
 
 def _recipes(tmp_path):
@@ -28,7 +30,8 @@ def test_flash_kernels_keep_packed_documents_apart(tmp_path, kind):
     import torch
 
     kernels = available_kernels(torch.device("cuda"))
-    assert "flash_attention_2" in kernels or "flash_attention_3" in kernels, f"no flash kernel installed here: {kernels}"
+    if not any(k.startswith("flash") for k in kernels):
+        pytest.skip(NO_FLASH.format(kernels=kernels))
     lines, ok = check_packing(_recipes(tmp_path)[kind])
     print("\n".join(lines))
     assert ok, lines
@@ -40,7 +43,9 @@ def test_flash_attention_on_rows_is_caught(tmp_path):
     from hftrain.model.packing_check import available_kernels, check_packing
     import torch
 
-    flash = [k for k in available_kernels(torch.device("cuda")) if k.startswith("flash")]
-    assert flash, "no flash kernel installed here"
+    kernels = available_kernels(torch.device("cuda"))
+    flash = [k for k in kernels if k.startswith("flash")]
+    if not flash:
+        pytest.skip(NO_FLASH.format(kernels=kernels))
     lines, ok = check_packing(_recipes(tmp_path)["examples"], kernels={flash[0]: ROWS})
     assert not ok, lines

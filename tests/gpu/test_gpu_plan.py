@@ -1,6 +1,6 @@
 """GPU tier: `hftrain plan`'s predicted peak per GPU against torch.cuda.max_memory_allocated of real steps
-(within 10%), for full bf16 training with and without gradient checkpointing and for LoRA: the allocator-counted
-part of the prediction (the CUDA context is listed apart)."""
+(within 10%), for full bf16 training with and without gradient checkpointing and for LoRA (onto the same shape
+saved as a pretrained model): the allocator-counted part of the prediction (the CUDA context is listed apart)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ from . import support
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    from benchmarks.finetune_memory import build_base
+
+    return build_base(tmp_path_factory.mktemp("base"))  # pythia-160m, random weights, GPT-2 tokenizer
+
+
 @pytest.mark.parametrize("method,checkpointing", [("full", False), ("full", True), ("lora", False)])
-def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpointing):
+def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpointing, request):
     import torch
     from transformers import TrainerCallback
 
@@ -29,6 +36,7 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
            "monitor": {"sample_max_new_tokens": 0, "plot": False}}  # fmt: skip
     if method == "lora":
         raw["finetune"] = {"method": "lora", "lora": {"r": 16}}
+        raw["model"], raw["tokenizer"] = {"from_pretrained": str(request.getfixturevalue("base"))}, {}
     recipe = load_recipe(None, raw)
     predicted = predict_peak(recipe, plan(recipe), run_shape(recipe, "cuda", 1))
 

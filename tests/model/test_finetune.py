@@ -120,3 +120,16 @@ def test_bad_finetune_settings(pretrained_run, tmp_path):
     raw["data"]["train"]["path"] = str(bad)
     with pytest.raises(HftrainError, match=r"bad.jsonl:1: needs string fields 'prompt' and 'completion' \(has: prompt\)"):
         hftrain.train(load_recipe(None, raw))
+
+
+def test_lora_onto_random_weights_is_refused_before_training(tmp_path):
+    """A preset has no saved weights for the adapter to be merged into: the run used to train to the end and then
+    fail writing final/ (a TypeError from the merge). Now one message before anything is written."""
+    from ..support.data import make_documents, tiny_recipe, write_jsonl
+
+    raw = tiny_recipe(write_jsonl(tmp_path / "docs.jsonl", make_documents(20)), tmp_path / "out", max_steps=2)
+    raw["finetune"] = {"method": "lora"}
+    with pytest.raises(HftrainError, match=r"finetune.method: lora trains an adapter onto pretrained weights, but this "
+                                           r"recipe builds model.preset cpu-tiny from random weights .*Set model.from_pretrained"):  # fmt: skip
+        hftrain.train(load_recipe(None, raw))
+    assert not (tmp_path / "out").exists()

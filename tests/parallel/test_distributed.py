@@ -8,6 +8,7 @@ or to one process fails the test.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,27 @@ def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
     config = build_config(recipe, 320, True, eos_token_id=0)
     with pytest.raises(HftrainError, match=r"would be placed on the CPU\. Beside a GPU, accelerate offloads CPU-placed layers"):
         parallel.spread_over_devices(GPTNeoXForCausalLM(config), recipe)
+
+
+def test_the_shipped_zero3_config_opens_from_any_directory(tmp_path, monkeypatch):
+    """accelerate hands the YAML's deepspeed_config_file (deepspeed/zero3.json, relative to the YAML's folder) to
+    DeepSpeed as written, which opens it from the working directory: on the first GPU run ZeRO-3 failed at once
+    ("Expected a string path to an existing deepspeed config"). Each process now finds the shipped file; a path
+    that exists nowhere is one message naming the key; hftrain's own launcher passes the file absolute."""
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from hftrain.parallel import dims
+    from hftrain.parallel.launch import deepspeed_file, find_config
+
+    monkeypatch.chdir(tmp_path)
+    written = yaml.safe_load(find_config("zero3").read_text())["deepspeed_config"]["deepspeed_config_file"]
+    monkeypatch.setenv(dims.DEEPSPEED_FILE_ENV, written)
+    with pytest.raises(ValueError, match="Expected a string path to an existing deepspeed config"):
+        HfDeepSpeedConfig(written)  # what accelerate does with it, unresolved
+    dims.locate_deepspeed_config()
+    assert HfDeepSpeedConfig(os.environ[dims.DEEPSPEED_FILE_ENV]).config["zero_optimization"]["stage"] == 3
+    monkeypatch.setenv(dims.DEEPSPEED_FILE_ENV, "conf/ds.json")
+    with pytest.raises(HftrainError, match=r"deepspeed_config.deepspeed_config_file: conf/ds.json does not exist .*absolute path"):
+        dims.locate_deepspeed_config()
+    assert deepspeed_file(find_config("zero3")) == ["--deepspeed_config_file", str(dims.SHIPPED_CONFIGS / "deepspeed" / "zero3.json")]
+    assert deepspeed_file(find_config("ddp")) == []

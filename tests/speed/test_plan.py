@@ -52,7 +52,7 @@ def test_pythia_1b_on_8_gpus_counts_activations_and_logits_and_fits_with_a_margi
 def test_a_layout_that_fits_keeps_the_global_batch():
     recipe = load_recipe(PYTHIA_1B, [])
     info = plan(recipe)
-    roomy, tight, tiny = fitting.gpus(8, 80), fitting.gpus(8, 40), fitting.gpus(8, 4)
+    roomy, tight, tiny = fitting.gpus(8, 80), fitting.gpus(8, 40), fitting.gpus(8, 2)
     assert fitting.choose(recipe, info, roomy).shape.strategy == "ddp"
     squeezed = fitting.choose(recipe, info, tight)
     s = squeezed.shape
