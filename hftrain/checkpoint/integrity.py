@@ -9,8 +9,8 @@ cheap to hash, unlike gigabytes of weights at every save. ``check_files`` compar
 before resume or export: a missing, cut-short or changed file is one message naming it.
 
 The record is keyed by who listed it (``rank0``): with a shared file system one process lists every rank's
-files; with an output directory per node, each node's publisher can list its own part and the records merge
-(``merge``, e.g. over ``accelerate.utils.gather_object``) without another format. Files added after publishing
+files; with an output directory per node (node_disks.py), each node lists its own copy (``node1``), every node's
+marker holds the merged record and names its own part (``lister``), and a node checks that part alone. Files added after publishing
 (a ZeRO-3 ``universal/`` conversion) are not in the record and are not checked. Markers written by older hftrain
 have no record: ``check_files`` accepts them and the content checks (manager.unreadable) judge them alone.
 """
@@ -74,7 +74,8 @@ def recorded(checkpoint: Path) -> list[tuple[str, int, str | None]] | None:
         return None
     entries: set[tuple[str, int, str | None]] = set()
     try:
-        for listed in files.values():
+        here = marker.get("lister")  # a node's own disk (node_disks.py): the part of the record on it
+        for listed in [files[here]] if here else files.values():
             for relative, entry in listed.items():
                 size, digest = entry["size"], entry.get("sha256")
                 if not relative or not isinstance(size, int) or not isinstance(digest, (str, type(None))):

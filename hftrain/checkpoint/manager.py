@@ -27,6 +27,7 @@ from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import RECORD, check_files, record
+from hftrain.checkpoint.node_disks import checkpoint_listing
 from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
 from hftrain.recipe.load import fingerprint, save_recipe
 from hftrain.recipe.schema import Recipe
@@ -120,10 +121,9 @@ def loadable(path: Path) -> Path:
 
 def publish(staged: Path, target: Path, info: dict[str, Any], files: dict[str, Any] | None = None) -> None:
     """Mark a fully written staging directory complete and move it into place. The marker holds `info` and the
-    record of the directory's files (integrity.py; `files`: records already gathered, else this process lists
-    `staged`, which holds every process's files once they have all written). A directory already there is
-    replaced only if hftrain wrote it (it holds the marker); it is moved aside first, so that a kill at any point
-    leaves either the old or the new one complete."""
+    record of its files (integrity.py; `files`: gathered already, else this process lists `staged`). A directory
+    already there is replaced only if hftrain wrote it (it holds the marker), after moving it aside: a kill at any
+    point leaves the old or the new one complete."""
     marker = {**info, RECORD: files if files is not None else record(staged)}
     (staged / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
     if target.exists() and not (target / COMPLETE_MARKER).is_file():
@@ -315,11 +315,12 @@ class CheckpointManager:
         except Exception as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
             raise self._write_error(err, staged, str(self.layout.root / name)) from None
         trainer.accelerator.wait_for_everyone()
+        files, where = checkpoint_listing(staged, trainer)  # node-local disks: every process takes part (node_disks.py)
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
             # the writer's backend and process count: how a resume judges the checkpoint (elastic.py)
-            info = {"step": step, "world_size": trainer.args.world_size, "strategy": trainer.options.dims.strategy.value}
-            publish(staged, self.layout.checkpoint(step), info, record(staged, trainer.args.process_index))
+            info = {"step": step, "world_size": trainer.args.world_size, "strategy": trainer.options.dims.strategy.value, **where}
+            publish(staged, self.layout.checkpoint(step), info, files)
             self._rotate()
             for notify in self.on_publish:
                 notify(self.layout.checkpoint(step))
@@ -337,8 +338,7 @@ class CheckpointManager:
             trainer.processing_class.save_pretrained(staged)
 
     def _rotate(self) -> None:
-        """Keep the newest `keep` complete checkpoints (None or <= 0: keep all), besides those recipe.checkpoints
-        keeps for study, which are never removed."""
+        """Keep the newest `keep` complete checkpoints (None or <= 0: all), and those recipe.checkpoints keeps."""
         if not self.keep or self.keep <= 0:
             return
         rotating = [c for c in self.complete() if not self.recipe.checkpoints.keeps(checkpoint_step(c) or -1)]

@@ -18,8 +18,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["torchrun", "slurm", "sagemaker"], default="slurm")
     p.add_argument("--nodes", type=positive_int, default=2)
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
-    p.add_argument("--accelerate-config", default="accelerate_configs/fsdp.yaml",
-                   help="the backend (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)")
+    p.add_argument("--accelerate-config", default="fsdp",
+                   help="the backend: a shipped config name (ddp, fsdp, zero3, ...; resolved on each node) or a path valid on "
+                        "every node (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)")
+    p.add_argument("--cpu", action="store_true",
+                   help="torchrun/slurm: a CPU rehearsal (gloo processes, as `hftrain train --cpu`); --gpus-per-node is then processes per node")
     p.add_argument("--out", help="write the script here (default: print it)")
     sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
     sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     else:
         from hftrain.parallel.multinode import render
 
-        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides)
+        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu)
     if args.out:
         Path(args.out).write_text(script, encoding="utf-8")
         Path(args.out).chmod(0o755)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from hftrain.cli.numbers import non_negative_int, positive_int
@@ -24,7 +25,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
     p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="N",
                    help="after a crash, start again (resuming from the last complete checkpoint) up to N times")
+    nodes = p.add_argument_group("several nodes (with --accelerate-config; `hftrain launch-script` writes the script)")
+    nodes.add_argument("--nnodes", type=positive_int, default=1, help="nodes taking part (default 1)")
+    nodes.add_argument("--node-rank", type=non_negative_int, default=0, help="this node's index, 0 .. NNODES-1")
+    nodes.add_argument("--head-node", default="127.0.0.1", metavar="ADDR", help="node 0's address (default 127.0.0.1)")
+    nodes.add_argument("--master-port", type=positive_int, default=29500, help="rendezvous port on the head node (default 29500)")
+    nodes.add_argument("--rendezvous-timeout", type=positive_int, default=300, metavar="S",
+                       help="seconds to wait for the other nodes before stopping (default 300)")
     return p
+
+
+def node_group(args: argparse.Namespace) -> Any:
+    """This node's NodeGroup; every node of one launch shares a run token, so their launchers join one output lock."""
+    from hftrain.checkpoint.output_lock import RUN_TOKEN_ENV
+    from hftrain.errors import HftrainError
+    from hftrain.parallel.multinode import NodeGroup
+
+    group = NodeGroup(args.nnodes, args.node_rank, args.head_node, args.master_port, args.rendezvous_timeout)
+    if group.count > 1:
+        if not args.accelerate_config:
+            raise HftrainError("--nnodes: several nodes train with a multi-process backend; add --accelerate-config ddp|fsdp|zero3.")
+        os.environ.setdefault(RUN_TOKEN_ENV, f"nodes@{group.head}:{group.port}")
+    return group
 
 
 def _without_option(argv: list[str], option: str) -> list[str]:
@@ -47,17 +69,18 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     progress.start()  # a line at least every few seconds until the first step (progress.py)
     try:
+        nodes = node_group(args)
         job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
         recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
         from hftrain.checkpoint.output_lock import owning
 
         with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it
-            return _train(args, overrides, recipe, job)
+            return _train(args, overrides, recipe, job, nodes)
     finally:
         progress.stop()  # however it ended (a refused recipe, in a notebook or a test, must not leave it talking)
 
 
-def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any) -> int:
+def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any, nodes: Any) -> int:
     from hftrain import progress
 
     if args.max_restarts > 0 or args.accelerate_config:
@@ -69,7 +92,7 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
     if args.accelerate_config:
         from hftrain.parallel.launch import relaunch
 
-        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, recipe)
+        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, recipe, nodes)
     from hftrain.parallel.dims import shutdown
     from hftrain.training.run import train
 

@@ -315,7 +315,7 @@ def agree(name: str, decide: Callable[[], dict[str, Any]], rank: int, processes:
     defaults must agree: two DDP ranks in different precisions would train on, silently, with mixed gradients.
 
     Without that store (one process, or another launcher) every process decides for itself."""
-    store = _launcher_store(timeout_s) if processes > 1 else None
+    store = launcher_store(timeout_s) if processes > 1 else None
     if store is None:
         return decide()
     key = f"hftrain/{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
@@ -326,7 +326,7 @@ def agree(name: str, decide: Callable[[], dict[str, Any]], rank: int, processes:
     return json.loads(store.get(key))  # waits until rank 0 has decided
 
 
-def _launcher_store(timeout_s: float) -> Any:
+def launcher_store(timeout_s: float) -> Any:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or "MASTER_ADDR" not in os.environ:
         return None
     from datetime import timedelta

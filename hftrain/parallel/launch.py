@@ -18,6 +18,7 @@ import yaml
 from hftrain.parallel import child_errors, rehearsal
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy
+from hftrain.parallel.multinode import NodeGroup
 from hftrain.recipe.schema import Recipe
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
@@ -45,8 +46,9 @@ def backend_of(config: Path) -> Strategy:
     return strategy
 
 
-def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None) -> int:
-    """Run `hftrain train TRAIN_ARGS` under the backend of `config_name`; returns the exit code."""
+def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None,
+             nodes: NodeGroup = NodeGroup()) -> int:  # fmt: skip
+    """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit code."""
     config = find_config(config_name)
     backend = backend_of(config)
     if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
@@ -59,16 +61,20 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
         _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     if cpu or rehearsal.on_cpu():
-        return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2)
-    return accelerate_processes(train_args, config, nproc)
+        return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2, nodes)
+    return accelerate_processes(train_args, config, nproc, nodes)
 
 
-def accelerate_processes(train_args: list[str], config: Path, nproc: int | None) -> int:
+def accelerate_processes(train_args: list[str], config: Path, nproc: int | None, nodes: NodeGroup = NodeGroup()) -> int:
     """`accelerate launch --config_file CONFIG -m hftrain train TRAIN_ARGS`, with accelerate's launcher in this
     process so that a failure is reported once (child_errors.py); returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    words = ["--config_file", str(config), *(["--num_processes", str(nproc)] if nproc else []), *deepspeed_file(config)]
+    if nodes.count > 1:  # every node starts the same number of processes: this node's GPUs unless told
+        import torch
+
+        nproc = nproc or torch.cuda.device_count()
+    words = ["--config_file", str(config), *(nodes.accelerate_args(nproc) if nproc else []), *deepspeed_file(config)]
     args = launch_command_parser().parse_args([*words, "-m", "hftrain", "train", *train_args])
     return child_errors.launch(lambda: launch_command(args), {})
 

@@ -54,13 +54,14 @@ def process_env(config_path: Path, backend: str, nproc: int) -> dict[str, str]:
     return env
 
 
-def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int) -> int:
+def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int, nodes: Any = None) -> int:
     """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns the exit code.
-    torchrun's launcher runs in this process, so that a failure is reported once (child_errors.py)."""
+    torchrun's launcher runs in this process, so that a failure is reported once (child_errors.py). `nodes`: this
+    node's multinode.NodeGroup (default: one node, a standalone rendezvous on a port torchrun picks itself)."""
     from torch.distributed import run as torchrun
 
-    # --standalone: a local c10d rendezvous on a port torchrun picks itself (no free-port race)
-    args = torchrun.parse_args(["--standalone", "--nproc_per_node", str(nproc), "-m", "hftrain", *hftrain_args])
+    node_args = nodes.torchrun_args(nproc) if nodes is not None else ["--standalone", "--nproc_per_node", str(nproc)]
+    args = torchrun.parse_args([*node_args, "-m", "hftrain", *hftrain_args])
     return child_errors.launch(lambda: torchrun.run(args), process_env(config_path, backend, nproc))
 
 

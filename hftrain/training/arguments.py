@@ -9,6 +9,7 @@ data skip on resume (hftrain restores its data position instead of replaying bat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from hftrain.parallel import dims as parallel
 from hftrain.parallel.dims import ParallelDims
 from hftrain.training import run_length
 from hftrain.speed import defaults as speed
+from hftrain.checkpoint import node_disks
 from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
@@ -59,6 +61,7 @@ def training_arguments(recipe: Recipe, dims: ParallelDims, shape: ModelShape, re
     kwargs.setdefault("use_cpu", not torch.cuda.is_available())
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs = rehearsal.training_kwargs(kwargs, dims.rehearsal)
+    node_disks.storage_settings(kwargs, Path(recipe.training.output_dir), dims)  # several nodes: a shared disk or each its own
     device = training_device(kwargs, dims)
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
     plan = speed_defaults(recipe, kwargs, dims, shape, recorded.get("speed"), device)

@@ -23,7 +23,8 @@ from hftrain.parallel import dims as parallel
 from hftrain.integrations import revisions, trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
 from hftrain.training.callbacks import KeptCheckpointsCallback, MetricsFileCallback, PreemptionCallback, StartupOverCallback, ThroughputClockCallback
-from hftrain.checkpoint.manager import CheckpointManager, step_of
+from hftrain.checkpoint.manager import CheckpointManager, step_of, unreadable
+from hftrain.checkpoint.node_disks import common_resume
 from hftrain.checkpoint.output_lock import owning
 from hftrain import progress
 from hftrain.progress import phase
@@ -83,9 +84,9 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
         settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
     with args.main_process_first(desc="preparing the output directory"):
-        checkpoints.claim(args.process_index == 0, settings.start_record())
+        checkpoints.claim(args.should_save, settings.start_record())  # should_save: each node's first process on node-local disks
         tokenizer, tokenizer_is_new = load_tokenizer(recipe, layout.root, lambda n: first_documents(data, n))
-        resume = checkpoints.resume_point(settings.resume, args.process_index == 0)
+        resume = common_resume(checkpoints.resume_point(settings.resume, args.should_save), checkpoints.complete(), dims, unreadable)
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
         elastic.check_backend(resume, dims.strategy, dims.processes)
     if args.process_index == 0:

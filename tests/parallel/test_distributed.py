@@ -148,13 +148,14 @@ def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
     assert result.returncode == 0, result.stderr
     script = out.read_text()
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
-    assert "--num_machines 2 --num_processes 16" in script and "--rdzv_backend c10d" in script
-    assert "accelerate_configs/fsdp.yaml" in script and "recipes/pretrain/pythia-1b.yaml training.max_steps=100" in script
+    assert "hftrain train recipes/pretrain/pythia-1b.yaml training.max_steps=100" in script
+    assert "--accelerate-config fsdp --nproc 8" in script and "--cpu" not in script and "command -v hftrain" in script
     if kind == "slurm":
         assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
-        assert "--machine_rank $SLURM_NODEID" in script and '"$status" -eq 75' in script and "scontrol requeue" in script
+        assert "--node-rank $SLURM_NODEID" in script and '"$status" -eq 75' in script and "scontrol requeue" in script
     else:
-        assert "--machine_rank $NODE_RANK" in script and "NODE_RANK:?" in script
+        assert '--node-rank "$NODE_RANK"' in script and "NODE_RANK:?" in script and "HEAD_NODE:?" in script
+        assert 'MASTER_PORT="${MASTER_PORT:-29500}"' in script and 'NNODES="${NNODES:-2}"' in script
 
 
 @pytest.mark.slow
