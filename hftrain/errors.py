@@ -23,10 +23,23 @@ class HftrainError(Exception):
     """A user-fixable problem; ``str(err)`` is the complete message."""
 
 
-class Preempted(HftrainError):
+class Stopped(HftrainError):
+    """Training stopped for a reason outside the recipe; running the same command again continues it. The CLI
+    exits with `exit_code` (not 2: a restart, --max-restarts or a scheduler's requeue, can succeed)."""
+
+    exit_code = 1
+
+
+class Preempted(Stopped):
     """Training stopped on a preemption signal after saving a checkpoint; running again continues it."""
 
     exit_code = 75  # EX_TEMPFAIL, what the SLURM template requeues on
+
+
+class PeerLost(Stopped):
+    """Another process of the run (another node) stopped answering during training (parallel/liveness.py)."""
+
+    exit_code = 76
 
 
 # OSErrors about a path the user chose (a file, a directory, a file system), with what to do about each.

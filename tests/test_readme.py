@@ -138,6 +138,8 @@ ELSEWHERE = {
     "pip install -e \".[sagemaker]\"": "the install lines: the test extra holds the sagemaker extra's packages",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/integrations/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
     "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun": "tests/parallel/test_distributed.py::test_launch_script_for_2_nodes_x_8_gpus (the same script, text checked); test_multinode.py runs its --cpu form",
+    "NODE_RANK=": "needs two machines; tests/parallel/test_multinode.py runs the script as two node agents on 127.0.0.1",
 }  # fmt: skip
 
 

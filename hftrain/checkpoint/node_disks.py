@@ -9,7 +9,9 @@ only, and a resume on another node would find no checkpoint, or half of one. So:
   it (the launcher's key-value store carries its token). When they do not all see it, ``storage_settings`` turns
   on TrainingArguments' ``save_on_each_node``: each node's first process writes what the main process writes.
 * ``checkpoint_listing`` (every process, at each save, once all have written their part): every file one node
-  has and another lacks is copied to it over the process group (a sharded format's loader reads other ranks'
+  has and another lacks, or holds otherwise (node 0's version wins: the Trainer's state logged on each node), is
+  copied to it over the process group, so that every node's copy is the same bytes (SageMaker uploads every
+  instance's copy to one S3 prefix) (a sharded format's loader reads other ranks'
   files too: DCP stores a replicated value once, in one rank's file), so each node holds the whole checkpoint
   and can resume alone, on fewer nodes too; then each node lists its copy, and the merged record goes into every
   node's marker with the name of the part on that disk (``lister``: nodeN), which that node checks. A node
@@ -95,10 +97,10 @@ def checkpoint_listing(staged: Path, trainer: Any) -> tuple[dict[str, Any], dict
     by_node = {n: files for n, _, files in listings if files is not None}
     sender = {n: rank for n, rank, files in listings if files is not None}  # each node's first process
     for name in sorted({f for files in by_node.values() for f in files}):
-        if all(name in files for files in by_node.values()):
+        holder = min(n for n, files in by_node.items() if name in files)  # node 0's copy where it has one
+        if all(files.get(name) == by_node[holder][name] for files in by_node.values()):
             continue
-        holder = min(n for n, files in by_node.items() if name in files)
-        receive = main and name not in by_node[node]
+        receive = main and by_node[node].get(name) != by_node[holder][name]
         _broadcast_file(staged / name, by_node[holder][name]["size"], sender[holder], node == holder and main, receive)
     dist.all_gather_object(listings, {f"node{node}": list_files(staged)} if main else {})
     merged = {k: v for one in listings for k, v in one.items()}
@@ -134,9 +136,12 @@ def common_resume(chosen: Path | None, complete: list[Path], dims: Any, unreadab
         return chosen
     from hftrain.checkpoint.layout import checkpoint_step
 
-    steps = {checkpoint_step(c): c for c in complete}
-    mine = sorted(s for s, c in steps.items() if chosen is not None and s <= checkpoint_step(chosen) and unreadable(c) is None)
+    steps, newest = {checkpoint_step(c): c for c in complete}, checkpoint_step(chosen) if chosen is not None else None
     views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, newest)
+    if len(set(views)) == 1:  # the usual case: every node picked the same one
+        return chosen
+    mine = sorted(s for s, c in steps.items() if newest is not None and s <= newest and unreadable(c) is None)
     dist.all_gather_object(views, mine)
     common = set(views[0]).intersection(*views[1:])
     if not common:

@@ -42,11 +42,20 @@ class ChildError:
 
 
 # ------------------------------------------------------------------------------------------ in the processes
+_taken: list[Path | None] = [None]
+
+
 def take_error_dir() -> Path | None:
     """The launcher's error directory, or None. It leaves the environment, so that a process this one starts does
-    not write into it."""
+    not write into it (error_dir() still gives it, to this process's threads)."""
     value = os.environ.pop(ERROR_DIR_ENV, None)
-    return Path(value) if value else None
+    _taken[0] = Path(value) if value else _taken[0]
+    return _taken[0] if value else None
+
+
+def error_dir() -> Path | None:
+    """The error directory this process took from its launcher, if any."""
+    return _taken[0]
 
 
 def say(exit_code: int, message: str, error_dir: Path | None = None) -> int:
@@ -163,9 +172,24 @@ def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
                 stopped_by = int(err.sigval)
             except CalledProcessError as err:  # accelerate's launcher of one process
                 failed = [(0, err.returncode or 1, 0.0)]
+            except Exception as err:  # several nodes: the others never joined (a bounded wait, multinode.py)
+                if type(err).__name__ not in _RENDEZVOUS_FAILURES:
+                    raise
+                return _rendezvous_failed(err)
         return report(read_errors(directory), failed, stopped_by)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+_RENDEZVOUS_FAILURES = {"DistStoreError", "DistNetworkError", "RendezvousTimeoutError", "RendezvousError", "RendezvousClosedError"}
+
+
+def _rendezvous_failed(err: Exception) -> int:
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(f"hftrain: the nodes did not all join the rendezvous ({said}). Start the same script on every node, each "
+          f"with its own NODE_RANK and the same HEAD_NODE and MASTER_PORT (node 0's address and a port free there), or "
+          "give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip
+    return 1
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from hftrain.training.arguments import TrainingSettings, training_arguments
 from hftrain.training.callbacks import KeptCheckpointsCallback, MetricsFileCallback, PreemptionCallback, StartupOverCallback, ThroughputClockCallback
 from hftrain.checkpoint.manager import CheckpointManager, step_of, unreadable
 from hftrain.checkpoint.node_disks import common_resume
+from hftrain.parallel import liveness
 from hftrain.checkpoint.output_lock import owning
 from hftrain import progress
 from hftrain.progress import phase
@@ -193,11 +194,20 @@ def metrics_options(recipe: Recipe, settings: TrainingSettings, shape: ModelShap
 
 def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
     """Train to max_steps; a SIGTERM / SIGUSR1 saves a checkpoint at the next step and stops (Preempted)."""
-    preemption = PreemptionCallback()
+    preemption, dims = PreemptionCallback(), trainer.options.dims
     trainer.add_callback(preemption)
+    latest = trainer.options.checkpoints.latest
+    where = lambda: f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"  # noqa: E731
+    heartbeat = liveness.Heartbeat(dims, where)  # a lost or stuck node is named, not a transport error or a hang
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except Exception as failure:
+        lost = liveness.lost_peers(dims, failure, where())
+        if lost is None:
+            raise
+        raise lost from None
     finally:
+        heartbeat.stop()
         preemption.restore()
     if preemption.step is not None:
         saved = trainer.options.checkpoints.layout.checkpoint(preemption.step)

@@ -75,10 +75,11 @@ def train_on_nodes(script: Path, dirs: list[Path]) -> list[str]:
 
 
 @pytest.mark.parametrize("backend, own_disks", [("ddp", False), ("fsdp", True), ("zero3", True)])
-def test_two_node_agents_train_like_two_processes_on_one_node(tmp_path, recipe_file, backend, own_disks):
+def test_two_node_agents_train_like_two_processes_on_one_node(tmp_path, recipe_file, backend, own_disks, request):
     """Part 1: the same per-step losses as 2 processes on one node. Part 2 (own disks): every node holds every
     checkpoint whole, its marker naming its own part of the merged record; a resume in which each node restores
-    its own directory continues exactly, and a checkpoint complete on node 0 alone is not picked on either node."""
+    its own directory continues exactly: FSDP's after a round trip through one S3 prefix (moto), ZeRO-3's with a
+    checkpoint complete on node 0 alone, which is not picked on either node."""
     one_node = tmp_path / "one-node"
     launch(recipe_file, backend, one_node)
     script = node_script(recipe_file, backend, tmp_path / "nodes.sh")
@@ -98,12 +99,105 @@ def test_two_node_agents_train_like_two_processes_on_one_node(tmp_path, recipe_f
         for step in (3, 6):
             marker = json.loads((directory / f"checkpoint-{step}" / COMPLETE_MARKER).read_text())
             assert marker["lister"] == f"node{node}" and sorted(marker["files"]) == ["node0", "node1"]
-            assert set(marker["files"]["node0"]) == set(marker["files"]["node1"])  # each node holds the whole checkpoint
+            assert marker["files"]["node0"] == marker["files"]["node1"]  # each node holds the same whole checkpoint
     resumed = [tmp_path / "resumed0", tmp_path / "resumed1"]
     for source, target in zip(dirs, resumed):
         copy_checkpoint(source, target, "checkpoint-3")
-    shutil.copytree(dirs[0] / "checkpoint-6", resumed[0] / "checkpoint-6")  # complete on node 0 only (node 1 was killed first)
+    if backend == "zero3":
+        shutil.copytree(dirs[0] / "checkpoint-6", resumed[0] / "checkpoint-6")  # complete on node 0 only (node 1 was killed first)
+    else:  # as SageMaker's checkpoint_s3_uri: every instance uploads its copy to one prefix, a restart downloads it on each
+        through_one_s3_prefix(request.getfixturevalue("s3"), resumed)
     said = train_on_nodes(script, resumed)
-    assert "resuming from checkpoint-3, the newest one complete on every node" in "".join(said)
+    if backend == "zero3":
+        assert "resuming from checkpoint-3, the newest one complete on every node" in "".join(said)
     assert_resumed_matches(a, metrics_losses(resumed[0]), range(4, 7), backend)
 
+
+def through_one_s3_prefix(s3, dirs: list[Path]) -> None:
+    """Upload every node's directory to one S3 prefix (node 1's last, over node 0's), then replace each node's
+    directory with that prefix's content, as SageMaker syncs /opt/ml/checkpoints of each instance."""
+    import s3fs
+
+    fs, prefix = s3fs.S3FileSystem(**s3.storage_options()), f"{s3.make_bucket()}/checkpoints"
+    for directory in dirs:
+        fs.put(str(directory) + "/", prefix, recursive=True)
+    for directory in dirs:
+        shutil.rmtree(directory)
+        fs.get(prefix + "/", str(directory), recursive=True)
+    assert (dirs[1] / "checkpoint-3" / COMPLETE_MARKER).is_file()
+
+
+
+def start_two_nodes(script: Path, args: list[str], run_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Both node agents running `script ARGS`, once checkpoint-10 is complete in `run_dir` (training goes on)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "NNODES": "2", **(extra_env or {})}  # fmt: skip
+    agents = [subprocess.Popen(["bash", str(script), *args], env={**env, "NODE_RANK": str(r)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoint-10" / COMPLETE_MARKER).is_file():
+        assert time.monotonic() < deadline and agents[0].poll() is None, "no checkpoint-10"
+        time.sleep(0.1)
+    return agents
+
+
+def survivor(agent: subprocess.Popen, since: float) -> tuple[float, list[str], str]:
+    """How long node 0 took to stop after `since`, its "hftrain: lost" lines and its stderr."""
+    _, err = agent.communicate(timeout=300)
+    took = time.monotonic() - since
+    lines = [line for line in err.splitlines() if line.startswith("hftrain: lost")]
+    print(f"node 0 stopped {took:.1f} s after node 1 was lost: {lines}")
+    assert agent.returncode == 76, (agent.returncode, err[-3000:])
+    assert len(lines) == 1 and "lost rank 1 (node 1 of 2)" in lines[0], err[-3000:]
+    assert "Traceback" not in err and "ChildFailedError" not in err
+    return took, lines, err
+
+
+LONGER = ["training.max_steps=40", "training.save_steps=5"]
+
+
+def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, recipe_file):
+    """Part 3: node 1's agent and its rank are killed (kill -9) in the middle of a run. Node 0 stops within a bound
+    (gloo fails at once; liveness.py watches the beats for 4 s), one line naming rank 1 and node 1 and the
+    checkpoint to continue from, exit 76. The same script started again with NNODES=1 continues from the last
+    complete checkpoint on the one node left (1 process, the global batch kept) with the uninterrupted run's losses."""
+    from hftrain.checkpoint.manager import complete_checkpoints
+
+    from ..support.cli import kill_family
+
+    straight, run_dir = tmp_path / "straight", tmp_path / "run"
+    launch(recipe_file, "ddp", straight, *LONGER)
+    script = node_script(recipe_file, "ddp", tmp_path / "nodes.sh")
+    agents = start_two_nodes(script, [f"training.output_dir={run_dir}", *LONGER], run_dir)
+    kill_family(agents[1])
+    took, lines, _ = survivor(agents[0], time.monotonic())
+    last = complete_checkpoints(run_dir)[-1]
+    assert took < 30 and f"the last complete checkpoint is {last}" in lines[0]
+    [(code, said)] = node_agents(script, free_port(), ranks=(0,), nnodes=1, per_node={0: [f"training.output_dir={run_dir}", *LONGER]})
+    assert code == 0, said[-3000:]
+    resumed_at = int(last.name.split("-")[1])
+    assert 10 <= resumed_at < 40 and json.loads((run_dir / "results.json").read_text())["world_size"] == 1
+    assert_resumed_matches(metrics_losses(straight), metrics_losses(run_dir), range(resumed_at + 1, 41), "NNODES=1")
+
+
+def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, recipe_file):
+    """A node that stops answering without dying (SIGSTOP: a hung machine) fails no collective: before, node 0
+    waited in its all-reduce for the collective timeout. The watching heartbeat ends it after the peer timeout
+    (5 s here, HFTRAIN_PEER_TIMEOUT_S; 120 s by default), with the same one line."""
+    import signal
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    script = node_script(recipe_file, "ddp", tmp_path / "nodes.sh")
+    agents = start_two_nodes(script, [f"training.output_dir={run_dir}", *LONGER], run_dir, {"HFTRAIN_PEER_TIMEOUT_S": "5"})
+    family = [psutil.Process(agents[1].pid), *psutil.Process(agents[1].pid).children(recursive=True)]
+    for process in family:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        took, lines, _ = survivor(agents[0], time.monotonic())
+        assert "no beat for 5 s while training" in lines[0] and took < 30
+    finally:
+        for process in family:
+            process.kill()
+        agents[1].wait()
