@@ -163,7 +163,7 @@ def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
     failed: list[tuple[int, int, float]] = []
     stopped_by = None
     try:
-        with _environment({**env, ERROR_DIR_ENV: str(directory)}), _signal_handlers_kept(), _torch_lines_quiet():
+        with _environment({**env, ERROR_DIR_ENV: str(directory)}), _signal_handlers_kept(), _torch_lines_quiet(), _preemption_passed_on():
             try:
                 start()
             except ChildFailedError as err:
@@ -222,6 +222,31 @@ def _signal_handlers_kept() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _preemption_passed_on() -> Iterator[None]:
+    """SIGUSR1 (SLURM's warning before a preemption, `--signal=B:USR1@180`) to this launcher goes on to the processes
+    it started, which save a checkpoint and exit 75 (training/callbacks.py) for report() to pass on. Before, the
+    launcher died of it (USR1's default action) while its processes saved, and SLURM saw a signal, not 75. Only
+    the direct children (the ranks) get it: their DataLoader workers are theirs to stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import psutil
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in psutil.Process().children(recursive=False):
+            try:
+                child.send_signal(signum)
+            except psutil.Error:
+                pass
+
+    previous = signal.signal(signal.SIGUSR1, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 class _TorchFailureLines(logging.Filter):

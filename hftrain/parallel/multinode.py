@@ -117,6 +117,6 @@ def render(kind: str, nodes: int, gpus: int, recipe: str, config: str, overrides
         return TORCHRUN.format(nodes=nodes, gpus=gpus, unit=unit, world=world, last=nodes - 1, config_name=config,
                                timeout=RENDEZVOUS_TIMEOUT_S, find=_FIND, launch=launch)  # fmt: skip
     launch = _LAUNCH.format(**common, extra="", rank="$SLURM_NODEID").replace(" \\\n    ", " ")
-    return SLURM.format(job=Path(recipe).stem, nodes=nodes, gpus=gpus, unit=unit, world=world, cpus=(2 if cpu else 8) * gpus,
+    return SLURM.format(job=Path(recipe).stem, nodes=nodes, gpus=gpus, unit=unit, world=world, cpus=(1 if cpu else 8) * gpus,
                         gpu_line="" if cpu else f"#SBATCH --gpus-per-node={gpus}\n", code=PREEMPTED_EXIT_CODE,
                         config_name=config, find=_FIND, launch=launch)  # fmt: skip

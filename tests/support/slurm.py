@@ -1,0 +1,105 @@
+"""A real SLURM on this machine for tests: munge, slurmctld and slurmd (Debian's slurm-wlm, installed by
+scripts/install_test_deps.sh) with a configuration written into a temporary directory; see
+../shared/notes/slurm-local.md. Runs as root (SlurmUser=root), with no cgroups and no accounting (so job states
+are read with `scontrol show job`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CONF = """ClusterName=hftraintest
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/ctld.log
+SlurmdLogFile={root}/log/d.log
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+AuthType=auth/munge
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+JobRequeue=1
+NodeName={host} CPUs={cpus} RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Slurm:
+    root: Path
+    env: dict[str, str]
+
+    def run(self, *cmd: str) -> str:
+        result = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{' '.join(cmd)}: {result.stderr}"
+        return result.stdout
+
+    def sbatch(self, script: Path, cwd: Path) -> str:
+        result = subprocess.run(["sbatch", "--parsable", str(script)], cwd=cwd, env=self.env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job`'s fields (JobState, Reason, Restarts, ExitCode, ...)."""
+        text = self.run("scontrol", "show", "job", job_id)
+        return dict(word.split("=", 1) for word in text.split() if "=" in word)
+
+    def stop(self) -> None:
+        for name in ("slurmd.pid", "slurmctld.pid"):
+            pid = self.root / name
+            if pid.is_file():
+                try:
+                    os.kill(int(pid.read_text().strip()), signal.SIGTERM)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+
+def start_slurm(root: Path) -> Slurm:
+    """munged (if not running), slurmctld and slurmd on this machine; waits until the node is idle."""
+    assert os.geteuid() == 0, "the SLURM test runs its daemons as root (SlurmUser=root)"
+    for tool in ("munged", "slurmctld", "slurmd", "sbatch"):
+        assert subprocess.run(["which", tool], capture_output=True).returncode == 0, f"{tool} is missing: run scripts/install_test_deps.sh"
+    if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode != 0:
+        for d in ("/etc/munge", "/run/munge", "/var/log/munge", "/var/lib/munge"):
+            os.makedirs(d, exist_ok=True)
+        key = Path("/etc/munge/munge.key")
+        if not key.is_file():
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        subprocess.run(["chown", "-R", "munge:munge", "/etc/munge", "/run/munge", "/var/log/munge", "/var/lib/munge"], check=True)
+        subprocess.run(["munged", "--force"], check=True, capture_output=True)
+    for sub in ("state", "spool", "log"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname().split(".")[0]
+    conf = root / "slurm.conf"
+    conf.write_text(CONF.format(host=host, root=root, cpus=os.cpu_count() or 2, ctld_port=_free_port(), d_port=_free_port()))
+    slurm = Slurm(root, {**os.environ, "SLURM_CONF": str(conf)})
+    subprocess.run(["slurmctld", "-f", str(conf)], env=slurm.env, check=True)
+    subprocess.run(["slurmd", "-f", str(conf)], env=slurm.env, check=True)
+    deadline = time.monotonic() + 60
+    while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%T"], env=slurm.env, capture_output=True, text=True).stdout:
+        if time.monotonic() > deadline:
+            slurm.stop()
+            raise AssertionError(f"the SLURM node never became idle; see {root / 'log'}")
+        time.sleep(0.5)
+    return slurm
