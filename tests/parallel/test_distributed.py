@@ -149,7 +149,7 @@ def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
     script = out.read_text()
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
     assert "hftrain train recipes/pretrain/pythia-1b.yaml training.max_steps=100" in script
-    assert "--accelerate-config fsdp --nproc 8" in script and "--cpu" not in script and "command -v hftrain" in script
+    assert "--accelerate-config fsdp --nproc 8" in script and "--nproc 8 --cpu" not in script and "command -v hftrain" in script
     if kind == "slurm":
         assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
         assert "--node-rank $SLURM_NODEID" in script and '"$status" -eq 75' in script and "scontrol requeue" in script
