@@ -84,9 +84,10 @@ def deepspeed_file(config: Path) -> list[str]:
     accelerate as an absolute path: accelerate would read it relative to the working directory."""
     data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
     name = (data.get("deepspeed_config") or {}).get("deepspeed_config_file")
-    if not name or Path(name).is_absolute() or Path(name).is_file() or not (config.parent / name).is_file():
+    found = rehearsal.deepspeed_file_of(config)
+    if not name or Path(name).is_absolute() or Path(name).is_file() or found is None or not found.is_file():
         return []
-    return ["--deepspeed_config_file", str((config.parent / name).resolve())]
+    return ["--deepspeed_config_file", str(found)]
 
 
 def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:

@@ -88,13 +88,23 @@ def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, An
         fsdp["cpu_offload"] = bool(fsdp.pop("offload_params", False))
         kwargs.update(use_cpu=True, fsdp="full_shard auto_wrap", fsdp_config=fsdp)
     elif backend == "zero3":
-        ds_file = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
+        ds_file = deepspeed_file_of(config_path)
         kwargs.update(
             use_cpu=False,
-            deepspeed=str((config_path.parent / ds_file).resolve()) if ds_file else None,
+            deepspeed=str(ds_file) if ds_file else None,
             accelerator_config={"use_configured_state": True},
         )
     return kwargs
+
+
+def deepspeed_file_of(config_path: Path) -> Path | None:
+    """The DeepSpeed JSON an accelerate YAML names (deepspeed_config.deepspeed_config_file), read relative to the
+    YAML's own folder as the shipped configs write it (also what hftrain's GPU launcher gives accelerate, launch.py); None when it names none."""
+    import yaml
+
+    data = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    name = (data.get("deepspeed_config") or {}).get("deepspeed_config_file")
+    return (config_path.parent / name).resolve() if name else None
 
 
 def after_accelerator(trainer: Any) -> None:
