@@ -41,12 +41,12 @@ def node_of(dims: Any) -> int:
 
 def shared_output(root: Path, dims: Any) -> bool:
     """Whether every node sees the same training.output_dir (True on one node, or without a launcher's store)."""
-    from hftrain.parallel.dims import launcher_store
+    from hftrain.parallel import launcher_store
 
-    store = launcher_store(600.0) if dims.nodes > 1 else None
+    store = launcher_store.connect(600.0) if dims.nodes > 1 else None
     if store is None:
         return True
-    key, probe = f"hftrain/output-probe/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", root / PROBE
+    key, probe = launcher_store.round_prefix(store, dims.rank, dims.processes) + "output-probe", root / PROBE
     if dims.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex
@@ -67,6 +67,16 @@ def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> None:
     """Turn on save_on_each_node when the nodes do not share training.output_dir (and say so, once)."""
     if dims.nodes == 1 or shared_output(root, dims):
         return
+    from hftrain.parallel.multinode import ELASTIC_ENV
+
+    if os.environ.get(ELASTIC_ENV):
+        raise HftrainError(
+            f"training.output_dir ({root}) is on each node's own disk (node 0's files are not visible on the others), "
+            f"and this is an elastic launch (--nnodes {os.environ[ELASTIC_ENV]}), which places the ranks on any node at each "
+            "restart and takes in nodes whose disks hold no checkpoint. Put training.output_dir on storage every node "
+            "mounts, or launch a fixed number of nodes (`hftrain launch-script --kind torchrun` without --min-nodes): "
+            "then each node keeps a whole copy of every checkpoint."
+        )
     if kwargs.get("save_on_each_node") is False:
         raise HftrainError(
             f"training.save_on_each_node: false, but the {dims.nodes} nodes do not share training.output_dir ({root}: "

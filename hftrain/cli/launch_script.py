@@ -23,6 +23,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "every node (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)")
     p.add_argument("--cpu", action="store_true",
                    help="torchrun/slurm: a CPU rehearsal (gloo processes, as `hftrain train --cpu`); --gpus-per-node is then processes per node")
+    p.add_argument("--min-nodes", type=positive_int, metavar="MIN",
+                   help="torchrun: an elastic script: MIN to --nodes nodes, torchrun restarting every node's processes when a "
+                        "node is lost or joins (the run resumes from its last checkpoint); needs one training.output_dir every node mounts")
     p.add_argument("--out", help="write the script here (default: print it)")
     sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
     sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     else:
         from hftrain.parallel.multinode import render
 
-        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu)
+        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu,
+                        args.min_nodes or 0)  # fmt: skip
     if args.out:
         Path(args.out).write_text(script, encoding="utf-8")
         Path(args.out).chmod(0o755)

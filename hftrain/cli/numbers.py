@@ -27,3 +27,18 @@ non_negative_int = _number(int, 0, True, None, "a whole number of 0 or more")
 positive_float = _number(float, 0.0, False, None, "a number above 0")
 non_negative_float = _number(float, 0.0, True, None, "a number of 0 or more")
 fraction = _number(float, 0.0, False, 1.0, "a number above 0 and at most 1")
+
+
+def node_count(text: str) -> tuple[int, int]:
+    """--nnodes: N nodes, or MIN:MAX (torchrun's elastic form: MIN..MAX nodes) as (MIN, MAX); N is (0, N)."""
+    low, sep, high = text.partition(":")
+    count = positive_int(high if sep else low)
+    if not sep:
+        return 0, int(count)
+    least = positive_int(low)
+    if least > count:
+        raise argparse.ArgumentTypeError(f"{text} cannot work: give MIN:MAX with MIN at most MAX, e.g. 1:{int(count)}")
+    return int(least), int(count)
+
+
+node_count.__name__ = "N or MIN:MAX nodes"

@@ -23,7 +23,7 @@ import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 ERROR_DIR_ENV = "HFTRAIN_ERROR_DIR"
 USER_ERROR = 2  # cli/__init__.py: "hftrain: error: MESSAGE"
@@ -81,9 +81,9 @@ def write_error(directory: Path, error: ChildError) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ in the launcher
-def read_errors(directory: Path) -> list[ChildError]:
+def read_errors(directory: Path, pattern: str = "rank-*.json") -> list[ChildError]:
     errors = []
-    for path in directory.glob("rank-*.json"):
+    for path in directory.glob(pattern):
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
             errors.append(ChildError(int(raw["rank"]), int(raw["exit_code"]), str(raw["message"])))
@@ -122,9 +122,11 @@ def root_failure(failed: Sequence[tuple[int, int, float]]) -> tuple[int, int]:
     return rank, code
 
 
-def report(errors: Sequence[ChildError], failed: Sequence[tuple[int, int, float]] = (), stopped_by: int | None = None) -> int:
+def report(errors: Sequence[ChildError], failed: Sequence[tuple[int, int, float]] = (), stopped_by: int | None = None,
+           said: Collection[str] = ()) -> int:  # fmt: skip
     """Print how the launch ended, once, and return its exit code. `failed`: (rank, exit code, time) of the processes
-    that failed; `stopped_by`: the signal this launcher received (torch elastic passed it on to the processes)."""
+    that failed; `stopped_by`: the signal this launcher received (torch elastic passed it on to the processes);
+    `said`: lines already printed (LiveErrors)."""
     if errors:
         texts, code = merged_lines(errors), exit_code_of(errors)
     elif stopped_by is not None:
@@ -139,7 +141,8 @@ def report(errors: Sequence[ChildError], failed: Sequence[tuple[int, int, float]
     else:
         return 0
     for text in texts:
-        print(text, file=sys.stderr, flush=True)
+        if text not in said:
+            print(text, file=sys.stderr, flush=True)
     return code
 
 
@@ -153,15 +156,20 @@ def _signal_name(number: int) -> str:
 def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
     """Run `start` (torchrun's or accelerate's launcher, in this process, so that its failure is an exception here
     and not a traceback) with `env` added to the environment the processes start with; returns the exit code of
-    the launch after report() has said how it ended. This process's environment is left as it was."""
+    the launch after report() has said how it ended. This process's environment is left as it was. An elastic
+    launch (multinode.py) restarts its processes after a failure: what they said is printed as it comes
+    (LiveErrors), and a launch that finished after restarts exits 0."""
     from subprocess import CalledProcessError
 
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from hftrain.parallel.multinode import ELASTIC_ENV
+
     directory = Path(tempfile.mkdtemp(prefix="hftrain-errors-"))
     failed: list[tuple[int, int, float]] = []
     stopped_by = None
+    live = LiveErrors(directory) if env.get(ELASTIC_ENV) else None
     try:
         with _environment({**env, ERROR_DIR_ENV: str(directory)}), _signal_handlers_kept(), _torch_lines_quiet(), _preemption_passed_on():
             try:
@@ -176,16 +184,72 @@ def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
                 if type(err).__name__ not in _RENDEZVOUS_FAILURES:
                     raise
                 return _rendezvous_failed(err)
-        return report(read_errors(directory), failed, stopped_by)
+        if live is None:
+            return report(read_errors(directory), failed, stopped_by)
+        errors = live.stop()
+        return report(errors, failed, stopped_by, live.said) if failed or stopped_by is not None else 0
     finally:
+        if live is not None:
+            live.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+class LiveErrors:
+    """An elastic launch's messages, printed as the processes write them (once each; torchrun may restart the
+    processes after it, so the end of the launch is too late). stop() returns the ones of the last failure."""
+
+    def __init__(self, directory: Path, every_s: float = 0.5):
+        self.directory, self.said, self.latest = directory, set(), []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(every_s,), name="hftrain-errors", daemon=True)
+        self._thread.start()
+
+    def _watch(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.poll()
+
+    def poll(self) -> None:
+        taken = []
+        for path in sorted(self.directory.glob("rank-*.json")):
+            seen = path.with_suffix(".seen")
+            try:
+                os.replace(path, seen)  # a later write by the same rank makes a new rank-R.json
+            except OSError:
+                continue
+            taken.extend(read_errors(self.directory, seen.name))
+            seen.unlink(missing_ok=True)
+        if taken:
+            self.latest = taken
+            for text in merged_lines(taken):
+                if text not in self.said:
+                    self.said.add(text)
+                    print(text, file=sys.stderr, flush=True)
+
+    def stop(self) -> list[ChildError]:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self.poll()
+        return self.latest
 
 
 _RENDEZVOUS_FAILURES = {"DistStoreError", "DistNetworkError", "RendezvousTimeoutError", "RendezvousError", "RendezvousClosedError"}
 
 
 def _rendezvous_failed(err: Exception) -> int:
+    from hftrain.parallel.multinode import ELASTIC_ENV
+
     said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if type(err).__name__ == "RendezvousClosedError":
+        print("hftrain: the elastic run this node was started for has ended (its rendezvous is closed: the other nodes "
+              "finished, or stopped after their last restart); this node did not train.", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    if os.environ.get(ELASTIC_ENV):
+        least = os.environ[ELASTIC_ENV].split(":")[0]
+        print(f"hftrain: fewer than {least} node(s) joined the elastic rendezvous, or its head node went away ({said}). "
+              "Start the same script on every node with the same HEAD_NODE and MASTER_PORT (a node that stays up, and a "
+              "port free there), or give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
     print(f"hftrain: the nodes did not all join the rendezvous ({said}). Start the same script on every node, each "
           f"with its own NODE_RANK and the same HEAD_NODE and MASTER_PORT (node 0's address and a port free there), or "
           "give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip

@@ -10,12 +10,11 @@ running DDP: ``verify`` compares accelerate's real state with the strategy.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -211,12 +210,13 @@ def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, 
                         announce: bool = True) -> int:
     """Gradient accumulation from the global batch: parallelism.global_batch_size, else the one `recorded` at a
     resumed run's start (so that a run continued on another process count keeps its sequences per step), else
-    the recipe's own gradient_accumulation_steps. Refuse what does not divide, naming the process counts that would."""
-    total = recipe.parallelism.global_batch_size or recorded
+    the recipe's own gradient_accumulation_steps (an elastic launch: as all MAX nodes would run it, whatever number
+    of nodes the first start had). Refuse what does not divide, naming the process counts that would."""
     given = kwargs.get("gradient_accumulation_steps")
+    micro = kwargs.get("per_device_train_batch_size", 8)
+    total = recipe.parallelism.global_batch_size or recorded or elastic_global_batch(micro * int(given or 1))
     if total is None:
         return int(given or 1)
-    micro = kwargs.get("per_device_train_batch_size", 8)
     per_step = micro * processes
     if total % per_step:
         fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
@@ -239,6 +239,42 @@ def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, 
             print(f"hftrain: keeping this run's global batch of {total} sequences (recorded at its start): "
                   f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)", flush=True)  # fmt: skip
     return accumulation
+
+
+def elastic_global_batch(per_process: int, most_nodes: int | None = None, per_node: int | None = None) -> int | None:
+    """An elastic launch's global batch when the recipe sets none: `per_process` (micro-batch x accumulation) on
+    every process of MAX nodes, so that it does not depend on how many nodes the first start happened to have.
+    None outside an elastic launch."""
+    from hftrain.parallel.multinode import ELASTIC_ENV
+
+    if most_nodes is None:
+        if not os.environ.get(ELASTIC_ENV):
+            return None
+        most_nodes = int(os.environ[ELASTIC_ENV].split(":")[1])
+    return per_process * most_nodes * (per_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def check_elastic_batch(recipe: Recipe, least: int, most: int, per_node: int) -> None:
+    """Before an elastic launch: the global batch must split over every node count from MIN to MAX."""
+    t = recipe.training
+    total = recipe.parallelism.global_batch_size or elastic_global_batch(
+        t.per_device_train_batch_size * t.gradient_accumulation_steps, most, per_node)
+    bad = [n for n in range(least, most + 1) if total % (t.per_device_train_batch_size * per_node * n)]
+    if bad:
+        step = t.per_device_train_batch_size * per_node
+        raise HftrainError(
+            f"parallelism.global_batch_size: {total} sequences per step cannot be split over {', '.join(map(str, bad))} "
+            f"node(s) x {per_node} process(es) with micro-batches of {t.per_device_train_batch_size}, and this elastic "
+            f"launch (--nnodes {least}:{most}) may run on any node count from {least} to {most}. Set "
+            f"parallelism.global_batch_size to a multiple of {step} x each of those counts (e.g. {step * _lcm(least, most)}), "
+            "or narrow MIN:MAX."
+        )
+
+
+def _lcm(least: int, most: int) -> int:
+    import math
+
+    return math.lcm(*range(least, most + 1))
 
 
 def global_batch_of(recipe: Recipe) -> int:
@@ -307,31 +343,3 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def agree(name: str, decide: Callable[[], dict[str, Any]], rank: int, processes: int, timeout_s: float = 600.0) -> dict[str, Any]:
-    """One decision for every process of the run: rank 0 makes it, the others read it from the launcher's
-    key-value store (torchrun's, which accelerate launch uses too). Measured choices such as the speed
-    defaults must agree: two DDP ranks in different precisions would train on, silently, with mixed gradients.
-
-    Without that store (one process, or another launcher) every process decides for itself."""
-    store = launcher_store(timeout_s) if processes > 1 else None
-    if store is None:
-        return decide()
-    key = f"hftrain/{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    if rank == 0:
-        value = decide()
-        store.set(key, json.dumps(value))
-        return value
-    return json.loads(store.get(key))  # waits until rank 0 has decided
-
-
-def launcher_store(timeout_s: float) -> Any:
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or "MASTER_ADDR" not in os.environ:
-        return None
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                    timeout=timedelta(seconds=timeout_s))  # fmt: skip

@@ -17,7 +17,7 @@ import yaml
 
 from hftrain.parallel import child_errors, rehearsal
 from hftrain.errors import HftrainError
-from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy
+from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
 from hftrain.parallel.multinode import NodeGroup
 from hftrain.recipe.schema import Recipe
 
@@ -59,6 +59,8 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         from hftrain.checkpoint.elastic import check_before_launch
 
         check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
+        if nodes.elastic:
+            check_elastic_batch(recipe, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
         _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     if cpu or rehearsal.on_cpu():
         return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2, nodes)
@@ -70,13 +72,17 @@ def accelerate_processes(train_args: list[str], config: Path, nproc: int | None,
     process so that a failure is reported once (child_errors.py); returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    if nodes.count > 1:  # every node starts the same number of processes: this node's GPUs unless told
-        import torch
-
-        nproc = nproc or torch.cuda.device_count()
+    if nodes.count > 1 or nodes.elastic:  # every node starts the same number of processes: this node's GPUs unless told
+        nproc = nproc or _gpus()
     words = ["--config_file", str(config), *(nodes.accelerate_args(nproc) if nproc else []), *deepspeed_file(config)]
     args = launch_command_parser().parse_args([*words, "-m", "hftrain", "train", *train_args])
-    return child_errors.launch(lambda: launch_command(args), {})
+    return child_errors.launch(lambda: launch_command(args), nodes.elastic_env())
+
+
+def _gpus() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
 
 
 def deepspeed_file(config: Path) -> list[str]:

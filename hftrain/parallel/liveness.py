@@ -27,8 +27,8 @@ PEER_TIMEOUT_S = 120.0  # during training: a watched beat silent this long ends 
 PEER_TIMEOUT_ENV = "HFTRAIN_PEER_TIMEOUT_S"
 
 
-def _key(rank: int) -> str:
-    return f"hftrain/beat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+def _key(prefix: str, rank: int) -> str:
+    return f"{prefix}beat/{rank}"
 
 
 class Heartbeat:
@@ -39,12 +39,13 @@ class Heartbeat:
     message and exit code; so does a store that stays unreachable as long (the head node is gone)."""
 
     def __init__(self, dims: Any, checkpoint: Callable[[], str], peer_timeout_s: float | None = None):
-        from hftrain.parallel.dims import launcher_store
+        from hftrain.parallel import launcher_store
 
         self.dims, self.checkpoint, self._stop = dims, checkpoint, threading.Event()
         self.timeout = peer_timeout_s or float(os.environ.get(PEER_TIMEOUT_ENV, PEER_TIMEOUT_S))
-        self._store = launcher_store(30.0) if dims.processes > 1 else None
+        self._store = launcher_store.connect(30.0) if dims.processes > 1 else None
         if self._store is not None:
+            self._prefix = launcher_store.round_prefix(self._store, dims.rank, dims.processes)
             threading.Thread(target=self._run, name="hftrain-heartbeat", daemon=True).start()
 
     def _run(self) -> None:
@@ -55,8 +56,8 @@ class Heartbeat:
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
             try:
-                self._store.add(_key(rank), 1)
-                counts = {r: int(self._store.add(_key(r), 0)) for r in watched}
+                self._store.add(_key(self._prefix, rank), 1)
+                counts = {r: int(self._store.add(_key(self._prefix, r), 0)) for r in watched}
                 unreachable_since = None
             except Exception:
                 unreachable_since = unreachable_since or now
@@ -85,15 +86,16 @@ def lost_peers(dims: Any, failure: BaseException, checkpoint: str) -> PeerLost |
     continues from, in words."""
     if dims.processes == 1:
         return None
-    from hftrain.parallel.dims import launcher_store
+    from hftrain.parallel import launcher_store
 
+    prefix = launcher_store.current_round()  # set when the heartbeat started; a failure before it names nobody
     try:
-        store = launcher_store(LOST_AFTER_S)
+        store = launcher_store.connect(LOST_AFTER_S) if prefix else None
         if store is None:
             return None
-        before = [int(store.add(_key(r), 0)) for r in range(dims.processes)]
+        before = [int(store.add(_key(prefix, r), 0)) for r in range(dims.processes)]
         time.sleep(LOST_AFTER_S)
-        after = [int(store.add(_key(r), 0)) for r in range(dims.processes)]
+        after = [int(store.add(_key(prefix, r), 0)) for r in range(dims.processes)]
     except Exception:
         return _head_lost(checkpoint)
     lost = [r for r in range(dims.processes) if after[r] == before[r] and r != dims.rank]
@@ -117,5 +119,11 @@ def _head_lost(checkpoint: str) -> PeerLost:
 
 
 def _next_steps(checkpoint: str) -> str:
+    from hftrain.parallel.multinode import ELASTIC_ENV
+
+    restarts, done = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if os.environ.get(ELASTIC_ENV) and done < restarts:
+        return (f"Training stopped; {checkpoint}. torchrun restarts the processes on the nodes left (restart {done + 1} "
+                f"of at most {restarts}); they resume from it, with the global batch kept.")  # fmt: skip
     return (f"Training stopped; {checkpoint}. Start the same launch again to continue; to continue without the "
             "lost node, start it with fewer nodes (NNODES=...): the run keeps its global batch.")  # fmt: skip

@@ -62,7 +62,8 @@ def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, n
 
     node_args = nodes.torchrun_args(nproc) if nodes is not None else ["--standalone", "--nproc_per_node", str(nproc)]
     args = torchrun.parse_args([*node_args, "-m", "hftrain", *hftrain_args])
-    return child_errors.launch(lambda: torchrun.run(args), process_env(config_path, backend, nproc))
+    elastic = nodes.elastic_env() if nodes is not None else {}
+    return child_errors.launch(lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic})
 
 
 def prepare_process(backend: str) -> None:

@@ -17,7 +17,7 @@ from transformers import TrainingArguments
 
 from hftrain import _compat
 from hftrain.parallel import rehearsal
-from hftrain.parallel import dims as parallel
+from hftrain.parallel import launcher_store
 from hftrain.parallel.dims import ParallelDims
 from hftrain.training import run_length
 from hftrain.speed import defaults as speed
@@ -98,7 +98,7 @@ def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], dims: ParallelDims, s
         reasons = [f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"] if kept else []
         return speed.SpeedPlan(values=kept, reasons=reasons)
     decide = lambda: speed.decide_here(recipe, kwargs, dims.strategy, shape, device).to_json()  # noqa: E731
-    decided = parallel.agree("speed", decide, dims.rank, dims.processes)
+    decided = launcher_store.agree("speed", decide, dims.rank, dims.processes)
     plan = speed.SpeedPlan.from_json(decided)
     kwargs.update(plan.values)
     return plan

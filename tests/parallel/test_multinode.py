@@ -155,7 +155,15 @@ def survivor(agent: subprocess.Popen, since: float) -> tuple[float, list[str], s
 LONGER = ["training.max_steps=40", "training.save_steps=5"]
 
 
-def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, recipe_file):
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, recipe_file) -> dict[int, float]:
+    """The uninterrupted run the lost-node tests continue: 40 DDP steps, 2 processes on one node."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    launch(recipe_file, "ddp", run_dir, *LONGER)
+    return metrics_losses(run_dir)
+
+
+def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, recipe_file, straight):
     """Parts 1 and 3, DDP with one directory for both nodes: until the kill, the per-step losses of 2 processes on
     one node. Then node 1's agent and its rank are killed (kill -9) in the middle of the run. Node 0 stops within a bound
     (gloo fails at once; liveness.py watches the beats for 4 s), one line naming rank 1 and node 1 and the
@@ -165,8 +173,7 @@ def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, r
 
     from ..support.cli import kill_family
 
-    straight, run_dir = tmp_path / "straight", tmp_path / "run"
-    launch(recipe_file, "ddp", straight, *LONGER)
+    run_dir = tmp_path / "run"
     script = node_script(recipe_file, "ddp", tmp_path / "nodes.sh")
     agents = start_two_nodes(script, [f"training.output_dir={run_dir}", *LONGER], run_dir)
     kill_family(agents[1])
@@ -177,7 +184,7 @@ def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, r
     assert code == 0, said[-3000:]
     resumed_at = int(last.name.split("-")[1])
     assert 10 <= resumed_at < 40 and json.loads((run_dir / "results.json").read_text())["world_size"] == 1
-    assert_resumed_matches(metrics_losses(straight), metrics_losses(run_dir), range(1, 41), "2 nodes, then NNODES=1")
+    assert_resumed_matches(straight, metrics_losses(run_dir), range(1, 41), "2 nodes, then NNODES=1")
 
 
 def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, recipe_file):
@@ -201,3 +208,102 @@ def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, recipe_file):
         for process in family:
             process.kill()
         agents[1].wait()
+
+
+class Node:
+    """One node agent running a script, its output read as it comes (`said`)."""
+
+    def __init__(self, script: Path, env: dict[str, str], args: list[str]):
+        import threading
+
+        self.proc = subprocess.Popen(["bash", str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True)
+        self.reader.start()
+
+    @property
+    def said(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 300) -> int:
+        """Wait until `text` appears (after what was said before the call); the length said then."""
+        deadline, start = time.monotonic() + timeout, len(self.said)
+        while text not in self.said[start:]:
+            assert time.monotonic() < deadline and self.proc.poll() is None, f"never said {text!r}: {self.said[-3000:]}"
+            time.sleep(0.1)
+        return len(self.said)
+
+    def finish(self, timeout: float = 300) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        Path(os.environ.get("HFTRAIN_TEST_NODE_LOG", os.devnull)).open("a").write(f"=== exit {code}\n{self.said}")
+        return code
+
+
+def wait_listening(port: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, f"nothing listens on {port}"
+        time.sleep(0.2)
+
+
+def checkpoint_with(node: Node, other: Node, run_dir: Path, timeout: float = 300) -> Path:
+    """The first checkpoint completed after `node` had a training process (it is in the group, not waiting to join)."""
+    import psutil
+
+    from hftrain.checkpoint.manager import complete_checkpoints
+
+    deadline = time.monotonic() + timeout
+    while not psutil.Process(node.proc.pid).children(recursive=True):
+        assert time.monotonic() < deadline and other.proc.poll() is None, other.said[-3000:] + node.said[-3000:]
+        time.sleep(0.1)
+    time.sleep(1.0)  # its process has begun: the group restarts for it, or it was there from the start
+    before = set(complete_checkpoints(run_dir))
+    while not set(complete_checkpoints(run_dir)) - before:
+        assert time.monotonic() < deadline and other.proc.poll() is None, other.said[-3000:] + node.said[-3000:]
+        time.sleep(0.1)
+    return sorted(set(complete_checkpoints(run_dir)) - before)[-1]
+
+
+def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_path, recipe_file, straight):
+    """Part 3, torchrun's own elastic restart: the script `launch-script --min-nodes 1` renders (c10d rendezvous,
+    1 to 2 nodes, MAX_RESTARTS 3), one directory both nodes mount. Node 1's agent and rank are killed (kill -9)
+    after checkpoint-10: node 0's rank names it and stops (exit 76), node 0's agent restarts it alone (world 1, the
+    global batch kept by accumulation); node 1 started again joins at the next restart (world 2). One run of 40
+    steps with the uninterrupted run's losses at every step, node 0 never started again by hand.
+
+    The restart of node 0 alone reads keys node 1's rank of the first start left in the store, and node 1's agent
+    counts its restarts from 0 where node 0's counts 1: keys named by the restart count (before: launcher_store.py)
+    were read stale or waited for in vain."""
+    from ..support.cli import kill_family
+
+    script = tmp_path / "elastic.sh"
+    rendered = run_cli("launch-script", str(recipe_file), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
+                       "--accelerate-config", "ddp", "--min-nodes", "1", "--out", str(script))  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    run_dir, port = tmp_path / "run", free_port()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "127.0.0.1",
+           "MASTER_PORT": str(port), "HFTRAIN_RDZV_LAST_CALL_S": "10", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    args = [f"training.output_dir={run_dir}", *LONGER]
+    first = Node(script, env, args)
+    wait_listening(port)  # node 0's agent holds the rendezvous: it must be the node that stays
+    second = Node(script, env, args)
+    try:
+        in_group = checkpoint_with(second, first, run_dir)  # node 1 may join at the first start or at a restart for it
+        kill_family(second.proc)
+        first.wait_for("torchrun restarts the processes on the nodes left (restart 1 of at most 3)")
+        first.wait_for("hftrain: resuming")
+        third = Node(script, env, args)  # node 1 again
+        assert first.finish() == 0 and third.finish() == 0, first.said[-3000:] + third.said[-3000:]
+    finally:
+        for node in (first, second):
+            if node.proc.poll() is None:
+                kill_family(node.proc)
+    lost = [line for line in first.said.splitlines() if line.startswith("hftrain: lost")]
+    assert len(lost) == 1 and "lost rank 1 (node 1 of 2)" in lost[0], first.said[-3000:]
+    assert json.loads((run_dir / "results.json").read_text())["world_size"] == 2  # node 1 took part again
+    print(f"elastic: node 1 lost after {in_group.name}; {first.said.count('hftrain: resuming')} resumes on node 0; {lost[0]}")
+    assert_resumed_matches(straight, metrics_losses(run_dir), range(1, 41), "elastic: 2 nodes, 1, then 2 again")
