@@ -109,9 +109,11 @@ class NodeGroup:
                     "--main_process_port", str(_free_port())]  # fmt: skip
         if self.count == 1:
             return ["--num_processes", str(nproc)]
+        # DeepSpeed: accelerate's default for several machines is DeepSpeed's own pdsh launcher (ssh from node 0 to the
+        # hosts of a hostfile); "standard" is torchrun on each node, as the script starts it
         return ["--num_machines", str(self.count), "--machine_rank", str(self.rank), "--num_processes", str(self.count * nproc),
                 "--main_process_ip", self.head, "--main_process_port", str(self.port), "--rdzv_backend", "static",
-                "--rdzv_conf", self.rendezvous_conf()]  # fmt: skip
+                "--rdzv_conf", self.rendezvous_conf(), "--deepspeed_multinode_launcher", "standard"]  # fmt: skip
 
 
 def _free_port() -> int:
