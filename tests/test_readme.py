@@ -140,6 +140,8 @@ ELSEWHERE = {
     "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun": "tests/parallel/test_distributed.py::test_launch_script_for_2_nodes_x_8_gpus (the same script, text checked); test_multinode.py runs its --cpu form",
     "NODE_RANK=": "needs two machines; tests/parallel/test_multinode.py runs the script as two node agents on 127.0.0.1",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun --nodes 4 --min-nodes 2": "tests/parallel/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text checked); test_multinode.py runs its --cpu form",
+    "HEAD_NODE=10.0.0.1 ./train_elastic.sh": "needs several machines; tests/parallel/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it as node agents on 127.0.0.1",
 }  # fmt: skip
 
 
