@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-STILL_EVERY_S = 8.0
+STILL_EVERY_S = 6.0
 _TICK_S = 0.25
 
 

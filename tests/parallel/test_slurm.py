@@ -63,6 +63,14 @@ def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses
     assert (fields["JobState"], fields["Reason"], fields["Restarts"]) == ("PENDING", "BeginTime", "1"), states
     saved = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*"))[-1]
     assert 5 <= saved < 60, saved
+    # Released within the second of its requeue, slurmd refused to start it ("Killing non-startable batch JobId=1:
+    # Job credential revoked": it revokes the job's credentials with a time of whole seconds): wait for the node to
+    # finish with the first run, and for the next second, as an operator or a preemption's end would.
+    deadline = time.monotonic() + 60
+    while "State=IDLE" not in slurm.run("scontrol", "show", "node"):
+        assert time.monotonic() < deadline, slurm.run("scontrol", "show", "node")
+        time.sleep(0.2)
+    time.sleep(2.0)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # a requeued job waits; release it
     fields = watch({"COMPLETED", "FAILED"})
     print("job states, as scontrol show job recorded them:\n  " + "\n  ".join(states))

@@ -159,8 +159,8 @@ def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corp
 
 AGREE = """
 import json, os, sys
-from hftrain.parallel import dims
-value = dims.agree("probe", lambda: {"rank": int(os.environ["RANK"])}, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+from hftrain.parallel import launcher_store
+value = launcher_store.agree("probe", lambda: {"rank": int(os.environ["RANK"])}, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
 with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as out:  # one file each: shared stdout interleaves
     json.dump(value, out)
 """
