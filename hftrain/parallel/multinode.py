@@ -127,8 +127,10 @@ def _free_port() -> int:
 _LAUNCH = (
     "hftrain train {recipe}{extra} \\\n"
     "    --accelerate-config {config} --nproc {gpus}{cpu} \\\n"
-    '    --nnodes "$NNODES" --node-rank {rank} --head-node "$HEAD_NODE" --master-port "$MASTER_PORT"'
+    '    {nodes} --head-node "$HEAD_NODE" --master-port "$MASTER_PORT"'
 )
+_STATIC_NODES = '--nnodes "$NNODES" --node-rank {rank}'
+_ELASTIC_NODES = '--nnodes "$MIN_NODES:$NNODES" --max-restarts "$MAX_RESTARTS"'
 _FIND = """if ! command -v hftrain >/dev/null 2>&1; then
   echo "$0: hftrain is not on the PATH here; activate the environment hftrain is installed in on this node" >&2; exit 2
 fi"""
@@ -198,11 +200,6 @@ exit $status
 """
 
 
-_ELASTIC_LAUNCH = (
-    "hftrain train {recipe}{extra} \\\n"
-    "    --accelerate-config {config} --nproc {gpus}{cpu} \\\n"
-    '    --nnodes "$MIN_NODES:$NNODES" --max-restarts "$MAX_RESTARTS" --head-node "$HEAD_NODE" --master-port "$MASTER_PORT"'
-)
 ELASTIC_RESTARTS = 3  # the elastic script's MAX_RESTARTS unless told
 
 
@@ -221,14 +218,14 @@ def render(kind: str, nodes: int, gpus: int, recipe: str, config: str, overrides
                                "(the script requeues itself after a preemption, on a fresh allocation of --nodes).")  # fmt: skip
         if not 1 <= min_nodes <= nodes:
             raise HftrainError(f"--min-nodes {min_nodes}: give 1 .. {nodes} (--nodes {nodes} is the most nodes).")
-        launch = _ELASTIC_LAUNCH.format(**common, extra=' "$@"')
+        launch = _LAUNCH.format(**common, extra=' "$@"', nodes=_ELASTIC_NODES)
         return TORCHRUN_ELASTIC.format(nodes=nodes, min_nodes=min_nodes, gpus=gpus, unit=unit, config_name=config,
                                        restarts=ELASTIC_RESTARTS, timeout=RENDEZVOUS_TIMEOUT_S, find=_FIND, launch=launch)  # fmt: skip
     if kind == "torchrun":
-        launch = _LAUNCH.format(**common, extra=' "$@"', rank='"$NODE_RANK"')
+        launch = _LAUNCH.format(**common, extra=' "$@"', nodes=_STATIC_NODES.format(rank='"$NODE_RANK"'))
         return TORCHRUN.format(nodes=nodes, gpus=gpus, unit=unit, world=world, last=nodes - 1, config_name=config,
                                timeout=RENDEZVOUS_TIMEOUT_S, find=_FIND, launch=launch)  # fmt: skip
-    launch = _LAUNCH.format(**common, extra="", rank="$SLURM_NODEID").replace(" \\\n    ", " ")
+    launch = _LAUNCH.format(**common, extra="", nodes=_STATIC_NODES.format(rank="$SLURM_NODEID")).replace(" \\\n    ", " ")
     return SLURM.format(job=Path(recipe).stem, nodes=nodes, gpus=gpus, unit=unit, world=world, cpus=(1 if cpu else 8) * gpus,
                         gpu_line="" if cpu else f"#SBATCH --gpus-per-node={gpus}\n", code=PREEMPTED_EXIT_CODE,
                         config_name=config, find=_FIND, launch=launch)  # fmt: skip
