@@ -9,10 +9,12 @@ what hftrain does differently on a machine without a GPU.
 | --------------------------- | -------------------------------- | -------------------------------------------- | ----------------------------- |
 | quiet_optional_warnings     | bitsandbytes 0.50                | any run or CLI command (a logger level)      | bitsandbytes#2064 (open)      |
 | quiet_trl_deprecations      | TRL 1.16, transformers 5.x       | a DPO run (a warnings filter)                | none filed                    |
+| quiet_collective_deprecations | DeepSpeed 0.19, torch 2.13     | a ZeRO-3 run (a warnings filter)             | none filed                    |
 | skip_unneeded_imports       | accelerate 1.10-1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same     | accelerate#1952, transformers#26308 |
 | hub_request_timeouts        | huggingface_hub 1.31-2.x         | any command (integrations/network.py)        | huggingface_hub#3750, #3790   |
 | plain_gcs_filesystem        | gcsfs >= 2025                    | before gcsfs is first imported (gs:// data)  | none filed (fake-gcs-server#2069) |
 | deepspeed_cpu_process_group | accelerate 1.15, DeepSpeed 0.19  | CPU: a ZeRO-3 rehearsal                      | none filed (GPU-only upstream) |
+| skip_shm_comm_build         | DeepSpeed 0.16-0.19              | CPU: a ZeRO-3 rehearsal                      | none filed                    |
 | fsdp_state_for_cpu          | accelerate 1.15                  | CPU: an FSDP rehearsal                       | accelerate#2741 (CPU launch)  |
 | bnb_4bit_trainable_on_cpu   | bitsandbytes 0.48-0.50           | CPU: a 4-bit (QLoRA) model                   | none filed (since bitsandbytes#1804) |
 | keep_freed_memory           | glibc malloc                     | CPU: a process that trains on the CPU (Linux/glibc) | none filed (pytorch#55675) |
@@ -48,6 +50,18 @@ def quiet_trl_deprecations() -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def quiet_collective_deprecations() -> None:
+    """torch 2.13 deprecates ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` with a FutureWarning, and
+    DeepSpeed 0.19's ZeRO-3 calls them for every gathered parameter: a two-line warning was printed 300 times in
+    an 8-step run (warnings filters that change during a run reset Python's "once per place" memory), over 64 KB
+    of a log that says nothing the user can act on. Two messages filtered; the calls still work. Upstream: none
+    filed (DeepSpeed will move to the ``_single`` forms)."""
+    import warnings
+
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        warnings.filterwarnings("ignore", message=rf"`torch\.distributed\.{name}` is deprecated", category=FutureWarning)
 
 
 def skip_unneeded_imports() -> None:
@@ -113,6 +127,20 @@ def deepspeed_cpu_process_group() -> None:
 
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     PartialState(backend="gloo")
+
+
+def skip_shm_comm_build() -> None:
+    """CPU (ZeRO-3 rehearsal): DeepSpeed's CPU communication backend compiles its shared-memory all-reduce op
+    (``deepspeed_shm_comm``, C++ with g++) when it starts, in every rank: 30-80 s on 2 cores the first time in a
+    venv, and a build check every start after. Only ``inference_all_reduce`` (DeepSpeed inference's tensor
+    parallelism) uses it; training's collectives are torch.distributed's (gloo here). Marked not compatible, it
+    is never built and the backend is the same gloo one. DeepSpeed reads the mark from
+    ``deepspeed.ops.__compatible_ops__`` (a dict it keeps for edits, 0.16-0.19). Upstream: none filed."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
 
 
 def fsdp_state_for_cpu(trainer: Any) -> None:

@@ -1,5 +1,6 @@
 """Shared test fixtures: a small generated corpus, tiny recipes, and one tiny pretrained model per session; and the
-fake servers' fixtures (local_hub, s3_server, s3, gcs, silent_server) from tests/support, registered here by `pytest_plugins`.
+fake servers' fixtures (local_hub, s3_server, s3, gcs, silent_server) and the slow tests' shared reference runs
+(reference_runs.py) from tests/support, registered here by `pytest_plugins`.
 
 Helpers that tests import (data, recipes, running the CLI, shared checks) live in tests/support, not here."""
 
@@ -20,7 +21,7 @@ pytest.register_assert_rewrite("tests.support")
 from .support.data import make_documents, tiny_recipe, write_jsonl  # noqa: E402
 
 # The one place fixtures from tests/support are registered: each module holds a fake server and its fixtures.
-pytest_plugins = ["tests.support.hub", "tests.support.s3", "tests.support.gcs", "tests.support.silent"]
+pytest_plugins = ["tests.support.hub", "tests.support.s3", "tests.support.gcs", "tests.support.silent", "tests.support.reference_runs"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.gpu_peaks import mfu, spec_bf16_tflops
 
-from .support.cli import ROOT
+from .support.cli import ROOT, in_background
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_report  # noqa: E402
@@ -30,15 +30,18 @@ def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
-    listed = pytest_run("tests/gpu", "-m", "gpu", "--collect-only", "-q").stdout
-    ids = [line for line in listed.splitlines() if "::" in line]
+    selections = ([], ["-m", "not slow"])  # addopts' -m 'not gpu'; a user's own -m, which replaces it
+    runs = [in_background(lambda args=args: pytest_run(*args)) for args in (  # 4 pytest processes at once: mostly imports
+        ["tests/gpu", "-m", "gpu", "--collect-only", "-q"], ["tests/gpu", "-m", "gpu", "-q", "-rs"],
+        *(["tests/gpu", "--collect-only", "-q", *selection] for selection in selections))]  # fmt: skip
+    listed, ran, *others = (run.result() for run in runs)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
     for module in ITEM_MODULES.values():  # at least one per acceptance item
-        assert any(f"tests/gpu/{module}.py::" in i for i in ids), (module, listed[-2000:])
-    for selection in ([], ["-m", "not slow"]):  # addopts' -m 'not gpu'; a user's own -m, which replaces it
-        out = pytest_run("tests/gpu", "--collect-only", "-q", *selection).stdout
+        assert any(f"tests/gpu/{module}.py::" in i for i in ids), (module, listed.stdout[-2000:])
+    for selection, other in zip(selections, others):
+        out = other.stdout
         assert not [line for line in out.splitlines() if "::" in line], (selection, out[-1500:])
         assert f"{len(ids)} deselected" in out
-    ran = pytest_run("tests/gpu", "-m", "gpu", "-q", "-rs")
     assert ran.returncode == 0 and f"{len(ids)} skipped" in ran.stdout and " passed" not in ran.stdout, ran.stdout[-1500:]
     assert "gpu tier: no CUDA device here" in ran.stdout
 

@@ -11,7 +11,7 @@ import pytest
 
 from hftrain.cli import build_parser
 
-from .support.cli import ROOT
+from .support.cli import ROOT, in_background
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
@@ -127,8 +127,8 @@ ELSEWHERE = {
     "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/pretrain/pythia-160m.yaml": "GPU-sized (160M parameters)",
     "accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml": "GPU-sized (160M parameters)",
     "hftrain train recipes/pretrain/pythia-160m.yaml --accelerate-config zero3": "GPU-sized (160M parameters)",
-    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/parallel/test_distributed.py::test_backend_trains_resumes_and_exports",
-    "hftrain parity recipes/quickstart.yaml --steps 20": "tests/parallel/test_distributed.py::test_parity_across_backends",
+    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/checkpoint/test_elastic.py::test_sharded_backend_matches_one_process_resumes_and_exports",
+    "hftrain parity recipes/quickstart.yaml --steps 20": "tests/parallel/test_distributed.py::test_parity_across_backends (the command) and test_every_backend_gives_the_losses_of_one_process (every backend)",
     "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": "600 quickstart steps on 2 processes; tests/checkpoint/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe",
     "hftrain train recipes/quickstart.yaml training.max_steps=600": "the second half of the line above (tests/checkpoint/test_elastic.py)",
     "hftrain parity recipes/quickstart.yaml --elastic": "tests/checkpoint/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)",
@@ -184,15 +184,25 @@ def _scratch(tmp_path):
 
 @pytest.mark.slow
 def test_readme_training_commands_run_in_order(tmp_path):
+    """In the README's order; once the quickstart model exists, the LoRA lines and the full and DPO lines (which
+    read it and write apart) run as two lanes at the same time, each in its own order."""
     cwd = _scratch(tmp_path)
-    for line in CHAIN:
-        line = line.replace("checkpoint-600", "checkpoint-2").replace("checkpoint-200", "checkpoint-2")
-        extra = SHORT if line.startswith("hftrain train") else ()
-        if "finetune" in line and line.startswith("hftrain train"):
-            extra = [w for w in SHORT if not w.startswith("tokenizer.")]
-        result = _run_line(line, cwd, extra=extra)
-        if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
-            assert all(f"check-packing: {k} max |diff|" in result.stdout for k in ("eager", "sdpa", "flex_attention")), result.stdout
+
+    def run(lines: list[str]) -> None:
+        for line in lines:
+            line = line.replace("checkpoint-600", "checkpoint-2").replace("checkpoint-200", "checkpoint-2")
+            extra = SHORT if line.startswith("hftrain train") else ()
+            if "finetune" in line and line.startswith("hftrain train"):
+                extra = [w for w in SHORT if not w.startswith("tokenizer.")]
+            result = _run_line(line, cwd, extra=extra)
+            if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
+                assert all(f"check-packing: {k} max |diff|" in result.stdout for k in ("eager", "sdpa", "flex_attention")), result.stdout
+
+    finetune = CHAIN.index("hftrain data inspect recipes/finetune/lora.yaml --check-packing")
+    run(CHAIN[:finetune])
+    lanes = [[line for line in CHAIN[finetune:] if "lora" in line], [line for line in CHAIN[finetune:] if "lora" not in line]]
+    for lane in [in_background(lambda lane=lane: run(lane)) for lane in lanes]:
+        lane.result()
     assert (cwd / "runs/quickstart/exported/model.safetensors").is_file()
     assert (cwd / "runs/quickstart/quickstart-q8_0.gguf").read_bytes()[:4] == b"GGUF"  # what llama.cpp reads: test_gguf.py
     assert (cwd / "runs/finetune-lora/merged/model.safetensors").is_file()
@@ -211,43 +221,3 @@ def test_readme_s3_example(tmp_path, s3_server):
     env = {**os.environ, **s3_server.env()}
     result = _run_line(S3_LINE, _scratch(tmp_path), env=env, extra=SHORT)
     assert "final checkpoint: runs/quickstart/final" in result.stdout
-
-
-@pytest.mark.slow
-def test_the_quickstart_says_what_it_does_until_its_first_step(tmp_path):
-    """On a machine new to hftrain (no speed probe, no parsed corpus cached) the quickstart's start-up (imports,
-    speed probe, tokenizer, corpus, first shuffle window) never goes 10 s without a line (issue 33, class 8;
-    before: nothing for the ~20 s of the probe and tokenizer, 116 s on an emulated-bf16 CPU)."""
-    import os
-    import time
-
-    env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "hftrain", "train", "recipes/quickstart.yaml", "training.max_steps=3",
-           f"training.output_dir={tmp_path / 'run'}", "monitor.plot=false", "monitor.sample_max_new_tokens=0"]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=_scratch(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
-    lines, text, gap = [], b"", 0.0
-    try:
-        while True:
-            char = proc.stdout.read(1)
-            if not char:
-                break
-            if char not in b"\r\n":
-                text += char
-                continue
-            now = time.monotonic() - started
-            gap = max(gap, now - (lines[-1][0] if lines else 0.0))
-            lines.append((now, text.decode(errors="replace")))
-            text = b""
-            if "| 1/3 [" in lines[-1][1]:  # the first step is done
-                break
-    finally:
-        proc.kill()
-        proc.wait()
-    shown = "\n".join(f"{t:6.1f} {line[:120]}" for t, line in lines)
-    assert any("| 1/3 [" in line for _, line in lines), shown
-    for announced in ("hftrain: measuring this CPU's step speed in fp32 and bf16", "hftrain: training a 4,096-token BPE tokenizer",
-                      "hftrain: reading the docstrings of", "hftrain: filling the first shuffle window (4,096 blocks of 128 tokens)"):  # fmt: skip
-        assert any(announced in line for _, line in lines), (announced, shown)
-    assert gap <= 10.0, shown
-    print(f"first step after {lines[-1][0]:.1f} s; longest silence {gap:.1f} s")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hftrain import _compat
 from hftrain.data.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
@@ -140,6 +141,8 @@ def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit
         rehearsal=Strategy(backend) if backend else None, micro_batch=micro, accumulation=accumulation,
         readers=ReaderLayout(count, processes, workers, window),
     )  # fmt: skip
+    if Strategy.ZERO3 in (dims.strategy, dims.rehearsal):
+        _compat.quiet_collective_deprecations()
     if dims.rehearsal:
         rehearsal.prepare_process(dims.rehearsal)
     elif dims.strategy is Strategy.ZERO3:

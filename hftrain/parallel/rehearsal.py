@@ -12,7 +12,8 @@ What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what this mod
   processes itself with torchrun's launcher, on gloo, with the GPUs hidden (``CUDA_VISIBLE_DEVICES=""``, see
   ``process_env``): `--cpu` on a GPU machine rehearses on CPU as asked instead of silently running DDP on the GPUs.
 * ``prepare_process`` (the only side effect, called once when the run's parallel dims are resolved): a ZeRO-3
-  rehearsal's process group (``_compat.deepspeed_cpu_process_group``).
+  rehearsal's process group (``_compat.deepspeed_cpu_process_group``), without DeepSpeed's build of an
+  inference-only C++ op (``_compat.skip_shm_comm_build``).
 * ``training_kwargs`` (pure): the TrainingArguments a rehearsal needs: gloo, ``use_cpu`` for DDP/FSDP, the
   FSDP plugin options from the accelerate YAML, and for ZeRO-3 ``use_cpu=False`` (use_cpu turns DeepSpeed
   off) with ``use_configured_state`` so the Trainer keeps the state made by ``prepare_process``.
@@ -69,6 +70,7 @@ def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, n
 def prepare_process(backend: str) -> None:
     """The process-wide set-up a rehearsal needs before TrainingArguments exist (ZeRO-3 only)."""
     if backend == "zero3":
+        _compat.skip_shm_comm_build()  # before DeepSpeed's communication backend starts (in the process group below)
         _compat.deepspeed_cpu_process_group()
 
 

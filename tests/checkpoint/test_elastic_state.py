@@ -136,39 +136,55 @@ def assert_same_state(saved_file: Path, loaded_file: Path, counts: tuple[int, in
     assert max(worst.values()) <= 1e-7, worst
 
 
+STATE_STEPS = ("training.max_steps=6", "training.save_steps=2", "training.save_total_limit=0")
+
+
+@pytest.fixture(scope="module")
+def written_by_two(tiny_yaml, tmp_path_factory):
+    """backend -> (run directory, the state dumped right after its checkpoint-2) of 2 processes training 6 steps
+    saving every 2, trained once per module (the ZeRO-3 one is resumed by two tests). Resumes start from copies."""
+    runs: dict[str, tuple[Path, Path]] = {}
+
+    def get(many: str) -> tuple[Path, Path]:
+        if many not in runs:
+            root = tmp_path_factory.mktemp(f"two-{many}")
+            run_dumping(tiny_yaml, many, 2, root / "run", root / "two", "save:2", *STATE_STEPS)
+            runs[many] = (root / "run", root / "two-save2.pt")
+        return runs[many]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("many", "one"), [("ddp", "single"), ("fsdp", "fsdp"), ("zero3", "zero3")])
-def test_state_loads_on_another_process_count(tiny_yaml, tmp_path, many, one):
+def test_state_loads_on_another_process_count(tiny_yaml, written_by_two, tmp_path, many, one):
     """2 processes write checkpoint-2; 1 process resumes it (and writes checkpoint-4); 2 processes resume that.
     At each resume, the gathered parameters and AdamW moments equal those saved. (A resumed run keeps its
     checkpoint's save_steps: the Trainer takes it from trainer_state.json.)"""
-    steps = ("training.max_steps=6", "training.save_steps=2", "training.save_total_limit=0")
-    two, single, back = tmp_path / "two", tmp_path / "one", tmp_path / "back"
-    run_dumping(tiny_yaml, many, 2, two, tmp_path / "two", "save:2", *steps)
+    (two, saved), single, back = written_by_two(many), tmp_path / "one", tmp_path / "back"
     resume_copy(two, single, "checkpoint-2")
     before = digests(single / "checkpoint-2")
-    run_dumping(tiny_yaml, one, 1, single, tmp_path / "one", "begin,save:4", *steps)
-    assert_same_state(tmp_path / "two-save2.pt", tmp_path / "one-begin.pt", (2, 1))
+    run_dumping(tiny_yaml, one, 1, single, tmp_path / "one", "begin,save:4", *STATE_STEPS)
+    assert_same_state(saved, tmp_path / "one-begin.pt", (2, 1))
     assert digests(single / "checkpoint-2") == before  # the original files are never changed
     marker = json.loads((single / "checkpoint-4" / COMPLETE_MARKER).read_text())
     assert (marker["strategy"], marker["world_size"]) == (one, 1)
 
     resume_copy(single, back, "checkpoint-4")
-    run_dumping(tiny_yaml, many, 2, back, tmp_path / "back", "begin", *steps)
+    run_dumping(tiny_yaml, many, 2, back, tmp_path / "back", "begin", *STATE_STEPS)
     assert_same_state(tmp_path / "one-save4.pt", tmp_path / "back-begin.pt", (1, 2))
     if many == "zero3":
         assert elastic.universal_ready(single / "checkpoint-2") and elastic.universal_ready(back / "checkpoint-4")
 
 
 @pytest.mark.slow
-def test_an_interrupted_universal_conversion_is_redone(tiny_yaml, tmp_path):
+def test_an_interrupted_universal_conversion_is_redone(tiny_yaml, written_by_two, tmp_path):
     """A kill during the ZeRO-3 conversion leaves a partial folder: the next start removes it and converts again."""
-    two, one = tmp_path / "two", tmp_path / "one"
-    run_dumping(tiny_yaml, "zero3", 2, two, tmp_path / "two", "save:3", "training.max_steps=4", "training.save_steps=3")
-    resume_copy(two, one, "checkpoint-3")
-    checkpoint = one / "checkpoint-3"
+    (two, saved), one = written_by_two("zero3"), tmp_path / "one"
+    resume_copy(two, one, "checkpoint-2")
+    checkpoint = one / "checkpoint-2"
     (checkpoint / elastic.UNIVERSAL_PARTIAL / "universal" / "zero").mkdir(parents=True)  # as a kill leaves it
     (checkpoint / elastic.UNIVERSAL_TAG).mkdir()
-    run_dumping(tiny_yaml, "zero3", 1, one, tmp_path / "one", "begin", "training.max_steps=4")
-    assert_same_state(tmp_path / "two-save3.pt", tmp_path / "one-begin.pt", (2, 1))
+    run_dumping(tiny_yaml, "zero3", 1, one, tmp_path / "one", "begin", *STATE_STEPS)
+    assert_same_state(saved, tmp_path / "one-begin.pt", (2, 1))
     assert not (checkpoint / elastic.UNIVERSAL_PARTIAL).exists()

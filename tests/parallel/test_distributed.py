@@ -22,8 +22,9 @@ from hftrain.parallel import dims as parallel
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
 
-from ..support.checks import train_log
-from ..support.cli import ROOT, launch, run_cli
+from ..support.checks import assert_same_steps, steps, train_log
+from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_cli
+from ..support.reference_runs import STEPS
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 
@@ -38,14 +39,33 @@ def tiny_yaml(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "zero3"])
+def test_every_backend_gives_the_losses_of_one_process(backend_run, backend):
+    """2 processes of DDP, FSDP and ZeRO-3 and one plain process, on 8 shards with a global batch of 8: the same
+    per-step loss (rel 1e-5) and grad norm (rel 1e-4) at every step. The data order belongs to the run's readers,
+    not to the launch (data/readers.py); accelerate really set up the backend (no silent fallback to DDP or to one
+    process). The runs are shared with the resume, export and two-node tests (reference_runs.py)."""
+    one, two = backend_run("ddp", 1), backend_run(backend, 2)
+    for run, expected in ((one, ("NO", 1)), (two, (EXPECTED_TYPE[backend], 2))):
+        results = json.loads((run / "results.json").read_text())
+        assert (results["distributed_type"], results["world_size"]) == expected
+    assert sorted(steps(one)) == sorted(steps(two)) == list(range(1, STEPS + 1))
+    assert_same_steps(steps(one), steps(two), range(1, STEPS + 1), f"{backend} x2 vs 1 process")
+
+
+@pytest.mark.slow
 def test_parity_across_backends(tiny_yaml):
-    result = run_cli("parity", str(tiny_yaml), "--steps", "20", "training.output_dir=" + str(tiny_yaml.parent / "parity"))
+    """`hftrain parity`: its table and summary, on single and DDP (every backend's agreement: the test above)."""
+    result = run_cli("parity", str(tiny_yaml), "--steps", "4", "--backends", "single,DDP",
+                     "training.output_dir=" + str(tiny_yaml.parent / "parity"))  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     header = next(line for line in out.splitlines() if "step" in line and "loss" in line)
-    for label in ("single", "DDP", "FSDP", "ZeRO-3"):
-        assert f"{label} loss" in header
-    assert "NO x1" in out and "MULTI_CPU x2" in out and "FSDP x2" in out and "DEEPSPEED x2" in out
+    for label in ("single", "DDP"):
+        assert f"{label} loss" in header and f"{label} gnorm" in header
+    assert "NO x1" in out and "MULTI_CPU x2" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"], ["3"], ["4"])]
+    assert [r[0] for r in rows] == ["1", "2", "3", "4"] and all(len(r) == 5 for r in rows), out
     last = out.strip().splitlines()[-1]
     assert last.startswith("parity: max relative loss diff ")
     loss_diff, norm_diff = (float(x) for x in last.removeprefix("parity: max relative loss diff ").split(", grad-norm diff "))

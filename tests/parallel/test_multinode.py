@@ -6,7 +6,9 @@ GPUs; NCCL between machines is not rehearsed here."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,16 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import json
-import shutil
-
-import yaml
-
 from hftrain.checkpoint.layout import COMPLETE_MARKER
 
 from ..support.checks import assert_resumed_matches, copy_checkpoint, metrics_losses
-from ..support.cli import EXPECTED_TYPE, launch, run_cli
-from ..support.data import make_documents, tiny_recipe, write_jsonl
+from ..support.cli import EXPECTED_TYPE, in_background, run_cli
+from ..support.reference_runs import SAVE, STEPS
 
 pytestmark = pytest.mark.slow
 
@@ -43,25 +40,13 @@ def node_agents(script: Path, port: int, ranks: tuple[int, ...] = (0, 1), nnodes
            "MASTER_PORT": str(port), "NNODES": str(nnodes)}  # fmt: skip
     agents = [subprocess.Popen(["bash", str(script), *(per_node or {}).get(r, [])], env={**env, "NODE_RANK": str(r)},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]  # fmt: skip
-    deadline, outcomes = time.monotonic() + timeout, []
-    for agent in agents:
-        out, err = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        outcomes.append((agent.returncode, out + err))
-    return outcomes
+    # every agent's pipes read at once: one left unread fills its pipe (64 KB), blocks, and the others wait for it
+    said = [in_background(lambda agent=agent: agent.communicate(timeout=timeout)) for agent in agents]
+    return [(agent.returncode, "".join(out.result())) for agent, out in zip(agents, said)]
 
 
-@pytest.fixture(scope="module")
-def recipe_file(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("multinode")
-    raw = tiny_recipe(write_jsonl(root / "docs.jsonl", make_documents(400)), root / "unused", max_steps=6, save_steps=3)
-    raw["monitor"]["sample_max_new_tokens"] = 0
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
-def node_script(recipe_file: Path, backend: str, script: Path) -> Path:
-    rendered = run_cli("launch-script", str(recipe_file), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
+def node_script(recipe: Path, backend: str, script: Path) -> Path:
+    rendered = run_cli("launch-script", str(recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
                        "--accelerate-config", backend, "--out", str(script))  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     return script
@@ -75,41 +60,40 @@ def train_on_nodes(script: Path, dirs: list[Path]) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
-def test_two_node_agents_on_their_own_disks_train_like_two_processes_on_one_node(tmp_path, recipe_file, backend, request):
-    """Part 1: the same per-step losses as 2 processes on one node (DDP, with one shared directory: the lost-node
-    test below). Part 2: with a directory per node, every node holds every checkpoint whole, its marker naming its
-    own part of the merged record; a resume in which each node restores its own directory continues exactly:
-    FSDP's after a round trip through one S3 prefix (moto), ZeRO-3's with a checkpoint complete on node 0 alone,
-    which is not picked on either node."""
-    one_node = tmp_path / "one-node"
-    launch(recipe_file, backend, one_node)
-    script = node_script(recipe_file, backend, tmp_path / "nodes.sh")
+def test_two_node_agents_on_their_own_disks_train_like_two_processes_on_one_node(tmp_path, sharded_yaml, backend_run, backend, request):
+    """Part 1: the same per-step losses as 2 processes on one node (the shared run of reference_runs.py; DDP, with one
+    shared directory: the lost-node test below). Part 2: with a directory per node, every node holds every
+    checkpoint whole, its marker naming its own part of the merged record; a resume in which each node restores
+    its own directory continues exactly: FSDP's after a round trip through one S3 prefix (moto), ZeRO-3's with a
+    checkpoint complete on node 0 alone, which is not picked on either node."""
+    one_node = backend_run(backend, 2)
+    script = node_script(sharded_yaml, backend, tmp_path / "nodes.sh")
     dirs = [tmp_path / "node0", tmp_path / "node1"]
     said = train_on_nodes(script, dirs)
     results = json.loads((dirs[0] / "results.json").read_text())
     assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)
     a, b = metrics_losses(one_node), metrics_losses(dirs[0])
-    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     worst = max(abs(a[s] - b[s]) for s in a)
     print(f"{backend}: per-step loss difference, 2 nodes x 1 vs 1 node x 2: max {worst:.2e}")
     assert worst < 1e-5, (a, b)
     assert "each node's own disk" in said[0]
     for node, directory in enumerate(dirs):
-        for step in (3, 6):
+        for step in (SAVE, STEPS):
             marker = json.loads((directory / f"checkpoint-{step}" / COMPLETE_MARKER).read_text())
             assert marker["lister"] == f"node{node}" and sorted(marker["files"]) == ["node0", "node1"]
             assert marker["files"]["node0"] == marker["files"]["node1"]  # each node holds the same whole checkpoint
     resumed = [tmp_path / "resumed0", tmp_path / "resumed1"]
     for source, target in zip(dirs, resumed):
-        copy_checkpoint(source, target, "checkpoint-3")
-    if backend == "zero3":
-        shutil.copytree(dirs[0] / "checkpoint-6", resumed[0] / "checkpoint-6")  # complete on node 0 only (node 1 was killed first)
+        copy_checkpoint(source, target, f"checkpoint-{SAVE}")
+    if backend == "zero3":  # complete on node 0 only (node 1 was killed first)
+        shutil.copytree(dirs[0] / f"checkpoint-{STEPS}", resumed[0] / f"checkpoint-{STEPS}")
     else:  # as SageMaker's checkpoint_s3_uri: every instance uploads its copy to one prefix, a restart downloads it on each
         through_one_s3_prefix(request.getfixturevalue("s3"), resumed)
     said = train_on_nodes(script, resumed)
     if backend == "zero3":
-        assert "resuming from checkpoint-3, the newest one complete on every node" in "".join(said)
-    assert_resumed_matches(a, metrics_losses(resumed[0]), range(4, 7), backend)
+        assert f"resuming from checkpoint-{SAVE}, the newest one complete on every node" in "".join(said)
+    assert_resumed_matches(a, metrics_losses(resumed[0]), range(SAVE + 1, STEPS + 1), backend)
 
 
 def through_one_s3_prefix(s3, dirs: list[Path]) -> None:
@@ -123,7 +107,7 @@ def through_one_s3_prefix(s3, dirs: list[Path]) -> None:
     for directory in dirs:
         shutil.rmtree(directory)
         fs.get(prefix + "/", str(directory), recursive=True)
-    assert (dirs[1] / "checkpoint-3" / COMPLETE_MARKER).is_file()
+    assert (dirs[1] / f"checkpoint-{SAVE}" / COMPLETE_MARKER).is_file()
 
 
 
@@ -152,18 +136,7 @@ def survivor(agent: subprocess.Popen, since: float) -> tuple[float, list[str], s
     return took, lines, err
 
 
-LONGER = ["training.max_steps=40", "training.save_steps=5"]
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory, recipe_file) -> dict[int, float]:
-    """The uninterrupted run the lost-node tests continue: 40 DDP steps, 2 processes on one node."""
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    launch(recipe_file, "ddp", run_dir, *LONGER)
-    return metrics_losses(run_dir)
-
-
-def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, recipe_file, straight):
+def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, long_recipe, ddp_40_steps):
     """Parts 1 and 3, DDP with one directory for both nodes: until the kill, the per-step losses of 2 processes on
     one node. Then node 1's agent and its rank are killed (kill -9) in the middle of the run. Node 0 stops within a bound
     (gloo fails at once; liveness.py watches the beats for 4 s), one line naming rank 1 and node 1 and the
@@ -174,20 +147,20 @@ def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, r
     from ..support.cli import kill_family
 
     run_dir = tmp_path / "run"
-    script = node_script(recipe_file, "ddp", tmp_path / "nodes.sh")
-    agents = start_two_nodes(script, [f"training.output_dir={run_dir}", *LONGER], run_dir)
+    script = node_script(long_recipe, "ddp", tmp_path / "nodes.sh")
+    agents = start_two_nodes(script, [f"training.output_dir={run_dir}"], run_dir)
     kill_family(agents[1])
     took, lines, _ = survivor(agents[0], time.monotonic())
     last = complete_checkpoints(run_dir)[-1]
     assert took < 30 and f"the last complete checkpoint is {last}" in lines[0]
-    [(code, said)] = node_agents(script, free_port(), ranks=(0,), nnodes=1, per_node={0: [f"training.output_dir={run_dir}", *LONGER]})
+    [(code, said)] = node_agents(script, free_port(), ranks=(0,), nnodes=1, per_node={0: [f"training.output_dir={run_dir}"]})
     assert code == 0, said[-3000:]
     resumed_at = int(last.name.split("-")[1])
     assert 10 <= resumed_at < 40 and json.loads((run_dir / "results.json").read_text())["world_size"] == 1
-    assert_resumed_matches(straight, metrics_losses(run_dir), range(1, 41), "2 nodes, then NNODES=1")
+    assert_resumed_matches(ddp_40_steps, metrics_losses(run_dir), range(1, 41), "2 nodes, then NNODES=1")
 
 
-def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, recipe_file):
+def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, long_recipe):
     """A node that stops answering without dying (SIGSTOP: a hung machine) fails no collective: before, node 0
     waited in its all-reduce for the collective timeout. The watching heartbeat ends it after the peer timeout
     (5 s here, HFTRAIN_PEER_TIMEOUT_S; 120 s by default), with the same one line."""
@@ -196,8 +169,8 @@ def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, recipe_file):
     import psutil
 
     run_dir = tmp_path / "run"
-    script = node_script(recipe_file, "ddp", tmp_path / "nodes.sh")
-    agents = start_two_nodes(script, [f"training.output_dir={run_dir}", *LONGER], run_dir, {"HFTRAIN_PEER_TIMEOUT_S": "5"})
+    script = node_script(long_recipe, "ddp", tmp_path / "nodes.sh")
+    agents = start_two_nodes(script, [f"training.output_dir={run_dir}"], run_dir, {"HFTRAIN_PEER_TIMEOUT_S": "5"})
     family = [psutil.Process(agents[1].pid), *psutil.Process(agents[1].pid).children(recursive=True)]
     for process in family:
         process.send_signal(signal.SIGSTOP)
@@ -268,7 +241,7 @@ def checkpoint_with(node: Node, other: Node, run_dir: Path, timeout: float = 300
     return sorted(set(complete_checkpoints(run_dir)) - before)[-1]
 
 
-def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_path, recipe_file, straight):
+def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_path, long_recipe, ddp_40_steps):
     """Part 3, torchrun's own elastic restart: the script `launch-script --min-nodes 1` renders (c10d rendezvous,
     1 to 2 nodes, MAX_RESTARTS 3), one directory both nodes mount. Node 1's agent and rank are killed (kill -9)
     after checkpoint-10: node 0's rank names it and stops (exit 76), node 0's agent restarts it alone (world 1, the
@@ -281,13 +254,13 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
     from ..support.cli import kill_family
 
     script = tmp_path / "elastic.sh"
-    rendered = run_cli("launch-script", str(recipe_file), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
+    rendered = run_cli("launch-script", str(long_recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
                        "--accelerate-config", "ddp", "--min-nodes", "1", "--out", str(script))  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     run_dir, port = tmp_path / "run", free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "127.0.0.1",
            "MASTER_PORT": str(port), "HFTRAIN_RDZV_LAST_CALL_S": "10", "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    args = [f"training.output_dir={run_dir}", *LONGER]
+    args = [f"training.output_dir={run_dir}"]
     first = Node(script, env, args)
     wait_listening(port)  # node 0's agent holds the rendezvous: it must be the node that stays
     second = Node(script, env, args)
@@ -309,7 +282,7 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
     assert len(lost) == 1 and "lost rank 1 (node 1 of 2)" in lost[0], first.said[-3000:]
     assert json.loads((run_dir / "results.json").read_text())["world_size"] == 2  # node 1 took part again
     losses = metrics_losses(run_dir)
-    worst = max(abs(losses[step] - straight[step]) for step in range(1, 41))
+    worst = max(abs(losses[step] - ddp_40_steps[step]) for step in range(1, 41))
     print(f"elastic: node 1 lost after {in_group.name}; {first.said.count('hftrain: resuming')} resumes on node 0; "
           f"per-step loss difference to the uninterrupted run: max {worst:.2e}; {lost[0]}")
-    assert_resumed_matches(straight, losses, range(1, 41), "elastic: 2 nodes, 1, then 2 again")
+    assert_resumed_matches(ddp_40_steps, losses, range(1, 41), "elastic: 2 nodes, 1, then 2 again")

@@ -46,6 +46,19 @@ def metrics_losses(run_dir: Path) -> dict[int, float]:
     return step_losses(read_metrics(run_dir))
 
 
+def steps(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """{step: (loss, grad norm)} from a run directory's metrics.jsonl."""
+    return {e["step"]: (e["loss"], e["grad_norm"]) for e in train_log(run_dir)}
+
+
+def assert_same_steps(reference: dict, other: dict, which: Iterable[int], label: Any) -> None:
+    """Per step of `which`: the same loss (rel 1e-5) and grad norm (rel 1e-4) as `reference` (both from `steps`)."""
+    for step in which:
+        (loss, norm), (loss2, norm2) = reference[step], other[step]
+        assert loss2 == pytest.approx(loss, rel=1e-5), (label, step, loss, loss2)
+        assert norm2 == pytest.approx(norm, rel=1e-4), (label, step, norm, norm2)
+
+
 def checkpoint_losses(run_dir: Path) -> dict[int, float]:
     """{step: loss} as saved in a run directory's latest complete checkpoint (its trainer_state.json)."""
     last = ckpt.complete_checkpoints(run_dir)[-1]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
@@ -35,6 +39,16 @@ def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess
                      f"training.output_dir={out}", *overrides)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def in_background(call: Callable[[], T]) -> Future[T]:
+    """Start `call`, an independent run, now; `.result()` waits for it and raises what it raised. For runs whose
+    results a test checks, never their timing: on 2 cores a run that imports (one core) or waits leaves room for
+    another, so two short runs together take little more than the longer one."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="in_background")
+    future = pool.submit(call)
+    pool.shutdown(wait=False)
+    return future
 
 
 def kill_family(proc: subprocess.Popen) -> None:

@@ -16,7 +16,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_resumed_matches, checkpoint_losses
-from ..support.cli import kill_family
+from ..support.cli import in_background, kill_family
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 
@@ -42,10 +42,11 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
     assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
 
+    straight = tmp_path / "straight"
+    uninterrupted = in_background(lambda: subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600))
     again = subprocess.run([*cmd, f"training.output_dir={interrupted}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    straight = tmp_path / "straight"
-    done = subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600)
+    done = uninterrupted.result()
     assert done.returncode == 0, done.stderr[-2000:]
     resumed, reference = checkpoint_losses(interrupted), checkpoint_losses(straight)
     assert sorted(resumed) == list(range(1, 121))  # no step lost or repeated
@@ -84,10 +85,12 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     survivor = ckpt.latest_checkpoint(run_dir)
     lost = killed_at - int(survivor.name.split("-")[1])
     assert 0 <= lost <= k + 1, (killed_at, survivor)  # +1: the kill may land a step after the one observed
+    uninterrupted = in_background(lambda: subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True,
+                                                         text=True, timeout=600))  # fmt: skip
     again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {survivor}" in again.stdout
-    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600)
+    straight = uninterrupted.result()
     assert straight.returncode == 0
     resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 81))
@@ -263,9 +266,11 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     assert not RunLayout(run_dir).final.exists()
     survivor = ckpt.latest_checkpoint(run_dir)
     assert survivor is not None
+    uninterrupted = in_background(lambda: subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env,
+                                                         capture_output=True, text=True, timeout=600))  # fmt: skip
     again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env, capture_output=True, text=True, timeout=600)
+    straight = uninterrupted.result()
     assert straight.returncode == 0, straight.stderr[-2000:]
     resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 41))

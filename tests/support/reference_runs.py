@@ -1,0 +1,93 @@
+"""The runs several slow tests compare against, each trained once per session at its first use (fixtures,
+registered in tests/conftest.py). Tests read these directories and never write into them: a resume starts from a
+copy (checks.copy_checkpoint).
+
+* `sharded_yaml` and `backend_run(backend, nproc)`: a recipe over 8 shards, in fp32 without dropout or compile
+  (so every launch gives the same per-step losses), a global batch of 8 sequences, saving every 4 of 8 steps; its
+  2-process run on DDP, FSDP or ZeRO-3, or its plain 1-process run (`backend_run("ddp", 1)`). Used by the
+  backend-agreement test, the sharded resume and export tests and the two-node tests.
+* `long_recipe` and `ddp_40_steps`: a one-file recipe of 40 steps saving every 5, and the per-step losses of its
+  uninterrupted 2-process DDP run, which the lost-node, elastic and SLURM tests continue.
+
+Before, each of those tests trained its own copy of the same reference (about 20 s per launch on 2 cores).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+from .checks import metrics_losses
+from .cli import run_cli
+from .data import make_documents, tiny_recipe, write_jsonl
+
+STEPS, SAVE = 8, 4
+LONG_STEPS, LONG_SAVE = 40, 5
+
+
+def train(recipe: Path, backend: str, nproc: int, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """1 or 2 processes of `backend`; DDP on 1 process is the plain single-process run (same checkpoint format)."""
+    launch = [] if backend == "ddp" and nproc == 1 else ["--accelerate-config", backend, "--nproc", str(nproc)]
+    result = run_cli("train", str(recipe), *launch, f"training.output_dir={out}", *extra)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def sharded_yaml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A recipe over 8 shards (so the default is 8 readers on any launch) with a global batch of 8 sequences."""
+    root = tmp_path_factory.mktemp("sharded")
+    docs = make_documents(640)
+    for s in range(8):
+        write_jsonl(root / "corpus" / f"part-{s}.jsonl", docs[s::8])
+    raw = tiny_recipe(root / "corpus", root / "unused", max_steps=STEPS, save_steps=SAVE, per_device_train_batch_size=2,
+                      bf16=False, fp16=False, torch_compile=False, eval_strategy="no")  # fmt: skip
+    raw["model"].update(hidden_dropout=0, attention_dropout=0)
+    raw["monitor"]["sample_max_new_tokens"] = 0
+    raw["parallelism"] = {"global_batch_size": 8}
+    raw["data"]["shuffle_window"] = 4
+    path = root / "sharded.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def backend_run(sharded_yaml: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Path]:
+    """backend_run("fsdp", 2) -> the run directory of that launch of `sharded_yaml`, trained at its first use.
+    The launch's output is kept beside it (`<dir>.log`)."""
+    runs: dict[tuple[str, int], Path] = {}
+    root = tmp_path_factory.mktemp("backend-runs")
+
+    def get(backend: str, nproc: int) -> Path:
+        if (backend, nproc) not in runs:
+            out = root / f"{backend}-x{nproc}"
+            result = train(sharded_yaml, backend, nproc, out)
+            out.with_suffix(".log").write_text(result.stdout + result.stderr, encoding="utf-8")
+            runs[backend, nproc] = out
+        return runs[backend, nproc]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def long_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 one-file documents, 40 steps saving every 5, no sample generation."""
+    root = tmp_path_factory.mktemp("long")
+    raw = tiny_recipe(write_jsonl(root / "docs.jsonl", make_documents(400)), root / "unused", max_steps=LONG_STEPS,
+                      save_steps=LONG_SAVE)  # fmt: skip
+    raw["monitor"]["sample_max_new_tokens"] = 0
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ddp_40_steps(long_recipe: Path) -> dict[int, float]:
+    """{step: loss} of `long_recipe`'s uninterrupted 2-process DDP run."""
+    out = long_recipe.parent / "straight"
+    train(long_recipe, "ddp", 2, out)
+    return metrics_losses(out)
