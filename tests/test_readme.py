@@ -171,10 +171,19 @@ def _run_line(line: str, cwd, env=None, extra=()) -> subprocess.CompletedProcess
     return result
 
 
+@pytest.fixture(scope="module")
+def fast_lines(request):
+    """line -> its run: the FAST lines this session selected, started together at the first test's request (each
+    is mostly imports on one core; results are checked, never timings)."""
+    chosen = [item.callspec.params["line"] for item in request.session.items
+              if item.module is request.module and item.originalname == "test_readme_command_runs"]  # fmt: skip
+    return {line: in_background(lambda line=line: _run_line(line, ROOT)) for line in chosen}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("line", FAST)
-def test_readme_command_runs(line):
-    _run_line(line, ROOT)
+def test_readme_command_runs(fast_lines, line):
+    fast_lines[line].result()
 
 
 def _scratch(tmp_path):

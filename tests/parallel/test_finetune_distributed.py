@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import safetensors.torch
@@ -31,11 +32,34 @@ def recipe_file(base, tmp_path, method, **training):
     return path
 
 
+@pytest.fixture(scope="module")
+def method_runs(pretrained_run, tmp_path_factory, request):
+    """(method, backend) -> the folder of its 2-process run (`out` inside). The combinations this session selected
+    are launched at the first test's request, two at a time: a launch leaves a core idle while its launcher and
+    ranks import, which the other fills (results are checked, never timings)."""
+    root = tmp_path_factory.mktemp("methods")
+    chosen = [item.callspec.params for item in request.session.items
+              if item.module is request.module and item.originalname == "test_method_trains_on_2_processes"]  # fmt: skip
+    pool, started = ThreadPoolExecutor(max_workers=2, thread_name_prefix="method_runs"), {}
+    for params in chosen:
+        folder = root / f"{params['method']}-{params['backend']}"
+        folder.mkdir()
+        recipe = recipe_file(pretrained_run.final_dir, folder, params["method"])
+        started[params["method"], params["backend"]] = pool.submit(launch, recipe, params["backend"], folder / "out")
+    pool.shutdown(wait=False)
+
+    def get(method: str, backend: str):
+        started[method, backend].result()
+        return root / f"{method}-{backend}"
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method, backend", WORKING)
-def test_method_trains_on_2_processes(pretrained_run, tmp_path, method, backend):
+def test_method_trains_on_2_processes(pretrained_run, method_runs, method, backend):
+    tmp_path = method_runs(method, backend)
     out = tmp_path / "out"
-    launch(recipe_file(pretrained_run.final_dir, tmp_path, method), backend, out)
     results = json.loads(RunLayout(out).results.read_text())
     assert (results["distributed_type"], results["world_size"]) == (EXPECTED_TYPE[backend], 2)  # really distributed
 

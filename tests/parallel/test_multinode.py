@@ -42,7 +42,8 @@ def node_agents(script: Path, port: int, ranks: tuple[int, ...] = (0, 1), nnodes
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]  # fmt: skip
     # every agent's pipes read at once: one left unread fills its pipe (64 KB), blocks, and the others wait for it
     said = [in_background(lambda agent=agent: agent.communicate(timeout=timeout)) for agent in agents]
-    return [(agent.returncode, "".join(out.result())) for agent, out in zip(agents, said)]
+    outputs = ["".join(out.result()) for out in said]  # each agent has exited once its output is read to the end
+    return [(agent.returncode, output) for agent, output in zip(agents, outputs)]
 
 
 def node_script(recipe: Path, backend: str, script: Path) -> Path:

@@ -44,7 +44,9 @@ def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess
 def in_background(call: Callable[[], T]) -> Future[T]:
     """Start `call`, an independent run, now; `.result()` waits for it and raises what it raised. For runs whose
     results a test checks, never their timing: on 2 cores a run that imports (one core) or waits leaves room for
-    another, so two short runs together take little more than the longer one."""
+    another, so two short runs together take little more than the longer one. Not for two long compute-bound
+    runs: a single-process run's threads use every core, and two of them at once took 101 s where one after the
+    other took 37."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="in_background")
     future = pool.submit(call)
     pool.shutdown(wait=False)

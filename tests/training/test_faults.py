@@ -42,11 +42,10 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
     assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
 
-    straight = tmp_path / "straight"
-    uninterrupted = in_background(lambda: subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600))
     again = subprocess.run([*cmd, f"training.output_dir={interrupted}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    done = uninterrupted.result()
+    straight = tmp_path / "straight"
+    done = subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     resumed, reference = checkpoint_losses(interrupted), checkpoint_losses(straight)
     assert sorted(resumed) == list(range(1, 121))  # no step lost or repeated
@@ -85,12 +84,10 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     survivor = ckpt.latest_checkpoint(run_dir)
     lost = killed_at - int(survivor.name.split("-")[1])
     assert 0 <= lost <= k + 1, (killed_at, survivor)  # +1: the kill may land a step after the one observed
-    uninterrupted = in_background(lambda: subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True,
-                                                         text=True, timeout=600))  # fmt: skip
     again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {survivor}" in again.stdout
-    straight = uninterrupted.result()
+    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600)
     assert straight.returncode == 0
     resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 81))

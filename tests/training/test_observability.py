@@ -72,7 +72,8 @@ def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, ca
     assert "hftrain: warning: input-bound:" in out  # live, during training
     assert "training.dataloader_num_workers (now 0)" in out and "hftrain data prepare" in out
     results = json.loads(RunLayout(run.output_dir).results.read_text())
-    assert results["input_bound"] is True and results["data_wait_frac"] > 0.3
+    # above monitor.input_bound_threshold (0.2); how far above is the machine's: 0.24 on a 2-core CI host, 0.3+ here
+    assert results["input_bound"] is True and results["data_wait_frac"] > 0.2
     summary = out[out.index("final checkpoint:"):]
     assert "input-bound:" in summary  # and again in the end-of-run summary
 

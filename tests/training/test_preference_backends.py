@@ -22,7 +22,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import train_log
-from ..support.cli import in_background, kill_at_checkpoint, run_cli
+from ..support.cli import kill_at_checkpoint, run_cli
 from ..support.trackers import tracker_env, trackio_metrics
 from .test_preference import SHIPPED
 
@@ -72,7 +72,6 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
               "parallelism.global_batch_size=8", "data.readers=2"]  # the same pairs per step on 2 processes and on 1  # fmt: skip
     cmd = [sys.executable, "-m", "hftrain", "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "2",
            f"training.output_dir={run_dir}", *common]  # fmt: skip
-    uninterrupted = in_background(lambda: run_cli("train", str(dpo_yaml), f"training.output_dir={straight}", *common))
     survivor = kill_at_checkpoint(cmd, run_dir, 4)
     at = ckpt.step_of(survivor)
     assert 4 <= at < total
@@ -86,7 +85,7 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
                     *common, *push, env=env)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {survivor}\n" in again.stdout
-    done = uninterrupted.result()
+    done = run_cli("train", str(dpo_yaml), f"training.output_dir={straight}", *common)
     assert done.returncode == 0, done.stderr[-3000:]
     expected = {e["step"]: e["loss"] for e in train_log(straight)}
     resumed = {e["step"]: e["loss"] for e in train_log(run_dir) if e["step"] > at}
