@@ -11,7 +11,7 @@ import pytest
 
 from hftrain.cli import build_parser
 
-from .support.cli import ROOT, in_background
+from .support.cli import ROOT, in_background, selected_params
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
@@ -175,8 +175,7 @@ def _run_line(line: str, cwd, env=None, extra=()) -> subprocess.CompletedProcess
 def fast_lines(request):
     """line -> its run: the FAST lines this session selected, started together at the first test's request (each
     is mostly imports on one core; results are checked, never timings)."""
-    chosen = [item.callspec.params["line"] for item in request.session.items
-              if item.module is request.module and item.originalname == "test_readme_command_runs"]  # fmt: skip
+    chosen = [params["line"] for params in selected_params(request, "test_readme_command_runs")]
     return {line: in_background(lambda line=line: _run_line(line, ROOT)) for line in chosen}
 
 

@@ -19,7 +19,7 @@ from hftrain.recipe.load import load_recipe
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import loss_records, read_metrics
-from ..support.cli import EXPECTED_TYPE, launch, run_cli
+from ..support.cli import EXPECTED_TYPE, launch, run_cli, selected_params
 from ..support.data import finetune_recipe
 
 WORKING = [("lora", "ddp"), ("lora", "fsdp"), ("lora", "zero3"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "ddp")]
@@ -38,8 +38,7 @@ def method_runs(pretrained_run, tmp_path_factory, request):
     are launched at the first test's request, two at a time: a launch leaves a core idle while its launcher and
     ranks import, which the other fills (results are checked, never timings)."""
     root = tmp_path_factory.mktemp("methods")
-    chosen = [item.callspec.params for item in request.session.items
-              if item.module is request.module and item.originalname == "test_method_trains_on_2_processes"]  # fmt: skip
+    chosen = selected_params(request, "test_method_trains_on_2_processes")
     pool, started = ThreadPoolExecutor(max_workers=2, thread_name_prefix="method_runs"), {}
     for params in chosen:
         folder = root / f"{params['method']}-{params['backend']}"

@@ -53,6 +53,12 @@ def in_background(call: Callable[[], T]) -> Future[T]:
     return future
 
 
+def selected_params(request, test_name: str) -> list[dict]:
+    """The parameters of every case of `test_name` (in the requesting module) this session will run: what a
+    module fixture starts at once, in_background, so that deselected cases cost nothing."""
+    return [item.callspec.params for item in request.session.items if item.module is request.module and item.originalname == test_name]
+
+
 def kill_family(proc: subprocess.Popen) -> None:
     """SIGKILL a launched run's every process at once (the launcher, torchrun and the ranks): no handler runs."""
     import signal
