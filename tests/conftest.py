@@ -24,6 +24,21 @@ from .support.data import make_documents, tiny_recipe, write_jsonl  # noqa: E402
 pytest_plugins = ["tests.support.hub", "tests.support.s3", "tests.support.gcs", "tests.support.silent", "tests.support.reference_runs"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One hftrain cache (speed probe, parsed built-in corpora) per test session, for this process and every run
+    it starts: each test session measures what it needs once, and never reads a measurement an earlier session (or
+    the user's own runs in ~/.cache/hftrain) left."""
+    cache = tmp_path_factory.mktemp("hftrain-cache")
+    before = os.environ.get("HFTRAIN_CACHE_DIR")
+    os.environ["HFTRAIN_CACHE_DIR"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("HFTRAIN_CACHE_DIR", None)
+    else:
+        os.environ["HFTRAIN_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "corpus" / "train.jsonl", make_documents(600))

@@ -1,4 +1,5 @@
-"""Bad input, table-driven: each case gets its exact message through the CLI (exit 2, no traceback).
+"""Bad input, table-driven: each case gets its exact message through the CLI's own entry point, in this process
+(exit 2, no traceback: an exception other than hftrain's one-line error escapes `main` and fails the case).
 And secrets: planted tokens and keys never reach a file a run writes or anything it prints."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .support.cli import in_process
 from .support.data import make_documents, tiny_recipe, write_jsonl
 from .support.trackers import tracker_env
 
@@ -51,19 +53,17 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, changes, expected", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_gets_its_message(tmp_path, name, changes, expected):
+def test_bad_input_gets_its_message(capsys, tmp_path, name, changes, expected):
     files = _case_files(tmp_path)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(files["good"], tmp_path / "run")), encoding="utf-8")
     fill = {"tmp": str(tmp_path), **{k: str(v) for k, v in files.items()}}
-    args = [c.format(**fill) for c in changes]
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe), *args], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr + result.stdout
+    code, printed = in_process(capsys, "train", str(recipe), *(c.format(**fill) for c in changes))
+    assert code == 2, (code, printed[-2000:])
+    assert "Traceback" not in printed
     if expected is not None:
-        assert expected.format(**fill) in result.stderr, result.stderr[-2000:]
+        assert expected.format(**fill) in printed, printed[-2000:]
 
 
 SECRETS = {"HF_TOKEN": "hf_PLANTEDsecretTOKEN0123456789", "AWS_SECRET_ACCESS_KEY": "PLANTEDawsSECRETkey/0123456789abcdef",
@@ -71,7 +71,7 @@ SECRETS = {"HF_TOKEN": "hf_PLANTEDsecretTOKEN0123456789", "AWS_SECRET_ACCESS_KEY
 
 
 @pytest.mark.slow
-def test_planted_secrets_never_leak(tmp_path, s3_server):
+def test_planted_secrets_never_leak(tmp_path, s3_server, capsys, monkeypatch):
     """Secrets in the environment and in the recipe (storage_options) appear in no file and no output."""
     bucket = s3_server.make_bucket()
     s3_server.put(f"{bucket}/c.jsonl", "".join(f'{{"text": "{d}"}}\n' for d in make_documents(300)))
@@ -92,10 +92,11 @@ def test_planted_secrets_never_leak(tmp_path, s3_server):
     bad_recipe = yaml.safe_load(recipe.read_text())
     bad_recipe["training"]["learnig_rate"] = 1
     recipe.write_text(yaml.safe_dump(bad_recipe))
-    error = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe), f"training.hub_token={SECRETS['HF_TOKEN']}"],
-                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
-    assert error.returncode == 2 and "training.hub_token: tokens never go in a recipe" in error.stderr
-    printed = result.stdout + result.stderr + error.stdout + error.stderr
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    code, refused = in_process(capsys, "train", str(recipe), f"training.hub_token={SECRETS['HF_TOKEN']}")
+    assert code == 2 and "training.hub_token: tokens never go in a recipe" in refused
+    printed = result.stdout + result.stderr + refused
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     assert len(files) > 20
     stored = [p for p in (tmp_path / "trackers").rglob("*") if p.is_file()]

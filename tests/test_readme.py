@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
 from hftrain.cli import build_parser
 
-from .support.cli import ROOT, in_background, selected_params
+from .support.cli import ROOT, in_process
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
@@ -161,28 +160,27 @@ def test_install_script_is_what_ci_runs():
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "install_test_deps.sh")]).returncode == 0
 
 
-def _run_line(line: str, cwd, env=None, extra=()) -> subprocess.CompletedProcess:
+def _run_line(capsys, line: str, cwd, extra=()) -> str:
+    """The README line as written, through the CLI's own entry point in this process, from `cwd`: what it printed.
+    (The console script itself runs end to end in tests/cli/test_cli.py::test_quickstart_as_shipped.)"""
+    import os
+
     words = shlex.split(line)
     assert words[0] == "hftrain"
-    result = subprocess.run([sys.executable, "-m", "hftrain", *words[1:], *extra], cwd=cwd, capture_output=True, text=True,
-                            env=env, timeout=900)  # fmt: skip
-    assert result.returncode == 0, (line, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr
-    return result
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code, printed = in_process(capsys, *words[1:], *extra)
+    finally:
+        os.chdir(before)
+    assert code == 0, (line, printed[-3000:])
+    assert "Traceback" not in printed
+    return printed
 
 
-@pytest.fixture(scope="module")
-def fast_lines(request):
-    """line -> its run: the FAST lines this session selected, started together at the first test's request (each
-    is mostly imports on one core; results are checked, never timings)."""
-    chosen = [params["line"] for params in selected_params(request, "test_readme_command_runs")]
-    return {line: in_background(lambda line=line: _run_line(line, ROOT)) for line in chosen}
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("line", FAST)
-def test_readme_command_runs(fast_lines, line):
-    fast_lines[line].result()
+def test_readme_command_runs(capsys, line):
+    _run_line(capsys, line, ROOT)
 
 
 def _scratch(tmp_path):
@@ -191,41 +189,32 @@ def _scratch(tmp_path):
 
 
 @pytest.mark.slow
-def test_readme_training_commands_run_in_order(tmp_path):
-    """In the README's order; once the quickstart model exists, the LoRA lines and the full and DPO lines (which
-    read it and write apart) run as two lanes at the same time, each in its own order."""
+def test_readme_training_commands_run_in_order(tmp_path, capsys):
+    """In the README's order, in one scratch directory, each line a few steps long."""
     cwd = _scratch(tmp_path)
-
-    def run(lines: list[str]) -> None:
-        for line in lines:
-            line = line.replace("checkpoint-600", "checkpoint-2").replace("checkpoint-200", "checkpoint-2")
-            extra = SHORT if line.startswith("hftrain train") else ()
-            if "finetune" in line and line.startswith("hftrain train"):
-                extra = [w for w in SHORT if not w.startswith("tokenizer.")]
-            result = _run_line(line, cwd, extra=extra)
-            if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
-                assert all(f"check-packing: {k} max |diff|" in result.stdout for k in ("eager", "sdpa", "flex_attention")), result.stdout
-
-    finetune = CHAIN.index("hftrain data inspect recipes/finetune/lora.yaml --check-packing")
-    run(CHAIN[:finetune])
-    lanes = [[line for line in CHAIN[finetune:] if "lora" in line], [line for line in CHAIN[finetune:] if "lora" not in line]]
-    for lane in [in_background(lambda lane=lane: run(lane)) for lane in lanes]:
-        lane.result()
+    for line in CHAIN:
+        line = line.replace("checkpoint-600", "checkpoint-2").replace("checkpoint-200", "checkpoint-2")
+        extra = SHORT if line.startswith("hftrain train") else ()
+        if "finetune" in line and line.startswith("hftrain train"):
+            extra = [w for w in SHORT if not w.startswith("tokenizer.")]
+        printed = _run_line(capsys, line, cwd, extra=extra)
+        if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
+            assert all(f"check-packing: {k} max |diff|" in printed for k in ("eager", "sdpa", "flex_attention")), printed
     assert (cwd / "runs/quickstart/exported/model.safetensors").is_file()
     assert (cwd / "runs/quickstart/quickstart-q8_0.gguf").read_bytes()[:4] == b"GGUF"  # what llama.cpp reads: test_gguf.py
     assert (cwd / "runs/finetune-lora/merged/model.safetensors").is_file()
+    assert (cwd / "runs/finetune-dpo/merged/model.safetensors").is_file()
 
 
 @pytest.mark.slow
-def test_readme_s3_example(tmp_path, s3_server):
+def test_readme_s3_example(tmp_path, s3_server, capsys, monkeypatch):
     import gzip
     import json
-    import os
-
     from .support.data import make_documents
 
     s3_server.make_bucket("corpus")
     s3_server.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()))
-    env = {**os.environ, **s3_server.env()}
-    result = _run_line(S3_LINE, _scratch(tmp_path), env=env, extra=SHORT)
-    assert "final checkpoint: runs/quickstart/final" in result.stdout
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    printed = _run_line(capsys, S3_LINE, _scratch(tmp_path), extra=SHORT)
+    assert "final checkpoint: runs/quickstart/final" in printed

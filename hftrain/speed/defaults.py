@@ -116,6 +116,12 @@ def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Meas
     return plan
 
 
+def undecided(kwargs: dict[str, Any]) -> list[str]:
+    """What `decide` would choose for these TrainingArguments keys: the autocast dtype unless the recipe sets any
+    precision key, torch.compile unless it sets torch_compile. Empty: the speed probe has nothing to decide."""
+    return ([] if any(key in kwargs for key in PRECISION_KEYS) else ["dtype"]) + ([] if "torch_compile" in kwargs else ["torch_compile"])
+
+
 def dtype_keys(device: torch.device) -> tuple[str, ...]:
     """The TrainingArguments precision keys that apply on this device (tf32 is a CUDA setting)."""
     return PRECISION_KEYS if device.type == "cuda" else ("bf16",)

@@ -90,7 +90,7 @@ def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], dims: ParallelDims, s
     (a resumed run), else decided by measurement on this device (speed.py), the same in every process."""
     kwargs.setdefault("ddp_find_unused_parameters", False)
     unset = [key for key in speed.LEVER_KEYS if key not in kwargs]
-    if not unset:
+    if not speed.undecided(kwargs):  # e.g. bf16 and torch_compile set, tf32 not: nothing a measurement would decide
         return speed.SpeedPlan()
     if recorded is not None:  # a continuing run: what it started with, never a new measurement
         kept = {key: value for key, value in recorded.items() if key in unset}

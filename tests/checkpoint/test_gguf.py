@@ -44,10 +44,24 @@ def export_gguf(capsys, source: Path, out: Path, quant: str, *extra: str) -> Pat
 
 
 def llama(path: Path):
+    """llama.cpp on `path`, with the weights in its plain CPU buffers: its extra buffer types (weights repacked for
+    AMX or other kernels) stay off. llama-cpp-python 0.3.36 built natively on an AMX Xeon (Sapphire Rapids) ran
+    `tileloadd` without a tile configuration there and died of SIGILL, taking the whole pytest process with it."""
+    from unittest import mock
+
+    import llama_cpp.llama_cpp as native
     from llama_cpp import Llama
 
-    # f32 KV cache (GGML_TYPE_F32 = 0): only the weights' type differs between the files compared
-    return Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, type_k=0, type_v=0, n_threads=2, seed=0, verbose=False)
+    defaults = native.llama_model_default_params
+
+    def plain_buffers():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with mock.patch.object(native, "llama_model_default_params", plain_buffers):
+        # f32 KV cache (GGML_TYPE_F32 = 0): only the weights' type differs between the files compared
+        return Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, type_k=0, type_v=0, n_threads=2, seed=0, verbose=False)
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:

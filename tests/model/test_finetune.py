@@ -18,6 +18,7 @@ from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
 
+from ..support.cli import in_process
 from ..support.data import finetune_recipe, instructions, write_examples
 
 
@@ -46,15 +47,14 @@ def test_each_method_lowers_held_out_loss(pretrained_run, tmp_path, method, gain
 
 
 @pytest.mark.slow
-def test_merged_export_loads_without_peft_and_matches_base_plus_adapter(pretrained_run, tmp_path):
+def test_merged_export_loads_without_peft_and_matches_base_plus_adapter(pretrained_run, tmp_path, capsys):
     run = hftrain.train(load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "lora", max_steps=6, save_steps=6)))
     checkpoint = tmp_path / "lora" / "checkpoint-6"
     assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
     assert (checkpoint / "adapter_model.safetensors").stat().st_size < (pretrained_run.final_dir / "model.safetensors").stat().st_size / 3
     out = tmp_path / "merged"
-    result = subprocess.run([sys.executable, "-m", "hftrain", "export", str(checkpoint), "--merge", "--out", str(out)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    code, printed = in_process(capsys, "export", str(checkpoint), "--merge", "--out", str(out))
+    assert code == 0, printed[-2000:]
     ids = [[5, 9, 33, 120, 7, 64]]
     with torch.no_grad():
         expected = run.trainer.model.eval()(input_ids=torch.tensor(ids)).logits

@@ -4,9 +4,6 @@ instruction data and document-masked pretraining; the check fails on a kernel th
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import yaml
@@ -51,17 +48,16 @@ def recipes(tmp_path_factory):
             "plain_text": load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}})}  # fmt: skip
 
 
-def test_every_cpu_kernel_keeps_instruction_examples_apart(recipes):
-    done = subprocess.run([sys.executable, "-m", "hftrain", "data", "inspect", str(recipes["examples"]), "--check-packing"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
+def test_every_cpu_kernel_keeps_instruction_examples_apart(recipes, capsys):
+    from hftrain.cli import main
+
+    assert main(["data", "inspect", str(recipes["examples"]), "--check-packing"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("check-packing: first micro-batch of 4 block(s) x 64 tokens,")
     for kernel in ("eager", "sdpa", "flex_attention"):
         assert any(line.startswith(f"check-packing: {kernel} max |diff| ") and line.endswith(" ok") for line in lines), lines
-    plain = subprocess.run([sys.executable, "-m", "hftrain", "data", "inspect", str(recipes["examples"]), "--blocks", "1"],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert plain.returncode == 0 and "--- block 0 (64 tokens) ---" in plain.stdout, plain.stderr[-2000:]  # instruction blocks as trained
+    assert main(["data", "inspect", str(recipes["examples"]), "--blocks", "1"]) == 0
+    assert "--- block 0 (64 tokens) ---" in capsys.readouterr().out  # instruction blocks as trained
 
 
 def test_document_masked_pretraining_keeps_documents_apart(recipes):

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hftrain.cli import main
 from hftrain.errors import HftrainError

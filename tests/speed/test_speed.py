@@ -127,7 +127,7 @@ def test_the_probe_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_run_says_what_it_chose_with_the_measurements(make_recipe, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    run = hftrain.train(make_recipe(max_steps=3, save_steps=100))
+    run = hftrain.train(make_recipe(max_steps=3, save_steps=100, measured_speed=True))
     out = capsys.readouterr().out
     assert "hftrain: speed defaults: " in out and "measured step speed vs fp32: bf16 " in out and "torch_compile=off (" in out
     results = json.loads(RunLayout(run.output_dir).results.read_text())
@@ -141,7 +141,7 @@ def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corp
     """Exact resume needs the same precision and compile: a new measurement must not change them mid-run."""
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(speed, "decide_here", lambda *a: speed.SpeedPlan({"bf16": False, "torch_compile": False}, ["fp32 (test)"]))
-    hftrain.train(make_recipe(max_steps=4, save_steps=2))
+    hftrain.train(make_recipe(max_steps=4, save_steps=2, measured_speed=True))
     record = json.loads(RunLayout(tmp_path / "run").run_file.read_text())
     assert record["speed"] == {"bf16": False, "fp16": False, "torch_compile": False}
 
@@ -150,10 +150,10 @@ def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corp
 
     monkeypatch.setattr(speed, "decide_here", would_switch)
     capsys.readouterr()
-    run = hftrain.train(make_recipe(max_steps=6, save_steps=2))
+    run = hftrain.train(make_recipe(max_steps=6, save_steps=2, measured_speed=True))
     out = capsys.readouterr().out
     assert "speed defaults: kept from the run's start: bf16=False" in out and run.trainer.args.bf16 is False
-    fresh = hftrain.train(hftrain.load_recipe(None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2)))
+    fresh = hftrain.train(hftrain.load_recipe(None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2, measured_speed=True)))
     assert fresh.trainer.args.bf16 is True  # the check can fail: a new run does take the new measurement
 
 

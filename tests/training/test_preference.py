@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,8 @@ import pytest
 import hftrain
 from hftrain.eval.preference import preference_accuracy
 from hftrain.recipe.load import load_recipe
+
+from ..support.cli import in_process
 
 pytestmark = pytest.mark.slow
 
@@ -162,14 +162,13 @@ def test_a_resumed_dpo_run_continues_exactly(dpo, tmp_path):
     assert all(abs(got[s] - expected[s]) < 1e-5 for s in got), (got, expected)
 
 
-def test_the_export_prefers_chosen_answers_in_plain_transformers(dpo, docs_model, tmp_path):
+def test_the_export_prefers_chosen_answers_in_plain_transformers(dpo, docs_model, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run, _, _ = dpo
     out = tmp_path / "exported"
-    done = subprocess.run([sys.executable, "-m", "hftrain", "export", str(run.output_dir / "checkpoint-40"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    code, printed = in_process(capsys, "export", str(run.output_dir / "checkpoint-40"), "--out", str(out))
+    assert code == 0, printed[-2000:]
     held_out = [json.loads(line) for line in (SHIPPED / "preference_validation.jsonl").read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(out)
     merged = preference_accuracy(AutoModelForCausalLM.from_pretrained(out), tokenizer, held_out)
