@@ -2,6 +2,6 @@
 
 import sys
 
-from hftrain.cli import main
+from hftrain.cli import program
 
-sys.exit(main())
+sys.exit(program())

@@ -48,10 +48,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the hftrain package staged beside this file
 
-from hftrain.cli import main  # noqa: E402
+from hftrain.cli import program  # noqa: E402
 from hftrain.integrations.sagemaker_job import hyperparameter_overrides  # noqa: E402
 
-sys.exit(main(["train", str(HERE / "{recipe}"), *hyperparameter_overrides()]))
+sys.exit(program(["train", str(HERE / "{recipe}"), *hyperparameter_overrides()]))
 '''
 
 

@@ -12,17 +12,17 @@ continued on 1 process.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+import torch
 
 from hftrain.checkpoint import layout
 from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_export_refused, assert_same_steps, copy_checkpoint, damaged_copy, steps, train_log
-from ..support.cli import EXPECTED_TYPE, in_background, kill_at_checkpoint, messages, run_cli
+from ..support.cli import EXPECTED_TYPE, in_background, in_process, kill_at_checkpoint, messages, run_cli
 from ..support.reference_runs import SAVE, STEPS, train
 
 SHARD = {"fsdp": "pytorch_model_fsdp_0/__1_0.distcp", "zero3": f"global_step{STEPS}/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
@@ -30,7 +30,7 @@ SHARD = {"fsdp": "pytorch_model_fsdp_0/__1_0.distcp", "zero3": f"global_step{STE
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
-def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, backend_run, tmp_path, backend):
+def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, backend_run, tmp_path, backend, capsys):
     """One sharded run (shared: reference_runs.py) checked every way: what accelerate set up, an exact resume (past a
     newer checkpoint with a shard cut short, set aside), and its sharded checkpoint exported as one model (the
     damaged one refused). Its losses equal one process's from the start (test_distributed.py's backend agreement,
@@ -60,25 +60,21 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, b
 
     # the last (sharded) checkpoint consolidated into one model that plain transformers loads: the final model's
     exported = tmp_path / "exported"
-    result = run_cli("export", str(two / f"checkpoint-{STEPS}"), "--out", str(exported))
-    assert result.returncode == 0, result.stderr[-3000:]
-    script = (
-        "import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
-        "ids = torch.arange(1, 20).unsqueeze(0)\n"
-        f"a = AutoModelForCausalLM.from_pretrained({str(exported)!r}).eval()(ids).logits\n"
-        f"b = AutoModelForCausalLM.from_pretrained({str(two / 'final')!r}).eval()(ids).logits\n"
-        "assert 'hftrain' not in sys.modules\n"
-        "print(float((a - b).abs().max()))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+    code, printed = in_process(capsys, "export", str(two / f"checkpoint-{STEPS}"), "--out", str(exported))
+    assert code == 0, printed[-3000:]
+    from transformers import AutoModelForCausalLM  # a standard model directory (plain loading: test_train.py)
 
-    assert_export_refused(aside, shard)  # checked before anything is written
-    refused = run_cli("train", str(sharded_yaml), "--accelerate-config", backend, "--nproc", "2", f"training.output_dir={resumed}",
-                      f"training.resume_from_checkpoint={aside}")  # fmt: skip
+    ids = torch.arange(1, 20).unsqueeze(0)
+    with torch.no_grad():
+        a, b = (AutoModelForCausalLM.from_pretrained(d).eval()(ids).logits for d in (exported, two / "final"))
+    assert float((a - b).abs().max()) < 1e-5
+
+    assert_export_refused(capsys, aside, shard)  # checked before anything is written
+    code, printed = in_process(capsys, "train", str(sharded_yaml), "--accelerate-config", backend, "--nproc", "2",
+                               f"training.output_dir={resumed}", f"training.resume_from_checkpoint={aside}")  # fmt: skip
     cut, whole = (aside / shard).stat().st_size, (two / f"checkpoint-{STEPS}" / shard).stat().st_size
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    assert messages(refused.stderr) == [  # one message, before any process starts
+    assert code == 2, printed[-3000:]
+    assert messages(printed) == [  # one message, before any process starts
         f"hftrain: error: training.resume_from_checkpoint: {aside} cannot be loaded ({shard}: truncated ({cut:,} bytes of "
         f"{whole:,} recorded in hftrain_complete.json))."
     ]

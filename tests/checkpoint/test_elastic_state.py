@@ -19,7 +19,7 @@ from hftrain.checkpoint import elastic
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RunLayout
 
-from ..support.cli import messages, run_cli
+from ..support.cli import in_process, messages
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 from ..support.elastic import compare, run_dumping
 
@@ -68,15 +68,15 @@ def test_older_checkpoints_are_judged_by_their_files(tmp_path, dirs, files, fmt)
         elastic.check_backend(checkpoint, other, 2)
 
 
-def test_the_cli_refuses_a_switch_before_starting_processes(tmp_path):
+def test_the_cli_refuses_a_switch_before_starting_processes(tmp_path, capsys):
     out = tmp_path / "run"
     fake_checkpoint(out, {"step": 3, "world_size": 1, "strategy": "fsdp"}, dirs=("pytorch_model_fsdp_0",))
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(tmp_path / "train.jsonl", out)), encoding="utf-8")
-    result = run_cli("train", str(recipe), "--accelerate-config", "zero3", "--nproc", "2")
-    assert result.returncode == 2, result.stderr[-3000:]
-    lines = messages(result.stderr)
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    code, printed = in_process(capsys, "train", str(recipe), "--accelerate-config", "zero3", "--nproc", "2")
+    assert code == 2, printed[-3000:]
+    lines = messages(printed)
+    assert len(lines) == 1 and "Traceback" not in printed, printed[-3000:]
     assert lines[0].startswith(f"hftrain: error: {out / 'checkpoint-3'}: written by FSDP")
     assert "launched as DeepSpeed ZeRO-3 (2 process(es))" in lines[0]
 

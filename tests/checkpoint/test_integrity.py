@@ -197,7 +197,7 @@ def test_a_lora_adapter_cut_short_is_set_aside_and_its_export_refused(pretrained
     assert cli(capsys, "train", str(recipe))[0] == 0
     run_dir = tmp_path / "lora"
     cut_short(run_dir / "checkpoint-2" / "adapter_model.safetensors")
-    assert_export_refused(run_dir / "checkpoint-2", "adapter_model.safetensors", "--merge")
+    assert_export_refused(capsys, run_dir / "checkpoint-2", "adapter_model.safetensors", "--merge")
     code, printed = cli(capsys, "train", str(recipe), "training.max_steps=3")
     assert code == 0, printed[-3000:]
     assert f"hftrain: warning: {run_dir / 'checkpoint-2'} cannot be loaded (adapter_model.safetensors: truncated (" in printed

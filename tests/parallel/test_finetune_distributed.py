@@ -19,7 +19,7 @@ from hftrain.recipe.load import load_recipe
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import loss_records, read_metrics
-from ..support.cli import EXPECTED_TYPE, launch, run_cli, selected_params
+from ..support.cli import EXPECTED_TYPE, in_process, launch, run_cli, selected_params
 from ..support.data import finetune_recipe
 
 WORKING = [("lora", "ddp"), ("lora", "fsdp"), ("lora", "zero3"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "ddp")]
@@ -56,7 +56,7 @@ def method_runs(pretrained_run, tmp_path_factory, request):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, backend", WORKING)
-def test_method_trains_on_2_processes(pretrained_run, method_runs, method, backend):
+def test_method_trains_on_2_processes(pretrained_run, method_runs, method, backend, capsys):
     tmp_path = method_runs(method, backend)
     out = tmp_path / "out"
     results = json.loads(RunLayout(out).results.read_text())
@@ -81,18 +81,19 @@ def test_method_trains_on_2_processes(pretrained_run, method_runs, method, backe
         logits = merged(ids).logits
         assert torch.isfinite(logits).all() and not torch.allclose(logits, base(ids).logits)
     if backend == "fsdp":  # its checkpoints hold the adapter sharded: export consolidates and merges it
-        result = run_cli("export", str(out / "checkpoint-6"), "--merge", "--out", str(tmp_path / "exported"))
-        assert result.returncode == 0, result.stderr[-3000:]
+        code, printed = in_process(capsys, "export", str(out / "checkpoint-6"), "--merge", "--out", str(tmp_path / "exported"))
+        assert code == 0, printed[-3000:]
         with torch.no_grad():
             torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()(ids).logits, logits)
 
 
 @pytest.mark.slow
-def test_quantized_zero3_is_refused_before_any_process_starts(pretrained_run, tmp_path):
-    result = run_cli("train", str(recipe_file(pretrained_run.final_dir, tmp_path, "qlora")), "--accelerate-config", "zero3", "--nproc", "2")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+def test_quantized_zero3_is_refused_before_any_process_starts(pretrained_run, tmp_path, capsys):
+    code, printed = in_process(capsys, "train", str(recipe_file(pretrained_run.final_dir, tmp_path, "qlora")), "--accelerate-config",
+                               "zero3", "--nproc", "2")  # fmt: skip
+    assert code == 2 and "Traceback" not in printed
     assert ("hftrain: error: finetune.method=qlora with parallelism.strategy=zero3 (ZeRO-3): not supported. DeepSpeed ZeRO-3 "
-            "partitions weights as the model is built (zero.Init), which does not support bitsandbytes' quantized weights") in result.stderr  # fmt: skip
+            "partitions weights as the model is built (zero.Init), which does not support bitsandbytes' quantized weights") in printed  # fmt: skip
     assert not (tmp_path / "qlora").exists()  # nothing was started
 
 

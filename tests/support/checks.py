@@ -100,14 +100,14 @@ def damaged_copy(checkpoint: Path, run_dir: Path, relative: str) -> Path:
     return copy
 
 
-def assert_export_refused(checkpoint: Path, relative: str, *extra: str) -> None:
+def assert_export_refused(capsys, checkpoint: Path, relative: str, *extra: str) -> None:
     """`hftrain export` of a checkpoint whose file `relative` is cut short: exit 2 with one message naming the file
     (no traceback), and neither --out nor its staging directory left behind."""
-    from .cli import run_cli
+    from .cli import in_process
 
     out = checkpoint.parent / "exported-damaged"
-    result = run_cli("export", str(checkpoint), "--out", str(out), *extra)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert f"hftrain: error: {checkpoint / relative}: truncated (" in result.stderr, result.stderr[-3000:]
-    assert result.stderr.count("hftrain: error:") == 1 and "exported:" not in result.stdout
+    code, printed = in_process(capsys, "export", str(checkpoint), "--out", str(out), *extra)
+    assert code == 2 and "Traceback" not in printed, printed[-3000:]
+    assert f"hftrain: error: {checkpoint / relative}: truncated (" in printed, printed[-3000:]
+    assert printed.count("hftrain: error:") == 1 and "exported:" not in printed
     assert not out.exists() and not list(checkpoint.parent.glob(f".{out.name}*"))

@@ -22,7 +22,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import train_log
-from ..support.cli import kill_at_checkpoint, run_cli
+from ..support.cli import in_process, kill_at_checkpoint, run_cli
 from ..support.trackers import tracker_env, trackio_metrics
 from .test_preference import SHIPPED
 
@@ -107,10 +107,10 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
     assert results["world_size"] == 1 and results["step"] == total
 
 
-def test_a_combination_trl_refuses_is_refused_before_any_process_starts(dpo_yaml):
+def test_a_combination_trl_refuses_is_refused_before_any_process_starts(dpo_yaml, capsys):
     started = time.monotonic()
-    result = run_cli("train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "2", "finetune.method=lora",
-                     "finetune.dpo.sync_ref_model=true")  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "finetune: dpo: sync_ref_model with method lora" in result.stderr
-    assert "torchrun" not in result.stderr and time.monotonic() - started < 30
+    code, printed = in_process(capsys, "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "2", "finetune.method=lora",
+                               "finetune.dpo.sync_ref_model=true")  # fmt: skip
+    assert code == 2 and "Traceback" not in printed
+    assert "finetune: dpo: sync_ref_model with method lora" in printed
+    assert "torchrun" not in printed and time.monotonic() - started < 30
