@@ -13,7 +13,6 @@ and each refusal: one message that names the reason.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import yaml
 
 from hftrain.cli import main
 
+from ..support.checks import tree_digest
 from ..support.data import finetune_recipe, make_documents, tiny_recipe, write_jsonl
 
 PROMPTS = ["def train(model, data):\n    return", "The quick brown fox jumps over", "Return the  number of\titems, 42 or 7.", "the fox is"]
@@ -181,8 +181,6 @@ def test_a_trained_run_and_a_merged_lora_adapter_run_in_llama_cpp_as_in_transfor
 
 
 # ------------------------------------------------------------------------------------------------- refusals
-def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _llama_config(d: Path) -> None:

@@ -1,6 +1,6 @@
 """The command line as a user runs it: exit codes and what it prints, through the CLI's own entry point in this
 process; the installed console script itself once, end to end (the quickstart as shipped). Every refusal's message:
-tests/test_bad_input.py and tests/test_mistakes.py."""
+tests/bad_input/."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ a rank that really crashes is still named with its exit. (hftrain/parallel/child
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import time
@@ -16,6 +15,7 @@ import yaml
 from hftrain.parallel import child_errors, rehearsal
 from hftrain.parallel.child_errors import ChildError
 
+from ..support.checks import tree_digest
 from ..support.cli import run_cli
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -25,8 +25,6 @@ REFUSAL = ("data.readers: this run reads its data with 3 logical readers (fixed 
            "change training.dataloader_num_workers so that processes x workers divides data.readers.")  # fmt: skip
 
 
-def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

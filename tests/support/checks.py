@@ -3,6 +3,7 @@ run directory as a run killed after a checkpoint would have left it, and damagin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -12,6 +13,11 @@ import pytest
 
 from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under `root`: what "left byte-identical" compares."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
 
 # ---------------------------------------------------------------------------------------------- losses
 

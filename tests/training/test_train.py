@@ -134,25 +134,6 @@ def test_output_dir_of_another_run_is_refused(tmp_path):
     assert "delete" in message and "new directory" in message
 
 
-def test_streaming_needs_max_steps(make_recipe):
-    with pytest.raises(HftrainError, match="training.max_steps: required"):
-        hftrain.train(make_recipe(max_steps=-1))
-
-
-def test_seq_len_longer_than_context(tmp_path, corpus):
-    raw = tiny_recipe(corpus, tmp_path / "r")
-    raw["data"]["seq_len"] = 1024
-    with pytest.raises(HftrainError, match=r"data.seq_len: 1024 is longer than the model's context \(max_position_embeddings = 512\)"):
-        hftrain.train(hftrain.load_recipe(None, raw))
-
-
-def test_tokenizer_larger_than_embedding(tmp_path, corpus):
-    raw = tiny_recipe(corpus, tmp_path / "r")
-    raw["model"]["vocab_size"] = 100
-    with pytest.raises(HftrainError, match="model.vocab_size: 100 embedding rows cannot hold the tokenizer's 320 tokens"):
-        hftrain.train(hftrain.load_recipe(None, raw))
-
-
 @pytest.mark.slow
 def test_trained_tokenizer_is_reused_not_retrained(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(200))

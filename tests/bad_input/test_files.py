@@ -1,82 +1,23 @@
-"""The second bad-input pass: mistakes new users make, each with its own message (exit 2, no traceback), and
-nothing lost: a folder hftrain did not write stays byte-identical, "start over" never mixes two runs.
-
-Cases run in-process through the CLI's own entry point (`hftrain.cli.main`): an exception other than hftrain's
-one-line error would escape it and fail the test, as a traceback would in a terminal."""
+"""Nothing lost: a folder, checkpoint or file hftrain did not write stays byte-identical; "start over" never mixes
+two runs; a resume falls back past a checkpoint that does not load, and keeps it; two launches never share one
+output. Each case through the CLI's own entry point in this process (exit 2 and one message where refused)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 import hftrain
-from hftrain.cli import main
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.cli import main
 
-from .support.data import make_documents, tiny_recipe, write_jsonl
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def cli(capsys, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.err + captured.out
-
-
-@pytest.fixture
-def recipe_file(tmp_path: Path) -> Path:
-    data = write_jsonl(tmp_path / "good.jsonl", make_documents(300))
-    path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(tiny_recipe(data, tmp_path / "run", max_steps=4, save_steps=2)), encoding="utf-8")
-    return path
-
-
-# (name, file text replacing the recipe or None, overrides, command, expected message)
-CASES = [
-    ("number given as true", None, ["training.max_steps=true"], "plan", "training.max_steps: true is not a number; give a number here"),
-    ("duplicate key", "model: {preset: cpu-tiny}\ntraining:\n  max_steps: 5\n  max_steps: 50\n", [], "plan",
-     "line 4, column 3: not valid YAML (duplicate key 'max_steps' (first given on line 3); keep one of them)"),
-    ("alias bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n", [], "plan",
-     "not valid YAML (aliases expand it to more than 100,000 values; write the values out)"),
-    ("non-UTF-8 recipe", b"model: {preset: cpu-tiny}\n# caf\xe9\n", [], "plan", "not UTF-8 text (byte 31); save the recipe as UTF-8"),
-    ("plan: seq_len past the context", None, ["data.seq_len=4096"], "plan",
-     "data.seq_len: 4096 is longer than the model's context (max_position_embeddings = 512)"),
-    ("key of a list", None, ["data.train=[{path: a.jsonl}]", "data.train.path=b.jsonl"], "plan",
-     "data.train is a list here, not a section with keys; give it whole (data.train=...)"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("name, text, overrides, command, expected", CASES, ids=[c[0] for c in CASES])
-def test_mistake_gets_its_message(capsys, recipe_file, name, text, overrides, command, expected):
-    if text is not None:
-        (recipe_file.write_bytes if isinstance(text, bytes) else recipe_file.write_text)(text)
-    code, printed = cli(capsys, command, str(recipe_file), *overrides)
-    assert code == 2 and expected in printed, printed
-    assert "Traceback" not in printed
-
-
-def test_a_whole_value_replaces_and_a_dotted_key_edits(recipe_file):
-    """The README's S3 example gave "exactly one of path, dataset, builtin" when data.train={...} was merged."""
-    quick = hftrain.load_recipe("recipes/quickstart.yaml", ['data.train={path: "s3://corpus/*.jsonl.gz"}'])
-    assert [s.path for s in quick.data.train] == ["s3://corpus/*.jsonl.gz"] and quick.data.train[0].builtin is None
-    later = hftrain.load_recipe(recipe_file, ["data.train={path: a.jsonl, text_field: body}", "data.train.path=b.jsonl"])
-    assert (later.data.train[0].path, later.data.train[0].text_field) == ("b.jsonl", "body")  # the new value, edited
-    twice = hftrain.load_recipe(recipe_file, ["training.max_steps=5", "training.max_steps=7"])
-    assert twice.training.max_steps == 7  # left to right, the later one wins
-    section = hftrain.load_recipe(recipe_file, ["training={max_steps: 9}"])
-    assert section.training.max_steps == 9 and section.training.learning_rate == 6e-4  # hftrain's defaults stay below
-
+from ..support.checks import tree_digest
+from ..support.cli import in_process as cli
+from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 def test_a_final_folder_hftrain_did_not_write_is_refused_and_untouched(capsys, recipe_file, tmp_path):
     final = RunLayout(tmp_path / "run").final
@@ -115,52 +56,8 @@ def test_a_checkpoint_folder_hftrain_did_not_write_is_never_replaced(capsys, rec
     assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
-# ------------------------------------------------------------------------------------------- --max-restarts
-_CHILD = """import os, signal, sys
-from pathlib import Path
-log = Path(sys.argv[1]); codes = sys.argv[2].split(",")
-runs = len(log.read_text().split()) if log.exists() else 0
-log.write_text(log.read_text() + " run" if log.exists() else "run")
-code = codes[min(runs, len(codes) - 1)]
-if code == "KILL":
-    os.kill(os.getpid(), signal.SIGKILL)
-sys.exit(int(code))
-"""
 
-
-@pytest.mark.parametrize("codes, expected_runs, expected_exit", [
-    ("2", 1, 2),  # a configuration error fails the same way every time: never restarted
-    ("0", 1, 0), ("130", 1, 130),
-    ("KILL,0", 2, 0), ("75,0", 2, 0), ("1,1,0", 3, 0),  # a crash, a preemption of the child alone, a bug: restarted
-    ("KILL,2", 2, 2),  # restarted after the crash, then the configuration error is final
-    ("1,1,1,1", 3, 1),  # no restarts left
-])  # fmt: skip
-def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, codes, expected_runs, expected_exit):
-    from hftrain.parallel.launch import supervise
-
-    log = tmp_path / "runs.txt"
-    code = supervise([str(log), codes], 2, command=[sys.executable, "-c", _CHILD])
-    assert (code, len(log.read_text().split())) == (expected_exit, expected_runs)
-    err = capsys.readouterr().err
-    if codes == "2":
-        assert "hftrain: not restarted: a problem in the recipe or data (a restart would fail the same way)." in err
-        assert "restart 1" not in err
-
-
-@pytest.mark.slow
-def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file):
-    """Found by the child process (the recipe itself is valid: the data file's first record is not JSON): exit 2
-    once, not N + 1 times."""
-    data = tmp_path / "good.jsonl"
-    data.write_text("{not json\n" + data.read_text(encoding="utf-8"), encoding="utf-8")
-    before = data.read_bytes()
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3"],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 2 and result.stderr.count(f"{data}:1: not valid JSON") == 1, result.stderr[-2000:]
-    assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
-    assert "Traceback" not in result.stderr and data.read_bytes() == before
-
-
+# ------------------------------------------------------------------------------------------- resume fallback
 # ------------------------------------------------------------------------------------------- resume fallback
 def _losses(run_dir: Path) -> dict[int, float]:
     import json
@@ -198,6 +95,8 @@ def test_an_explicit_resume_path_that_does_not_load_is_refused(capsys, recipe_fi
     assert tree_digest(tmp_path / "run") == before
 
 
+
+# ------------------------------------------------------------------------ models, checkpoints and outputs on disk
 # ------------------------------------------------------------------------------ the bad-input table, second part
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory) -> Path:
@@ -220,7 +119,11 @@ def _damaged_copy(source: Path, target: Path, name: str, content: bytes | None) 
 
 
 LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 599968\n"
+
+
 _MODEL = ["tokenizer.train=null", "model.from_pretrained={model}"]
+
+
 # (name, command and arguments with {run} {final} {model} {ckpt} {file} {tmp}, damage to {model}/{ckpt}, expected)
 MORE_CASES = [
     ("negative learning rate", ["train", "{recipe}", "training.learning_rate=-0.001"], None,
@@ -296,3 +199,68 @@ def test_an_output_dir_that_cannot_be_written(capsys, earlier_run, tmp_path):
     code, printed = cli(capsys, "train", str(earlier_run / "r.yaml"), f"training.output_dir={target}")
     assert code == 2 and "Traceback" not in printed
     assert f"training.output_dir: cannot write to {target} (" in printed and "writable file system" in printed, printed
+
+
+
+# Class 1, two launches, one directory: a run and a prepare own their output while they work
+# (hftrain/checkpoint/output_lock.py), and a prepare never writes into what it did not create (data/prepare.py).
+# Class 1, two launches, one directory: a run and a prepare own their output while they work
+# (hftrain/checkpoint/output_lock.py), and a prepare never writes into what it did not create (data/prepare.py).
+OWNED = [
+    ("train into a directory another launch owns", "held", ["train", "{recipe}"],
+     "training.output_dir: {tmp}/run is in use by another hftrain process: pid {pid} on"),
+    ("prepare into a directory another prepare owns", "held", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+     "--out: {tmp}/run is in use by another hftrain process: pid {pid} on"),
+    ("prepare over a manifest.json that was there", "manifest.json", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+     "--out {tmp}/run: already holds prepared data (manifest.json); nothing was changed. Prepare into a new directory, "
+     "or delete {tmp}/run first to prepare it again."),
+    ("prepare into a folder of other files", "notes.txt", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+     "--out {tmp}/run: is not empty (notes.txt) and was not written by `hftrain data prepare`; nothing was changed."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, there, argv, expected", OWNED, ids=[c[0] for c in OWNED])
+def test_a_directory_owned_by_another_launch_or_not_by_hftrain_is_left_as_it_was(capsys, work, monkeypatch, name, there, argv, expected):
+    from ..checkpoint.test_output_lock import hold
+
+    monkeypatch.delenv("HFTRAIN_RUN_TOKEN", raising=False)
+    (work / "run").mkdir()
+    if there == "held":  # what a prepare (or run) at work has written so far
+        (work / "run" / "train-s0-00000-00000.bin").write_bytes(b"\0" * 64)
+    else:
+        (work / "run" / there).write_text('{"version": 1, "shards": []}')
+    holder = hold(work / "run", "--out" if "prepare" in argv else "training.output_dir") if there == "held" else None
+    try:
+        before = tree_digest(work)
+        started = time.monotonic()
+        code = main([a.format(recipe=work / "r.yaml", tmp=work) for a in argv])
+        took = time.monotonic() - started
+        printed = capsys.readouterr()
+        assert code == 2, printed.err[-2000:]
+        assert expected.format(tmp=work, pid=holder.pid if holder else "") in printed.err, printed.err[-2000:]
+        assert "Traceback" not in printed.err + printed.out and took < 10, took
+        assert tree_digest(work) == before
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+
+
+def test_a_second_prepare_into_its_own_folder_is_refused_and_a_killed_one_is_redone(capsys, work, monkeypatch):
+    """Before: the second prepare nested the tokenizer one level down (tokenizer/tok) and failed."""
+    monkeypatch.delenv("HFTRAIN_RUN_TOKEN", raising=False)
+    out = work / "shards"
+    argv = ["data", "prepare", str(work / "r.yaml"), "--out", str(out), "--processes", "1"]
+    assert main(argv) == 0
+    done = tree_digest(work)
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert f"--out {out}: already holds prepared data (manifest.json); nothing was changed." in capsys.readouterr().err
+    assert tree_digest(work) == done
+    (out / "manifest.json").unlink()  # what a prepare killed before its last write leaves: shards, no manifest
+    (out / "train-s0-00000-00000.bin").write_bytes(b"cut short")
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hftrain: removed" in printed and f"an interrupted prepare left in {out}" in printed
+    assert tree_digest(work) == done  # the same shards, manifest and tokenizer as the prepare that finished
+
