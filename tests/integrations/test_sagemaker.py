@@ -21,7 +21,7 @@ from hftrain.integrations.sagemaker import ENTRY_SCRIPT, METRIC_DEFINITIONS, sta
 from hftrain.integrations.sagemaker_job import metrics_line
 
 from ..support.checks import checkpoint_losses
-from ..support.cli import run_cli
+from ..support.cli import run_in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 from ..support.sagemaker import job_environment, make_role, recorded_requests, sagemaker_calls
 
@@ -59,7 +59,7 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     elsewhere = tmp_path / "elsewhere"  # neither the repository nor the recipe's folder
     elsewhere.mkdir()
 
-    written = run_cli("launch-script", str(recipe), "--kind", "sagemaker", "--instance-count", "2", "--role", role, "--bucket", bucket,
+    written = run_in_process("launch-script", str(recipe), "--kind", "sagemaker", "--instance-count", "2", "--role", role, "--bucket", bucket,
                       "--accelerate-config", "accelerate_configs/fsdp.yaml", "--channel", "extra", f"s3://{bucket}/extra",
                       "training.max_steps=50", "training.learning_rate=1e-3", "--out", "launch_tiny.py", cwd=elsewhere)  # fmt: skip
     assert written.returncode == 0, written.stderr[-3000:]
@@ -99,11 +99,10 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     assert described["CheckpointConfig"]["S3Uri"] == request["CheckpointConfig"]["S3Uri"]
 
 
-@pytest.mark.slow
 def test_launch_script_refuses_data_a_job_cannot_read(tmp_path):
     recipe = tmp_path / "local.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(tmp_path / "train.jsonl", tmp_path / "run")), encoding="utf-8")
-    result = run_cli("launch-script", str(recipe), "--kind", "sagemaker", cwd=tmp_path)
+    result = run_in_process("launch-script", str(recipe), "--kind", "sagemaker", cwd=tmp_path)
     assert result.returncode == 2 and "a SageMaker job cannot read" in result.stderr and "s3://" in result.stderr
 
 

@@ -23,7 +23,7 @@ from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
 
 from ..support.checks import assert_same_steps, steps, train_log
-from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_cli
+from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_cli, run_in_process
 from ..support.reference_runs import STEPS
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -159,11 +159,10 @@ def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
     assert rehearsal.training_kwargs(dict(kwargs), rehearsal.rehearsal_backend()) == kwargs
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["torchrun", "slurm"])
 def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
     out = tmp_path / f"{kind}.sh"
-    result = run_cli("launch-script", "recipes/pretrain/pythia-1b.yaml", "--kind", kind, "--nodes", "2",
+    result = run_in_process("launch-script", "recipes/pretrain/pythia-1b.yaml", "--kind", kind, "--nodes", "2",
                      "--gpus-per-node", "8", "--out", str(out), "training.max_steps=100")  # fmt: skip
     assert result.returncode == 0, result.stderr
     script = out.read_text()
@@ -178,14 +177,13 @@ def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
         assert 'MASTER_PORT="${MASTER_PORT:-29500}"' in script and 'NNODES="${NNODES:-2}"' in script
 
 
-@pytest.mark.slow
 def test_plan_recommends_a_strategy():
-    big = run_cli("plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40")
+    big = run_in_process("plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40")
     assert big.returncode == 0, big.stderr
     assert "as configured (ddp, micro-batch 8): does NOT fit" in big.stdout
     # 329 GB of state sharded over 16 GPUs, plus activations: only with gradient checkpointing at micro-batch 2
     assert "recommendation: fsdp, micro-batch 2 x accumulation 64, gradient checkpointing on" in big.stdout
-    small = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "--gpus", "8")
+    small = run_in_process("plan", "recipes/pretrain/pythia-160m.yaml", "--gpus", "8")
     assert "recommendation: ddp, micro-batch" in small.stdout and "gradient checkpointing off" in small.stdout
 
 

@@ -19,7 +19,7 @@ from hftrain.recipe.load import load_recipe
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import loss_records, read_metrics
-from ..support.cli import EXPECTED_TYPE, in_process, launch, run_cli, selected_params
+from ..support.cli import EXPECTED_TYPE, in_process, launch, run_in_process, selected_params
 from ..support.data import finetune_recipe
 
 WORKING = [("lora", "ddp"), ("lora", "fsdp"), ("lora", "zero3"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "ddp")]
@@ -133,9 +133,8 @@ def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run,
     assert inits[0] and all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
 
 
-@pytest.mark.slow
 def test_plan_reports_memory_per_finetune_method():
-    result = run_cli("plan", "recipes/pretrain/pythia-160m.yaml", "finetune.method=lora")
+    result = run_in_process("plan", "recipes/pretrain/pythia-160m.yaml", "finetune.method=lora")
     assert result.returncode == 0, result.stderr
     table = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ") and line.split()[0] in METHODS and "4-bit" not in line}
     assert set(table) == set(METHODS) and table["lora"].endswith("<- this recipe")

@@ -20,7 +20,7 @@ import pytest
 from hftrain.checkpoint.layout import COMPLETE_MARKER
 
 from ..support.checks import assert_resumed_matches, copy_checkpoint, metrics_losses
-from ..support.cli import EXPECTED_TYPE, in_background, run_cli
+from ..support.cli import EXPECTED_TYPE, in_background, run_in_process
 from ..support.reference_runs import SAVE, STEPS
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def node_agents(script: Path, port: int, ranks: tuple[int, ...] = (0, 1), nnodes
 
 
 def node_script(recipe: Path, backend: str, script: Path) -> Path:
-    rendered = run_cli("launch-script", str(recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
+    rendered = run_in_process("launch-script", str(recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
                        "--accelerate-config", backend, "--out", str(script))  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     return script
@@ -255,7 +255,7 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
     from ..support.cli import kill_family
 
     script = tmp_path / "elastic.sh"
-    rendered = run_cli("launch-script", str(long_recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
+    rendered = run_in_process("launch-script", str(long_recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
                        "--accelerate-config", "ddp", "--min-nodes", "1", "--out", str(script))  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     run_dir, port = tmp_path / "run", free_port()

@@ -41,6 +41,31 @@ def in_process(capsys, *argv: str) -> tuple[int, str]:
     return code, captured.err + captured.out
 
 
+def run_in_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """run_cli's result for `hftrain ARGS` run through `hftrain.cli.main` in this process (from `cwd`, with `env`
+    added to the environment while it runs): for commands whose process boundary is not under test."""
+    import contextlib
+    import io
+
+    from hftrain.cli import main
+
+    out, err, before, here = io.StringIO(), io.StringIO(), dict(os.environ), os.getcwd()
+    os.environ.update(env or {})
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:
+                code = exit_.code
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(before)
+    return subprocess.CompletedProcess(["hftrain", *args], code, out.getvalue(), err.getvalue())
+
+
 def messages(stderr: str) -> list[str]:
     """stderr's lines without hftrain's start-up narration ("hftrain: loading torch and transformers ..." on a slow
     or cold machine; hftrain/progress.py), which may come before a command's one message."""
