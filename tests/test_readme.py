@@ -207,14 +207,12 @@ def test_readme_training_commands_run_in_order(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_readme_s3_example(tmp_path, s3_server, capsys, monkeypatch):
+def test_readme_s3_example(tmp_path, s3, capsys):
     import gzip
     import json
     from .support.data import make_documents
 
-    s3_server.make_bucket("corpus")
-    s3_server.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()))
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
+    s3.make_bucket("corpus")
+    s3.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()))
     printed = _run_line(capsys, S3_LINE, _scratch(tmp_path), extra=SHORT)
     assert "final checkpoint: runs/quickstart/final" in printed

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import hftrain
 from hftrain.errors import HftrainError
 
+from ..support.cli import run_in_process
 from ..support.data import tiny_recipe
 
 TOKEN = "hf_localTESTtoken0123456789"
@@ -60,8 +59,8 @@ def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp
 @pytest.mark.slow
 def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path):
     env = local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache")
-    result = subprocess.run([sys.executable, "-m", "hftrain", "push", str(pretrained_run.output_dir), "--repo-id", "tester/cli",
-                             "--revision", "dev", "--private"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    result = run_in_process("push", str(pretrained_run.output_dir), "--repo-id", "tester/cli", "--revision", "dev", "--private",
+                            env=env, exact_env=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "pushed: hub:tester/cli@dev" in result.stdout
     assert TOKEN not in result.stdout + result.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from hftrain.integrations import network
 from hftrain.integrations.hub import PUSH_RETRIES
 from hftrain.recipe.schema import Recipe
 
+from ..support.cli import run_in_process
 from ..support.data import tiny_recipe
 from ..support.hub import LocalHub
 from ..support.hub_client import ClientSetup
@@ -25,8 +25,15 @@ BOUND = 3  # seconds: the recipe's faults.network_timeout_s in these tests
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    """`hftrain ARGV` in this process with exactly `env` as its environment (S3 clients made anew)."""
+    import s3fs
+
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "hftrain", *argv], capture_output=True, text=True, env=env, timeout=120)
+    s3fs.S3FileSystem.clear_instance_cache()  # a client made for another endpoint is not reused
+    try:
+        result = run_in_process(*argv, env=env, exact_env=True)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
     return result, time.monotonic() - start
 
 
@@ -84,8 +91,10 @@ def _model_dir(tmp_path: Path, bound: float | None) -> Path:
 
 
 @pytest.mark.slow
-def test_push_to_a_silent_hub_names_it(silent_server, tmp_path):
-    env = _SilentHub(silent_server.url).subprocess_env(token="hf_test")
+def test_push_to_a_silent_hub_names_it(silent_server, tmp_path, monkeypatch):
+    hub = _SilentHub(silent_server.url)
+    hub.patch(monkeypatch)  # this process's Hub client, as a child's would be from its environment
+    env = hub.subprocess_env(token="hf_test")
     result, took = _run(["push", str(_model_dir(tmp_path, BOUND)), "--repo-id", "tester/silent"], env)
     printed = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in printed, printed[-2000:]
@@ -102,8 +111,9 @@ class _SilentHub(ClientSetup):
 
 
 @pytest.mark.slow
-def test_a_refused_token_says_to_set_hf_token(tmp_path):
+def test_a_refused_token_says_to_set_hf_token(tmp_path, monkeypatch):
     with LocalHub(valid_tokens={"hf_the_right_one"}) as hub:
+        hub.patch(monkeypatch)
         env, endpoint = hub.subprocess_env(token="hf_PLANTED_wrong_token"), hub.endpoint
         result, _ = _run(["push", str(_model_dir(tmp_path, None)), "--repo-id", "tester/denied"], env)
     printed = result.stdout + result.stderr

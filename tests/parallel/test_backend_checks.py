@@ -3,7 +3,8 @@ parameters are DTensors holding their shard, ZeRO-3 parameters are partitioned, 
 QLoRA and 8-bit LoRA hold bitsandbytes layers with packed weights. Every check is also run against the silent
 fallback (the same recipe under DDP, an unquantized model, a doctored observation) and must reject it.
 
-One 2-step run per backend and method, shared by the tests of this module (backend_probe.py, backend_checks.py).
+One 2-step run per backend, shared by the tests of this module, and the 2-process fine-tuning runs that
+test_finetune_distributed.py checks too (reference_runs.finetune_probe); backend_probe.py, backend_checks.py.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ STEPS = 2
 class Runs:
     """Each (method, backend) trained once, on first use: the observations of every rank and the output dir."""
 
-    def __init__(self, root: Path, base: Path) -> None:
-        self.root, self.base, self.done = root, base, {}
+    def __init__(self, root: Path, base: Path, finetune_probe) -> None:
+        self.root, self.base, self.done, self.finetune_probe = root, base, {}, finetune_probe
         self.data = write_jsonl(root / "train.jsonl", make_documents(300))
 
     def recipe(self, method: str, backend: str) -> dict[str, Any]:
@@ -57,6 +58,9 @@ class Runs:
         return raw
 
     def get(self, method: str, backend: str) -> tuple[list[dict[str, Any]], Path]:
+        if method != "pretrain" and backend != "single":  # the 2-process fine-tuning runs test_finetune_distributed checks too
+            observations, folder = self.finetune_probe(method, backend)
+            return observations, folder / "out"
         if (method, backend) not in self.done:
             raw = self.recipe(method, backend)
             out, probe = Path(raw["training"]["output_dir"]), self.root / f"{method}-{backend}" / "probe"
@@ -72,8 +76,8 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, pretrained_run) -> Runs:
-    return Runs(tmp_path_factory.mktemp("backend-checks"), pretrained_run.final_dir)
+def runs(tmp_path_factory, pretrained_run, finetune_probe) -> Runs:
+    return Runs(tmp_path_factory.mktemp("backend-checks"), pretrained_run.final_dir, finetune_probe)
 
 
 def results(out: Path) -> dict[str, Any]:

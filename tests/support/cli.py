@@ -32,24 +32,31 @@ def in_process(capsys, *argv: str) -> tuple[int, str]:
     An exception other than hftrain's one-line error escapes `main` and fails the test, as a traceback would in a
     terminal; argparse's own refusals (SystemExit) give their status."""
     from hftrain.cli import main
+    from hftrain.integrations import network
 
     try:
         code = main(list(argv))
     except SystemExit as exit_:
         code = exit_.code
+    finally:
+        network.configure()  # a recipe's faults.network_timeout_s ends with its command
     captured = capsys.readouterr()
     return code, captured.err + captured.out
 
 
-def run_in_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_in_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, exact_env: bool = False) -> subprocess.CompletedProcess:
     """run_cli's result for `hftrain ARGS` run through `hftrain.cli.main` in this process (from `cwd`, with `env`
-    added to the environment while it runs): for commands whose process boundary is not under test."""
+    added to the environment while it runs, or as the whole environment with `exact_env`): for commands whose
+    process boundary is not under test."""
     import contextlib
     import io
 
     from hftrain.cli import main
+    from hftrain.integrations import network
 
     out, err, before, here = io.StringIO(), io.StringIO(), dict(os.environ), os.getcwd()
+    if exact_env:
+        os.environ.clear()
     os.environ.update(env or {})
     try:
         if cwd is not None:
@@ -63,6 +70,7 @@ def run_in_process(*args: str, cwd: Path | None = None, env: dict[str, str] | No
         os.chdir(here)
         os.environ.clear()
         os.environ.update(before)
+        network.configure()  # a recipe's faults.network_timeout_s ends with its command
     return subprocess.CompletedProcess(["hftrain", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -6,6 +6,9 @@ copy (checks.copy_checkpoint).
   (so every launch gives the same per-step losses), a global batch of 8 sequences, saving every 4 of 8 steps; its
   2-process run on DDP, FSDP or ZeRO-3, or its plain 1-process run (`backend_run("ddp", 1)`). Used by the
   backend-agreement test, the sharded resume and export tests and the two-node tests.
+* `finetune_probe(method, backend)`: a 6-step fine-tuning run of `pretrained_run`'s model (data.finetune_recipe)
+  on 2 processes, with backend_probe's Inspector in every rank: what the quantized methods' checks read
+  (test_backend_checks.py) and what test_finetune_distributed.py checks of their training, from one launch.
 * `long_recipe` and `ddp_40_steps`: a one-file recipe of 40 steps saving every 5, and the per-step losses of its
   uninterrupted 2-process DDP run, which the lost-node, elastic and SLURM tests continue.
 
@@ -21,9 +24,10 @@ from typing import Callable
 import pytest
 import yaml
 
+from .backend_probe import run_probe
 from .checks import metrics_losses
 from .cli import run_cli
-from .data import make_documents, tiny_recipe, write_jsonl
+from .data import finetune_recipe, make_documents, tiny_recipe, write_jsonl
 
 STEPS, SAVE = 8, 4
 LONG_STEPS, LONG_SAVE = 40, 5
@@ -69,6 +73,35 @@ def backend_run(sharded_yaml: Path, tmp_path_factory: pytest.TempPathFactory) ->
             out.with_suffix(".log").write_text(result.stdout + result.stderr, encoding="utf-8")
             runs[backend, nproc] = out
         return runs[backend, nproc]
+
+    return get
+
+
+FINETUNE_STEPS = 6
+
+
+def finetune_recipe_file(base: Path, folder: Path, method: str, **training) -> Path:
+    """folder/METHOD.yaml: FINETUNE_STEPS steps of `method` on `base`, logging every step, saving at the end."""
+    raw = finetune_recipe(base, folder, method, max_steps=FINETUNE_STEPS, save_steps=FINETUNE_STEPS, logging_steps=1, **training)
+    path = folder / f"{method}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def finetune_probe(pretrained_run, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], tuple[list[dict], Path]]:
+    """finetune_probe("qlora", "fsdp") -> (every rank's observations, the folder whose `out` is the run directory),
+    launched at its first use."""
+    runs: dict[tuple[str, str], tuple[list[dict], Path]] = {}
+    root = tmp_path_factory.mktemp("finetune-probes")
+
+    def get(method: str, backend: str) -> tuple[list[dict], Path]:
+        if (method, backend) not in runs:
+            folder = root / f"{method}-{backend}"
+            folder.mkdir()
+            recipe = finetune_recipe_file(pretrained_run.final_dir, folder, method, output_dir=str(folder / "out"))
+            runs[method, backend] = run_probe(recipe, folder / "probe", backend), folder
+        return runs[method, backend]
 
     return get
 
