@@ -22,7 +22,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_export_refused, assert_same_steps, copy_checkpoint, damaged_copy, steps, train_log
-from ..support.cli import EXPECTED_TYPE, in_background, in_process, kill_at_checkpoint, messages, run_cli
+from ..support.cli import EXPECTED_TYPE, in_background, in_process, kill_at_checkpoint, messages, run_in_process
 from ..support.reference_runs import SAVE, STEPS, train
 
 SHARD = {"fsdp": "pytorch_model_fsdp_0/__1_0.distcp", "zero3": f"global_step{STEPS}/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
@@ -112,8 +112,8 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
 
 @pytest.mark.slow
 def test_parity_elastic_prints_its_summary(sharded_yaml, tmp_path):
-    result = run_cli("parity", str(sharded_yaml), "--elastic", "--backends", "DDP", "--steps", "4",
-                     f"training.output_dir={tmp_path}")  # fmt: skip
+    result = run_in_process("parity", str(sharded_yaml), "--elastic", "--backends", "DDP", "--steps", "4",
+                            f"training.output_dir={tmp_path}")  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[-3].split()[:4] == ["backend", "1", "vs", "2"] and lines[-2].startswith("DDP ")

@@ -16,7 +16,7 @@ from hftrain.parallel import child_errors, rehearsal
 from hftrain.parallel.child_errors import ChildError
 
 from ..support.checks import tree_digest
-from ..support.cli import run_cli
+from ..support.cli import in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 # what every rank of a 2-process launch says about a recipe with data.readers=3 (hftrain/data/readers.py)
@@ -57,13 +57,13 @@ def nothing_changed(recipe: Path, before: dict[str, str], temp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_refusal_in_every_rank_is_said_once_with_exit_code_2(refused, tmp_path, monkeypatch):
+def test_a_refusal_in_every_rank_is_said_once_with_exit_code_2(refused, tmp_path, monkeypatch, capfd):
+    """The launcher in this process, its ranks started by it; what both print, at the file descriptors."""
     before, temp = digest_and_temp(refused, tmp_path, monkeypatch)
     start = time.monotonic()
-    result = run_cli("train", str(refused), "--accelerate-config", "ddp", "--nproc", "2", timeout=300)
+    code, printed = in_process(capfd, "train", str(refused), "--accelerate-config", "ddp", "--nproc", "2")
     took = time.monotonic() - start
-    printed = result.stdout + result.stderr
-    assert result.returncode == 2, printed[-4000:]
+    assert code == 2, printed[-4000:]
     said_once(printed)
     assert took < 60
     nothing_changed(refused, before, temp)

@@ -23,7 +23,7 @@ from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
 
 from ..support.checks import assert_same_steps, steps, train_log
-from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_cli, run_in_process
+from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_in_process
 from ..support.reference_runs import STEPS
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -56,8 +56,8 @@ def test_every_backend_gives_the_losses_of_one_process(backend_run, backend):
 @pytest.mark.slow
 def test_parity_across_backends(tiny_yaml):
     """`hftrain parity`: its table and summary, on single and DDP (every backend's agreement: the test above)."""
-    result = run_cli("parity", str(tiny_yaml), "--steps", "4", "--backends", "single,DDP",
-                     "training.output_dir=" + str(tiny_yaml.parent / "parity"))  # fmt: skip
+    result = run_in_process("parity", str(tiny_yaml), "--steps", "4", "--backends", "single,DDP",
+                            "training.output_dir=" + str(tiny_yaml.parent / "parity"))  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     header = next(line for line in out.splitlines() if "step" in line and "loss" in line)

@@ -22,7 +22,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import train_log
-from ..support.cli import in_process, kill_at_checkpoint, run_cli
+from ..support.cli import in_process, kill_at_checkpoint, run_cli, run_in_process
 from ..support.trackers import tracker_env, trackio_metrics
 from .test_preference import SHIPPED
 
@@ -54,8 +54,8 @@ def dpo_yaml(docs_model, tmp_path_factory):
 
 
 def test_full_dpo_gives_the_same_steps_on_one_process_fsdp_and_zero3(dpo_yaml):
-    result = run_cli("parity", str(dpo_yaml), "--steps", "3", "--backends", "single,FSDP,ZeRO-3",
-                     "training.output_dir=" + str(dpo_yaml.parent / "parity"))  # fmt: skip
+    result = run_in_process("parity", str(dpo_yaml), "--steps", "3", "--backends", "single,FSDP,ZeRO-3",
+                            "training.output_dir=" + str(dpo_yaml.parent / "parity"))  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "NO x1" in out and "FSDP x2" in out and "DEEPSPEED x2" in out
