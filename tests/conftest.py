@@ -1,4 +1,5 @@
-"""Shared test fixtures: a small generated corpus, tiny recipes, and one tiny pretrained model per session; and the
+"""Shared test fixtures: a small generated corpus, tiny recipes, one tiny pretrained model and one short quickstart
+model per session; and the
 fake servers' fixtures (local_hub, s3_server, s3, gcs, silent_server) and the slow tests' shared reference runs
 (reference_runs.py) from tests/support, registered here by `pytest_plugins`.
 
@@ -65,3 +66,19 @@ def pretrained_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     data = write_jsonl(root / "train.jsonl", make_documents(600))
     recipe = hftrain.load_recipe(None, tiny_recipe(data, root / "run"))
     return hftrain.train(recipe)
+
+
+@pytest.fixture(scope="session")
+def docs_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short quickstart: the shipped recipe's model and tokenizer, on the standard library's docstrings (60 steps,
+    trained once per session): what the DPO tests start from, and the base the LoRA notebook finds where the
+    quickstart leaves its model."""
+    import hftrain
+    from hftrain.recipe.load import load_recipe
+
+    root = tmp_path_factory.mktemp("docs-model")
+    raw = load_recipe(str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"), None).model_dump(exclude_unset=True)
+    raw["training"].update(output_dir=str(root), max_steps=60, save_steps=60, eval_strategy="no", report_to="none",
+                           disable_tqdm=True, bf16=False, torch_compile=False, logging_steps=40)  # fmt: skip
+    raw["monitor"] = {"plot": False, "sample_max_new_tokens": 0, "peak_tflops": 0.1}
+    return hftrain.train(load_recipe(None, raw)).final_dir

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from .support.cli import ROOT
+from .support.cli import ROOT, in_background
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import wheelhouse  # noqa: E402
@@ -58,7 +58,7 @@ def offline_env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path):
+def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path, newer_torch_plan):
     """About 3-4 minutes: download (~230 MB without torch), a fresh venv with the local CPU torch, the offline install."""
     wh = tmp_path / "wh"
     built = subprocess.run([sys.executable, str(SCRIPT), str(wh), "--no-torch"], capture_output=True, text=True, timeout=900)
@@ -85,11 +85,9 @@ def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path):
     assert str(venv) in imported.stdout  # the installed wheel, not this checkout
 
 
-@pytest.mark.slow
-def test_installs_beside_a_newer_torch_without_replacing_it(tmp_path):
-    """A GPU image's torch (here a metadata-only torch 2.15.0, the newest release) stays: pip's plan for
-    `pip install -e .` holds hftrain and its requirements and no torch. (With the old `torch<=2.14.1` it planned to
-    replace it with 2.14.1, a multi-GB CUDA build.)"""
+def plan_beside_a_newer_torch(tmp_path) -> dict[str, str]:
+    """pip's plan for `pip install -e .` in a venv that holds a metadata-only torch 2.15.0 (the newest release):
+    {package: version} of what it would install."""
     import json
 
     stub = wheelhouse.stub_torch(tmp_path, "2.15.0")
@@ -103,6 +101,21 @@ def test_installs_beside_a_newer_torch_without_replacing_it(tmp_path):
     done = subprocess.run([*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)],
                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    planned = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+
+
+@pytest.fixture(scope="module")
+def newer_torch_plan(tmp_path_factory):
+    """Started at the module's first slow test, beside the wheelhouse download: both are pip on one core, waiting
+    on the network and the disk most of the time (one after the other they took 177 s + 51 s on 2 cores)."""
+    return in_background(lambda: plan_beside_a_newer_torch(tmp_path_factory.mktemp("newer-torch")))
+
+
+@pytest.mark.slow
+def test_installs_beside_a_newer_torch_without_replacing_it(newer_torch_plan):
+    """A GPU image's torch (here a metadata-only torch 2.15.0, the newest release) stays: pip's plan for
+    `pip install -e .` holds hftrain and its requirements and no torch. (With the old `torch<=2.14.1` it planned to
+    replace it with 2.14.1, a multi-GB CUDA build.)"""
+    planned = newer_torch_plan.result()
     assert "hftrain" in planned and "transformers" in planned
     assert "torch" not in planned, f"pip would replace torch 2.15.0 with {planned.get('torch')}"

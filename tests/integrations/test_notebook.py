@@ -16,8 +16,13 @@ from ..support.data import tiny_recipe
 
 
 @pytest.mark.slow
-def test_finetune_lora_notebook_runs_top_to_bottom(tmp_path):
+def test_finetune_lora_notebook_runs_top_to_bottom(tmp_path, docs_model):
+    """As a user runs it after the quickstart: the quickstart's model is where the notebook looks for its base (the
+    session's short quickstart model; the notebook's own fallback, 150 quickstart steps through the same API, is
+    what every quickstart test trains)."""
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)
+    (tmp_path / "runs" / "quickstart" / "final").symlink_to(docs_model)
     (tmp_path / "notebooks").mkdir()
     source = ROOT / "notebooks" / "finetune_lora.ipynb"
     nb = nbformat.read(source, as_version=4)

@@ -16,7 +16,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_resumed_matches, checkpoint_losses
-from ..support.cli import in_background, kill_family
+from ..support.cli import in_background, kill_family, run_in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 
@@ -42,10 +42,10 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
     assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
 
-    again = subprocess.run([*cmd, f"training.output_dir={interrupted}"], capture_output=True, text=True, timeout=600)
+    again = run_in_process("train", str(recipe), f"training.output_dir={interrupted}")  # the resume: a new start, in this process
     assert again.returncode == 0, again.stderr[-2000:]
     straight = tmp_path / "straight"
-    done = subprocess.run([*cmd, f"training.output_dir={straight}"], capture_output=True, text=True, timeout=600)
+    done = run_in_process("train", str(recipe), f"training.output_dir={straight}")
     assert done.returncode == 0, done.stderr[-2000:]
     resumed, reference = checkpoint_losses(interrupted), checkpoint_losses(straight)
     assert sorted(resumed) == list(range(1, 121))  # no step lost or repeated
@@ -84,10 +84,10 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     survivor = ckpt.latest_checkpoint(run_dir)
     lost = killed_at - int(survivor.name.split("-")[1])
     assert 0 <= lost <= k + 1, (killed_at, survivor)  # +1: the kill may land a step after the one observed
-    again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    again = run_in_process("train", str(recipe), f"training.output_dir={run_dir}")  # the resume: a new start, in this process
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {survivor}" in again.stdout
-    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600)
+    straight = run_in_process("train", str(recipe), f"training.output_dir={tmp_path / 'straight'}")
     assert straight.returncode == 0
     resumed, reference = checkpoint_losses(run_dir), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 81))
@@ -123,8 +123,7 @@ def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
     assert died.returncode == -signal.SIGKILL
     assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-10"]
     assert (run_dir / RunLayout.STAGING / "checkpoint-20").is_dir()  # the half-written one, never renamed into place
-    again = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe), f"training.output_dir={run_dir}"],
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    again = run_in_process("train", str(recipe), f"training.output_dir={run_dir}")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "removed" in again.stdout and "resuming from" in again.stdout and "checkpoint-10" in again.stdout
     assert not (run_dir / RunLayout.STAGING).exists()
