@@ -7,7 +7,6 @@ launcher runs in this process, so that an error of the processes is said once wi
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,12 +61,16 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         if nodes.elastic:
             check_elastic_batch(recipe, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
         _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
+    from hftrain.speed.fit import MEMORY_WARNED_ENV
+
+    warned = {MEMORY_WARNED_ENV: "1"} if recipe is not None else {}  # the processes do not say it again
     if cpu or rehearsal.on_cpu():
-        return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2, nodes)
-    return accelerate_processes(train_args, config, nproc, nodes)
+        return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2, nodes, env=warned)
+    return accelerate_processes(train_args, config, nproc, nodes, env=warned)
 
 
-def accelerate_processes(train_args: list[str], config: Path, nproc: int | None, nodes: NodeGroup = NodeGroup()) -> int:
+def accelerate_processes(train_args: list[str], config: Path, nproc: int | None, nodes: NodeGroup = NodeGroup(),
+                         env: dict[str, str] | None = None) -> int:  # fmt: skip
     """`accelerate launch --config_file CONFIG -m hftrain train TRAIN_ARGS`, with accelerate's launcher in this
     process so that a failure is reported once (child_errors.py); returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
@@ -76,7 +79,7 @@ def accelerate_processes(train_args: list[str], config: Path, nproc: int | None,
         nproc = nproc or _gpus()
     words = ["--config_file", str(config), *(nodes.accelerate_args(nproc) if nproc else []), *deepspeed_file(config)]
     args = launch_command_parser().parse_args([*words, "-m", "hftrain", "train", *train_args])
-    return child_errors.launch(lambda: launch_command(args), nodes.elastic_env())
+    return child_errors.launch(lambda: launch_command(args), {**nodes.elastic_env(), **(env or {})})
 
 
 def _gpus() -> int:
@@ -97,17 +100,18 @@ def deepspeed_file(config: Path) -> list[str]:
 
 
 def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:
-    """An explicit micro-batch that will not fit is said once, before any process starts (fit.py)."""
+    """An explicit micro-batch that will not fit is said once, before any process starts (fit.py); the launch
+    environment then tells the processes it was said (relaunch), never this process's own: a notebook or test that
+    launches goes on warning in its own runs."""
     if processes is None or recipe.parallelism.fit_memory or backend.value == "device_map":
         return
     from hftrain.model.build import measure_model
     from hftrain.speed.estimates import plan
-    from hftrain.speed.fit import MEMORY_WARNED_ENV, fit_this_run
+    from hftrain.speed.fit import fit_this_run
 
     _, note = fit_this_run(recipe, plan(recipe, measure_model(recipe)), processes, processes, backend.value, "cpu" if cpu else "cuda")
     if note:
         print(f"hftrain: {note}", flush=True)
-    os.environ[MEMORY_WARNED_ENV] = "1"
 
 
 # Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same

@@ -55,16 +55,18 @@ def process_env(config_path: Path, backend: str, nproc: int) -> dict[str, str]:
     return env
 
 
-def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int, nodes: Any = None) -> int:
+def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int, nodes: Any = None,
+                     env: dict[str, str] | None = None) -> int:  # fmt: skip
     """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns the exit code.
     torchrun's launcher runs in this process, so that a failure is reported once (child_errors.py). `nodes`: this
-    node's multinode.NodeGroup (default: one node, a standalone rendezvous on a port torchrun picks itself)."""
+    node's multinode.NodeGroup (default: one node, a standalone rendezvous on a port torchrun picks itself); `env`:
+    more for the processes' environment."""
     from torch.distributed import run as torchrun
 
     node_args = nodes.torchrun_args(nproc) if nodes is not None else ["--standalone", "--nproc_per_node", str(nproc)]
     args = torchrun.parse_args([*node_args, "-m", "hftrain", *hftrain_args])
     elastic = nodes.elastic_env() if nodes is not None else {}
-    return child_errors.launch(lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic})
+    return child_errors.launch(lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic, **(env or {})})
 
 
 def prepare_process(backend: str) -> None:
