@@ -50,6 +50,7 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit code."""
     config = find_config(config_name)
     backend = backend_of(config)
+    said = False  # the memory fit, judged before any process starts
     if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
         from hftrain.model.finetune import check_adapter_base, check_strategy
 
@@ -60,10 +61,10 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
         check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
         if nodes.elastic:
             check_elastic_batch(recipe, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
-        _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
+        said = _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     from hftrain.speed.fit import MEMORY_WARNED_ENV
 
-    warned = {MEMORY_WARNED_ENV: "1"} if recipe is not None else {}  # the processes do not say it again
+    warned = {MEMORY_WARNED_ENV: "1"} if said else {}  # the processes do not say it again
     if cpu or rehearsal.on_cpu():
         return rehearsal.launch_processes(["train", *train_args], config, backend.value, nproc or 2, nodes, env=warned)
     return accelerate_processes(train_args, config, nproc, nodes, env=warned)
@@ -99,12 +100,12 @@ def deepspeed_file(config: Path) -> list[str]:
     return ["--deepspeed_config_file", str(found)]
 
 
-def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> None:
+def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> bool:
     """An explicit micro-batch that will not fit is said once, before any process starts (fit.py); the launch
     environment then tells the processes it was said (relaunch), never this process's own: a notebook or test that
-    launches goes on warning in its own runs."""
+    launches goes on warning in its own runs. True once the fit was judged here (said or not needed)."""
     if processes is None or recipe.parallelism.fit_memory or backend.value == "device_map":
-        return
+        return False
     from hftrain.model.build import measure_model
     from hftrain.speed.estimates import plan
     from hftrain.speed.fit import fit_this_run
@@ -112,6 +113,7 @@ def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool)
     _, note = fit_this_run(recipe, plan(recipe, measure_model(recipe)), processes, processes, backend.value, "cpu" if cpu else "cuda")
     if note:
         print(f"hftrain: {note}", flush=True)
+    return True
 
 
 # Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same
