@@ -21,19 +21,13 @@ import pytest
 import torch
 import yaml
 
-from hftrain.cli import main
 
 from ..support.checks import tree_digest
+from ..support.cli import in_process as cli
 from ..support.data import finetune_recipe, make_documents, tiny_recipe, write_jsonl
 
 PROMPTS = ["def train(model, data):\n    return", "The quick brown fox jumps over", "Return the  number of\titems, 42 or 7.", "the fox is"]
 NEW_TOKENS = 8
-
-
-def cli(capsys, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.err + captured.out
 
 
 def export_gguf(capsys, source: Path, out: Path, quant: str, *extra: str) -> Path:
