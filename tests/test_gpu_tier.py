@@ -25,7 +25,7 @@ ITEM_MODULES = {"training": "test_gpu_training", "finetune": "test_gpu_finetune"
 
 
 def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

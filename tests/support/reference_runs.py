@@ -28,6 +28,7 @@ from .backend_probe import run_probe
 from .checks import metrics_losses
 from .cli import run_cli
 from .data import finetune_recipe, make_documents, tiny_recipe, write_jsonl
+from .workers import built_once
 
 STEPS, SAVE = 8, 4
 LONG_STEPS, LONG_SAVE = 40, 5
@@ -44,7 +45,10 @@ def train(recipe: Path, backend: str, nproc: int, out: Path, *extra: str) -> sub
 @pytest.fixture(scope="session")
 def sharded_yaml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A recipe over 8 shards (so the default is 8 readers on any launch) with a global batch of 8 sequences."""
-    root = tmp_path_factory.mktemp("sharded")
+    return built_once(tmp_path_factory, "sharded", _write_sharded)
+
+
+def _write_sharded(root: Path) -> Path:
     docs = make_documents(640)
     for s in range(8):
         write_jsonl(root / "corpus" / f"part-{s}.jsonl", docs[s::8])
@@ -62,16 +66,18 @@ def sharded_yaml(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def backend_run(sharded_yaml: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Path]:
     """backend_run("fsdp", 2) -> the run directory of that launch of `sharded_yaml`, trained at its first use.
-    The launch's output is kept beside it (`<dir>.log`)."""
+    The launch's output is kept beside it (`launch.log`)."""
     runs: dict[tuple[str, int], Path] = {}
-    root = tmp_path_factory.mktemp("backend-runs")
+
+    def build(backend: str, nproc: int, folder: Path) -> Path:
+        out = folder / "run"
+        result = train(sharded_yaml, backend, nproc, out)
+        (folder / "launch.log").write_text(result.stdout + result.stderr, encoding="utf-8")
+        return out
 
     def get(backend: str, nproc: int) -> Path:
         if (backend, nproc) not in runs:
-            out = root / f"{backend}-x{nproc}"
-            result = train(sharded_yaml, backend, nproc, out)
-            out.with_suffix(".log").write_text(result.stdout + result.stderr, encoding="utf-8")
-            runs[backend, nproc] = out
+            runs[backend, nproc] = built_once(tmp_path_factory, f"backend-{backend}-x{nproc}", lambda f: build(backend, nproc, f))
         return runs[backend, nproc]
 
     return get
@@ -93,7 +99,7 @@ def finetune_probe(pretrained_run, tmp_path_factory: pytest.TempPathFactory) -> 
     """finetune_probe("qlora", "fsdp") -> (every rank's observations, the folder whose `out` is the run directory),
     launched at its first use."""
     runs: dict[tuple[str, str], tuple[list[dict], Path]] = {}
-    root = tmp_path_factory.mktemp("finetune-probes")
+    root = tmp_path_factory.mktemp("finetune-probes")  # per worker: its base is this worker's pretrained_run
 
     def get(method: str, backend: str) -> tuple[list[dict], Path]:
         if (method, backend) not in runs:
@@ -109,7 +115,10 @@ def finetune_probe(pretrained_run, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def long_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """400 one-file documents, 40 steps saving every 5, no sample generation."""
-    root = tmp_path_factory.mktemp("long")
+    return built_once(tmp_path_factory, "long", _write_long)
+
+
+def _write_long(root: Path) -> Path:
     raw = tiny_recipe(write_jsonl(root / "docs.jsonl", make_documents(400)), root / "unused", max_steps=LONG_STEPS,
                       save_steps=LONG_SAVE)  # fmt: skip
     raw["monitor"]["sample_max_new_tokens"] = 0
@@ -119,8 +128,10 @@ def long_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ddp_40_steps(long_recipe: Path) -> dict[int, float]:
+def ddp_40_steps(long_recipe: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     """{step: loss} of `long_recipe`'s uninterrupted 2-process DDP run."""
-    out = long_recipe.parent / "straight"
-    train(long_recipe, "ddp", 2, out)
-    return metrics_losses(out)
+    def build(folder: Path) -> dict[int, float]:
+        train(long_recipe, "ddp", 2, folder / "run")
+        return metrics_losses(folder / "run")
+
+    return built_once(tmp_path_factory, "ddp-40-steps", build)

@@ -182,9 +182,11 @@ def test_bf16_and_gradient_accumulation(tmp_path, corpus):
     assert last["tokens_seen"] == 12 * 2 * 4 * 32
 
 
-def test_rerunning_a_finished_run_trains_nothing_more(pretrained_run):
-    raw = tiny_recipe(Path(pretrained_run.recipe.data.train[0].path), pretrained_run.output_dir)
+def test_rerunning_a_finished_run_trains_nothing_more(pretrained_run, tmp_path):
+    run_dir = tmp_path / "run"  # a copy: the shared run's own results.json stays what its training wrote
+    shutil.copytree(pretrained_run.output_dir, run_dir)
+    raw = tiny_recipe(Path(pretrained_run.recipe.data.train[0].path), run_dir)
     again = hftrain.train(hftrain.load_recipe(None, raw))
     assert again.trainer.state.global_step == 30
-    assert [p.name for p in ckpt.complete_checkpoints(pretrained_run.output_dir)] == ["checkpoint-20", "checkpoint-30"]
+    assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-20", "checkpoint-30"]
     assert again.metrics["eval_loss"] == pytest.approx(pretrained_run.metrics["eval_loss"], rel=1e-6)
