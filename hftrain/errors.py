@@ -116,6 +116,9 @@ def _explain(err: BaseException, bound_s: float | None) -> HftrainError | None:
             f"{_endpoint(err)}: {status} {'Unauthorized' if status == 401 else 'Forbidden'}: the Hub refused the token. "
             "Set HF_TOKEN to a token with write access to the repository (or run `hf auth login`)."
         )
+    if "HfHubHTTPError" in names and status is not None and 400 <= status < 500 and status not in (408, 429):
+        reason = (getattr(err, "server_message", None) or str(err)).strip().replace("\n", " ")
+        return HftrainError(f"{_endpoint(err)}: {status}: the Hub refused the request: {reason[:600]}")  # not retried: it would refuse again
     if isinstance(err, OSError) and err.errno in _OS_FIXES and getattr(err, "filename", None):
         return HftrainError(f"{err.filename}: {err.strerror}; {_OS_FIXES[err.errno]}.")
     return None

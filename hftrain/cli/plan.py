@@ -16,7 +16,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("--gpus", type=positive_int, help="plan for this many GPUs (default: the machine at hand)")
     p.add_argument("--gpu-mem-gb", type=positive_float, default=80.0, help="memory of one GPU for --gpus (default 80)")
-    p.add_argument("--gpu-type", default="H100 SXM", help="for --gpus: the card whose data-sheet bf16 peak times the run "
+    p.add_argument("--gpu-type", help="with --gpus: the card whose data-sheet bf16 peak times the run "
                    "(H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)")  # fmt: skip
     p.add_argument("--mfu", type=fraction, help="model FLOPs utilization to assume, a fraction of the peak (default: measured by the recipe's last run, "
                    "else 0.35 on GPUs, 0.50 on CPUs)")  # fmt: skip
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.speed.estimates import format_fit, format_peak, format_peak_table, format_plan, format_time, plan
     from hftrain.speed.memory import library_footprint
 
+    card = _card(args)  # the options first: a refusal before any work is printed
     recipe = load_recipe(args.recipe, overrides)
     info = plan(recipe)
     print(format_plan(info, str(recipe.model.from_pretrained or recipe.model.preset)))
@@ -40,24 +41,34 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     print("\n".join(format_peak_table(recipe, info, machine, libraries)))
     chosen = fitting.choose(recipe, info, machine, libraries)
     print("\n".join(format_fit(configured, chosen)))
-    peak_flops, peak_source = _peak_flops(args, machine, chosen)
+    peak_flops, peak_source = _peak_flops(card, machine, chosen)
     mfu, mfu_source = _mfu(args, recipe, machine)
     price = args.price_per_hour or recipe.monitor.price_per_hour
     print("\n".join(format_time(info, chosen, machine, peak_flops, peak_source, mfu, mfu_source, price)))
     return 0
 
 
-def _peak_flops(args: argparse.Namespace, machine: Any, chosen: Any) -> tuple[float, str]:
-    """The device's peak: the data sheet's for --gpus, else measured here now (a half-second matmul burst)."""
+def _card(args: argparse.Namespace) -> tuple[float, str] | None:
+    """--gpus' card: (its data-sheet bf16 TFLOPS, its name); None when planning for the machine at hand."""
     from hftrain.errors import HftrainError
     from hftrain.speed.hardware import SPEC_BF16_TFLOPS, spec_bf16_tflops
 
-    if args.gpus:
-        tflops, card = spec_bf16_tflops(args.gpu_type)
-        if not tflops:
-            known = ", ".join(c for _, t, c in SPEC_BF16_TFLOPS if t)
-            raise HftrainError(f"--gpu-type {args.gpu_type!r}: no data-sheet peak known; give one of {known}")
-        return tflops * 1e12, f"dense bf16 of an {card} (NVIDIA data sheet)"
+    if not args.gpus:
+        if args.gpu_type:
+            raise HftrainError(f"--gpu-type {args.gpu_type!r} names the card of --gpus N; add --gpus, or leave it out to plan "
+                               "for this machine (its peak is measured)")  # fmt: skip
+        return None
+    tflops, card = spec_bf16_tflops(args.gpu_type or "H100 SXM")
+    if not tflops:
+        known = ", ".join(c for _, t, c in SPEC_BF16_TFLOPS if t)
+        raise HftrainError(f"--gpu-type {args.gpu_type!r}: no data-sheet peak known; give one of {known}")
+    return tflops, card
+
+
+def _peak_flops(card: tuple[float, str] | None, machine: Any, chosen: Any) -> tuple[float, str]:
+    """The device's peak: the data sheet's for --gpus, else measured here now (a half-second matmul burst)."""
+    if card:
+        return card[0] * 1e12, f"dense bf16 of an {card[1]} (NVIDIA data sheet)"
     import torch
 
     from hftrain.speed.hardware import measure_peak_flops

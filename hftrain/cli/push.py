@@ -13,10 +13,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("push", help="share a run's final model (or a model directory) on the hub or in S3")
     p.add_argument("path", help="a run directory (training.output_dir) or a model directory")
     p.add_argument("--repo-id", help="NAMESPACE/NAME on the hub (HF_ENDPOINT for a self-hosted server; token from HF_TOKEN)")
-    p.add_argument("--revision", help="branch to push to (created if missing)")
+    p.add_argument("--revision", type=branch_name, help="branch to push to (created if missing)")
     p.add_argument("--private", action="store_true", help="create the repo private")
     p.add_argument("--to", help="an s3:// (or other fsspec) URL instead of the hub")
     return p
+
+
+def branch_name(text: str) -> str:
+    """--revision checked by git's rules for a branch name (git check-ref-format) before anything is sent: the Hub
+    answers a bad one with a 400 only after the model is bundled."""
+    import re
+
+    bad = re.search(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//", text)
+    parts = text.split("/")
+    if (not text or bad or text == "@" or text.startswith(("-", "/")) or text.endswith(("/", "."))
+            or any(p.startswith(".") or p.endswith(".lock") for p in parts)):  # fmt: skip
+        why = f"it contains {bad.group()!r}" if bad else "see git check-ref-format"
+        raise argparse.ArgumentTypeError(f"{text!r} is not a branch name ({why}); use letters, digits, '-', '_', '.' and '/' "
+                                         "(no '..', no part starting with '.')")  # fmt: skip
+    return text
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 from hftrain.recipe.schema import Recipe
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.errors import HftrainError
+from hftrain.integrations import network
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
 from hftrain.data.prepare_pool import PrepareJob, run_units
 from hftrain.checkpoint.output_lock import LOCK_FILE, owning
@@ -30,6 +31,7 @@ def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str
     `processes` processes (default: every core), one input shard per task (prepare_pool.py). The output is the
     same whatever the process count."""
     options = storage_options or {}
+    network.require_backend(out, "--out")
     fs, root = fsspec.core.url_to_fs(out, **options)
     interrupted = fs.exists(f"{root.rstrip('/')}/{LOCK_FILE}")  # left by a prepare that was killed
     _claim_out(fs, root, out, interrupted, clean=False)  # before the lock: a refused prepare writes nothing

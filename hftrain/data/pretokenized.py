@@ -20,7 +20,7 @@ import fsspec
 import numpy as np
 
 from hftrain.errors import HftrainError
-from hftrain.data.sources import require_backend
+from hftrain.integrations.network import require_backend
 from hftrain.data.shares import share_of, span
 from hftrain.data.stream import BlockStream, Worker, _mix
 

@@ -28,8 +28,6 @@ TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-# URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)
-OPTIONAL_BACKENDS = {"gs": ("gcsfs", "Google Cloud Storage", "gcs"), "gcs": ("gcsfs", "Google Cloud Storage", "gcs")}
 
 
 class BadRecords:
@@ -48,21 +46,6 @@ class BadRecords:
         if self.mode == "fail":
             raise HftrainError(f"{where}: {problem}. {fix}, or set data.on_bad_record=skip to skip and count such records.")
         self.skipped += 1
-
-
-def require_backend(path: str, key: str) -> None:
-    """Fail early, naming the recipe key, when a URL's storage library is an extra that is not installed
-    (fsspec's own ImportError would surface later, from a worker, as a listing failure)."""
-    import importlib.util
-
-    scheme = path.split("://", 1)[0].lower() if "://" in path else ""
-    if scheme not in OPTIONAL_BACKENDS:
-        return
-    module, store, extra = OPTIONAL_BACKENDS[scheme]
-    if importlib.util.find_spec(module) is None:
-        raise HftrainError(f"{key}: {path!r} is on {store}, which needs {module}: pip install 'hftrain[{extra}]'.")
-    if module == "gcsfs":
-        _compat.plain_gcs_filesystem()
 
 
 def shard_problem(err: BaseException) -> str | None:
@@ -139,7 +122,7 @@ def list_shard_sizes(source: Source, where: str) -> list[tuple[str, int]]:
         return [(source.dataset, 0)]
     path = source.path
     assert path is not None
-    require_backend(path, f"{where}.path")
+    network.require_backend(path, f"{where}.path")
     try:
         fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=network.storage_options_with_timeouts(path, source.storage_options) or None)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""

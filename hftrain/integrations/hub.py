@@ -146,6 +146,9 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
     """Copy a model folder to s3:// (or any fsspec URL); returns the URL."""
     import fsspec
 
+    from hftrain.integrations.network import require_backend
+
+    require_backend(url, "the copy's URL")
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
 
     def put() -> None:

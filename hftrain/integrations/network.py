@@ -103,3 +103,24 @@ def configure(bound_s: float | None = None) -> None:
     os.environ["HF_HUB_ETAG_TIMEOUT"] = os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = per
     _compat.hub_request_timeouts(attempt_timeout())
 
+
+# URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)
+OPTIONAL_BACKENDS = {"gs": ("gcsfs", "Google Cloud Storage", "gcs"), "gcs": ("gcsfs", "Google Cloud Storage", "gcs")}
+
+
+def require_backend(path: str, key: str) -> None:
+    """Fail early, naming the recipe key or option, when a URL's storage library is an extra that is not installed
+    (fsspec's own ImportError would surface later as a traceback, or from a worker as a listing failure). Called
+    wherever a URL from a user is first opened: data sources, `data prepare --out`, a model copied to a URL."""
+    import importlib.util
+
+    scheme = path.split("://", 1)[0].lower() if "://" in path else ""
+    if scheme not in OPTIONAL_BACKENDS:
+        return
+    module, store, extra = OPTIONAL_BACKENDS[scheme]
+    if importlib.util.find_spec(module) is None:
+        from hftrain.errors import HftrainError
+
+        raise HftrainError(f"{key}: {path!r} is on {store}, which needs {module}: pip install 'hftrain[{extra}]'.")
+    if module == "gcsfs":
+        _compat.plain_gcs_filesystem()

@@ -104,9 +104,19 @@ def check_recipe(recipe: Recipe, channels: dict[str, str]) -> None:
                 f"data {key} {value!r} is a path on this machine, which a SageMaker job cannot read. Upload it to S3 and "
                 "give the s3:// URL (hftrain streams it), or pass --channel NAME s3://... and use channel:NAME as the path."
             )
-    pretrained = recipe.model.from_pretrained
-    if pretrained and Path(pretrained).expanduser().exists():
-        raise HftrainError(f"model.from_pretrained {pretrained!r} is a directory on this machine; give a hub id or an s3:// copy.")
+    training = recipe.training_kwargs()
+    resume, deepspeed = training.get("resume_from_checkpoint"), training.get("deepspeed")
+    elsewhere = {  # every other file a job reads: where it should come from instead
+        "model.from_pretrained": (recipe.model.from_pretrained, "give a hub id or an s3:// copy"),
+        "tokenizer.path": (recipe.tokenizer.path, "give a hub id (`hftrain push` a run's final/ shares its tokenizer), or "
+                           "train it in the job (tokenizer.train)"),
+        "training.resume_from_checkpoint": (resume if isinstance(resume, str) else None, "a job resumes from its own "
+                                            "checkpoints (SageMaker restores them): set it to true"),
+        "training.deepspeed": (deepspeed if isinstance(deepspeed, str) else None, "pass the backend with --accelerate-config"),
+    }  # fmt: skip
+    for key, (value, instead) in elsewhere.items():
+        if value and "://" not in value and Path(value).expanduser().exists():
+            raise HftrainError(f"{key} {value!r} is a path on this machine, which a SageMaker job cannot read; {instead}.")
 
 
 def backend_environment(config_name: str | None) -> dict[str, str]:

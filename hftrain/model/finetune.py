@@ -42,14 +42,25 @@ def quantization_config(recipe: Recipe, strategy: Strategy) -> Any:
     )
 
 
-def check_adapter_base(recipe: Recipe) -> None:
-    """A LoRA adapter is trained onto saved weights that it is merged into and loaded with; a preset starts from
-    random weights that no file holds, so its final merge would fail after the whole run. Refused before training
-    (`hftrain plan` still sizes such a recipe: its memory is the pretrained model's of the same shape)."""
-    if recipe.finetune.method == "lora" and not recipe.model.from_pretrained:
+def check_starting_weights(recipe: Recipe) -> None:
+    """Methods that need trained weights to start from, refused on a preset's random ones before training (`hftrain
+    plan` still sizes such a recipe: its memory is the pretrained model's of the same shape). A LoRA adapter is
+    merged into and loaded with saved weights that no file holds for a preset (its final merge would fail after the
+    whole run); DPO moves a policy away from a reference by their preferences, and random weights prefer nothing."""
+    if recipe.model.from_pretrained:
+        return
+    preset = recipe.model.preset
+    if recipe.finetune.objective == "dpo":
+        raise HftrainError(
+            f"finetune.objective: dpo aligns a trained model's preferences, but this recipe builds model.preset {preset} "
+            "from random weights (no model.from_pretrained), which prefer nothing: the run would train a random policy "
+            "against a random reference. Set model.from_pretrained to a checkpoint directory or Hub id (a pretraining "
+            "or fine-tuning run's final/ will do), or pretrain with finetune.objective: lm first."
+        )
+    if recipe.finetune.method == "lora":
         raise HftrainError(
             f"finetune.method: lora trains an adapter onto pretrained weights, but this recipe builds model.preset "
-            f"{recipe.model.preset} from random weights (no model.from_pretrained). Set model.from_pretrained to a "
+            f"{preset} from random weights (no model.from_pretrained). Set model.from_pretrained to a "
             "checkpoint directory or Hub id (a pretraining run's final/ will do), or train every weight with finetune.method: full."
         )
 

@@ -56,6 +56,7 @@ def check_packing(recipe: Recipe, kernels: dict[str, str] | None = None, device:
     every kernel available here, in the form training gives it); `collator(kernel, form)`: makes the batches
     (default: training's collator for the recipe)."""
     section = recipe.data
+    plan = plan_data(section, recipe.training.seed)  # first: a missing or empty source is named, whatever follows
     if not section.masks_documents:
         return [
             "check-packing: data.document_masking is off: pretraining documents joined with EOS attend to the ones before "
@@ -63,7 +64,6 @@ def check_packing(recipe: Recipe, kernels: dict[str, str] | None = None, device:
         ], True
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    plan = plan_data(section, recipe.training.seed)
     tokenizer = scratch_tokenizer(recipe, plan)
     samples = first_micro_batch(recipe, plan, tokenizer)
     model = random_model(recipe, len(tokenizer)).to(device=device, dtype=dtype).eval()

@@ -52,9 +52,9 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     backend = backend_of(config)
     said = False  # the memory fit, judged before any process starts
     if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
-        from hftrain.model.finetune import check_adapter_base, check_strategy
+        from hftrain.model.finetune import check_starting_weights, check_strategy
 
-        check_adapter_base(recipe)
+        check_starting_weights(recipe)
         check_strategy(recipe, backend)
         from hftrain.checkpoint.elastic import check_before_launch
 

@@ -38,6 +38,52 @@ DPO_KEYS_HFTRAIN_SETS = {  # DPOConfig keys that hftrain decides from other part
 }
 
 
+# DPOConfig numbers TRL takes unchecked whose wrong values train without an error, toward nothing or away from the
+# preferences (a negative beta rewards the rejected answers): (lowest, highest, whether each end is allowed, why).
+DPO_BOUNDS: dict[str, tuple[float | None, float | None, tuple[bool, bool], str]] = {
+    "beta": (0, None, (False, False), "the strength of the preference against the reference; 0 or less trains nothing or the rejected answers"),
+    "label_smoothing": (0, 0.5, (True, True), "the share of pairs assumed mislabelled; above 0.5 the preferences flip"),
+    "ld_alpha": (0, 1, (True, True), "the weight of the verbose part of the answer (LD-DPO)"),
+    "ref_model_mixup_alpha": (0, 1, (True, True), "the share of the policy mixed into the reference at each sync"),
+    "ref_model_sync_steps": (1, None, (True, False), "the steps between reference syncs"),
+    "discopop_tau": (0, None, (False, False), "DiscoPOP's temperature"),
+    "f_alpha_divergence_coef": (0, None, (False, False), "the alpha of the alpha-divergence"),
+}  # fmt: skip
+
+
+def check_dpo_values(dpo: dict[str, Any]) -> None:
+    """Each DPOConfig value of the recipe against its type in TRL's DPOConfig and the bounds above."""
+    import typing
+
+    from pydantic import TypeAdapter, ValidationError
+    from trl import DPOConfig
+
+    hints = typing.get_type_hints(DPOConfig)
+    for key, value in dpo.items():
+        if isinstance(value, bool) and hints.get(key) is not bool and "bool" not in str(hints.get(key)):
+            raise ValueError(f"dpo: {key}: {str(value).lower()} is not a {_type_name(hints.get(key))}")
+        try:
+            value = TypeAdapter(hints.get(key, Any)).validate_python(value)
+        except ValidationError:
+            raise ValueError(f"dpo: {key}: {value!r} is not a {_type_name(hints.get(key))}") from None
+        values = value if key == "loss_weights" and value else [value]
+        low, high, (low_ok, high_ok), why = DPO_BOUNDS.get(key, (None, None, (True, True), ""))
+        if key == "loss_weights":
+            low, why = 0, "how much each loss_type counts"
+        for v in values:
+            if v is None or not isinstance(v, (int, float)):
+                continue
+            if (low is not None and (v < low or (v == low and not low_ok))) or (high is not None and (v > high or (v == high and not high_ok))):
+                lo = "" if low is None else f"{'>=' if low_ok else '>'} {low}"
+                hi = "" if high is None else f"{'<=' if high_ok else '<'} {high}"
+                raise ValueError(f"dpo: {key}: {v:g} is out of range; it must be {' and '.join(b for b in (lo, hi) if b)} ({why})")
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return {"float": "number", "int": "whole number"}.get(text, text)
+
+
 class FinetuneSection(Section):
     """How the weights are trained: all of them, or a LoRA adapter over a (possibly quantized) base."""
 
@@ -93,6 +139,7 @@ class FinetuneSection(Section):
                 where = "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
                 close = difflib.get_close_matches(key, own, n=1)
                 raise ValueError(f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else ""))
+        check_dpo_values(self.dpo)
         if self.method != "full" and self.dpo.get("sync_ref_model"):
             raise ValueError(f"dpo: sync_ref_model with method {self.method}: the reference is the base with the adapter "
                              "disabled, so there is no reference copy to sync (TRL refuses it); use method: full or remove it")  # fmt: skip

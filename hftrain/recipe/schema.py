@@ -375,6 +375,15 @@ class Recipe(Section):
             raise ValueError("checkpoints.push_revisions: no checkpoint is kept; set checkpoints.schedule or checkpoints.steps")
         return self
 
+    @model_validator(mode="after")
+    def _kept_steps_are_reached(self) -> Recipe:
+        last = self.training_kwargs().get("max_steps") or -1
+        beyond = [s for s in self.checkpoints.steps if last > 0 and s > last]
+        if beyond:
+            raise ValueError(f"checkpoints.steps: {', '.join(map(str, beyond))} after training.max_steps ({last}) would never be "
+                             "kept; remove them, or raise training.max_steps (a longer run continues this one)")  # fmt: skip
+        return self
+
     def training_kwargs(self) -> dict[str, Any]:
         """The TrainingArguments keys this recipe sets (hftrain defaults included), for TrainingArguments(**...)."""
         return self.training.model_dump(exclude_unset=True)

@@ -36,6 +36,7 @@ import torch
 from hftrain.model.build import ModelShape
 from hftrain.recipe.schema import Recipe
 from hftrain.speed.probe import Measurement, ProbeShape, compile_is_warm, mark_compiled, measure
+from hftrain.speed import probe as probing
 
 DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
 # share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
@@ -146,6 +147,9 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     """Measure on `device` (or read this machine's cached measurement) and decide."""
     probe = probe_shape(recipe, kwargs, shape)
     accumulation = kwargs.get("gradient_accumulation_steps", 1)
+    if not probing.is_cached(probe, device) and (cost := probing.expected_seconds(probe, device)) > probing.PROBE_BUDGET_S:
+        return fallback_without_probe(kwargs, device, f"the speed probe would take about {cost:,.0f} s at this model's shape "
+                                      f"here, more than the {probing.PROBE_BUDGET_S:.0f} s it may; set them in the recipe to choose")  # fmt: skip
     try:
         measured = measure(probe, device)
     except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
@@ -157,11 +161,11 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     return plan
 
 
-def fallback_without_probe(kwargs: dict[str, Any], device: torch.device) -> SpeedPlan:
-    """The probe did not fit in the device's memory: bf16 on a GPU that has it (its fast dtype for any model
-    that fills it), fp32 elsewhere; no compile (its pay-back cannot be estimated)."""
+def fallback_without_probe(kwargs: dict[str, Any], device: torch.device,
+                           why: str = "the speed probe did not fit in the device's memory") -> SpeedPlan:  # fmt: skip
+    """No probe (it did not fit in the device's memory, or would take too long): bf16 on a GPU that has it (its
+    fast dtype for any model that fills it), fp32 elsewhere; no compile (its pay-back cannot be estimated)."""
     plan = SpeedPlan(measured={"device": str(device), "step_seconds": {}, "cached": False})
-    why = "the speed probe did not fit in the device's memory"
     if not any(key in kwargs for key in PRECISION_KEYS):
         fast = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
         plan.values.update({key: fast == key for key in PRECISION_KEYS if key in dtype_keys(device)})

@@ -33,6 +33,7 @@ from hftrain.model import fused_loss
 
 CACHE_VERSION = 5  # 5: dtypes timed in alternating rounds (a busy moment had flipped a cached choice); 4: glibc malloc thresholds pinned on CPUs (_compat.keep_freed_memory); 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
 PROBE_SECONDS = 0.25  # per candidate dtype and round, after one warm-up pass
+PROBE_BUDGET_S = 60.0  # a probe expected to take longer is skipped (defaults.decide_here says so)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,21 @@ def measure(shape: ProbeShape, device: torch.device) -> Measurement:
     cache[key] = seconds
     _write_cache(cache)
     return Measurement(seconds, str(device))
+
+
+def is_cached(shape: ProbeShape, device: torch.device) -> bool:
+    return _key(shape, device) in _read_cache()
+
+
+def expected_seconds(shape: ProbeShape, device: torch.device) -> float:
+    """About how long a fresh probe of `shape` takes here: its forward and backward passes (a warm-up and at least
+    three timed, per model, dtype and round) at the FLOPs of the probed tokens, at the speed of a small fp32 matmul
+    (below the device's peak: the estimate errs long). A wide model with a long context on a CPU takes minutes."""
+    tokens = max(1, min(shape.tokens, PROBE_TOKENS.get(device.type, 1024)) // shape.seq) * shape.seq
+    layer = 4 * shape.hidden**2 + 2 * shape.hidden * shape.intermediate
+    flops = 6 * tokens * (shape.vocab * shape.hidden + layer + 2 * shape.seq * shape.hidden)  # head, a layer, attention
+    rate = 2 * 256**3 / _small_matmul_seconds(device, "fp32")
+    return 4 * 2 * len(candidates(device)) * flops / rate
 
 
 def compile_is_warm(shape: ProbeShape, device: torch.device) -> bool:

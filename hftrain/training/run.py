@@ -35,7 +35,7 @@ from hftrain.data.pretokenized import check_compatible
 from hftrain.errors import HftrainError, Preempted
 from hftrain.checkpoint.files import read_json
 from hftrain.eval.during_training import TrainingEvaluation
-from hftrain.model.finetune import apply_method, check_adapter_base
+from hftrain.model.finetune import apply_method, check_starting_weights
 from hftrain.model.generation import sample
 from hftrain.speed.hardware import measure_peak_flops
 from hftrain.integrations.hub import CheckpointPusher
@@ -56,7 +56,7 @@ from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks). The run owns
     its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
-    check_adapter_base(recipe)  # before output_dir is touched
+    check_starting_weights(recipe)  # before output_dir is touched
     with owning(recipe.training.output_dir, "training.output_dir"):
         progress.start()  # a line at least every few seconds until the first step ends (StartupOverCallback)
         try:
@@ -74,6 +74,8 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     data = plan_data(recipe.data, recipe.training.seed)
     recorded = checkpoints.recorded_start()
     fitted, memory_note = fit_memory(recipe, shape, recorded.get("global_batch"))
+    if memory_note and int(os.environ.get("RANK", "0")) == 0:  # said at once: before the speed probe measures anything
+        print(f"hftrain: {memory_note}", flush=True)
     if fitted is not recipe:  # parallelism.fit_memory: the micro-batch and checkpointing that fit here
         recipe, checkpoints = fitted, CheckpointManager(layout, fitted, fitted.training.save_total_limit)
     dims = parallel.resolve(recipe, recorded, data.reader_limit)  # once: strategy, processes, batch, readers
@@ -92,8 +94,6 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
         elastic.check_backend(resume, dims.strategy, dims.processes)
     if args.process_index == 0:
         print(f"hftrain: {settings.length.note}", flush=True)
-        if memory_note:
-            print(f"hftrain: {memory_note}", flush=True)
         if settings.speed.reasons:
             print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
         if resume is not None:

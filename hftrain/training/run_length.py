@@ -75,4 +75,8 @@ def resolve(recipe: Recipe, kwargs: dict[str, Any], global_batch: int, manifest_
         steps = max(1, math.ceil(value * manifest_tokens / per_step))
         how = f"training.num_train_epochs={value:g} x {manifest_tokens:,} prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
     note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
+    beyond = [s for s in recipe.checkpoints.steps if s > steps]  # given max_steps, the recipe's load refused these
+    if beyond:
+        raise HftrainError(f"checkpoints.steps: {', '.join(map(str, beyond))} after this run's last step ({how}) would never "
+                           f"be kept; remove them, or lengthen the run (a longer run continues this one).")  # fmt: skip
     return RunLength(steps, per_step, source, note)

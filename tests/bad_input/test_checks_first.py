@@ -1,0 +1,82 @@
+"""Start-up in the order parse, validate, decide, then measure: a refusal comes before any work is printed or done,
+and a measurement that would cost more than it can save is skipped and says so. In this process, through the CLI's
+own entry point."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import yaml
+
+from hftrain.errors import HftrainError
+
+from ..support.cli import in_process
+from .conftest import fill
+
+# (name, argv with conftest.fill's placeholders, the message, a line of the work that must not come before it)
+FIRST = [
+    ("plan: an unknown card", ["plan", "{recipe}", "--gpus", "2", "--gpu-type", "H10O"],
+     "--gpu-type 'H10O': no data-sheet peak known; give one of ", "parameters"),
+    ("plan: a card without --gpus", ["plan", "{recipe}", "--gpu-type", "H100"], "--gpu-type 'H100' names the card of --gpus N", "parameters"),
+    ("check-packing: a missing data file", ["data", "inspect", "{recipe}", "--check-packing", "data.train.path={tmp}/gone.jsonl"],
+     "data.train[0].path: no file matches '{tmp}/gone.jsonl'", "check-packing:"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, argv, expected, work_line", FIRST, ids=[c[0] for c in FIRST])
+def test_a_refusal_comes_before_any_work(capsys, work, name, argv, expected, work_line):
+    places = fill(work)
+    code, printed = in_process(capsys, *(word.format(**places) for word in argv))
+    assert code == 2 and "Traceback" not in printed, (code, printed[-2000:])
+    assert expected.format(**places) in printed, printed[-2000:]
+    assert work_line not in printed, printed[-2000:]  # before: the whole plan, or "check-packing: ... off" and exit 0
+
+
+def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, monkeypatch, recipe_file):
+    """pythia-1b at 64 x 2,048 with parallelism.fit_memory on a CPU: the fit's verdict (a micro-batch that fits, or
+    that none does on a smaller machine) is said before the speed levers are decided, and the speed probe (minutes
+    at this shape: before, killed at 120 s with nothing said) is skipped, saying why. The
+    run is stopped once its speed levers are decided (the test has no use for a 1B-parameter CPU step)."""
+    from hftrain.training import run as training_run
+
+    decided = {}
+
+    def stop_after_deciding(*args, **kwargs):
+        decided["said before"] = capsys.readouterr().out  # what the run printed before deciding its speed levers
+        decided["settings"] = settings = real(*args, **kwargs)
+        raise HftrainError(f"stopped by the test; speed defaults: {'; '.join(settings.speed.reasons)}")
+
+    real = training_run.training_arguments
+    monkeypatch.setattr(training_run, "training_arguments", stop_after_deciding)
+    raw = yaml.safe_load(recipe_file.read_text())
+    for lever in ("bf16", "torch_compile"):  # the test recipes pin them; here the probe would decide them
+        raw["training"].pop(lever)
+    unpinned = recipe_file.with_name("unpinned.yaml")
+    unpinned.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    started = time.monotonic()
+    code, printed = in_process(capsys, "train", str(unpinned), "model.preset=pythia-1b", "tokenizer.train=null", "tokenizer.builtin=gpt2",
+                               "data.seq_len=2048", "training.per_device_train_batch_size=64", "parallelism.fit_memory=true")  # fmt: skip
+    seconds = time.monotonic() - started
+    assert code == 2 and "stopped by the test" in printed, printed[-3000:]
+    assert re.search(r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )", decided["said before"], re.M), \
+        decided["said before"][-3000:]  # fmt: skip
+    assert "measuring this CPU's step speed" not in decided["said before"] + printed, printed[-3000:]
+    reasons = "; ".join(decided["settings"].speed.reasons)
+    assert "the speed probe would take about" in reasons and "set them in the recipe to choose" in reasons, reasons
+    assert seconds < 60, seconds
+
+
+def test_the_probe_budget_keeps_the_shapes_it_pays_for():
+    """The estimate that skips pythia-1b's probe leaves the quickstart's and pythia-160m's CPU probes (2-24 s)."""
+    import torch
+
+    from hftrain.speed.probe import PROBE_BUDGET_S, ProbeShape, expected_seconds
+
+    cpu = torch.device("cpu")
+    shape = lambda tokens, seq, hidden, layers, vocab: ProbeShape(tokens=tokens, seq=seq, hidden=hidden, intermediate=4 * hidden, heads=8,
+                                                                 vocab=vocab, layers=layers, parameters=0, options=())  # noqa: E731  # fmt: skip
+    assert expected_seconds(shape(16 * 128, 128, 128, 4, 4096), cpu) < PROBE_BUDGET_S / 20  # the quickstart
+    assert expected_seconds(shape(8 * 512, 512, 768, 12, 50304), cpu) < PROBE_BUDGET_S  # pythia-160m at 8 x 512
+    assert expected_seconds(shape(64 * 2048, 2048, 2048, 16, 50304), cpu) > PROBE_BUDGET_S  # pythia-1b at 64 x 2,048
