@@ -8,6 +8,7 @@ what hftrain does differently on a machine without a GPU.
 | function                    | library (seen with)              | active when                                  | upstream                      |
 | --------------------------- | -------------------------------- | -------------------------------------------- | ----------------------------- |
 | quiet_optional_warnings     | bitsandbytes 0.50                | any run or CLI command (a logger level)      | bitsandbytes#2064 (open)      |
+| quiet_launcher_cpp_logs     | torch 2.13 (c10d)                | a launcher process, before torch is imported | none filed                    |
 | quiet_trl_deprecations      | TRL 1.16, transformers 5.x       | a DPO run (a warnings filter)                | none filed                    |
 | quiet_collective_deprecations | DeepSpeed 0.19, torch 2.13     | a ZeRO-3 run (a warnings filter)             | none filed                    |
 | skip_unneeded_imports       | accelerate 1.10-1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same     | accelerate#1952, transformers#26308 |
@@ -35,6 +36,32 @@ from pathlib import Path
 from typing import Any
 
 from hftrain.errors import HftrainError
+
+
+CPP_LOG_LEVEL_ENV = "TORCH_CPP_LOG_LEVEL"
+_CHILD_CPP_LOG_LEVEL_ENV = "HFTRAIN_CHILD_CPP_LOG_LEVEL"  # what the launched processes get back ("" : torch's default)
+
+
+def quiet_launcher_cpp_logs(argv: list[str]) -> None:
+    """In a process that launches others (`hftrain train ... --accelerate-config`), torch's C++ logging is set to
+    FATAL before torch is imported (c10 reads TORCH_CPP_LOG_LEVEL once, at import): c10d logs each failed
+    connection to a missing head node as an error with its C++ backtrace (30 frames, twice) before the Python
+    exception that hftrain turns into its one line (parallel/child_errors.py), and each retry as a warning. The
+    launched processes get the level they would have had (launch_environment_cpp_logs): their c10d and NCCL
+    messages stay. A level the user set is kept everywhere."""
+    if CPP_LOG_LEVEL_ENV in os.environ or "LOCAL_RANK" in os.environ or argv[:1] != ["train"]:
+        return
+    if not any(a == "--accelerate-config" or a.startswith("--accelerate-config=") for a in argv):
+        return
+    os.environ[_CHILD_CPP_LOG_LEVEL_ENV] = ""
+    os.environ[CPP_LOG_LEVEL_ENV] = "FATAL"
+
+
+def launch_environment_cpp_logs() -> dict[str, str]:
+    """The C++ log level for processes this launcher starts: torch's own default (WARNING) unless the user set one."""
+    if os.environ.get(_CHILD_CPP_LOG_LEVEL_ENV) is None:
+        return {}
+    return {CPP_LOG_LEVEL_ENV: os.environ[_CHILD_CPP_LOG_LEVEL_ENV] or "WARNING"}
 
 
 def quiet_optional_warnings() -> None:

@@ -17,6 +17,7 @@ from types import ModuleType
 from hftrain import _compat, progress
 
 _compat.quiet_optional_warnings()  # the CLI is a program: before its commands import transformers (and bitsandbytes)
+_compat.quiet_launcher_cpp_logs(sys.argv[1:])  # before torch is imported: a launcher's c10d backtraces
 
 with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
     from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402

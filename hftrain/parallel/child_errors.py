@@ -25,8 +25,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
+from hftrain import _compat
+
 ERROR_DIR_ENV = "HFTRAIN_ERROR_DIR"
 USER_ERROR = 2  # cli/__init__.py: "hftrain: error: MESSAGE"
+UNREACHABLE = 69  # EX_UNAVAILABLE: the other nodes did not join, or the head node cannot be reached (a restart may)
 # torch elastic's own lines about a failed worker and the workers it then stops; report() says it in one line
 _TORCH_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 _TORCH_LINES = ("failed (exitcode", "Sending process")
@@ -171,7 +174,8 @@ def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
     stopped_by = None
     live = LiveErrors(directory) if env.get(ELASTIC_ENV) else None
     try:
-        with _environment({**env, ERROR_DIR_ENV: str(directory)}), _signal_handlers_kept(), _torch_lines_quiet(), _preemption_passed_on():
+        children = {**env, ERROR_DIR_ENV: str(directory), **_compat.launch_environment_cpp_logs()}
+        with _environment(children), _signal_handlers_kept(), _torch_lines_quiet(), _preemption_passed_on():
             try:
                 start()
             except ChildFailedError as err:
@@ -239,21 +243,21 @@ _RENDEZVOUS_FAILURES = {"DistStoreError", "DistNetworkError", "RendezvousTimeout
 def _rendezvous_failed(err: Exception) -> int:
     from hftrain.parallel.multinode import ELASTIC_ENV
 
-    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    said = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
     if type(err).__name__ == "RendezvousClosedError":
         print("hftrain: the elastic run this node was started for has ended (its rendezvous is closed: the other nodes "
               "finished, or stopped after their last restart); this node did not train.", file=sys.stderr, flush=True)  # fmt: skip
-        return 1
+        return UNREACHABLE
     if os.environ.get(ELASTIC_ENV):
         least = os.environ[ELASTIC_ENV].split(":")[0]
         print(f"hftrain: fewer than {least} node(s) joined the elastic rendezvous, or its head node went away ({said}). "
               "Start the same script on every node with the same HEAD_NODE and MASTER_PORT (a node that stays up, and a "
               "port free there), or give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip
-        return 1
+        return UNREACHABLE
     print(f"hftrain: the nodes did not all join the rendezvous ({said}). Start the same script on every node, each "
           f"with its own NODE_RANK and the same HEAD_NODE and MASTER_PORT (node 0's address and a port free there), or "
           "give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip
-    return 1
+    return UNREACHABLE
 
 
 @contextlib.contextmanager

@@ -291,3 +291,39 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
     print(f"elastic: node 1 lost after {in_group.name}; {first.said.count('hftrain: resuming')} resumes on node 0; "
           f"per-step loss difference to the uninterrupted run: max {worst:.2e}; {lost[0]}")
     assert_resumed_matches(ddp_40_steps, losses, range(1, 41), "elastic: 2 nodes, 1, then 2 again")
+
+
+def test_a_node_whose_head_never_comes_says_so_in_one_line_and_exits_69(tmp_path, long_recipe):
+    """Node 1 of 2 with nothing listening on the head node's port: after the rendezvous bound, hftrain's sentence and
+    exit 69 (EX_UNAVAILABLE: a restart may reach the head node; docs/operations.md), without c10d's C++ error and
+    retry lines and their 30-frame backtraces (before: both, twice, then the sentence, exit 1). The launched
+    processes keep torch's C++ log level (the launcher's own is quieted before torch is imported)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "hftrain", "train", str(long_recipe), "--accelerate-config", "ddp", "--cpu", "--nproc", "1",
+                           "--nnodes", "2", "--node-rank", "1", "--master-port", str(free_port()), "--rendezvous-timeout", "3",
+                           f"training.output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 69, said[-3000:]
+    assert "hftrain: the nodes did not all join the rendezvous (The client socket has timed out after 3000ms" in said, said[-3000:]
+    for noise in ("frame #", "socket.cpp", "TCPStore.cpp", "Traceback"):
+        assert noise not in said, (noise, said[-3000:])
+    assert time.monotonic() - started < 120
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started
+
+
+def test_launched_processes_keep_torchs_cpp_log_level(monkeypatch):
+    from hftrain import _compat
+
+    for name in ("TORCH_CPP_LOG_LEVEL", "HFTRAIN_CHILD_CPP_LOG_LEVEL", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "")  # recorded, so that what the calls below set is undone after the test
+        monkeypatch.delenv(name)
+    _compat.quiet_launcher_cpp_logs(["train", "r.yaml"])  # not a launcher: nothing changes
+    assert "TORCH_CPP_LOG_LEVEL" not in os.environ and _compat.launch_environment_cpp_logs() == {}
+    _compat.quiet_launcher_cpp_logs(["train", "r.yaml", "--accelerate-config", "ddp"])
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "FATAL"
+    assert _compat.launch_environment_cpp_logs() == {"TORCH_CPP_LOG_LEVEL": "WARNING"}  # torch's default, for the ranks
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")  # the user's own level stays everywhere
+    monkeypatch.delenv("HFTRAIN_CHILD_CPP_LOG_LEVEL")
+    _compat.quiet_launcher_cpp_logs(["train", "r.yaml", "--accelerate-config", "ddp"])
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO" and _compat.launch_environment_cpp_logs() == {}
+
