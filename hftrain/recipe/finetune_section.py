@@ -48,6 +48,7 @@ DPO_BOUNDS: dict[str, tuple[float | None, float | None, tuple[bool, bool], str]]
     "ref_model_sync_steps": (1, None, (True, False), "the steps between reference syncs"),
     "discopop_tau": (0, None, (False, False), "DiscoPOP's temperature"),
     "f_alpha_divergence_coef": (0, None, (False, False), "the alpha of the alpha-divergence"),
+    "loss_weights": (0, None, (True, False), "how much each loss_type counts"),  # each weight of the list
 }  # fmt: skip
 
 
@@ -66,11 +67,8 @@ def check_dpo_values(dpo: dict[str, Any]) -> None:
             value = TypeAdapter(hints.get(key, Any)).validate_python(value)
         except ValidationError:
             raise ValueError(f"dpo: {key}: {value!r} is not a {_type_name(hints.get(key))}") from None
-        values = value if key == "loss_weights" and value else [value]
         low, high, (low_ok, high_ok), why = DPO_BOUNDS.get(key, (None, None, (True, True), ""))
-        if key == "loss_weights":
-            low, why = 0, "how much each loss_type counts"
-        for v in values:
+        for v in value if isinstance(value, list) else [value]:
             if v is None or not isinstance(v, (int, float)):
                 continue
             if (low is not None and (v < low or (v == low and not low_ok))) or (high is not None and (v > high or (v == high and not high_ok))):

@@ -35,8 +35,7 @@ import torch
 
 from hftrain.model.build import ModelShape
 from hftrain.recipe.schema import Recipe
-from hftrain.speed.probe import Measurement, ProbeShape, compile_is_warm, mark_compiled, measure
-from hftrain.speed import probe as probing
+from hftrain.speed.probe import PROBE_BUDGET_S, Measurement, ProbeShape, compile_is_warm, expected_seconds, is_cached, mark_compiled, measure
 
 DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
 # share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
@@ -147,9 +146,9 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     """Measure on `device` (or read this machine's cached measurement) and decide."""
     probe = probe_shape(recipe, kwargs, shape)
     accumulation = kwargs.get("gradient_accumulation_steps", 1)
-    if not probing.is_cached(probe, device) and (cost := probing.expected_seconds(probe, device)) > probing.PROBE_BUDGET_S:
+    if not is_cached(probe, device) and (cost := expected_seconds(probe, device)) > PROBE_BUDGET_S:
         return fallback_without_probe(kwargs, device, f"the speed probe would take about {cost:,.0f} s at this model's shape "
-                                      f"here, more than the {probing.PROBE_BUDGET_S:.0f} s it may; set them in the recipe to choose")  # fmt: skip
+                                      f"here, more than the {PROBE_BUDGET_S:.0f} s it may; set them in the recipe to choose")  # fmt: skip
     try:
         measured = measure(probe, device)
     except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
