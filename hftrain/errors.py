@@ -30,6 +30,14 @@ class Stopped(HftrainError):
     exit_code = 1
 
 
+class NotShared(HftrainError):
+    """Training finished and its model is saved, but sending it (or its metrics) to an outside service failed: the
+    message has one line per service with the command that sends it later. The CLI exits with `exit_code`; a restart
+    would train nothing more (--max-restarts does not restart it)."""
+
+    exit_code = 76  # EX_PROTOCOL: a remote service failed
+
+
 class Preempted(Stopped):
     """Training stopped on a preemption signal after saving a checkpoint; running again continues it."""
 

@@ -21,7 +21,7 @@ _compat.quiet_launcher_cpp_logs(sys.argv[1:])  # before torch is imported: a lau
 
 with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
     from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
-from hftrain.errors import Stopped, as_user_error  # noqa: E402
+from hftrain.errors import NotShared, Stopped, as_user_error  # noqa: E402
 from hftrain.integrations import network  # noqa: E402
 from hftrain.parallel import child_errors  # noqa: E402
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         network.configure()  # the default bound until a recipe gives its own (faults.network_timeout_s)
         return run(sys.argv[1:] if argv is None else argv)
-    except Stopped as err:  # preempted, a lost node: not the recipe's fault, and running again continues
+    except (Stopped, NotShared) as err:  # preempted, a lost node, a service down: not the recipe's fault
         return child_errors.say(err.exit_code, str(err), error_dir)
     except KeyboardInterrupt:
         return child_errors.say(130, "interrupted", error_dir)

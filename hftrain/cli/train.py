@@ -105,10 +105,16 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
     from hftrain.training.run import train
 
     if job is None:
-        train(recipe)
+        run = train(recipe)
     else:
         from hftrain.integrations.sagemaker_job import MetricLinesCallback, deliver
 
-        deliver(train(recipe, callbacks=[MetricLinesCallback()]), job)
+        run = train(recipe, callbacks=[MetricLinesCallback()])
+        deliver(run, job)
     shutdown()
+    if run.not_shared:
+        from hftrain.errors import NotShared
+        from hftrain.integrations.outbox import not_shared_message
+
+        raise NotShared(not_shared_message(run.not_shared, run.final_dir))
     return 0

@@ -3,8 +3,9 @@
 TrainingArguments' own hub fields drive it (push_to_hub, hub_model_id, hub_strategy, hub_private_repo,
 hub_revision); the token comes from HF_TOKEN or `hf auth login`, the endpoint from HF_ENDPOINT. The Trainer's
 built-in push uploads from output_dir's root; hftrain's checkpoints are staged and renamed and its final model
-lives in output_dir/final, so hftrain uploads with the same huggingface_hub call (`upload_folder`, in the
-background with `run_as_future`) from the published directories. A push only reads the local files.
+lives in output_dir/final, so hftrain uploads with the same huggingface_hub call (`upload_folder`) from the
+published directories. A push only reads the local files. While training, every upload goes through the run's
+outbox (outbox.py): in the background, bounded, and a failure never stops training.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,6 +21,7 @@ import yaml
 
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
+from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
 from hftrain.recipe.load import redact_value
 from hftrain.recipe.schema import Recipe
@@ -111,12 +112,16 @@ def _count(results: dict[str, Any]) -> str:
     return f"{total:,}" if isinstance(total, int) else "?"
 
 
-def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisions: Sequence[str] = ()) -> Path:
-    """A temporary folder with the model, card, plot, metrics and recipe: what a push sends."""
-    out = Path(tempfile.mkdtemp(prefix="hftrain-push-"))
+def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisions: Sequence[str] = (), into: Path | None = None) -> Path:
+    """A temporary folder (in `into`, else the system's) with the model, card, plot, metrics and recipe: what a push
+    sends. The model's files are hard links where `into` is on their file system (they are never rewritten); the
+    run's files are copies (metrics.jsonl grows while the run trains)."""
+    if into is not None:
+        into.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="hftrain-push-", dir=into))
     for item in model_dir.iterdir():
         if item.is_file() and item.name not in ("training_args.bin", COMPLETE_MARKER):
-            shutil.copy2(item, out / item.name)
+            link_or_copy(str(item), str(out / item.name))
     layout = RunLayout(run_dir)
     for path in (layout.plot, layout.metrics, layout.results):
         if path.is_file():
@@ -126,9 +131,9 @@ def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisio
     return out
 
 
-def push_folder(folder: Path, repo_id: str, *, private: bool | None, revision: str | None, message: str, path_in_repo: str | None = None,
-                background: bool = False) -> Future | str:  # fmt: skip
-    """Upload a folder to the hub (creating the repo and branch if needed); a Future when `background`."""
+def push_folder(folder: Path, repo_id: str, *, private: bool | None, revision: str | None, message: str,
+                path_in_repo: str | None = None) -> str:  # fmt: skip
+    """Upload a folder to the hub (creating the repo and branch if needed), each call retried."""
     from huggingface_hub import HfApi
 
     api = HfApi()
@@ -137,13 +142,12 @@ def push_folder(folder: Path, repo_id: str, *, private: bool | None, revision: s
         _retry(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True), f"creating branch {revision} of {repo_id}")
     upload = dict(repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=message,
                   path_in_repo=path_in_repo, allow_patterns=SHAREABLE)  # fmt: skip
-    if background:
-        return api.upload_folder(**upload, run_as_future=True)
     return _retry(lambda: str(api.upload_folder(**upload)), f"pushing {folder} to {repo_id}")
 
 
-def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | None = None) -> str:
-    """Copy a model folder to s3:// (or any fsspec URL); returns the URL."""
+def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | None = None, name: Path | None = None) -> str:
+    """Copy a folder (a model, a checkpoint with its sharded state's subfolders) to s3:// (or any fsspec URL);
+    returns the URL. `name`: the folder a message names (the checkpoint a staged copy was made from)."""
     import fsspec
 
     from hftrain.integrations.network import require_backend
@@ -153,11 +157,11 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
 
     def put() -> None:
         fs.makedirs(root, exist_ok=True)
-        for item in sorted(folder.iterdir()):
+        for item in sorted(folder.rglob("*")):
             if item.is_file():
-                fs.put_file(str(item), root.rstrip("/") + "/" + item.name)
+                fs.put_file(str(item), root.rstrip("/") + "/" + item.relative_to(folder).as_posix())
 
-    _retry(put, f"copying {folder} to {url}")
+    _retry(put, f"copying {name or folder} to {url}")
     return url
 
 
@@ -167,12 +171,12 @@ def repo_id_of(args: Any) -> str:
 
 
 class CheckpointPusher:
-    """Pushes during training (hub_strategy) in the background: at most one upload in flight, never blocking; and
-    kept checkpoints as revisions stepN (recipe.checkpoints.push_revisions: revisions.py)."""
+    """What a run shares, where the recipe says: during training (hub_strategy, hub.s3_uri, and kept checkpoints as
+    revisions stepN, revisions.py) through the run's outbox, in the background; at the end, the final model, after
+    the outbox has sent what it holds. Nothing here raises into training: failures are collected."""
 
-    def __init__(self, recipe: Recipe, args: Any, push_to_hub: bool, revisions: Any = None):
-        self.recipe, self.args, self.push_to_hub = recipe, args, push_to_hub
-        self.pending: Future | None = None
+    def __init__(self, recipe: Recipe, args: Any, push_to_hub: bool, outbox: Outbox, revisions: Any = None):
+        self.recipe, self.args, self.push_to_hub, self.outbox = recipe, args, push_to_hub, outbox
         self.revisions = revisions  # a revisions.RevisionPublisher, or None
 
     @property
@@ -194,38 +198,50 @@ class CheckpointPusher:
         if not self.enabled or strategy == "end":
             return
         if self.recipe.hub.s3_uri:
-            copy_to_fsspec(checkpoint, f"{self.recipe.hub.s3_uri.rstrip('/')}/{checkpoint.name}", self.recipe.hub.storage_options)
-        if not self.push_to_hub:
-            return
-        if self.pending is not None and not self.pending.done():
-            print(f"hftrain: previous hub push still running; {checkpoint.name} not pushed", file=sys.stderr, flush=True)
-            return
-        folder = {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy]
-        bundle_dir = bundle(Path(self.args.output_dir), checkpoint, self.recipe, self.repo_id())
-        self.pending = push_folder(bundle_dir, self.repo_id(), private=self.args.hub_private_repo, revision=self.args.hub_revision,
-                                   message=f"hftrain: {checkpoint.name}", path_in_repo=folder, background=True)  # fmt: skip
-        self.pending.add_done_callback(lambda _: shutil.rmtree(bundle_dir, ignore_errors=True))
-
-    def on_end(self, run_dir: Path, final_dir: Path) -> list[str]:
-        """Push the final model (waiting for it), after any push still in flight."""
-        done = []
-        if self.pending is not None:
-            try:
-                self.pending.result()
-            except Exception as err:  # an intermediate push lost; the final one below still runs
-                print(f"hftrain: a background hub push failed ({type(err).__name__}); pushing the final model now", file=sys.stderr)
-        if self.recipe.hub.s3_uri:
-            done.append(copy_to_fsspec(final_dir, f"{self.recipe.hub.s3_uri.rstrip('/')}/final", self.recipe.hub.storage_options))
-        revisions = self.revisions.finish() if self.revisions is not None else []
+            self._copy_checkpoint(checkpoint, f"{self.recipe.hub.s3_uri.rstrip('/')}/{checkpoint.name}")
         if self.push_to_hub:
-            folder = bundle(run_dir, final_dir, self.recipe, self.repo_id(), revisions)
+            self._push_checkpoint(checkpoint, {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy])
+
+    def _copy_checkpoint(self, checkpoint: Path, url: str) -> None:
+        staged = self.outbox.stage(checkpoint)  # rotation may delete the checkpoint before its turn
+        options = self.recipe.hub.storage_options
+        self.outbox.submit("S3", f"copying {checkpoint.name} to {url}", lambda: copy_to_fsspec(staged, url, options, name=checkpoint),
+                           later=send_later(f"hftrain push {checkpoint} --to {url}"), staged=staged)  # fmt: skip
+
+    def _push_checkpoint(self, checkpoint: Path, path_in_repo: str | None) -> None:
+        repo, revision = self.repo_id(), self.args.hub_revision
+        staged = bundle(Path(self.args.output_dir), checkpoint, self.recipe, repo, into=self.outbox.folder)
+        send = lambda: push_folder(staged, repo, private=self.args.hub_private_repo, revision=revision,  # noqa: E731
+                                   message=f"hftrain: {checkpoint.name}", path_in_repo=path_in_repo)  # fmt: skip
+        later = send_later(f"hftrain push {checkpoint} --repo-id {repo}" + (f" --revision {revision}" if revision else ""))
+        self.outbox.submit("the Hub", f"pushing {checkpoint.name} to {repo}", send, later=later, staged=staged)
+
+    def on_end(self, run_dir: Path, final_dir: Path) -> tuple[list[str], list[Failure]]:
+        """Send the final model after what the outbox still holds; (where it went, every failure of the run)."""
+        self.outbox.finish()
+        done = []
+        if self.recipe.hub.s3_uri:
+            url = f"{self.recipe.hub.s3_uri.rstrip('/')}/final"
             try:
-                push_folder(folder, self.repo_id(), private=self.args.hub_private_repo, revision=self.args.hub_revision,
+                done.append(copy_to_fsspec(final_dir, url, self.recipe.hub.storage_options))
+            except Exception as err:
+                self.outbox.fail(Failure("S3", f"copying the final model to {url}", reason(err), send_later(f"hftrain push {run_dir} --to {url}")),
+                                 training=False)  # fmt: skip
+        revisions = self.revisions.branches() if self.revisions is not None else []
+        if self.push_to_hub:
+            repo = self.repo_id()
+            folder = bundle(run_dir, final_dir, self.recipe, repo, revisions, into=self.outbox.folder)
+            try:
+                push_folder(folder, repo, private=self.args.hub_private_repo, revision=self.args.hub_revision,
                             message="hftrain: final model")  # fmt: skip
+                done.append(f"hub:{repo}")
+            except Exception as err:
+                later = send_later(f"hftrain push {run_dir} --repo-id {repo}" + (f" --revision {self.args.hub_revision}" if self.args.hub_revision else ""))
+                self.outbox.fail(Failure("the Hub", f"pushing the final model to {repo}", reason(err), later), training=False)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            done.append(f"hub:{self.repo_id()}")
-        return done
+        self.outbox.finish()  # removes its folder, now empty
+        return done, list(self.outbox.failures)
 
 
 def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None) -> str:
@@ -235,7 +251,8 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
     path = Path(path)
     final = RunLayout(path).final
     model_dir = final if (final / "config.json").is_file() else path
-    if not (model_dir / "config.json").is_file():
+    checkpoint = (model_dir / COMPLETE_MARKER).is_file()  # --to copies a checkpoint as it is (a sharded or adapter one too)
+    if not (model_dir / "config.json").is_file() and not (to and checkpoint):
         raise HftrainError(f"{path}: neither a run directory with final/ nor a model directory (no config.json).")
     run_dir = path if model_dir != path else path.parent
     recipe_file = model_dir / RECIPE_FILE

@@ -9,7 +9,10 @@ The bound is ``faults.network_timeout_s`` (default ``DEFAULT_BOUND_S`` = 60 s): 
   ``storage_options`` win; ``storage_options_with_timeouts`` merges the timeouts into them key by key;
 * huggingface_hub: its shared HTTP client (used by create_repo, upload_folder, ...; unbounded by default) and
   the metadata and download timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT, inherited by child processes), through
-  ``_compat.hub_request_timeouts``.
+  ``_compat.hub_request_timeouts``;
+* the trackers' clients, through their documented variables where the user has not set them: MLflow's HTTP
+  requests (MLFLOW_HTTP_REQUEST_TIMEOUT, _MAX_RETRIES, _BACKOFF_FACTOR; by default 120 s and 7 retries, minutes
+  before a server that is down becomes an error) and W&B's start (WANDB_INIT_TIMEOUT, 90 s by default).
 
 hftrain's own retries of a push (hub.py) stop once the bound is spent.
 """
@@ -28,6 +31,7 @@ ATTEMPT_SHARE = 0.2  # the Hub client's per-request timeout; hub.py's retries st
 
 _bound = DEFAULT_BOUND_S
 _configured = False
+_set_here: set[str] = set()  # the environment variables configure set (a user's own are never changed)
 
 
 def bound() -> float:
@@ -102,6 +106,12 @@ def configure(bound_s: float | None = None) -> None:
     per = str(max(1, int(attempt_timeout())))
     os.environ["HF_HUB_ETAG_TIMEOUT"] = os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = per
     _compat.hub_request_timeouts(attempt_timeout())
+    retries = 2  # with back-off 1 s, 2 s: three attempts of `per` seconds stay within the bound
+    for key, value in {"MLFLOW_HTTP_REQUEST_TIMEOUT": per, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(retries),
+                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "WANDB_INIT_TIMEOUT": str(max(1, int(_bound)))}.items():  # fmt: skip
+        if key not in os.environ or key in _set_here:
+            os.environ[key] = value
+            _set_here.add(key)
 
 
 # URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)

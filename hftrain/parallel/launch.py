@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from hftrain.parallel import child_errors, rehearsal
-from hftrain.errors import HftrainError
+from hftrain.errors import HftrainError, NotShared
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
 from hftrain.parallel.multinode import NodeGroup
 from hftrain.recipe.schema import Recipe
@@ -56,6 +56,8 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
 
         check_starting_weights(recipe)
         check_strategy(recipe, backend)
+        if cpu or rehearsal.on_cpu():
+            rehearsal.check_precision(recipe.training_kwargs(), backend.value)
         from hftrain.checkpoint.elastic import check_before_launch
 
         check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
@@ -119,7 +121,8 @@ def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool)
 # Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same
 # way again), or stopped by the user. Everything else (a crash signal, a preemption exit 75 that the supervisor
 # itself did not receive, an unexpected exit) is restarted.
-FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data (a restart would fail the same way)", 130: "interrupted"}
+FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data (a restart would fail the same way)", 130: "interrupted",
+                    NotShared.exit_code: "trained and saved; sending it failed (a restart would train nothing more)"}
 
 
 def supervise(hftrain_args: list[str], max_restarts: int, command: list[str] | None = None) -> int:

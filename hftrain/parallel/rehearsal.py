@@ -16,7 +16,9 @@ What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what this mod
   inference-only C++ op (``_compat.skip_shm_comm_build``).
 * ``training_kwargs`` (pure): the TrainingArguments a rehearsal needs: gloo, ``use_cpu`` for DDP/FSDP, the
   FSDP plugin options from the accelerate YAML, and for ZeRO-3 ``use_cpu=False`` (use_cpu turns DeepSpeed
-  off) with ``use_configured_state`` so the Trainer keeps the state made by ``prepare_process``.
+  off) with ``use_configured_state`` so the Trainer keeps the state made by ``prepare_process``. That makes a
+  ZeRO-3 rehearsal fp32: TrainingArguments refuses bf16 without a GPU unless use_cpu is set, so the speed
+  defaults keep fp32 there and ``check_precision`` refuses a recipe's own bf16/fp16 before any process starts.
 * ``after_accelerator``: an FSDP rehearsal's accelerator state (``_compat.fsdp_state_for_cpu``).
 """
 
@@ -30,9 +32,12 @@ from typing import Any
 import torch
 
 from hftrain import _compat
+from hftrain.errors import HftrainError
 from hftrain.parallel import child_errors
 
 REHEARSAL_ENV = "HFTRAIN_CPU_REHEARSAL"  # ddp | fsdp | zero3
+ZERO3_ON_CPU = ("a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with use_cpu, "
+                "which turns DeepSpeed off")
 CONFIG_ENV = "HFTRAIN_ACCELERATE_CONFIG"  # the accelerate YAML the rehearsal follows
 
 
@@ -76,10 +81,22 @@ def prepare_process(backend: str) -> None:
         _compat.deepspeed_cpu_process_group()
 
 
+def check_precision(training: dict[str, Any], backend: str) -> None:
+    """A recipe's own bf16/fp16 in a CPU rehearsal of ZeRO-3: one message naming the key and the way out, instead of
+    TrainingArguments' advice to set use_cpu (which would turn DeepSpeed off)."""
+    if backend != "zero3":
+        return
+    for key in ("bf16", "fp16"):
+        if training.get(key):
+            raise HftrainError(f"training.{key}: true, but {ZERO3_ON_CPU}. Add training.{key}=false to the command line to "
+                               "rehearse this recipe here; its GPU runs keep it.")  # fmt: skip
+
+
 def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, Any]:
     """TrainingArguments changes for a CPU rehearsal of the backend the accelerate YAML describes."""
     if backend is None:
         return kwargs
+    check_precision(kwargs, backend)
     import yaml
 
     kwargs = dict(kwargs)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from hftrain.model.build import ModelShape
+from hftrain.parallel.rehearsal import ZERO3_ON_CPU
 from hftrain.recipe.schema import Recipe
 from hftrain.speed.probe import PROBE_BUDGET_S, Measurement, ProbeShape, compile_is_warm, expected_seconds, is_cached, mark_compiled, measure
 
@@ -62,10 +63,12 @@ class SpeedPlan:
         return cls(dict(data["values"]), list(data["reasons"]), dict(data["measured"]))
 
 
-def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.device) -> tuple[str, str]:
+def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.device, strategy: str = "single") -> tuple[str, str]:
     """"fp32" or the autocast dtype to train in, with the reason."""
     if recipe.finetune.method in ("qlora", "lora_8bit"):
         return "fp32", "quantized fine-tuning uses its own compute dtype"
+    if device.type == "cpu" and strategy == "zero3":
+        return "fp32", ZERO3_ON_CPU
     if measured is None:
         return "fp32", f"no measurement on {device.type}"
     options = {d: measured.speedup(d) for d in measured.seconds if d != "fp32"}
@@ -103,7 +106,7 @@ def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Meas
                                "cached": bool(measured and measured.cached)})  # fmt: skip
     dtype = "fp32"
     if not any(key in kwargs for key in PRECISION_KEYS):
-        dtype, why = choose_dtype(recipe, measured, device)
+        dtype, why = choose_dtype(recipe, measured, device, strategy)
         plan.values.update({key: dtype == key for key in PRECISION_KEYS if key in dtype_keys(device)})
         plan.reasons.append(f"{dtype if dtype != 'fp32' else 'fp32 (no autocast)'} ({why})")
     if "torch_compile" not in kwargs:
@@ -144,6 +147,8 @@ def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> Pr
 
 def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
     """Measure on `device` (or read this machine's cached measurement) and decide."""
+    if device.type == "cpu" and strategy == "zero3":  # fp32 only, compile never: nothing a measurement would decide
+        return decide(recipe, kwargs, strategy, None, device, warm_compile=False)
     probe = probe_shape(recipe, kwargs, shape)
     accumulation = kwargs.get("gradient_accumulation_steps", 1)
     if not is_cached(probe, device) and (cost := expected_seconds(probe, device)) > PROBE_BUDGET_S:

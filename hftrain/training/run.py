@@ -39,6 +39,7 @@ from hftrain.model.finetune import apply_method, check_starting_weights
 from hftrain.model.generation import sample
 from hftrain.speed.hardware import measure_peak_flops
 from hftrain.integrations.hub import CheckpointPusher
+from hftrain.integrations.outbox import Failure, Outbox
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
 from hftrain.model.build import ModelShape, build_model, measure_model
 from hftrain.training.nonfinite import NonFiniteGuard
@@ -111,7 +112,7 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, recipe)
     trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
-    pusher = CheckpointPusher(recipe, args, settings.push_to_hub, revisions.publisher(recipe, args, settings.push_to_hub))
+    pusher = outside_services(recipe, settings.push_to_hub, trainer)
     checkpoints.on_publish.append(pusher.on_checkpoint)
     if resume is None and recipe.checkpoints.keeps(0):  # Pythia's step0: the weights before the first step
         initial = checkpoints.save_initial(trainer)
@@ -122,9 +123,18 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
         return already_finished(trainer, recipe, resume, known, pusher)
     if resume is not None:
         elastic.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
-    with trackers.one_run(args):
+    with trackers.one_run(args, pusher.outbox):
         fit(trainer, resume)
         return finish(trainer, recipe, known, pusher)
+
+
+def outside_services(recipe: Recipe, push_to_hub: bool, trainer: HftrainTrainer) -> CheckpointPusher:
+    """What shares the run's checkpoints, through the run's outbox, which also guards its trackers: a service that
+    is down never stops training (outbox.py)."""
+    args = trainer.args
+    outbox = Outbox(Path(args.output_dir), owner=args.should_save)
+    trackers.guard_reporters(trainer, outbox)
+    return CheckpointPusher(recipe, args, push_to_hub, outbox, revisions.publisher(recipe, args, push_to_hub, outbox))
 
 
 def fit_memory(recipe: Recipe, shape: ModelShape, recorded_global: int | None) -> tuple[Recipe, str | None]:
@@ -253,7 +263,9 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any], pushe
     lines += [f"plot: {run.plot_path}"] if run.plot_path else []
     lines += [f"sample: {run.sample!r}"] if run.sample else []
     print("\n".join(lines), flush=True)
-    share(pusher, layout)
+    run.not_shared = share(pusher, layout)
+    if run.not_shared:  # results.json says what was not sent, and how to send it
+        layout.results.write_text(json.dumps({**results, "not_shared": [f.to_json() for f in run.not_shared]}, indent=2), encoding="utf-8")
     return run
 
 
@@ -274,15 +286,12 @@ def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
     }
 
 
-def share(pusher: CheckpointPusher, layout: RunLayout) -> None:
-    """Push the final model where the recipe says (hub, S3); a failure says how to push it later."""
+def share(pusher: CheckpointPusher, layout: RunLayout) -> list[Failure]:
+    """Push the final model where the recipe says (hub, S3) after what the outbox still holds; every failure of the
+    run's outside services (each was said when it happened)."""
     if not pusher.enabled:
-        return
-    try:
-        for target in pusher.on_end(layout.root, layout.final):
-            print(f"pushed: {target}", flush=True)
-    except HftrainError as err:
-        raise HftrainError(
-            f"training finished and is saved in {layout.final}, but sharing it failed: {err}. "
-            f"Push it later with `hftrain push {layout.root} --repo-id {pusher.repo_id()}`."
-        ) from None
+        return pusher.outbox.finish()
+    done, failures = pusher.on_end(layout.root, layout.final)
+    for target in done:
+        print(f"pushed: {target}", flush=True)
+    return failures

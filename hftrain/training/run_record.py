@@ -23,6 +23,7 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     sample: str = ""
     plot_path: Path | None = None
+    not_shared: list[Any] = field(default_factory=list)  # outbox.Failure: what was not sent (Hub, S3, trackers)
     _model: Any = None
 
     @property

@@ -21,6 +21,9 @@ PLAIN = [
      "argument --revision: 'my run' is not a branch name (it contains ' ')", None),
     ("push --revision ending .lock", ["push", "{tmp}", "--repo-id", "me/model", "--revision", "v1.lock"],
      "argument --revision: 'v1.lock' is not a branch name", None),
+    ("bf16 in a ZeRO-3 rehearsal on a CPU", ["train", "{recipe}", "--accelerate-config", "zero3", "training.bf16=true"],
+     "training.bf16: true, but a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with "
+     "use_cpu, which turns DeepSpeed off. Add training.bf16=false to the command line", None),
 ]  # fmt: skip
 
 

@@ -110,6 +110,18 @@ def test_a_probe_that_does_not_fit_in_memory_falls_back_without_compile(monkeypa
                             "torch_compile=off (the speed probe did not fit in the device's memory)"]  # fmt: skip
 
 
+def test_a_zero3_rehearsal_on_a_cpu_stays_fp32_without_probing(monkeypatch):
+    """TrainingArguments refuses bf16 on a CPU without use_cpu, which a ZeRO-3 rehearsal cannot set: a CPU where the
+    probe measured bf16 4x faster (AMX) chose bf16 there, and the 2-process run died before its first step."""
+    monkeypatch.setattr(speed, "measure", lambda shape, device: pytest.fail("nothing to measure"))
+    shape = measure_model(recipe_for())
+    plan = speed.decide_here(recipe_for(), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "zero3", shape, CPU)
+    assert plan.values == {"bf16": False, "torch_compile": False}
+    assert plan.reasons[0].startswith("fp32 (no autocast) (a ZeRO-3 rehearsal on CPU trains in fp32"), plan.reasons
+    assert speed.decide(recipe_for(), {"max_steps": 100}, "zero3", AMX, CPU, False).values["bf16"] is False
+    assert speed.decide(recipe_for(), {"max_steps": 100}, "fsdp", AMX, CPU, False).values["bf16"] is True  # FSDP/DDP use_cpu: autocast
+
+
 @pytest.mark.slow
 def test_the_probe_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path))

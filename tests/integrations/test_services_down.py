@@ -1,0 +1,108 @@
+"""An outside service down never stops training (issue 45, class 1): the Hub, the S3 copy and a tracker all refuse
+connections, and the run trains to its last step with every checkpoint, then exits 76 with one line per service,
+each saying how to send it later. Through the CLI's own entry point, in this process."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import yaml
+
+from hftrain.integrations.outbox import STAGED_LIMIT, Outbox
+
+from ..support.cli import in_process
+from ..support.data import tiny_recipe
+
+TOKEN = "hf_downTESTtoken0123456789"
+SECRET = "s3-secret-never-printed"
+
+
+def closed_port() -> int:
+    """A port nothing listens on: connections to it are refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# (service, the words of its line in the final message, the command its line gives)
+SERVICES = [
+    ("the Hub", "pushing the final model to tester/down failed", "`hftrain push {run} --repo-id tester/down`"),
+    ("S3", "copying the final model to s3://bucket/models/final failed", "`hftrain push {run} --to s3://bucket/models/final`"),
+    ("mlflow", "starting the mlflow run failed", "; its metrics are in the run's metrics.jsonl"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def run_with_every_service_down(tmp_path, corpus):
+    tmp = tmp_path
+    port = closed_port()
+    raw = tiny_recipe(corpus, tmp / "run", max_steps=6, save_steps=2, save_total_limit=1, report_to=["mlflow"])
+    raw["training"].update(push_to_hub=True, hub_model_id="tester/down", hub_strategy="every_save")
+    raw["hub"] = {"s3_uri": "s3://bucket/models",
+                  "storage_options": {"key": "k", "secret": SECRET, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}}  # fmt: skip
+    raw["faults"] = {"network_timeout_s": 2}
+    recipe = tmp / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return recipe, tmp / "run", port
+
+
+def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_every_service_down, local_hub, monkeypatch, capsys):
+    recipe, run_dir, port = run_with_every_service_down
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    local_hub.stop()  # huggingface_hub points at it: connections refused
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    code, printed = in_process(capsys, "train", str(recipe))
+    seconds = time.monotonic() - started
+    assert code == 76, (code, printed[-4000:])  # before: exit 2 at the first save ("creating hub repo ... failed")
+    assert "Traceback" not in printed and TOKEN not in printed and SECRET not in printed, printed[-4000:]
+    assert (run_dir / "checkpoint-6" / "hftrain_complete.json").is_file(), sorted(p.name for p in run_dir.iterdir())  # save_total_limit 1
+    assert (run_dir / "final" / "model.safetensors").is_file()
+    assert not (run_dir / ".hftrain-outbox").exists()  # staged copies removed, sent or not
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["step"] == 6
+    assert {f["service"] for f in results["not_shared"]} == {"the Hub", "S3", "mlflow"}
+    final = printed[printed.index("hftrain: training finished and the model is saved in"):]
+    assert "but 3 outside services failed" in final.splitlines()[0], final
+    lines = {line.split(": ")[0].strip(): line for line in final.splitlines()[1:4]}
+    for service, words, later in SERVICES:
+        line = lines[service]
+        assert words in line and later.format(run=run_dir) in line, (service, line)
+    assert ".hftrain-outbox" not in printed  # messages name the checkpoint, not its staged copy
+    # every failure was said when it happened, with training going on
+    assert "hftrain: warning: copying checkpoint-2 to s3://bucket/models/checkpoint-2 failed (" in printed, printed[-4000:]
+    assert "hftrain: warning: pushing checkpoint-2 to tester/down failed (" in printed
+    assert "training goes on" in printed and "hftrain: warning: starting the mlflow run failed" in printed
+    assert "reporting to mlflow" not in printed  # the tracker failed once: its callback stays quiet
+    assert seconds < 120, seconds  # each service's failure costs its network bound (2 s here), never a stall
+
+
+def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, capsys):
+    """A service that hangs: submit returns at once, staged uploads beyond STAGED_LIMIT drop the oldest (reported
+    with its command), and the queued ones are sent in order once the service answers."""
+    import threading
+
+    outbox = Outbox(tmp_path)
+    release, sent = threading.Event(), []
+    checkpoints = []
+    for step in range(1, 6):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"w" * 10)
+        checkpoints.append(folder)
+    outbox.submit("S3", "first", lambda: release.wait(30) and sent.append("first"))  # holds the worker
+    started = time.monotonic()
+    for folder in checkpoints:
+        staged = outbox.stage(folder)
+        outbox.submit("S3", f"copying {folder.name}", lambda f=folder: sent.append(f.name), later=f"send it later: `push {folder.name}`", staged=staged)
+    assert time.monotonic() - started < 1  # nothing waited for the service
+    assert [f.what for f in outbox.failures] == [f"copying checkpoint-{s}" for s in range(1, 6 - STAGED_LIMIT)]
+    assert "send it later: `push checkpoint-1`" in capsys.readouterr().err
+    release.set()
+    assert [f.what for f in outbox.finish()] == [f"copying checkpoint-{s}" for s in range(1, 6 - STAGED_LIMIT)]
+    assert sent == ["first", *[f"checkpoint-{s}" for s in range(6 - STAGED_LIMIT, 6)]]
+    assert not (tmp_path / ".hftrain-outbox").exists()
+    assert all((c / "model.safetensors").read_bytes() == b"w" * 10 for c in checkpoints)  # staging never moves the originals
