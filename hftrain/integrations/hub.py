@@ -158,8 +158,11 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
     def put() -> None:
         fs.makedirs(root, exist_ok=True)
         for item in sorted(folder.rglob("*")):
-            if item.is_file():
-                fs.put_file(str(item), root.rstrip("/") + "/" + item.relative_to(folder).as_posix())
+            target = root.rstrip("/") + "/" + item.relative_to(folder).as_posix()
+            if item.is_dir():
+                fs.makedirs(target, exist_ok=True)  # local and mounted targets need it; object stores ignore it
+            elif item.is_file():
+                fs.put_file(str(item), target)
 
     _retry(put, f"copying {name or folder} to {url}")
     return url

@@ -95,12 +95,14 @@ class Outbox:
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._staged = 0  # staged copies so far: each its own folder
 
     def stage(self, folder: Path) -> Path:
         """A copy of `folder` that its rotation cannot remove: hard links (the files of a published checkpoint are
         never rewritten), a copy where the file system cannot link."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        target = self.folder / f"{folder.name}-{os.getpid()}-{len(os.listdir(self.folder))}"
+        self._staged += 1
+        target = self.folder / f"{folder.name}-{self._staged}"
         shutil.copytree(folder, target, copy_function=link_or_copy)
         return target
 
