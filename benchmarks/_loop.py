@@ -62,15 +62,23 @@ def neox_model(shape: dict[str, Any], tokenizer: Any) -> Any:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     vocab = -(-len(tokenizer) // 128) * 128
-    config = GPTNeoXConfig(vocab_size=vocab, hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
-                           num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
-                           max_position_embeddings=context(shape), bos_token_id=tokenizer.eos_token_id,
-                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config = GPTNeoXConfig(
+        vocab_size=vocab,
+        hidden_size=shape["hidden"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        intermediate_size=4 * shape["hidden"],
+        max_position_embeddings=context(shape),
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return GPTNeoXForCausalLM(config)
 
 
-def run_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path, run_steps: int, seed: int,
-             warmup: int, tokenizer_dir: str | None) -> tuple[Any, Any, SimpleNamespace, list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+def run_loop(
+    shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path, run_steps: int, seed: int, warmup: int, tokenizer_dir: str | None
+) -> tuple[Any, Any, SimpleNamespace, list[dict[str, Any]], dict[str, Any]]:
     """The minimal loop: for each batch, forward, backward, clip, AdamW step, scheduler step, zero_grad.
     Returns (model, tokenizer, an args-like record, its log history, its step clock in StepClock's format)."""
     import torch
@@ -82,14 +90,25 @@ def run_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path,
     set_seed(seed)
     model = neox_model(shape, tokenizer)
     # as the Trainer does: weight decay on everything but biases and LayerNorm weights
-    decay = [p for m in model.modules() if not isinstance(m, torch.nn.LayerNorm) for n, p in m.named_parameters(recurse=False) if n != "bias"]
+    decay = [
+        p for m in model.modules() if not isinstance(m, torch.nn.LayerNorm) for n, p in m.named_parameters(recurse=False) if n != "bias"
+    ]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8, fused=True)  # the Trainer's default (adamw_torch_fused)
+    optimizer = torch.optim.AdamW(
+        groups, lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8, fused=True
+    )  # the Trainer's default (adamw_torch_fused)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, run_steps)
-    loader = DataLoader(blocks, batch_size=shape["batch"], shuffle=True, collate_fn=default_data_collator,
-                        generator=torch.Generator().manual_seed(seed))  # fmt: skip
-    clock: dict[str, Any] = {"train_begin": time.perf_counter(), "wall_at_train_begin": time.time(), "step_end": [], "cpu": [], "waited": []}
+    loader = DataLoader(
+        blocks, batch_size=shape["batch"], shuffle=True, collate_fn=default_data_collator, generator=torch.Generator().manual_seed(seed)
+    )
+    clock: dict[str, Any] = {
+        "train_begin": time.perf_counter(),
+        "wall_at_train_begin": time.time(),
+        "step_end": [],
+        "cpu": [],
+        "waited": [],
+    }
     turns = Turns.from_env()  # the turns the sides of a pair take (_turns.py)
     history: list[dict[str, Any]] = []
     model.train()
@@ -107,6 +126,12 @@ def run_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path,
             history.append({"step": step, "loss": float(loss)})
         if step >= steps:
             break
-    args = SimpleNamespace(per_device_train_batch_size=shape["batch"], gradient_accumulation_steps=1, world_size=1,
-                           bf16=False, torch_compile=False, dataloader_num_workers=0)  # fmt: skip
+    args = SimpleNamespace(
+        per_device_train_batch_size=shape["batch"],
+        gradient_accumulation_steps=1,
+        world_size=1,
+        bf16=False,
+        torch_compile=False,
+        dataloader_num_workers=0,
+    )
     return model, tokenizer, args, history, clock

@@ -23,7 +23,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 TURNS_PER_RUN = 12  # turns each side takes over its measured steps, by default
 ENV = "HFTRAIN_BENCH_TURNS"  # "<fifo dir>:<index>:<steps per turn>", set by run_in_turns for each side
@@ -68,8 +69,9 @@ def turn_steps(requested: int | None, steps: int) -> int:
     return max(1, steps // TURNS_PER_RUN) if requested is None else requested
 
 
-def run_pair(cmds: list[list[str]], logs: list[Path], results: list[Path], where: Path, every: int,
-             spawned: Callable[[], list[str]]) -> list[dict[str, Any]]:  # fmt: skip
+def run_pair(
+    cmds: list[list[str]], logs: list[Path], results: list[Path], where: Path, every: int, spawned: Callable[[], list[str]]
+) -> list[dict[str, Any]]:
     """One A/B pair's results: the sides taking turns of `every` steps, or (0) one after another. `spawned()`
     runs just before each side starts and returns the arguments that go on its command line."""
     if every == 0:
@@ -89,8 +91,15 @@ class Side:
     finished: bool = False
 
 
-def run_in_turns(cmds: list[list[str]], logs: list[Path], where: Path, every: int, env: dict[str, str],
-                 before_spawn: Callable[[int], list[str]] | None = None, poll_s: float = 0.5) -> None:  # fmt: skip
+def run_in_turns(
+    cmds: list[list[str]],
+    logs: list[Path],
+    where: Path,
+    every: int,
+    env: dict[str, str],
+    before_spawn: Callable[[int], list[str]] | None = None,
+    poll_s: float = 0.5,
+) -> None:
     """Run the commands as sides taking turns of `every` steps, in the given order, until all have finished.
     `before_spawn(i)` runs just before side i starts and returns arguments appended to its command (the spawn
     time). Fails (SystemExit, with the log's last lines) when a side exits without finishing."""
@@ -164,5 +173,6 @@ def _give_turn(sides: list[Side], index: int, fds: list[int], before_spawn: Call
 def _fail(side: Side) -> None:
     """A side that exited before saying it finished (a crash, the OOM killer) would leave the others waiting."""
     tail = "".join(side.log.read_text(errors="replace").splitlines(keepends=True)[-40:])
-    raise SystemExit(f"benchmark child failed (exit {side.process.returncode}): {' '.join(side.cmd)}\n"
-                     f"--- last lines of {side.log} ---\n{tail}")  # fmt: skip
+    raise SystemExit(
+        f"benchmark child failed (exit {side.process.returncode}): {' '.join(side.cmd)}\n--- last lines of {side.log} ---\n{tail}"
+    )

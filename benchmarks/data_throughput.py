@@ -84,8 +84,7 @@ def write_corpus(root: Path, megabytes: int, shards: int = 8) -> Path:
 
 def prepare_rates(corpus: Path, out: Path, repeats: int) -> dict[int, float]:
     """Median tokens/s of `hftrain data prepare` on 1 and 2 processes, alternating so both see the same noise."""
-    recipe = load_recipe(None, {"data": {"train": {"path": str(corpus)}, "seq_len": SEQ},
-                                "tokenizer": {"builtin": "gpt2"}})  # fmt: skip
+    recipe = load_recipe(None, {"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
     rates: dict[int, list[float]] = {1: [], 2: []}
     for r in range(repeats):
         for processes in (1, 2):
@@ -101,10 +100,17 @@ def training_rate(data: Path, out: Path) -> float:
         "model": {"preset": "cpu-medium"},
         "tokenizer": {"builtin": "gpt2"},
         "data": {"train": {"path": str(data)}, "seq_len": SEQ, "eval_blocks": 2, "holdout_every": 5},
-        "training": {"output_dir": str(out), "max_steps": 25, "per_device_train_batch_size": BATCH, "logging_steps": 5,
-                     "save_strategy": "no", "report_to": "none", "disable_tqdm": True},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 25,
+            "per_device_train_batch_size": BATCH,
+            "logging_steps": 5,
+            "save_strategy": "no",
+            "report_to": "none",
+            "disable_tqdm": True,
+        },
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
-    }  # fmt: skip
+    }
     run = hftrain.train(load_recipe(None, raw))
     rates = [e["tokens_per_s"] for e in run.log_history if "tokens_per_s" in e][1:]  # after warm-up
     return statistics.median(rates)
@@ -129,8 +135,12 @@ def main() -> None:
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             server.start()
             host, port = server.get_host_and_port()
-            os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                              AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+            os.environ.update(
+                AWS_ENDPOINT_URL=f"http://{host}:{port}",
+                AWS_ACCESS_KEY_ID="bench",
+                AWS_SECRET_ACCESS_KEY="bench",
+                AWS_DEFAULT_REGION="us-east-1",
+            )
             import boto3
 
             s3 = boto3.client("s3")
@@ -149,7 +159,10 @@ def main() -> None:
             for name, section in paths.items():
                 results[name].append(data_rate({**section, "seq_len": SEQ}, args.tokens, workers))
             training.append(training_rate(tmp / "local" / "part-00.jsonl.gz", tmp / f"train-{r}"))
-            print(f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s", flush=True)
+            print(
+                f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s",
+                flush=True,
+            )
         if server is not None:
             server.stop()
         prep = prepare_rates(write_corpus(tmp / "corpus", args.prepare_mb), tmp / "prep", args.prepare_repeats)

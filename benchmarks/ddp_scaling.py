@@ -59,16 +59,27 @@ BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 def recipe_overrides(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     m = MEDIUM
     return {
-        "model": {"preset": "cpu-medium", "num_hidden_layers": m["layers"], "hidden_size": m["hidden"],
-                  "num_attention_heads": m["heads"], "intermediate_size": 4 * m["hidden"]},
+        "model": {
+            "preset": "cpu-medium",
+            "num_hidden_layers": m["layers"],
+            "hidden_size": m["hidden"],
+            "num_attention_heads": m["heads"],
+            "intermediate_size": 4 * m["hidden"],
+        },
         "tokenizer": {"builtin": "gpt2"},
         "data": {"train": [{"builtin": "python-docs"}], "seq_len": m["seq"], "eval_blocks": 4},
         "parallelism": {"global_batch_size": args.global_batch},
-        "training": {"output_dir": str(out), "max_steps": args.steps, "per_device_train_batch_size": args.micro_batch,
-                     "learning_rate": m["lr"], "warmup_steps": max(1, args.steps // 10), "logging_steps": 2,
-                     "save_steps": args.steps + 1},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": args.steps,
+            "per_device_train_batch_size": args.micro_batch,
+            "learning_rate": m["lr"],
+            "warmup_steps": max(1, args.steps // 10),
+            "logging_steps": 2,
+            "save_steps": args.steps + 1,
+        },
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
-    }  # fmt: skip
+    }
 
 
 def time_allreduce(numel: int, trials: int = 3) -> float:
@@ -127,8 +138,19 @@ def launch(config: str, args: argparse.Namespace, tmp: Path, tag: str) -> dict[s
     from hftrain.parallel.launch import find_config
 
     script = str(Path(__file__).resolve())
-    child = ["--child", "--steps", str(args.steps), "--global-batch", str(args.global_batch), "--micro-batch",
-             str(args.micro_batch), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json")]  # fmt: skip
+    child = [
+        "--child",
+        "--steps",
+        str(args.steps),
+        "--global-batch",
+        str(args.global_batch),
+        "--micro-batch",
+        str(args.micro_batch),
+        "--workdir",
+        str(tmp / tag),
+        "--result",
+        str(tmp / f"{tag}.json"),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if config == "2 processes":
         nproc = 2
@@ -174,33 +196,46 @@ def main() -> None:
                 result = launch(config, args, Path(tmp), f"{config.replace(' ', '_').replace(',', '')}-{r}")
                 results[config].append(result)
                 rate = steady_state(result["clock"], result["tokens_per_step"])["tokens_per_s"]
-                print(f"repeat {r + 1} {config:<20} {rate:>7,.0f} tok/s  loss {result['loss']:.4f}  "
-                      f"({time.perf_counter() - t0:.0f} s in all)", flush=True)  # fmt: skip
+                print(
+                    f"repeat {r + 1} {config:<20} {rate:>7,.0f} tok/s  loss {result['loss']:.4f}  "
+                    f"({time.perf_counter() - t0:.0f} s in all)",
+                    flush=True,
+                )
 
-    print(f"\nall runs took {time.perf_counter() - started:.0f} s; medium shape, global batch {args.global_batch} x "
-          f"{MEDIUM['seq']} tokens, micro-batch {args.micro_batch}, {args.steps} steps per run\n")  # fmt: skip
+    print(
+        f"\nall runs took {time.perf_counter() - started:.0f} s; medium shape, global batch {args.global_batch} x "
+        f"{MEDIUM['seq']} tokens, micro-batch {args.micro_batch}, {args.steps} steps per run\n"
+    )
     rates = {c: median([steady_state(x["clock"], x["tokens_per_step"])["tokens_per_s"] for x in rs]) for c, rs in results.items()}
     header = f"{'configuration':<20} {'tok/s':>7} {'accum':>5} {'threads':>7} {'cpu':>4} {'loss':>7} | {'data wait':>9} {'fwd+bwd':>8} {'optimizer':>9} {'rest':>6} {'step':>6}  (s/step)"
     print(header)
     print("-" * len(header))
     for config, rs in results.items():
-        phases = {k: median([phase_medians(x["clock"])[k] for x in rs]) for k in ("data_wait", "forward_backward", "optimizer", "after_step")}
+        phases = {
+            k: median([phase_medians(x["clock"])[k] for x in rs]) for k in ("data_wait", "forward_backward", "optimizer", "after_step")
+        }
         step = median([steady_state(x["clock"], x["tokens_per_step"])["step_s"] for x in rs])
         cpu = median([steady_state(x["clock"], x["tokens_per_step"])["cpu_util"] for x in rs])
         x = rs[0]
-        print(f"{config:<20} {rates[config]:>7,.0f} {x['accumulation']:>5} {x['threads']:>7} {cpu:>4.1f} {median([y['loss'] for y in rs]):>7.4f} | "
-              f"{phases['data_wait']:>9.3f} {phases['forward_backward']:>8.3f} {phases['optimizer']:>9.3f} {phases['after_step']:>6.3f} {step:>6.3f}")  # fmt: skip
+        print(
+            f"{config:<20} {rates[config]:>7,.0f} {x['accumulation']:>5} {x['threads']:>7} {cpu:>4.1f} {median([y['loss'] for y in rs]):>7.4f} | "
+            f"{phases['data_wait']:>9.3f} {phases['forward_backward']:>8.3f} {phases['optimizer']:>9.3f} {phases['after_step']:>6.3f} {step:>6.3f}"
+        )
     print("(cpu = CPU s per wall s of rank 0 in the timed steps: about its thread count when it had the cores to itself)")
     ddp = results["2 processes"]
     allreduce = median([x["allreduce_s"] for x in ddp])
     grads_mb = ddp[0]["parameters"] * 4 / 1e6
     # how far apart the two ranks' fwd+bwd are: a straggler shows as a difference
     fb = [median([phase_medians(x["rank_clocks"][k])["forward_backward"] for x in ddp]) for k in range(2)]
-    print(f"\nDDP gradient all-reduce alone (gloo, {grads_mb:,.0f} MB of fp32 gradients in 25 MB buckets): {allreduce:.3f} s per step; "
-          f"fwd+bwd rank 0 {fb[0]:.3f} s, rank 1 {fb[1]:.3f} s")  # fmt: skip
+    print(
+        f"\nDDP gradient all-reduce alone (gloo, {grads_mb:,.0f} MB of fp32 gradients in 25 MB buckets): {allreduce:.3f} s per step; "
+        f"fwd+bwd rank 0 {fb[0]:.3f} s, rank 1 {fb[1]:.3f} s"
+    )
     one, two = rates["1 process"], rates["2 processes"]
     print(f"scaling efficiency, classical (2-process / (2 x 1-process)): {two / (2 * one):.2f}")
-    print(f"scaling efficiency, same total threads (2 processes x 1 thread / 1 process x {results['1 process'][0]['threads']} threads): {two / one:.2f}")
+    print(
+        f"scaling efficiency, same total threads (2 processes x 1 thread / 1 process x {results['1 process'][0]['threads']} threads): {two / one:.2f}"
+    )
     if "1 process, 1 thread" in rates:
         print(f"scaling efficiency, per thread (2-process / (2 x 1-process-1-thread)): {two / (2 * rates['1 process, 1 thread']):.2f}")
     print(f"ddp: 1 process {one:,.0f} tok/s, 2 processes {two:,.0f} tok/s, ratio {two / one:.2f}")

@@ -34,10 +34,19 @@ def recipe_for(base: Path, method: str, out: Path, steps: int) -> dict:
         "tokenizer": {"path": str(base)},
         "data": {"train": {"path": str(data), "format": "prompt_completion"}, "seq_len": SEQ, "eval_blocks": 2},
         "finetune": {"method": method, "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}},
-        "training": {"output_dir": str(out), "max_steps": steps, "per_device_train_batch_size": BATCH, "learning_rate": 1e-4,
-                     "logging_steps": 1, "save_steps": 10_000, "eval_strategy": "no", "report_to": "none", "disable_tqdm": True},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": steps,
+            "per_device_train_batch_size": BATCH,
+            "learning_rate": 1e-4,
+            "logging_steps": 1,
+            "save_steps": 10_000,
+            "eval_strategy": "no",
+            "report_to": "none",
+            "disable_tqdm": True,
+        },
         "monitor": {"peak_tflops": 1.0, "sample_max_new_tokens": 0, "plot": False},
-    }  # fmt: skip
+    }
 
 
 def reset_peak() -> None:
@@ -142,10 +151,14 @@ def main() -> None:
         loaded = weight_bytes(load_pretrained(qlora))  # hftrain's own loader: bf16 + NF4, double quant
         whole_4bit = loaded["quantized"] + loaded["other"]
         print("qlora weights as loaded (NF4, double quant; embeddings, head and norms bf16):")
-        print(f"  quantized layers: {loaded['quantized'] / 1e6:,.1f} MB vs {loaded['quantized_bf16'] / 1e6:,.1f} MB in bf16 = "
-              f"ratio {loaded['quantized'] / loaded['quantized_bf16']:.3f} (plan: {predicted['ratio_quantized_layers']:.3f}; goal <= 0.30)")
-        print(f"  whole model:      {whole_4bit / 1e6:,.1f} MB vs {2 * total / 1e6:,.1f} MB in bf16 = "
-              f"ratio {whole_4bit / (2 * total):.3f} (plan: {predicted['ratio_whole_model']:.3f})")  # fmt: skip
+        print(
+            f"  quantized layers: {loaded['quantized'] / 1e6:,.1f} MB vs {loaded['quantized_bf16'] / 1e6:,.1f} MB in bf16 = "
+            f"ratio {loaded['quantized'] / loaded['quantized_bf16']:.3f} (plan: {predicted['ratio_quantized_layers']:.3f}; goal <= 0.30)"
+        )
+        print(
+            f"  whole model:      {whole_4bit / 1e6:,.1f} MB vs {2 * total / 1e6:,.1f} MB in bf16 = "
+            f"ratio {whole_4bit / (2 * total):.3f} (plan: {predicted['ratio_whole_model']:.3f})"
+        )
 
         rows = []
         for method in ["imports", *args.methods.split(",")]:
@@ -156,17 +169,26 @@ def main() -> None:
                 sys.exit(f"{method} failed:\n{proc.stderr[-3000:]}")
             rows.append(json.loads(line.removeprefix("RESULT ")))
         baseline = rows[0]["peak_rss"]
-        print(f"peak RSS per method, fresh process each (libraries alone: {baseline / 1e9:.2f} GB). loading = up to the first step "
-              "(fp32 weights are mapped from the file lazily; qlora/8-bit quantize a bf16 copy); training = the steps alone:")
-        print(f"  {'method':<10} {'loading':>9} {'training':>9} {'training - libs':>16} {'plan: weights+grads+AdamW':>26} "
-              f"{'loss first->last':>17} {'time':>6}")
+        print(
+            f"peak RSS per method, fresh process each (libraries alone: {baseline / 1e9:.2f} GB). loading = up to the first step "
+            "(fp32 weights are mapped from the file lazily; qlora/8-bit quantize a bf16 copy); training = the steps alone:"
+        )
+        print(
+            f"  {'method':<10} {'loading':>9} {'training':>9} {'training - libs':>16} {'plan: weights+grads+AdamW':>26} "
+            f"{'loss first->last':>17} {'time':>6}"
+        )
         for r in rows[1:]:
             m = predicted["methods"][r["method"]]
             plan_total = m["weights"] + m["gradients"] + m["optimizer"]
-            print(f"  {r['method']:<10} {r['load_peak'] / 1e9:>6.2f} GB {r['peak_rss'] / 1e9:>6.2f} GB {(r['peak_rss'] - baseline) / 1e9:>13.2f} GB "
-                  f"{plan_total / 1e9:>23.2f} GB {r['first_loss']:>8.3f}->{r['last_loss']:.3f} {r['seconds']:>5.0f}s")  # fmt: skip
-        print("  (training - libs - plan ~ activations, fp32 logits over the 50,304-token vocabulary included; full fine-tuning "
-              "frees them before AdamW's state exists, so they add less there)")
+            print(
+                f"  {r['method']:<10} {r['load_peak'] / 1e9:>6.2f} GB {r['peak_rss'] / 1e9:>6.2f} GB {(r['peak_rss'] - baseline) / 1e9:>13.2f} GB "
+                f"{plan_total / 1e9:>23.2f} GB {r['first_loss']:>8.3f}->{r['last_loss']:.3f} {r['seconds']:>5.0f}s"
+            )
+        print(
+            "  (training - libs - plan ~ activations, fp32 logits over the 50,304-token vocabulary included; full fine-tuning "
+            "frees them before AdamW's state exists, so they add less there)"
+        )
+
 
 if __name__ == "__main__":
     main()

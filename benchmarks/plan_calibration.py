@@ -70,17 +70,26 @@ def recipe_for(config: Config, bases: Path, out: Path) -> dict[str, Any]:
         model = {"from_pretrained": str(bases / config.size)}
         tokenizer = {"path": str(bases / config.size)}
         kind, fmt = ("preference", "preference") if config.objective == "dpo" else ("", "prompt_completion")
-        data = {"train": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}train.jsonl"), "format": fmt},
-                "validation": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}validation.jsonl"), "format": fmt}}
+        data = {
+            "train": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}train.jsonl"), "format": fmt},
+            "validation": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}validation.jsonl"), "format": fmt},
+        }
     recipe: dict[str, Any] = {
         "model": model,
         "tokenizer": tokenizer,
         "data": {**data, "seq_len": config.seq_len, "eval_blocks": 8},
-        "training": {"output_dir": str(out), "max_steps": 3, "per_device_train_batch_size": config.batch,
-                     "gradient_checkpointing": config.checkpointing, "logging_steps": 1, "save_steps": 1000,
-                     "report_to": "none", "disable_tqdm": True},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 3,
+            "per_device_train_batch_size": config.batch,
+            "gradient_checkpointing": config.checkpointing,
+            "logging_steps": 1,
+            "save_steps": 1000,
+            "report_to": "none",
+            "disable_tqdm": True,
+        },
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
-    }  # fmt: skip
+    }
     if config.method != "pretrain":
         recipe["finetune"] = {"method": config.method, "lora": {"r": 16, "lora_alpha": 32}, "objective": config.objective}
     for key, value in config.extra.items():
@@ -176,8 +185,15 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     recipe = load_recipe(None, raw)
     shape = run_shape(recipe, processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
     predicted = predict_peak(recipe, plan(recipe), shape, libraries)
-    return {"name": config.name, "measured": peak, "predicted": predicted.total, "libraries": predicted.parts["libraries"],
-            "parts": predicted.parts, "phase": predicted.phase, "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    return {
+        "name": config.name,
+        "measured": peak,
+        "predicted": predicted.total,
+        "libraries": predicted.parts["libraries"],
+        "parts": predicted.parts,
+        "phase": predicted.phase,
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def print_table(rows: list[dict[str, Any]], libs_measured: int) -> None:
@@ -189,8 +205,10 @@ def print_table(rows: list[dict[str, Any]], libs_measured: int) -> None:
         above_m, above_p = r["measured"] - libs_measured, r["predicted"] - r["libraries"]
         err_above = above_p / above_m - 1
         worst = max(worst, abs(err), abs(err_above))
-        print(f"{r['name']:<24} {r['measured'] / 1e9:>6.3f} GB {r['predicted'] / 1e9:>6.3f} GB {err:>+7.1%} "
-              f"{above_m / 1e9:>14.3f} GB {above_p / 1e9:>7.3f} {err_above:>+7.1%}")  # fmt: skip
+        print(
+            f"{r['name']:<24} {r['measured'] / 1e9:>6.3f} GB {r['predicted'] / 1e9:>6.3f} GB {err:>+7.1%} "
+            f"{above_m / 1e9:>14.3f} GB {above_p / 1e9:>7.3f} {err_above:>+7.1%}"
+        )
     print(f"worst relative error: {worst:.1%} over {len(rows)} configurations")
 
 
@@ -218,8 +236,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--replay", type=Path, help="predict again for the measurements stored by --json (after a change "
-                        "of the model in hftrain/speed/memory.py); runs nothing")  # fmt: skip
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        help="predict again for the measurements stored by --json (after a change of the model in hftrain/speed/memory.py); runs nothing",
+    )
     args = parser.parse_args()
     if args.replay:
         return replay(args.replay)
@@ -233,8 +254,10 @@ def main() -> None:
         for config in grid:
             rows.append(measure(config, work / "bases", work, env, predicted_libs))
             r = rows[-1]
-            print(f"  {config.name}: measured {r['measured'] / 1e9:.3f} GB, predicted {r['predicted'] / 1e9:.3f} GB "
-                  f"({r['seconds']:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"  {config.name}: measured {r['measured'] / 1e9:.3f} GB, predicted {r['predicted'] / 1e9:.3f} GB ({r['seconds']:.0f} s)",
+                flush=True,
+            )
         print_table(rows, libs)
         if args.json:
             args.json.write_text(json.dumps({"libraries": libs, "rows": rows}, indent=1))

@@ -85,8 +85,7 @@ WARMUP = 2  # learning-rate warm-up steps: short, so that the measured first ste
 
 def schedule(shape: dict[str, Any], run_steps: int) -> dict[str, Any]:
     """The hyper-parameters both sides share: a run of `run_steps` steps (measured over its first steps)."""
-    return {"max_steps": run_steps, "per_device_train_batch_size": shape["batch"], "learning_rate": shape["lr"],
-            "warmup_steps": WARMUP}  # fmt: skip
+    return {"max_steps": run_steps, "per_device_train_batch_size": shape["batch"], "learning_rate": shape["lr"], "warmup_steps": WARMUP}
 
 
 class DtypeProbe:
@@ -153,26 +152,52 @@ def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, lo
     }
 
 
-def hftrain_recipe(shape: dict[str, Any], out: Path, run_steps: int, log_steps: int, docs_dir: Path,
-                   tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
+def hftrain_recipe(
+    shape: dict[str, Any], out: Path, run_steps: int, log_steps: int, docs_dir: Path, tokenizer_dir: str | None = None, seed: int = SEED
+) -> dict[str, Any]:
     """hftrain's side of a shape as a recipe (tests/test_gpu_tier.py validates every shape's on a CPU)."""
     from benchmarks._loop import context
 
     return {
-        "model": {"preset": "cpu-small", "num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
-                  "num_attention_heads": shape["heads"], "intermediate_size": 4 * shape["hidden"],
-                  "max_position_embeddings": context(shape)},
+        "model": {
+            "preset": "cpu-small",
+            "num_hidden_layers": shape["layers"],
+            "hidden_size": shape["hidden"],
+            "num_attention_heads": shape["heads"],
+            "intermediate_size": 4 * shape["hidden"],
+            "max_position_embeddings": context(shape),
+        },
         "tokenizer": {"path": tokenizer_dir} if tokenizer_dir else {"builtin": "gpt2"},
-        "data": {"train": [{"path": str(docs_dir / "train-docs")}], "validation": {"path": str(docs_dir / "heldout-docs.jsonl")},
-                 "seq_len": shape["seq"], "eval_blocks": 4},
-        "training": {**schedule(shape, run_steps), "output_dir": str(out), "logging_steps": log_steps, "save_steps": run_steps + 1,
-                     "seed": seed},
+        "data": {
+            "train": [{"path": str(docs_dir / "train-docs")}],
+            "validation": {"path": str(docs_dir / "heldout-docs.jsonl")},
+            "seq_len": shape["seq"],
+            "eval_blocks": 4,
+        },
+        "training": {
+            **schedule(shape, run_steps),
+            "output_dir": str(out),
+            "logging_steps": log_steps,
+            "save_steps": run_steps + 1,
+            "seed": seed,
+        },
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
-    }  # fmt: skip
+    }
 
 
-def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, run_steps: int, settings: list[str],
-                heldout: Path, docs_dir: Path, device: str = "cpu", tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
+def run_hftrain(
+    shape: dict[str, Any],
+    steps: int,
+    log_steps: int,
+    out: Path,
+    run_steps: int,
+    settings: list[str],
+    heldout: Path,
+    docs_dir: Path,
+    device: str = "cpu",
+    tokenizer_dir: str | None = None,
+    seed: int = SEED,
+) -> dict[str, Any]:
     import hftrain
     import yaml
 
@@ -190,8 +215,18 @@ def run_hftrain(shape: dict[str, Any], steps: int, log_steps: int, out: Path, ru
     return result
 
 
-def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, docs_file: Path, run_steps: int,
-                 heldout: Path, device: str = "cpu", tokenizer_dir: str | None = None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
+def run_baseline(
+    shape: dict[str, Any],
+    steps: int,
+    log_steps: int,
+    out: Path,
+    docs_file: Path,
+    run_steps: int,
+    heldout: Path,
+    device: str = "cpu",
+    tokenizer_dir: str | None = None,
+    seed: int = SEED,
+) -> dict[str, Any]:
     """transformers' run_clm.py, reduced to what this comparison needs."""
     from transformers import Trainer, TrainingArguments, default_data_collator, set_seed
 
@@ -202,19 +237,43 @@ def run_baseline(shape: dict[str, Any], steps: int, log_steps: int, out: Path, d
     set_seed(seed)
     model = neox_model(shape, tokenizer)
     args = TrainingArguments(
-        output_dir=str(out), use_cpu=device == "cpu", **schedule(shape, run_steps), lr_scheduler_type="cosine", weight_decay=0.1,
-        adam_beta2=0.95, seed=seed, report_to=[], save_strategy="no", logging_steps=log_steps,
-    )  # fmt: skip
+        output_dir=str(out),
+        use_cpu=device == "cpu",
+        **schedule(shape, run_steps),
+        lr_scheduler_type="cosine",
+        weight_decay=0.1,
+        adam_beta2=0.95,
+        seed=seed,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=log_steps,
+    )
     clock = ProbingClock(steps)
-    trainer = Trainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
-                      data_collator=default_data_collator, callbacks=[clock])  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        data_collator=default_data_collator,
+        callbacks=[clock],
+    )
     trainer.train()
-    return {**child_result(clock, trainer.model, trainer.args, trainer.state.log_history, shape["seq"]),
-            "heldout_loss": heldout_loss(trainer.model, heldout)}
+    return {
+        **child_result(clock, trainer.model, trainer.args, trainer.state.log_history, shape["seq"]),
+        "heldout_loss": heldout_loss(trainer.model, heldout),
+    }
 
 
-def run_minimal_loop(shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path, run_steps: int, heldout: Path,
-                     tokenizer_dir: str | None, seed: int = SEED) -> dict[str, Any]:  # fmt: skip
+def run_minimal_loop(
+    shape: dict[str, Any],
+    steps: int,
+    log_steps: int,
+    docs_file: Path,
+    run_steps: int,
+    heldout: Path,
+    tokenizer_dir: str | None,
+    seed: int = SEED,
+) -> dict[str, Any]:
     from benchmarks._loop import run_loop
 
     model, _, args, history, clock = run_loop(shape, steps, log_steps, docs_file, run_steps, seed, WARMUP, tokenizer_dir)
@@ -253,8 +312,9 @@ def held_out_documents() -> list[str]:
 
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}]}})
     plan = plan_data(recipe.data, SEED)
-    stream = DocumentStream(plan.train, seed=SEED, holdout_every=recipe.data.holdout_every, split="holdout", shuffle=False,
-                            loop=False, bad=BadRecords("fail"))  # fmt: skip
+    stream = DocumentStream(
+        plan.train, seed=SEED, holdout_every=recipe.data.holdout_every, split="holdout", shuffle=False, loop=False, bad=BadRecords("fail")
+    )
     return list(stream.documents(stream.fresh_state()))
 
 
@@ -284,14 +344,36 @@ def child_main(args: argparse.Namespace) -> None:
     shape = SHAPES[args.shape]
     out = Path(args.workdir)
     if args.child == "hftrain":
-        result = run_hftrain(shape, args.steps, args.log_steps, out, args.run_steps, args.hftrain_set, Path(args.heldout),
-                             Path(args.docs).parent, args.device, args.tokenizer, int(args.seed))  # fmt: skip
+        result = run_hftrain(
+            shape,
+            args.steps,
+            args.log_steps,
+            out,
+            args.run_steps,
+            args.hftrain_set,
+            Path(args.heldout),
+            Path(args.docs).parent,
+            args.device,
+            args.tokenizer,
+            int(args.seed),
+        )
     elif args.child == LOOP:
-        result = run_minimal_loop(shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer,
-                                  int(args.seed))  # fmt: skip
+        result = run_minimal_loop(
+            shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer, int(args.seed)
+        )
     else:
-        result = run_baseline(shape, args.steps, args.log_steps, out, Path(args.docs), args.run_steps, Path(args.heldout), args.device,
-                              args.tokenizer, int(args.seed))  # fmt: skip
+        result = run_baseline(
+            shape,
+            args.steps,
+            args.log_steps,
+            out,
+            Path(args.docs),
+            args.run_steps,
+            Path(args.heldout),
+            args.device,
+            args.tokenizer,
+            int(args.seed),
+        )
     result["spawned_at"] = float(args.spawned_at)
     write_json(args.result, result)
     turns = Turns.from_env()
@@ -308,18 +390,35 @@ def _cuda() -> bool:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="small,medium,large,char", help="comma-separated: " + ", ".join(SHAPES))
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
-                             "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
+        "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
-    parser.add_argument("--run-steps", type=int, default=RUN_STEPS,
-                        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
-                             "defaults decide torch.compile by); both stop after --steps (default %(default)s)")
-    parser.add_argument("--hftrain-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults")
-    parser.add_argument("--turn-steps", type=int, default=None,
-                        help="steps per turn: the sides of a pair run at once but take turns, so the host's slow phases "
-                             "fall on every side (default: about %d turns per run; 0: one side after another)" % TURNS_PER_RUN)
+    parser.add_argument(
+        "--run-steps",
+        type=int,
+        default=RUN_STEPS,
+        help="max_steps both sides are configured with (the learning-rate schedule, and what hftrain's "
+        "defaults decide torch.compile by); both stop after --steps (default %(default)s)",
+    )
+    parser.add_argument(
+        "--hftrain-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for the hftrain side (repeatable), to measure a lever against the defaults",
+    )
+    parser.add_argument(
+        "--turn-steps",
+        type=int,
+        default=None,
+        help="steps per turn: the sides of a pair run at once but take turns, so the host's slow phases "
+        f"fall on every side (default: about {TURNS_PER_RUN} turns per run; 0: one side after another)",
+    )
     parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
@@ -366,23 +465,60 @@ def run_pairs(args: argparse.Namespace, peaks: PeakFlops, tmp: Path) -> dict[str
             pair += 1
             order = sides if pair % 2 else sides[::-1]
             tags = {side: f"{name}-{side}-{r}" for side in order}
-            cmds = [[sys.executable, str(Path(__file__).resolve()), "--child", side, "--shape", name, "--steps", str(steps),
-                     "--log-steps", str(log_steps), "--run-steps", str(args.run_steps), "--device", args.device,
-                     *(f"--hftrain-set={kv}" for kv in args.hftrain_set), "--workdir", str(tmp / tag), "--result", str(tmp / f"{tag}.json"),
-                     "--docs", str(docs), "--heldout", str(heldout), *(["--tokenizer", tokenizer] if tokenizer else []), "--seed", str(SEED + r)]
-                    for side, tag in tags.items()]  # fmt: skip
+            cmds = [
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--child",
+                    side,
+                    "--shape",
+                    name,
+                    "--steps",
+                    str(steps),
+                    "--log-steps",
+                    str(log_steps),
+                    "--run-steps",
+                    str(args.run_steps),
+                    "--device",
+                    args.device,
+                    *(f"--hftrain-set={kv}" for kv in args.hftrain_set),
+                    "--workdir",
+                    str(tmp / tag),
+                    "--result",
+                    str(tmp / f"{tag}.json"),
+                    "--docs",
+                    str(docs),
+                    "--heldout",
+                    str(heldout),
+                    *(["--tokenizer", tokenizer] if tokenizer else []),
+                    "--seed",
+                    str(SEED + r),
+                ]
+                for side, tag in tags.items()
+            ]
             t0 = time.perf_counter()
-            results = run_pair(cmds, [tmp / f"{tag}.log" for tag in tags.values()], [tmp / f"{tag}.json" for tag in tags.values()],
-                               tmp / f"turns-{name}-{r}", turn_steps(args.turn_steps, steps), spawned)  # fmt: skip
+            results = run_pair(
+                cmds,
+                [tmp / f"{tag}.log" for tag in tags.values()],
+                [tmp / f"{tag}.json" for tag in tags.values()],
+                tmp / f"turns-{name}-{r}",
+                turn_steps(args.turn_steps, steps),
+                spawned,
+            )
             for side, result in zip(order, results):
                 runs[side].append(result)
                 s = steady_state(result["clock"], result["tokens_per_step"])
-                print(f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
-                      f"({steps} steps; {result['workers']} data-loader workers)", flush=True)  # fmt: skip
+                print(
+                    f"{name:<7} repeat {r + 1} {side:<9} {s['tokens_per_s']:>9,.0f} tok/s  loss {result['loss']:.4f}  "
+                    f"({steps} steps; {result['workers']} data-loader workers)",
+                    flush=True,
+                )
             print(f"{name:<7} repeat {r + 1}: {len(order)} sides, {time.perf_counter() - t0:.0f} s in all", flush=True)
         if runs["hftrain"][0]["parameters"] != runs["baseline"][0]["parameters"]:
-            print(f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
-                  f"baseline {runs['baseline'][0]['parameters']:,}")  # fmt: skip
+            print(
+                f"WARNING {name}: parameter counts differ: hftrain {runs['hftrain'][0]['parameters']:,}, "
+                f"baseline {runs['baseline'][0]['parameters']:,}"
+            )
         summary[name] = {"runs": runs, "steps": steps}
     return summary
 
@@ -396,8 +532,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hftrain-throughput-") as tmp:
         runs = run_pairs(args, peaks, Path(tmp))
         peaks.measure()
-    summary = {name: {**{side: summarize(r, peaks.best, args.run_steps) for side, r in s["runs"].items()}, "steps": s["steps"]}
-               for name, s in runs.items()}  # fmt: skip
+    summary = {
+        name: {**{side: summarize(r, peaks.best, args.run_steps) for side, r in s["runs"].items()}, "steps": s["steps"]}
+        for name, s in runs.items()
+    }
     if args.json:
         write_json(args.json, json_summary(summary, peaks.best, args.device, time.perf_counter() - started, SHAPES))
     print_tables(summary, peaks.best, time.perf_counter() - started, SEED)

@@ -21,8 +21,12 @@ from hftrain.errors import HftrainError
 
 __version__ = "0.1.0"
 __all__ = ["HftrainError", "Run", "load_recipe", "plan", "train"]
-_LAZY = {"load_recipe": "hftrain.recipe.load", "plan": "hftrain.speed.estimates", "Run": "hftrain.training.run_record",
-         "train": "hftrain.training.run"}  # fmt: skip
+_LAZY = {
+    "load_recipe": "hftrain.recipe.load",
+    "plan": "hftrain.speed.estimates",
+    "Run": "hftrain.training.run_record",
+    "train": "hftrain.training.run",
+}
 
 
 def __getattr__(name: str) -> Any:

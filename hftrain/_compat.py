@@ -253,8 +253,10 @@ def universal_load_fixes(saved_file: Path) -> Any:
             saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"]["param_groups"]  # hftrain's own conversion
             groups = optimizer.param_groups
             if len(saved) != len(groups):
-                raise HftrainError(f"{saved_file}: {len(saved)} optimizer param groups saved, {len(groups)} now; the "
-                                   "optimizer changed since the checkpoint was written, so its state cannot be continued.")  # fmt: skip
+                raise HftrainError(
+                    f"{saved_file}: {len(saved)} optimizer param groups saved, {len(groups)} now; the "
+                    "optimizer changed since the checkpoint was written, so its state cannot be continued."
+                )
             for group, settings in zip(groups, saved):
                 group.update({key: value for key, value in settings.items() if key != "params"})
             inner = optimizer

@@ -18,7 +18,6 @@ import errno
 from urllib.parse import urlsplit
 
 
-
 class HftrainError(Exception):
     """A user-fixable problem; ``str(err)`` is the complete message."""
 
@@ -62,8 +61,18 @@ _OS_FIXES = {
     errno.ENOSPC: "free some space, then run the same command again",
     errno.EDQUOT: "free some space, then run the same command again",
 }
-_TIMEOUTS = {"ConnectTimeoutError", "ReadTimeoutError", "ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout",
-             "TimeoutException", "FSTimeoutError", "TimeoutError", "ServerTimeoutError"}  # fmt: skip
+_TIMEOUTS = {
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "WriteTimeout",
+    "PoolTimeout",
+    "TimeoutException",
+    "FSTimeoutError",
+    "TimeoutError",
+    "ServerTimeoutError",
+}
 _REFUSED = {"EndpointConnectionError", "ConnectError", "ClientConnectorError", "ConnectionRefusedError"}
 
 
@@ -126,7 +135,9 @@ def _explain(err: BaseException, bound_s: float | None) -> HftrainError | None:
         )
     if "HfHubHTTPError" in names and status is not None and 400 <= status < 500 and status not in (408, 429):
         reason = (getattr(err, "server_message", None) or str(err)).strip().replace("\n", " ")
-        return HftrainError(f"{_endpoint(err)}: {status}: the Hub refused the request: {reason[:600]}")  # not retried: it would refuse again
+        return HftrainError(
+            f"{_endpoint(err)}: {status}: the Hub refused the request: {reason[:600]}"
+        )  # not retried: it would refuse again
     if isinstance(err, OSError) and err.errno in _OS_FIXES and getattr(err, "filename", None):
         return HftrainError(f"{err.filename}: {err.strerror}; {_OS_FIXES[err.errno]}.")
     return None

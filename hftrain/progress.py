@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 STILL_EVERY_S = 6.0
 _TICK_S = 0.25

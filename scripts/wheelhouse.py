@@ -85,8 +85,15 @@ def plan(args: argparse.Namespace, dest: Path, stub_dir: Path) -> list[list[str]
     commands = [[*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(ROOT)]]
     if "deepspeed" in extras:
         commands.append([*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), *project_extras()["deepspeed"]])
-    target = ["--only-binary=:all:", "--python-version", args.python_version, "--implementation", "cp",
-              "--abi", "cp" + args.python_version.replace(".", "")]  # fmt: skip
+    target = [
+        "--only-binary=:all:",
+        "--python-version",
+        args.python_version,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + args.python_version.replace(".", ""),
+    ]
     target += [arg for tag in platforms(args.platform) for arg in ("--platform", tag)]
     download = [*pip, "download", "--dest", str(dest), "--find-links", str(dest), *target]
     if args.no_torch:
@@ -144,11 +151,18 @@ def prune(dest: Path, no_torch: bool, exclude: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("dest", type=Path, help="the wheelhouse folder (created)")
-    parser.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}", help="target Python (default: this one)")
-    parser.add_argument("--platform", default="manylinux_2_28_x86_64",
-                        help="target platform tag; manylinux_2_28 also accepts manylinux2014 (2_17) wheels (default %(default)s)")
+    parser.add_argument(
+        "--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}", help="target Python (default: this one)"
+    )
+    parser.add_argument(
+        "--platform",
+        default="manylinux_2_28_x86_64",
+        help="target platform tag; manylinux_2_28 also accepts manylinux2014 (2_17) wheels (default %(default)s)",
+    )
     parser.add_argument("--extras", default="deepspeed,qlora", help="hftrain extras to include, comma-separated (default %(default)s)")
     parser.add_argument("--no-torch", action="store_true", help="leave out torch, triton and the nvidia-* CUDA libraries")
     parser.add_argument("--assume-torch", default="2.11.0", help="with --no-torch: the torch version the host has (default %(default)s)")
@@ -159,18 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown extra(s) {', '.join(sorted(unknown))}; hftrain has {', '.join(project_extras())}")
     if args.python_version != f"{sys.version_info.major}.{sys.version_info.minor}":
-        print(f"wheelhouse: warning: target Python {args.python_version}, this is {sys.version_info.major}.{sys.version_info.minor}: "
-              "requirements with python_version markers are chosen for this one.", file=sys.stderr)  # fmt: skip
+        print(
+            f"wheelhouse: warning: target Python {args.python_version}, this is {sys.version_info.major}.{sys.version_info.minor}: "
+            "requirements with python_version markers are chosen for this one.",
+            file=sys.stderr,
+        )
     dest = args.dest.resolve()
     with tempfile.TemporaryDirectory(prefix="wheelhouse-stub-") as tmp:
         stub_dir = Path(tmp)
         if args.dry_run:
-            print(f"wheelhouse: plan for Python {args.python_version}, {args.platform}, extras [{args.extras}]"
-                  f"{', without torch/CUDA libraries' if args.no_torch else ''}:")  # fmt: skip
+            print(
+                f"wheelhouse: plan for Python {args.python_version}, {args.platform}, extras [{args.extras}]"
+                f"{', without torch/CUDA libraries' if args.no_torch else ''}:"
+            )
             for command in plan(args, dest, stub_dir):
                 print("  " + " ".join(command))
-            print(f"then remove: {'torch stand-in, torch, triton, nvidia-* (not nvidia-ml-py)' if args.no_torch else ''}"
-                  f"{' ' + ', '.join(args.exclude) if args.exclude else ''}")  # fmt: skip
+            print(
+                f"then remove: {'torch stand-in, torch, triton, nvidia-* (not nvidia-ml-py)' if args.no_torch else ''}"
+                f"{' ' + ', '.join(args.exclude) if args.exclude else ''}"
+            )
             print(f"install offline: pip install --no-index --find-links {dest} 'hftrain[{args.extras}]'")
             return 0
         dest.mkdir(parents=True, exist_ok=True)
@@ -187,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     dropped = prune(dest, args.no_torch, args.exclude)
     wheels = sorted(dest.glob("*.whl"))
     size = sum(w.stat().st_size for w in wheels) / 1e6
-    print(f"wheelhouse: {len(wheels)} wheels, {size:,.0f} MB in {dest}" + (f"; left out {len(dropped)}: {', '.join(dropped)}" if dropped else ""))
+    print(
+        f"wheelhouse: {len(wheels)} wheels, {size:,.0f} MB in {dest}"
+        + (f"; left out {len(dropped)}: {', '.join(dropped)}" if dropped else "")
+    )
     print(f"install offline: pip install --no-index --find-links {dest} 'hftrain[{args.extras}]'")
     return 0
 

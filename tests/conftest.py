@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -98,13 +99,23 @@ def docs_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A short quickstart: the shipped recipe's model and tokenizer, on the standard library's docstrings (60 steps,
     trained once per session): what the DPO tests start from, and the base the LoRA notebook finds where the
     quickstart leaves its model."""
+
     def build(root: Path) -> Path:
         import hftrain
         from hftrain.recipe.load import load_recipe
 
         raw = load_recipe(str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"), None).model_dump(exclude_unset=True)
-        raw["training"].update(output_dir=str(root), max_steps=60, save_steps=60, eval_strategy="no", report_to="none",
-                               disable_tqdm=True, bf16=False, torch_compile=False, logging_steps=40)  # fmt: skip
+        raw["training"].update(
+            output_dir=str(root),
+            max_steps=60,
+            save_steps=60,
+            eval_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            bf16=False,
+            torch_compile=False,
+            logging_steps=40,
+        )
         raw["monitor"] = {"plot": False, "sample_max_new_tokens": 0, "peak_tflops": 0.1}
         return hftrain.train(load_recipe(None, raw)).final_dir
 

@@ -64,8 +64,12 @@ def test_sides_take_turns_of_the_stated_steps_and_never_overlap(tmp_path):
 
 
 def test_the_wait_for_a_turn_is_not_step_time():
-    clock = {"train_begin": 0.0, "step_end": [1.0, 2.0, 12.0, 13.0, 14.0], "waited": [0.0, 9.0, 0.0, 0.0, 0.0],
-             "cpu": [2.0, 4.0, 6.0, 8.0, 10.0]}  # fmt: skip
+    clock = {
+        "train_begin": 0.0,
+        "step_end": [1.0, 2.0, 12.0, 13.0, 14.0],
+        "waited": [0.0, 9.0, 0.0, 0.0, 0.0],
+        "cpu": [2.0, 4.0, 6.0, 8.0, 10.0],
+    }
     assert step_durations(clock) == [1.0, 1.0, 1.0, 1.0, 1.0]
     assert steady_state(clock, 100)["tokens_per_s"] == 100.0
     assert steady_state(clock, 100)["cpu_util"] == pytest.approx(2.0)
@@ -74,10 +78,12 @@ def test_the_wait_for_a_turn_is_not_step_time():
 
 
 def _parent_code(tmp_path: Path, cmds: list[list[str]], logs: list[Path]) -> str:
-    return (f"import sys, os, json; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
-            f"from benchmarks._turns import run_in_turns; "
-            f"run_in_turns(json.loads({json.dumps(cmds)!r}), [Path(p) for p in {[str(p) for p in logs]!r}], "
-            f"Path({str(tmp_path / 'turns')!r}), 4, dict(os.environ), poll_s=0.1)")  # fmt: skip
+    return (
+        f"import sys, os, json; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
+        f"from benchmarks._turns import run_in_turns; "
+        f"run_in_turns(json.loads({json.dumps(cmds)!r}), [Path(p) for p in {[str(p) for p in logs]!r}], "
+        f"Path({str(tmp_path / 'turns')!r}), 4, dict(os.environ), poll_s=0.1)"
+    )
 
 
 def _run_parent(tmp_path: Path, cmds: list[list[str]], logs: list[Path]) -> subprocess.CompletedProcess:

@@ -17,8 +17,12 @@ from .support.cli import ROOT
 
 
 def test_a_cpu_training_step_does_not_page_fault_its_buffers_in_again(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "fault_count_run.py"), str(ROOT), str(tmp_path), "with"],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "support" / "fault_count_run.py"), str(ROOT), str(tmp_path), "with"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     faults = float(result.stdout.split("FAULTS_PER_STEP")[1].split()[0])
     assert faults < 20, f"median {faults:.0f} minor page faults per training step: freed memory goes back to the kernel every step"

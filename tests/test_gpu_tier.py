@@ -20,20 +20,33 @@ from .support.cli import ROOT, in_background
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_report  # noqa: E402
 
-ITEM_MODULES = {"training": "test_gpu_training", "finetune": "test_gpu_finetune", "backends": "test_gpu_backends",
-                "benchmark": "test_gpu_benchmark", "plan": "test_gpu_plan", "packing": "test_gpu_packing"}  # fmt: skip
+ITEM_MODULES = {
+    "training": "test_gpu_training",
+    "finetune": "test_gpu_finetune",
+    "backends": "test_gpu_backends",
+    "benchmark": "test_gpu_benchmark",
+    "plan": "test_gpu_plan",
+    "packing": "test_gpu_packing",
+}
 
 
 def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
 def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
     selections = ([], ["-m", "not slow"])  # addopts' -m 'not gpu'; a user's own -m, which replaces it
-    runs = [in_background(lambda args=args: pytest_run(*args)) for args in (  # 4 pytest processes at once: mostly imports
-        ["tests/gpu", "-m", "gpu", "--collect-only", "-q"], ["tests/gpu", "-m", "gpu", "-q", "-rs"],
-        *(["tests/gpu", "--collect-only", "-q", *selection] for selection in selections))]  # fmt: skip
+    runs = [
+        in_background(lambda args=args: pytest_run(*args))
+        for args in (  # 4 pytest processes at once: mostly imports
+            ["tests/gpu", "-m", "gpu", "--collect-only", "-q"],
+            ["tests/gpu", "-m", "gpu", "-q", "-rs"],
+            *(["tests/gpu", "--collect-only", "-q", *selection] for selection in selections),
+        )
+    ]
     listed, ran, *others = (run.result() for run in runs)
     ids = [line for line in listed.stdout.splitlines() if "::" in line]
     for module in ITEM_MODULES.values():  # at least one per acceptance item
@@ -48,8 +61,14 @@ def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_reports_the_environment_and_the_plan(tmp_path):
-    result = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path / "report")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path / "report")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "gpu_check: no GPU: dry run" in result.stdout and "benchmarks/throughput.py --device cuda" in result.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -92,15 +111,33 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
     (gpu / "test_gpu_newcomer.py").write_text(textwrap.dedent(SYNTHETIC))  # a module no item names: its failure still counts
     pytest_run("tests", "-q", "-o", "addopts=", "--junitxml", str(tmp_path / "junit.xml"), cwd=tmp_path)
     (tmp_path / "items").mkdir()
-    (tmp_path / "items" / "fsdp_world1.json").write_text(json.dumps({"item": "backends", "test": "fsdp_world1", "numbers": {"resume_max_rel_loss_diff": 0.0}}))
-    bench = {"shapes": {"gpu-160m": {"ratio": 1.5, **{s: {"tokens_per_s": 1e5, "mfu": 0.3, "mfu_spec": 0.2, "dtype": "bf16",
-             "compile": True, "heldout": 7.0} for s in ("hftrain", "baseline")}}}}  # fmt: skip
+    (tmp_path / "items" / "fsdp_world1.json").write_text(
+        json.dumps({"item": "backends", "test": "fsdp_world1", "numbers": {"resume_max_rel_loss_diff": 0.0}})
+    )
+    bench = {
+        "shapes": {
+            "gpu-160m": {
+                "ratio": 1.5,
+                **{
+                    s: {"tokens_per_s": 1e5, "mfu": 0.3, "mfu_spec": 0.2, "dtype": "bf16", "compile": True, "heldout": 7.0}
+                    for s in ("hftrain", "baseline")
+                },
+            }
+        }
+    }
     (tmp_path / "benchmark.json").write_text(json.dumps(bench))
     assert gpu_report.main([str(tmp_path), "--bench-rc", "0"]) == 1  # not all items passed
     report = json.loads((tmp_path / "report.json").read_text())
     status = {k: v["status"] for k, v in report["items"].items()}
-    assert status == {"backends": "PASS", "finetune": "FAIL", "training": "NOT RUN", "benchmark": "PASS", "plan": "NOT RUN",
-                      "packing": "NOT RUN", "other": "FAIL"}  # fmt: skip
+    assert status == {
+        "backends": "PASS",
+        "finetune": "FAIL",
+        "training": "NOT RUN",
+        "benchmark": "PASS",
+        "plan": "NOT RUN",
+        "packing": "NOT RUN",
+        "other": "FAIL",
+    }
     assert [t["id"] for t in report["items"]["other"]["tests"] if t["outcome"] == "failed"] == ["tests.gpu.test_gpu_newcomer::test_broken"]
     assert report["verdict"] == "FAIL" and report["items"]["backends"]["numbers"][0]["test"] == "fsdp_world1"
     assert report["items"]["benchmark"]["numbers"][0]["numbers"]["ratio"] == 1.5
@@ -126,9 +163,20 @@ def test_report_checks_every_requirement_floor(monkeypatch):
     assert gpu_report.below_floor() == ["peft>=0.18 (found 0.1)"]
 
 
-@pytest.mark.parametrize("name, tflops", [
-    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.4), ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA L4", 121.0), ("NVIDIA L40S", None), ("NVIDIA H100 NVL", None), ("Tesla T4", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200", 989.4),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA L40S", None),
+        ("NVIDIA H100 NVL", None),
+        ("Tesla T4", None),
+    ],
+)
 def test_spec_sheet_bf16_peaks_by_device_name(name, tflops):
     assert spec_bf16_tflops(name)[0] == tflops
     numbers = mfu(1000.0, 1e9, {"spec_bf16_flops": tflops and tflops * 1e12, "measured_bf16_flops": 5e14})
@@ -142,8 +190,11 @@ def test_the_gpu_tests_recipes_validate(tmp_path):
 
     from .gpu import test_gpu_backends, test_gpu_finetune, test_gpu_training
 
-    recipes = [test_gpu_training.quickstart_recipe(tmp_path / "q"), test_gpu_training.pythia_recipe(tmp_path / "p"),
-               test_gpu_backends.small_recipe(tmp_path, tmp_path / "b")]  # fmt: skip
+    recipes = [
+        test_gpu_training.quickstart_recipe(tmp_path / "q"),
+        test_gpu_training.pythia_recipe(tmp_path / "p"),
+        test_gpu_backends.small_recipe(tmp_path, tmp_path / "b"),
+    ]
     recipes += [test_gpu_finetune.recipe(tmp_path / "base", m, tmp_path / m) for m in test_gpu_finetune.METHODS]
     for raw in recipes:
         recipe = hftrain.load_recipe(None, raw)

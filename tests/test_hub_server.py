@@ -32,27 +32,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(SENTENCES, trainer)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>").save_pretrained(out)
 
     torch.manual_seed(0)
     config = GPTNeoXConfig(
-        vocab_size=320,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
+        vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
     )
     GPTNeoXForCausalLM(config).save_pretrained(out)
     assert (out / "model.safetensors").is_file()
     return out
 
 
-def _logits_and_ids(model_source: str | Path, **kwargs) -> tuple[list[int], "torch.Tensor"]:  # noqa: F821
+def _logits_and_ids(model_source: str | Path, **kwargs) -> tuple[list[int], torch.Tensor]:  # noqa: F821
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -249,9 +242,7 @@ def test_deletions_tags_paths_info_and_repo_deletion(local_hub: LocalHub, tmp_pa
 
 
 @pytest.mark.parametrize("lfs_threshold", [None, 1024 * 1024], ids=["regular", "lfs"])
-def test_a_few_megabytes_of_safetensors_upload_and_download(
-    lfs_threshold, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-):
+def test_a_few_megabytes_of_safetensors_upload_and_download(lfs_threshold, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     import torch
     from huggingface_hub import HfApi, hf_hub_download
     from safetensors.torch import save_file

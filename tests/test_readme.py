@@ -73,7 +73,10 @@ def test_subcommands_named_in_the_table_exist():
     assert named and named <= known, named - known
 
 
-@pytest.mark.parametrize("path", sorted(set(re.findall(r"(?<![\w/])((?:recipes|accelerate_configs|hftrain|tests|benchmarks|notebooks|scripts|docs)/[\w./*-]+)", DOCS))))
+@pytest.mark.parametrize(
+    "path",
+    sorted(set(re.findall(r"(?<![\w/])((?:recipes|accelerate_configs|hftrain|tests|benchmarks|notebooks|scripts|docs)/[\w./*-]+)", DOCS))),
+)
 def test_every_file_named_in_the_readme_exists(path):
     path = path.rstrip(".,)")
     if "*" in path:
@@ -99,8 +102,16 @@ FAST = [
 ]
 # Run in order in one scratch directory (recipes/ linked in, runs/ written there), each with SHORT appended: the
 # README's runs, a few steps long. Checkpoint numbers in the README (200, 600) become the short runs' last step.
-SHORT = ["training.max_steps=2", "training.save_steps=2", "training.eval_steps=2", "training.logging_steps=1",
-         "tokenizer.train.max_documents=100", "data.eval_blocks=2", "monitor.sample_max_new_tokens=0", "monitor.plot=false"]  # fmt: skip
+SHORT = [
+    "training.max_steps=2",
+    "training.save_steps=2",
+    "training.eval_steps=2",
+    "training.logging_steps=1",
+    "tokenizer.train.max_documents=100",
+    "data.eval_blocks=2",
+    "monitor.sample_max_new_tokens=0",
+    "monitor.plot=false",
+]
 CHAIN = [
     "hftrain train recipes/quickstart.yaml training.max_steps=50 training.learning_rate=3e-4",
     "hftrain train recipes/quickstart.yaml parallelism.strategy=device_map",
@@ -118,7 +129,7 @@ S3_LINE = "hftrain train recipes/quickstart.yaml 'data.train={path: \"s3://corpu
 ELSEWHERE = {
     "python3 -m venv .venv": "the install lines: the suite runs inside that environment (their hftrain command is in CHAIN)",
     "scripts/install_test_deps.sh": "the test command itself (.ci/run runs it; test_install_script_is_what_ci_runs)",
-    "pip install \"moto[server]\"": "the S3 setup: tests/support/s3.py starts moto's server (test_readme_s3_example)",
+    'pip install "moto[server]"': "the S3 setup: tests/support/s3.py starts moto's server (test_readme_s3_example)",
     "export AWS_ENDPOINT_URL": "the S3 setup: s3_server.env() sets exactly these variables",
     "aws s3 mb": "the S3 setup: done with boto3 against the same server",
     "hftrain train recipes/finetune/qlora.yaml": "bitsandbytes 4-bit needs a CUDA GPU (tests/gpu/)",
@@ -135,19 +146,22 @@ ELSEWHERE = {
     "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
-    "pip install -e \".[sagemaker]\"": "the install lines: the test extra holds the sagemaker extra's packages",
+    'pip install -e ".[sagemaker]"': "the install lines: the test extra holds the sagemaker extra's packages",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/integrations/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
     "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun": "tests/parallel/test_distributed.py::test_launch_script_for_2_nodes_x_8_gpus (the same script, text checked); test_multinode.py runs its --cpu form",
     "NODE_RANK=": "needs two machines; tests/parallel/test_multinode.py runs the script as two node agents on 127.0.0.1",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun --nodes 4 --min-nodes 2": "tests/parallel/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text checked); test_multinode.py runs its --cpu form",
     "HEAD_NODE=10.0.0.1 ./train_elastic.sh": "needs several machines; tests/parallel/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it as node agents on 127.0.0.1",
-}  # fmt: skip
+}
 
 
 def test_every_readme_command_is_run_or_says_where_and_why_not():
-    unplaced = [line for line in _command_lines()
-                if line not in FAST + CHAIN + [S3_LINE] and not any(line.startswith(prefix) for prefix in ELSEWHERE)]  # fmt: skip
+    unplaced = [
+        line
+        for line in _command_lines()
+        if line not in FAST + CHAIN + [S3_LINE] and not any(line.startswith(prefix) for prefix in ELSEWHERE)
+    ]
     assert not unplaced, f"README commands no test runs: {unplaced}"
     for line in FAST + CHAIN + [S3_LINE]:
         assert line in _command_lines(), f"no longer in the README: {line}"
@@ -201,8 +215,9 @@ def test_readme_training_commands_run_in_order(tmp_path, capsys):
         if "--check-packing" in line:  # its own process: torch 2.13's inductor generated C++ that does not compile
             # (flex attention's CPU template, `cur_qSplitSize4`) for this shape after other flex shapes compiled in the
             # same process (tests/model/test_packing_check.py, in-process); a user's command starts fresh
-            result = subprocess.run([sys.executable, "-m", "hftrain", *shlex.split(line)[1:]], cwd=cwd, capture_output=True,
-                                    text=True, timeout=900)  # fmt: skip
+            result = subprocess.run(
+                [sys.executable, "-m", "hftrain", *shlex.split(line)[1:]], cwd=cwd, capture_output=True, text=True, timeout=900
+            )
             assert result.returncode == 0 and "Traceback" not in result.stderr, (line, result.stderr[-3000:])
             printed = result.stdout
         else:

@@ -99,9 +99,7 @@ def test_env_reaches_a_child_process(s3_server: S3Endpoint) -> None:
     s3_server.put(f"{bucket}/k", b"from parent")
     code = "import boto3, sys; sys.stdout.write(boto3.client('s3').get_object(Bucket=sys.argv[1], Key='k')['Body'].read().decode())"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    out = subprocess.run(
-        [sys.executable, "-c", code, bucket], env={**env, **s3_server.env()}, capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", code, bucket], env={**env, **s3_server.env()}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "from parent"
 

@@ -78,7 +78,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -106,16 +106,23 @@ def test_the_cycle_check_can_fail(tmp_path):
 
 
 def test_library_modules_never_import_command_modules():
-    offenders = [f"{lib} imports {dep}" for lib, deps in import_graph().items() if not COMMAND_MODULES.match(lib)
-                 for dep in deps if COMMAND_MODULES.match(dep)]  # fmt: skip
+    offenders = [
+        f"{lib} imports {dep}"
+        for lib, deps in import_graph().items()
+        if not COMMAND_MODULES.match(lib)
+        for dep in deps
+        if COMMAND_MODULES.match(dep)
+    ]
     assert offenders == []
 
 
 def _long_functions(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]  # fmt: skip
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
 
 
 def test_no_module_over_400_lines_and_no_function_over_60():
@@ -140,10 +147,17 @@ def test_sections_of_explain_come_from_the_schema(capsys):
         assert out.startswith(f"{section}:") and f"  {first_key}: " in out
 
 
-@pytest.mark.parametrize("word, override", [
-    ("training.max_steps=5", True), ("data.train={path: s3://b/x.jsonl}", True), ("model.preset=pythia-14m", True),
-    ("runs/year=2024", False), ("s3://bucket/year=2024/x.jsonl", False), ("--out=x", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "word, override",
+    [
+        ("training.max_steps=5", True),
+        ("data.train={path: s3://b/x.jsonl}", True),
+        ("model.preset=pythia-14m", True),
+        ("runs/year=2024", False),
+        ("s3://bucket/year=2024/x.jsonl", False),
+        ("--out=x", False),
+    ],
+)
 def test_only_dotted_keys_are_overrides(word, override):
     from hftrain.cli import split_overrides
 
@@ -157,8 +171,11 @@ def test_trainer_private_overrides_match_the_installed_transformers():
 
     from hftrain.training.trainer import PRIVATE_OVERRIDES, HftrainTrainer
 
-    own = {name for name, value in vars(HftrainTrainer).items() if name.startswith("_") and not name.startswith("__")
-           and callable(value) and hasattr(Trainer, name)}  # fmt: skip
+    own = {
+        name
+        for name, value in vars(HftrainTrainer).items()
+        if name.startswith("_") and not name.startswith("__") and callable(value) and hasattr(Trainer, name)
+    }
     assert own == set(PRIVATE_OVERRIDES), "list every overridden private Trainer method in PRIVATE_OVERRIDES"
     for name in PRIVATE_OVERRIDES:
         ours = list(inspect.signature(getattr(HftrainTrainer, name)).parameters)
@@ -195,8 +212,12 @@ def test_import_hftrain_changes_nothing_global():
     done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"env": [], "custom_exceptions": [], "logger_levels": {"bitsandbytes.backends.cpu.ops": 0, "transformers": 0},
-                    "heavy": []}, seen  # fmt: skip
+    assert seen == {
+        "env": [],
+        "custom_exceptions": [],
+        "logger_levels": {"bitsandbytes.backends.cpu.ops": 0, "transformers": 0},
+        "heavy": [],
+    }, seen
 
 
 # Settings the libraries document for users to assign (not patches): fsspec's default options per protocol, torch's
@@ -206,8 +227,21 @@ PUBLIC_SETTINGS = ("fsspec.config.conf", "torch.backends.")
 
 def test_every_patch_of_another_library_lives_in_compat():
     """Assignments into another library's modules or classes (monkeypatches) appear in _compat.py alone."""
-    libraries = ("accelerate", "transformers", "torch", "deepspeed", "bitsandbytes", "peft", "datasets", "huggingface_hub",
-                 "fsspec", "s3fs", "gcsfs", "IPython", "logging")  # fmt: skip
+    libraries = (
+        "accelerate",
+        "transformers",
+        "torch",
+        "deepspeed",
+        "bitsandbytes",
+        "peft",
+        "datasets",
+        "huggingface_hub",
+        "fsspec",
+        "s3fs",
+        "gcsfs",
+        "IPython",
+        "logging",
+    )
     offenders = []
     for name, path in module_names().items():
         if name == "hftrain._compat":
@@ -238,12 +272,17 @@ PACKAGE_DATA = {"accelerate_configs"}  # folders shipped as data, not code
 def test_the_top_of_the_package_shows_the_concepts():
     """`ls hftrain/` is the architecture: at most 12 subpackages and public modules (private _x.py, dunder files and
     package data aside); every subpackage says what it holds; tests/ mirrors the subpackages."""
-    public = sorted(p.name for p in PACKAGE.iterdir()
-                    if not p.name.startswith("_") and p.name not in PACKAGE_DATA and (p.suffix == ".py" or (p / "__init__.py").is_file()))  # fmt: skip
+    public = sorted(
+        p.name
+        for p in PACKAGE.iterdir()
+        if not p.name.startswith("_") and p.name not in PACKAGE_DATA and (p.suffix == ".py" or (p / "__init__.py").is_file())
+    )
     assert len(public) <= 12, public
     subpackages = [name for name in public if (PACKAGE / name).is_dir()]
     for name in subpackages:
-        assert ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text(encoding="utf-8"))), f"hftrain/{name}/__init__.py: say what it holds"
+        assert ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text(encoding="utf-8"))), (
+            f"hftrain/{name}/__init__.py: say what it holds"
+        )
     tests = ROOT / "tests"
     # support: helpers; gpu: the GPU tier; bad_input: one contract (a mistake gets its message, nothing is lost) tested
     # across every package, one module per area
@@ -266,9 +305,35 @@ def test_version_bounds_are_floors_unless_a_break_is_recorded():
         req = Requirement(spec)
         if any(c.operator in ("<", "<=", "==", "~=") for c in req.specifier):
             at = next(i for i, line in enumerate(lines) if f'"{spec}"' in line)
-            context = " ".join(lines[max(0, at - 2): at + 1]).lower()
+            context = " ".join(lines[max(0, at - 2) : at + 1]).lower()
             assert "break" in context or "broke" in context, f"{spec}: an upper bound needs the break it avoids next to it"
     deps = {Requirement(s).name.lower(): Requirement(s) for s in project["dependencies"]}
-    for name, version in (("torch", "2.15.0"), ("torch", "2.11.0"), ("transformers", "5.17.0"), ("transformers", "5.24.0"),
-                          ("accelerate", "1.15.0"), ("huggingface_hub", "1.33.0"), ("tokenizers", "0.23.2")):  # fmt: skip
+    for name, version in (
+        ("torch", "2.15.0"),
+        ("torch", "2.11.0"),
+        ("transformers", "5.17.0"),
+        ("transformers", "5.24.0"),
+        ("accelerate", "1.15.0"),
+        ("huggingface_hub", "1.33.0"),
+        ("tokenizers", "0.23.2"),
+    ):
         assert deps[name].specifier.contains(version), f"{name} {version} is refused by {deps[name]}"
+
+
+def test_ruff_formats_and_lints_the_tree():
+    """pyproject.toml's [tool.ruff] (line length 140, pycodestyle, pyflakes, pyupgrade): `ruff format --check` and
+    `ruff check` pass on the whole tree, with no `# fmt: skip` left to dodge the formatter."""
+    import subprocess
+    import sys
+
+    for command in (["format", "--check"], ["check"]):
+        result = subprocess.run([sys.executable, "-m", "ruff", *command, "."], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert result.returncode == 0, f"ruff {' '.join(command)}:\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
+    skipped = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for d in ("hftrain", "tests", "benchmarks", "scripts")
+        for p in (ROOT / d).rglob("*.py")
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if line.rstrip().endswith(("fmt: skip", "fmt: off"))
+    ]
+    assert not skipped, skipped

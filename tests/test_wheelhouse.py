@@ -18,28 +18,61 @@ SCRIPT = ROOT / "scripts" / "wheelhouse.py"
 
 
 def test_plan_for_a_named_python_and_platform(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "wh"), "--python-version", "3.12", "--platform", "manylinux2014_x86_64",
-                             "--no-torch", "--dry-run"], capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(tmp_path / "wh"),
+            "--python-version",
+            "3.12",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--no-torch",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "pip wheel --no-deps --wheel-dir" in out and "deepspeed>=0.16" in out  # PyPI has no DeepSpeed wheel
     download = next(line for line in out.splitlines() if " download " in line)
-    for flag in ("--only-binary=:all:", "--python-version 3.12", "--implementation cp", "--abi cp312", "--platform manylinux_2_17_x86_64",
-                 "--platform manylinux2014_x86_64", "--platform manylinux1_x86_64", "--constraint", "hftrain-0.1.0-py3-none-any.whl[deepspeed,qlora]"):  # fmt: skip
+    for flag in (
+        "--only-binary=:all:",
+        "--python-version 3.12",
+        "--implementation cp",
+        "--abi cp312",
+        "--platform manylinux_2_17_x86_64",
+        "--platform manylinux2014_x86_64",
+        "--platform manylinux1_x86_64",
+        "--constraint",
+        "hftrain-0.1.0-py3-none-any.whl[deepspeed,qlora]",
+    ):
         assert flag in download, flag
     assert "--platform manylinux_2_28_x86_64" not in download  # no newer glibc than asked
     assert f"install offline: pip install --no-index --find-links {tmp_path / 'wh'} 'hftrain[deepspeed,qlora]'" in out
     assert "warning: target Python 3.12" in result.stderr or sys.version_info[:2] == (3, 12)
     assert not (tmp_path / "wh").exists()  # a dry run downloads nothing
-    bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--extras", "qlora,cuda", "--dry-run"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, gcs, sagemaker, trackers, test" in bad.stderr
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "--extras", "qlora,cuda", "--dry-run"], capture_output=True, text=True
+    )
+    assert (
+        bad.returncode == 2
+        and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, gcs, sagemaker, trackers, test" in bad.stderr
+    )
 
 
 def test_no_torch_leaves_out_torch_and_the_cuda_libraries_but_not_nvml(tmp_path):
-    names = ["torch-2.11.0+hftrainstub-py3-none-any.whl", "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl",
-             "triton-3.5.0-cp312-cp312-manylinux_2_27_x86_64.whl", "nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl",
-             "nvidia_ml_py-13.580.82-py3-none-any.whl", "numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl",
-             "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl", "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"]  # fmt: skip
+    names = [
+        "torch-2.11.0+hftrainstub-py3-none-any.whl",
+        "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "triton-3.5.0-cp312-cp312-manylinux_2_27_x86_64.whl",
+        "nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl",
+        "nvidia_ml_py-13.580.82-py3-none-any.whl",
+        "numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
     dropped = wheelhouse.prune(tmp_path, no_torch=True, exclude=["PyArrow"])
@@ -71,16 +104,29 @@ def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path, newer_t
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    torch = subprocess.run([py, "-m", "pip", "install", "-q", "torch==2.13.0"], capture_output=True, text=True, timeout=600)  # as the README
+    torch = subprocess.run(
+        [py, "-m", "pip", "install", "-q", "torch==2.13.0"], capture_output=True, text=True, timeout=600
+    )  # as the README
     assert torch.returncode == 0, torch.stderr[-2000:]
     check = subprocess.run([py, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True)
     assert check.stdout.strip() == "None"  # a CPU build; the CUDA wheels were never pulled
-    install = subprocess.run([py, "-m", "pip", "install", "--no-index", "--find-links", str(wh), "hftrain[deepspeed,qlora]"],
-                             capture_output=True, text=True, timeout=600, env=offline_env())  # fmt: skip
+    install = subprocess.run(
+        [py, "-m", "pip", "install", "--no-index", "--find-links", str(wh), "hftrain[deepspeed,qlora]"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=offline_env(),
+    )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     assert f"Looking in links: {wh}" in install.stdout and "/opt/" not in install.stdout
-    imported = subprocess.run([py, "-c", "import hftrain, deepspeed, bitsandbytes, peft, datasets; print(hftrain.__file__)"],
-                              capture_output=True, text=True, cwd=tmp_path, env=offline_env(), timeout=300)  # fmt: skip
+    imported = subprocess.run(
+        [py, "-c", "import hftrain, deepspeed, bitsandbytes, peft, datasets; print(hftrain.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=offline_env(),
+        timeout=300,
+    )
     assert imported.returncode == 0, imported.stderr[-3000:]
     assert str(venv) in imported.stdout  # the installed wheel, not this checkout
 
@@ -98,8 +144,9 @@ def plan_beside_a_newer_torch(tmp_path) -> dict[str, str]:
     env = {**os.environ, "PIP_CONSTRAINT": os.devnull}
     subprocess.run([*pip, "install", "-q", "--no-index", str(stub)], check=True, timeout=300, env=env)
     report = tmp_path / "report.json"
-    done = subprocess.run([*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    done = subprocess.run(
+        [*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
 

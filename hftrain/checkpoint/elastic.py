@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from hftrain import _compat
-from hftrain.checkpoint.manager import ResumeSetting, loadable
+from hftrain.checkpoint.integrity import loadable
+from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import COMPLETE_MARKER
 from hftrain.parallel.dims import Strategy
@@ -130,14 +131,19 @@ def prepare_resume(trainer: Any, checkpoint: Path) -> None:
         return
     if trainer.args.process_index == 0:
         if not universal_ready(checkpoint):
-            print(f"hftrain: {checkpoint} was written by {written.world_size} process(es), this run has "
-                  f"{trainer.args.world_size}: converting its ZeRO-3 state to DeepSpeed's universal format "
-                  f"({checkpoint / UNIVERSAL_TAG})", flush=True)  # fmt: skip
+            print(
+                f"hftrain: {checkpoint} was written by {written.world_size} process(es), this run has "
+                f"{trainer.args.world_size}: converting its ZeRO-3 state to DeepSpeed's universal format "
+                f"({checkpoint / UNIVERSAL_TAG})",
+                flush=True,
+            )
             convert_to_universal(checkpoint)
     trainer.accelerator.wait_for_everyone()
     if not universal_ready(checkpoint):  # e.g. an output_dir that is not shared between the nodes
-        raise HftrainError(f"{checkpoint / UNIVERSAL_TAG}: the universal checkpoint written by rank 0 is not visible "
-                           "to this process. Put training.output_dir on storage every node shares.")  # fmt: skip
+        raise HftrainError(
+            f"{checkpoint / UNIVERSAL_TAG}: the universal checkpoint written by rank 0 is not visible "
+            "to this process. Put training.output_dir on storage every node shares."
+        )
     config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
     config.setdefault("checkpoint", {})["load_universal"] = True
     fixes = _compat.universal_load_fixes(checkpoint / UNIVERSAL_TAG / "zero" / "optimizer_state.pt")
@@ -167,10 +173,17 @@ def convert_to_universal(checkpoint: Path) -> None:
     work = checkpoint / UNIVERSAL_PARTIAL
     try:
         work.mkdir()
-        ds_to_universal(argparse.Namespace(
-            input_folder=str(source), output_folder=str(work / UNIVERSAL_TAG), num_extract_workers=1,
-            num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False,
-        ))  # fmt: skip
+        ds_to_universal(
+            argparse.Namespace(
+                input_folder=str(source),
+                output_folder=str(work / UNIVERSAL_TAG),
+                num_extract_workers=1,
+                num_merge_workers=1,
+                keep_temp_folder=False,
+                strict=True,
+                inject_missing_state=False,
+            )
+        )
         os.replace(work / UNIVERSAL_TAG, checkpoint / UNIVERSAL_TAG)
         partial = checkpoint / f"{LATEST_UNIVERSAL}.partial"
         partial.write_text(UNIVERSAL_TAG, encoding="utf-8")
@@ -191,8 +204,9 @@ def zero_tag_folder(checkpoint: Path) -> Path:
         return checkpoint / latest.read_text(encoding="utf-8").strip()
     folders = sorted(p for p in checkpoint.glob("global_step*") if p.is_dir())
     if len(folders) != 1:
-        raise HftrainError(f"{checkpoint}: no DeepSpeed `latest` file and {len(folders)} global_step* folders; "
-                           "cannot tell which ZeRO-3 state to convert.")  # fmt: skip
+        raise HftrainError(
+            f"{checkpoint}: no DeepSpeed `latest` file and {len(folders)} global_step* folders; cannot tell which ZeRO-3 state to convert."
+        )
     return folders[0]
 
 

@@ -16,7 +16,8 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import check_weights
@@ -62,7 +63,9 @@ def _write(checkpoint: Path, out: Path, merge: bool) -> None:
             adapter = _consolidating(checkpoint, lambda: fsdp_adapter(checkpoint, fsdp[0], Path(tmp)))
             if adapter is not None:
                 if not merge:
-                    raise HftrainError(f"{checkpoint}: a LoRA adapter checkpoint (sharded by FSDP); add --merge to write base + adapter as one model.")
+                    raise HftrainError(
+                        f"{checkpoint}: a LoRA adapter checkpoint (sharded by FSDP); add --merge to write base + adapter as one model."
+                    )
                 merge_adapter(adapter, out, tokenizer_dir=checkpoint)
                 return
     if not (checkpoint / "config.json").is_file():
@@ -114,7 +117,9 @@ def _staging(out: Path) -> Path:
         shutil.rmtree(staged, ignore_errors=True)  # left by a killed export that had this process id
         staged.mkdir(parents=True)
     except OSError as err:
-        raise HftrainError(f"--out {out}: cannot create {staged} beside it ({err.strerror or err}); give a directory you can write.") from None
+        raise HftrainError(
+            f"--out {out}: cannot create {staged} beside it ({err.strerror or err}); give a directory you can write."
+        ) from None
     return staged
 
 
@@ -124,7 +129,11 @@ def _move_into_place(staged: Path, out: Path) -> None:
         os.rename(staged, out)
     except OSError as err:
         if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            raise HftrainError(f"--out {out}: was filled by something else (another export?) while this export ran; "
-                               "this export kept nothing. Give a new directory.") from None  # fmt: skip
-        raise HftrainError(f"--out {out}: cannot move the exported model into place ({err.strerror or err}); "
-                           "give a new directory on a file system you can write.") from None  # fmt: skip
+            raise HftrainError(
+                f"--out {out}: was filled by something else (another export?) while this export ran; "
+                "this export kept nothing. Give a new directory."
+            ) from None
+        raise HftrainError(
+            f"--out {out}: cannot move the exported model into place ({err.strerror or err}); "
+            "give a new directory on a file system you can write."
+        ) from None

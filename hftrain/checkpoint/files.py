@@ -54,11 +54,11 @@ def check_safetensors(path: Path) -> None:
         meta = json.loads(header)
         end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
     except (ValueError, TypeError, KeyError, IndexError):
-        raise CorruptFile(f"{path}: not a readable safetensors file (its header is damaged or cut short). Copy or download it again.") from None
-    if 8 + header_len + end > size:
         raise CorruptFile(
-            f"{path}: truncated ({size:,} bytes of {8 + header_len + end:,}). Copy or download it again."
-        )
+            f"{path}: not a readable safetensors file (its header is damaged or cut short). Copy or download it again."
+        ) from None
+    if 8 + header_len + end > size:
+        raise CorruptFile(f"{path}: truncated ({size:,} bytes of {8 + header_len + end:,}). Copy or download it again.")
 
 
 def check_weights(directory: Path) -> None:

@@ -114,11 +114,17 @@ def _config(model_dir: Path) -> dict[str, Any]:
     if problems:
         raise HftrainError(f"{where}: cannot be converted to GGUF faithfully: {'; '.join(problems)}.")
     return {
-        "vocab_size": config.vocab_size, "context": config.max_position_embeddings, "width": config.hidden_size,
-        "layers": config.num_hidden_layers, "heads": config.num_attention_heads, "ffn": config.intermediate_size,
-        "rotary_dims": int(factor * head_dim), "rope_base": float(rope.get("rope_theta", getattr(config, "rotary_emb_base", 10000.0))),
-        "parallel_residual": bool(config.use_parallel_residual), "eps": float(config.layer_norm_eps),
-    }  # fmt: skip
+        "vocab_size": config.vocab_size,
+        "context": config.max_position_embeddings,
+        "width": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "ffn": config.intermediate_size,
+        "rotary_dims": int(factor * head_dim),
+        "rope_base": float(rope.get("rope_theta", getattr(config, "rotary_emb_base", 10000.0))),
+        "parallel_residual": bool(config.use_parallel_residual),
+        "eps": float(config.layer_norm_eps),
+    }
 
 
 def _tensors(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -203,8 +209,13 @@ def _write(model_dir: Path, path: Path, quant: str, config: dict[str, Any], voca
     tensors = _tensors(model_dir, config)
     for gguf_name, _, shape in tensors:
         kind = _stored_type(shape, quant)
-        writer.add_tensor_info(gguf_name, shape, np.dtype(np.float32 if kind == gguf.GGMLQuantizationType.F32 else np.float16),
-                               _nbytes(shape, kind), raw_dtype=kind)  # fmt: skip
+        writer.add_tensor_info(
+            gguf_name,
+            shape,
+            np.dtype(np.float32 if kind == gguf.GGMLQuantizationType.F32 else np.float16),
+            _nbytes(shape, kind),
+            raw_dtype=kind,
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -227,8 +238,10 @@ def tokenizer_vocab(model_dir: Path, vocab_size: int) -> dict[str, Any]:
     spec = json.loads(where.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or not _byte_level(spec):
-        raise HftrainError(f"{where}: a {model.get('type')} tokenizer with pre-tokenizer {json.dumps(spec.get('pre_tokenizer'))}; "
-                           "GGUF export converts byte-level BPE tokenizers (GPT-2's, Pythia's, hftrain's trained ones).")  # fmt: skip
+        raise HftrainError(
+            f"{where}: a {model.get('type')} tokenizer with pre-tokenizer {json.dumps(spec.get('pre_tokenizer'))}; "
+            "GGUF export converts byte-level BPE tokenizers (GPT-2's, Pythia's, hftrain's trained ones)."
+        )
     ids = dict(model["vocab"])
     special = {t["content"]: t for t in spec.get("added_tokens") or []}
     ids.update({content: t["id"] for content, t in special.items()})
@@ -239,12 +252,19 @@ def tokenizer_vocab(model_dir: Path, vocab_size: int) -> dict[str, Any]:
     for token, i in ids.items():
         tokens[i] = token
         added = special.get(token)
-        types[i] = gguf.TokenType.NORMAL if added is None else gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
+        types[i] = (
+            gguf.TokenType.NORMAL if added is None else gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
+        )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eos = tokenizer.eos_token_id
-    return {"tokens": tokens, "types": types, "merges": merges, "eos": eos,
-            "bos": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": merges,
+        "eos": eos,
+        "bos": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos,
+    }
 
 
 def _byte_level(spec: dict[str, Any]) -> bool:
@@ -271,4 +291,3 @@ def _add_tokenizer(writer: Any, vocab: dict[str, Any]) -> None:
         writer.add_eos_token_id(vocab["eos"])
         writer.add_bos_token_id(vocab["bos"])
     writer.add_add_bos_token(False)  # NeoX models are trained without a BOS token in front
-

@@ -20,10 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from hftrain.checkpoint.files import CorruptFile, read_json
-from hftrain.checkpoint.layout import COMPLETE_MARKER
+from hftrain.checkpoint.layout import COMPLETE_MARKER, DATA_STATE_GLOB, TRAINER_STATE_FILE
+from hftrain.errors import HftrainError
 
 RECORD = "files"  # the marker's key: {lister: {relative path: {"size": bytes, "sha256": hex (small files only)}}}
 CHECKSUM_LIMIT = 1 << 20  # bytes: files below this get a sha256 as well as a size
@@ -82,8 +84,10 @@ def recorded(checkpoint: Path) -> list[tuple[str, int, str | None]] | None:
                     raise TypeError(relative)
                 entries.add((relative, size, digest))
     except (AttributeError, TypeError, KeyError):
-        raise CorruptFile(f"{checkpoint / COMPLETE_MARKER}: its record of the checkpoint's files is damaged. "
-                          "Restore the checkpoint from a copy, or remove it.") from None  # fmt: skip
+        raise CorruptFile(
+            f"{checkpoint / COMPLETE_MARKER}: its record of the checkpoint's files is damaged. "
+            "Restore the checkpoint from a copy, or remove it."
+        ) from None
     return sorted(entries, key=lambda e: (e[0], e[1], e[2] or ""))
 
 
@@ -94,8 +98,7 @@ def check_files(checkpoint: Path) -> None:
         path = checkpoint.joinpath(*relative.split("/"))
         what = _difference(path, size, digest)
         if what is not None:
-            raise CorruptFile(f"{path}: {what}. The checkpoint is damaged: restore the file from a copy, or use an "
-                              "earlier checkpoint.")  # fmt: skip
+            raise CorruptFile(f"{path}: {what}. The checkpoint is damaged: restore the file from a copy, or use an earlier checkpoint.")
 
 
 def _difference(path: Path, want: int, digest: str | None) -> str | None:
@@ -114,3 +117,45 @@ def _difference(path: Path, want: int, digest: str | None) -> str | None:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------ whether a checkpoint reads back
+
+
+def step_of(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint was written at (from the Trainer's state file)."""
+    return int(read_json(checkpoint / TRAINER_STATE_FILE, "the Trainer's state")["global_step"])
+
+
+def unreadable(checkpoint: Path) -> str | None:
+    """Why a complete checkpoint's files cannot be read back (None when they can): first every file against the
+    record in its marker (integrity.py: any format, FSDP shards and ZeRO partitions included), then the Trainer's
+    state, the data positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
+    import zipfile
+
+    from hftrain.checkpoint.files import check_safetensors
+
+    try:
+        check_files(checkpoint)
+        step_of(checkpoint)
+        for state in sorted(checkpoint.glob(DATA_STATE_GLOB)):
+            read_json(state)
+        for weights in sorted(checkpoint.glob("*.safetensors")):
+            check_safetensors(weights)
+        for archive in sorted(checkpoint.glob("*.pt")) + sorted(checkpoint.glob("*.pth")):
+            zipfile.ZipFile(archive).close()  # torch.save's format: a cut-short file has no central directory
+    except (CorruptFile, KeyError, ValueError, zipfile.BadZipFile, OSError) as err:
+        text = str(err) if isinstance(err, CorruptFile) else f"{type(err).__name__}: {err}"
+        return text.replace(f"{checkpoint}{os.sep}", "").split(". ")[0]
+    return None
+
+
+def loadable(path: Path) -> Path:
+    """training.resume_from_checkpoint's explicit `path`, refused (one message) unless it is a complete checkpoint
+    whose files read back: there is no other checkpoint to fall back to."""
+    if not (path / COMPLETE_MARKER).is_file():
+        raise HftrainError(f"training.resume_from_checkpoint: {path} is not a complete hftrain checkpoint.")
+    problem = unreadable(path)
+    if problem is not None:
+        raise HftrainError(f"training.resume_from_checkpoint: {path} cannot be loaded ({problem}).")
+    return path

@@ -21,14 +21,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
-from hftrain.checkpoint.integrity import RECORD, check_files, record
+from hftrain.checkpoint.integrity import RECORD, loadable, record, unreadable
 from hftrain.checkpoint.node_disks import checkpoint_listing
-from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, TRAINER_STATE_FILE, RunLayout, checkpoint_step, data_state_file
+from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, RunLayout, checkpoint_step, data_state_file
 from hftrain.recipe.load import fingerprint, save_recipe
 from hftrain.recipe.schema import Recipe
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
@@ -78,45 +79,6 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
 def latest_checkpoint(output_dir: Path) -> Path | None:
     done = complete_checkpoints(output_dir)
     return done[-1] if done else None
-
-
-def step_of(checkpoint: Path) -> int:
-    """The optimizer step a checkpoint was written at (from the Trainer's state file)."""
-    return int(read_json(checkpoint / TRAINER_STATE_FILE, "the Trainer's state")["global_step"])
-
-
-def unreadable(checkpoint: Path) -> str | None:
-    """Why a complete checkpoint's files cannot be read back (None when they can): first every file against the
-    record in its marker (integrity.py: any format, FSDP shards and ZeRO partitions included), then the Trainer's
-    state, the data positions, the weights (safetensors header and size) and the optimizer/scheduler/RNG archives."""
-    import zipfile
-
-    from hftrain.checkpoint.files import CorruptFile, check_safetensors
-
-    try:
-        check_files(checkpoint)
-        step_of(checkpoint)
-        for state in sorted(checkpoint.glob(DATA_STATE_GLOB)):
-            read_json(state)
-        for weights in sorted(checkpoint.glob("*.safetensors")):
-            check_safetensors(weights)
-        for archive in sorted(checkpoint.glob("*.pt")) + sorted(checkpoint.glob("*.pth")):
-            zipfile.ZipFile(archive).close()  # torch.save's format: a cut-short file has no central directory
-    except (CorruptFile, KeyError, ValueError, zipfile.BadZipFile, OSError) as err:
-        text = str(err) if isinstance(err, CorruptFile) else f"{type(err).__name__}: {err}"
-        return text.replace(f"{checkpoint}{os.sep}", "").split(". ")[0]
-    return None
-
-
-def loadable(path: Path) -> Path:
-    """training.resume_from_checkpoint's explicit `path`, refused (one message) unless it is a complete checkpoint
-    whose files read back: there is no other checkpoint to fall back to."""
-    if not (path / COMPLETE_MARKER).is_file():
-        raise HftrainError(f"training.resume_from_checkpoint: {path} is not a complete hftrain checkpoint.")
-    problem = unreadable(path)
-    if problem is not None:
-        raise HftrainError(f"training.resume_from_checkpoint: {path} cannot be loaded ({problem}).")
-    return path
 
 
 def publish(staged: Path, target: Path, info: dict[str, Any], files: dict[str, Any] | None = None) -> None:
@@ -243,8 +205,17 @@ class CheckpointManager:
         layout = self.layout
         aside = layout.root / time.strftime("previous-%Y%m%dT%H%M%SZ", time.gmtime())
         aside.mkdir()
-        own = [*self.complete(), layout.initial, layout.final, layout.metrics, layout.results, layout.plot, layout.report,
-               layout.profile, layout.run_file]  # fmt: skip
+        own = [
+            *self.complete(),
+            layout.initial,
+            layout.final,
+            layout.metrics,
+            layout.results,
+            layout.plot,
+            layout.report,
+            layout.profile,
+            layout.run_file,
+        ]
         for path in own:
             if path.exists():
                 os.replace(path, aside / path.name)
@@ -282,8 +253,11 @@ class CheckpointManager:
             aside = checkpoint.with_name(f"unreadable-{checkpoint.name}")
             if is_main:
                 os.replace(checkpoint, aside)
-                print(f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run resumes "
-                      "from the newest checkpoint that loads.", flush=True)  # fmt: skip
+                print(
+                    f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run resumes "
+                    "from the newest checkpoint that loads.",
+                    flush=True,
+                )
         if done:
             raise HftrainError(
                 f"training.output_dir: none of the checkpoints in {self.layout.root} can be loaded (see the warnings above); "
@@ -355,8 +329,11 @@ class CheckpointManager:
             return None
         model = trainer.model
         if self.recipe.finetune.method != "full" or any(hasattr(p, "ds_id") for p in model.parameters()):
-            print("hftrain: checkpoints: step 0 is not saved for an adapter, a quantized base or ZeRO-3 (the base model, "
-                  "or partitioned weights); the other kept steps are.", flush=True)  # fmt: skip
+            print(
+                "hftrain: checkpoints: step 0 is not saved for an adapter, a quantized base or ZeRO-3 (the base model, "
+                "or partitioned weights); the other kept steps are.",
+                flush=True,
+            )
             return None
         staged = self.layout.staged(RunLayout.INITIAL)
         try:

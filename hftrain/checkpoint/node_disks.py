@@ -85,8 +85,11 @@ def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> None:
         )
     kwargs["save_on_each_node"] = True
     if dims.rank == 0:
-        print(f"hftrain: training.output_dir is on each node's own disk (node 0's files are not visible on the others): "
-              f"each of the {dims.nodes} nodes keeps a whole copy of every checkpoint.", flush=True)  # fmt: skip
+        print(
+            f"hftrain: training.output_dir is on each node's own disk (node 0's files are not visible on the others): "
+            f"each of the {dims.nodes} nodes keeps a whole copy of every checkpoint.",
+            flush=True,
+        )
 
 
 def node_local(trainer: Any) -> bool:

@@ -27,7 +27,8 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hftrain.errors import HftrainError
 
@@ -63,8 +64,11 @@ def owning(where: str | Path, key: str, storage_options: dict[str, Any] | None =
     if name in _held:
         _held[name][1] += 1
     else:
-        lock: Any = S3Lock(name, key, storage_options or {}) if name.startswith("s3://") else (
-            FileLock(Path(str(where).removeprefix("file://")), key) if "://" not in name or name.startswith("file://") else None)
+        lock: Any = (
+            S3Lock(name, key, storage_options or {})
+            if name.startswith("s3://")
+            else (FileLock(Path(str(where).removeprefix("file://")), key) if "://" not in name or name.startswith("file://") else None)
+        )
         if lock is None:
             print(f"hftrain: note: {key} {name}: this store offers no lock; make sure no other hftrain writes there now.", flush=True)
         else:
@@ -90,14 +94,20 @@ def holder_record() -> dict[str, Any]:
     program = "hftrain" if program.endswith(("hftrain", "__main__.py")) else Path(program).name
     words = [w for w in sys.argv[1:4] if "=" not in w and not w.startswith("-")]
     return {
-        "token": run_token(), "pid": os.getpid(), "host": socket.gethostname(), "command": " ".join([program, *words]),
+        "token": run_token(),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": " ".join([program, *words]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    }  # fmt: skip
+    }
 
 
 def _in_use(key: str, where: str, holder: dict[str, Any] | None, remedy: str = "") -> HftrainError:
-    who = (f"pid {holder.get('pid')} on {holder.get('host')} (`{holder.get('command')}`, started {holder.get('started')})"
-           if holder else "a process that did not say who it is")  # fmt: skip
+    who = (
+        f"pid {holder.get('pid')} on {holder.get('host')} (`{holder.get('command')}`, started {holder.get('started')})"
+        if holder
+        else "a process that did not say who it is"
+    )
     return HftrainError(
         f"{key}: {where} is in use by another hftrain process: {who}. Two at once would mix their files. Wait for it to "
         f"finish or stop it{remedy}, or give {key} another directory."
@@ -170,8 +180,11 @@ class FileLock:
                     continue
                 except OSError as err:  # a file system without locks (some network mounts)
                     os.close(fd)
-                    print(f"hftrain: note: {self.key} {self.directory}: cannot be locked here ({err.strerror}); "
-                          "make sure no other hftrain writes there now.", flush=True)  # fmt: skip
+                    print(
+                        f"hftrain: note: {self.key} {self.directory}: cannot be locked here ({err.strerror}); "
+                        "make sure no other hftrain writes there now.",
+                        flush=True,
+                    )
                     return
                 if not path.exists() or os.stat(path).st_ino != os.fstat(fd).st_ino:
                     os.close(fd)  # locked a file its holder had just removed: try the one there now
@@ -216,8 +229,9 @@ class S3Lock:
     def acquire(self) -> None:
         for _ in range(3):
             try:
-                self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.object, IfNoneMatch="*",
-                                Body=json.dumps(holder_record()).encode("utf-8"))  # fmt: skip
+                self.fs.call_s3(
+                    "put_object", Bucket=self.bucket, Key=self.object, IfNoneMatch="*", Body=json.dumps(holder_record()).encode("utf-8")
+                )
                 self.held = True
                 return
             except FileExistsError:  # s3fs's word for 412 PreconditionFailed: the object is there

@@ -27,9 +27,18 @@ from hftrain.parallel import child_errors  # noqa: E402
 
 # name -> module, in the order `hftrain --help` lists them
 COMMANDS: dict[str, ModuleType] = {
-    "train": train, "plan": plan, "parity": parity, "data": data, "launch-script": launch_script, "push": push,
-    "export": export, "explain": explain, "presets": presets, "eval": eval, "report": report,
-}  # fmt: skip
+    "train": train,
+    "plan": plan,
+    "parity": parity,
+    "data": data,
+    "launch-script": launch_script,
+    "push": push,
+    "export": export,
+    "explain": explain,
+    "presets": presets,
+    "eval": eval,
+    "report": report,
+}
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
 
 

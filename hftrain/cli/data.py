@@ -15,14 +15,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prep.add_argument("recipe")
     prep.add_argument("--out", required=True, help="directory or URL (s3://...) for the shards")
     prep.add_argument("--shard-size-mb", type=positive_float, default=1024.0, help="shard size (default 1024 MB)")
-    prep.add_argument("--processes", type=positive_int, default=None, metavar="N",
-                      help="tokenize on N processes (default: every core); the shards are the same for any N")
+    prep.add_argument(
+        "--processes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokenize on N processes (default: every core); the shards are the same for any N",
+    )
     insp = sub.add_parser("inspect", help="sources, shard counts, first blocks decoded, token estimate")
     insp.add_argument("recipe")
     insp.add_argument("--blocks", type=positive_int, default=2, help="how many blocks to decode (default 2)")
-    insp.add_argument("--check-packing", action="store_true",
-                      help="check that packed documents stay apart on every attention kernel here: each document's logits "
-                           "in the first packed micro-batch against the document run alone (exit 1 if any kernel leaks)")
+    insp.add_argument(
+        "--check-packing",
+        action="store_true",
+        help="check that packed documents stay apart on every attention kernel here: each document's logits "
+        "in the first packed micro-batch against the document run alone (exit 1 if any kernel leaks)",
+    )
     return p
 
 

@@ -14,6 +14,7 @@ from hftrain.eval.text_metrics import METRICS, evaluate_texts, load_model, load_
 
 TAKES_OVERRIDES = False  # a `key=value` word (e.g. s3://b/year=2024/x.jsonl) is a value here
 
+
 def format_results(results: dict[str, dict[str, Any]]) -> str:
     """An aligned table of the numeric values of {name: {measure: value}}."""
     rows = [("name", "measure", "value")]
@@ -27,11 +28,17 @@ def format_results(results: dict[str, dict[str, Any]]) -> str:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("eval", help="perplexity, bits per byte, last-word accuracy or lm-eval tasks of a model",
-                              description="Evaluate MODEL_DIR on --data with --metric, or on lm-eval tasks with --lm-eval.")
+    p = subparsers.add_parser(
+        "eval",
+        help="perplexity, bits per byte, last-word accuracy or lm-eval tasks of a model",
+        description="Evaluate MODEL_DIR on --data with --metric, or on lm-eval tasks with --lm-eval.",
+    )
     p.add_argument("model_dir", help="a standard Hugging Face model directory (a run's final/ or checkpoint-N)")
-    p.add_argument("--data", metavar="PATH_OR_URL",
-                   help=".jsonl/.jsonl.gz/.txt file, directory or glob, local or s3://...; or hf:NAME[:CONFIG[:SPLIT]]")
+    p.add_argument(
+        "--data",
+        metavar="PATH_OR_URL",
+        help=".jsonl/.jsonl.gz/.txt file, directory or glob, local or s3://...; or hf:NAME[:CONFIG[:SPLIT]]",
+    )
     p.add_argument("--metric", action="append", choices=METRICS, help="repeat for several (default: perplexity)")
     p.add_argument("--text-field", default="text", help="the JSONL key / dataset column holding the text")
     p.add_argument("--context", type=positive_int, help="tokens per window (default: max_position_embeddings, at most 1024)")

@@ -11,8 +11,10 @@ TAKES_OVERRIDES = False
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("export", help="consolidate a checkpoint (DDP, FSDP, ZeRO-3, LoRA) into one standard HF model directory, "
-                                             "or one GGUF file for llama.cpp")  # fmt: skip
+    p = subparsers.add_parser(
+        "export",
+        help="consolidate a checkpoint (DDP, FSDP, ZeRO-3, LoRA) into one standard HF model directory, or one GGUF file for llama.cpp",
+    )
     p.add_argument("checkpoint")
     p.add_argument("--out", required=True, help="a new directory (--format hf) or a new file (--format gguf)")
     p.add_argument("--merge", action="store_true", help="a LoRA checkpoint: merge the adapter into its base model")

@@ -18,14 +18,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["torchrun", "slurm", "sagemaker"], default="slurm")
     p.add_argument("--nodes", type=positive_int, default=2)
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
-    p.add_argument("--accelerate-config", default="fsdp",
-                   help="the backend: a shipped config name (ddp, fsdp, zero3, ...; resolved on each node) or a path valid on "
-                        "every node (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)")
-    p.add_argument("--cpu", action="store_true",
-                   help="torchrun/slurm: a CPU rehearsal (gloo processes, as `hftrain train --cpu`); --gpus-per-node is then processes per node")
-    p.add_argument("--min-nodes", type=positive_int, metavar="MIN",
-                   help="torchrun: an elastic script: MIN to --nodes nodes, torchrun restarting every node's processes when a "
-                        "node is lost or joins (the run resumes from its last checkpoint); needs one training.output_dir every node mounts")
+    p.add_argument(
+        "--accelerate-config",
+        default="fsdp",
+        help="the backend: a shipped config name (ddp, fsdp, zero3, ...; resolved on each node) or a path valid on "
+        "every node (sagemaker: its ACCELERATE_*/FSDP_* settings go to the job; 'none' for plain DDP)",
+    )
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="torchrun/slurm: a CPU rehearsal (gloo processes, as `hftrain train --cpu`); --gpus-per-node is then processes per node",
+    )
+    p.add_argument(
+        "--min-nodes",
+        type=positive_int,
+        metavar="MIN",
+        help="torchrun: an elastic script: MIN to --nodes nodes, torchrun restarting every node's processes when a "
+        "node is lost or joins (the run resumes from its last checkpoint); needs one training.output_dir every node mounts",
+    )
     p.add_argument("--out", help="write the script here (default: print it)")
     sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
     sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
@@ -37,8 +47,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     sm.add_argument("--image", help="training image URI (default: the AWS PyTorch training image)")
     sm.add_argument("--max-run-hours", type=positive_float, default=24.0)
     sm.add_argument("--volume-gb", type=positive_int, default=200)
-    sm.add_argument("--channel", action="append", nargs=2, default=[], metavar=("NAME", "S3URI"),
-                    help="an input channel, read in the recipe as channel:NAME (default: none; s3:// paths stream)")
+    sm.add_argument(
+        "--channel",
+        action="append",
+        nargs=2,
+        default=[],
+        metavar=("NAME", "S3URI"),
+        help="an input channel, read in the recipe as channel:NAME (default: none; s3:// paths stream)",
+    )
     sm.add_argument("--job-name", help="job name prefix (default: hftrain-RECIPE)")
     return p
 
@@ -50,10 +66,19 @@ def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
     recipe = load_recipe(args.recipe, overrides)
     config = None if args.accelerate_config.lower() in ("none", "ddp") else args.accelerate_config
     options = JobOptions(
-        instance_type=args.instance_type, instance_count=args.instance_count, spot=args.spot, role=args.role, region=args.region,
-        bucket=args.bucket, image=args.image, max_run_hours=args.max_run_hours, volume_gb=args.volume_gb,
-        accelerate_config=config, channels=parse_channels(args.channel), job_name=args.job_name,
-    )  # fmt: skip
+        instance_type=args.instance_type,
+        instance_count=args.instance_count,
+        spot=args.spot,
+        role=args.role,
+        region=args.region,
+        bucket=args.bucket,
+        image=args.image,
+        max_run_hours=args.max_run_hours,
+        volume_gb=args.volume_gb,
+        accelerate_config=config,
+        channels=parse_channels(args.channel),
+        job_name=args.job_name,
+    )
     command = shlex.join(["hftrain", NAME, *getattr(args, "argv", [args.recipe])[1:]])
     return render(args.recipe, recipe, overrides, options, command)
 
@@ -64,8 +89,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     else:
         from hftrain.parallel.multinode import render
 
-        script = render(args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu,
-                        args.min_nodes or 0)  # fmt: skip
+        script = render(
+            args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu, args.min_nodes or 0
+        )
     if args.out:
         Path(args.out).write_text(script, encoding="utf-8")
         Path(args.out).chmod(0o755)

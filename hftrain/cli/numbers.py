@@ -5,7 +5,7 @@ exit code 2, before anything starts. tests/test_structure.py checks that every n
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 
 def _number(kind: type, low: float, low_ok: bool, high: float | None, what: str) -> Callable[[str], float]:

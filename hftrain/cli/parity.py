@@ -13,11 +13,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("parity", help="run a recipe on single / DDP / FSDP / ZeRO-3 (2 processes) and compare per step")
     p.add_argument("recipe")
     p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps per backend (default 20)")
-    p.add_argument("--backends", default=None,
-                   help="comma-separated subset of single,DDP,FSDP,ZeRO-3 (default: all; with --elastic: DDP,FSDP,ZeRO-3)")
-    p.add_argument("--elastic", action="store_true",
-                   help="instead: per backend, train on 2 and on 1 process with a checkpoint half-way, continue each on the other "
-                        "count, and compare (prints `elastic: max relative loss diff X, grad-norm diff Y`)")  # fmt: skip
+    p.add_argument(
+        "--backends", default=None, help="comma-separated subset of single,DDP,FSDP,ZeRO-3 (default: all; with --elastic: DDP,FSDP,ZeRO-3)"
+    )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="instead: per backend, train on 2 and on 1 process with a checkpoint half-way, continue each on the other "
+        "count, and compare (prints `elastic: max relative loss diff X, grad-norm diff Y`)",
+    )
     p.add_argument("--tolerance", type=non_negative_float, default=1e-4, help="exit 1 when a relative difference exceeds this")
     return p
 

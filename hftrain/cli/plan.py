@@ -16,10 +16,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("--gpus", type=positive_int, help="plan for this many GPUs (default: the machine at hand)")
     p.add_argument("--gpu-mem-gb", type=positive_float, default=80.0, help="memory of one GPU for --gpus (default 80)")
-    p.add_argument("--gpu-type", help="with --gpus: the card whose data-sheet bf16 peak times the run "
-                   "(H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)")  # fmt: skip
-    p.add_argument("--mfu", type=fraction, help="model FLOPs utilization to assume, a fraction of the peak (default: measured by the recipe's last run, "
-                   "else 0.35 on GPUs, 0.50 on CPUs)")  # fmt: skip
+    p.add_argument(
+        "--gpu-type",
+        help="with --gpus: the card whose data-sheet bf16 peak times the run (H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)",
+    )
+    p.add_argument(
+        "--mfu",
+        type=fraction,
+        help="model FLOPs utilization to assume, a fraction of the peak (default: measured by the recipe's last run, "
+        "else 0.35 on GPUs, 0.50 on CPUs)",
+    )
     p.add_argument("--price-per-hour", type=positive_float, help="price of one device-hour (default: monitor.price_per_hour)")
     return p
 
@@ -55,8 +61,10 @@ def _card(args: argparse.Namespace) -> tuple[float, str] | None:
 
     if not args.gpus:
         if args.gpu_type:
-            raise HftrainError(f"--gpu-type {args.gpu_type!r} names the card of --gpus N; add --gpus, or leave it out to plan "
-                               "for this machine (its peak is measured)")  # fmt: skip
+            raise HftrainError(
+                f"--gpu-type {args.gpu_type!r} names the card of --gpus N; add --gpus, or leave it out to plan "
+                "for this machine (its peak is measured)"
+            )
         return None
     tflops, card = spec_bf16_tflops(args.gpu_type or "H100 SXM")
     if not tflops:
@@ -97,4 +105,7 @@ def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, st
             return float(measured), f"measured by the last run in {results}"
     if machine.device == "cuda":
         return fitting.GPU_MFU, "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change"
-    return fitting.CPU_MFU, "assumed for CPUs (pythia-160m steps measured 0.39-0.65, docs/planning.md); a run's results.json then gives this recipe's"
+    return (
+        fitting.CPU_MFU,
+        "assumed for CPUs (pythia-160m steps measured 0.39-0.65, docs/planning.md); a run's results.json then gives this recipe's",
+    )

@@ -26,11 +26,18 @@ def branch_name(text: str) -> str:
 
     bad = re.search(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//", text)
     parts = text.split("/")
-    if (not text or bad or text == "@" or text.startswith(("-", "/")) or text.endswith(("/", "."))
-            or any(p.startswith(".") or p.endswith(".lock") for p in parts)):  # fmt: skip
+    if (
+        not text
+        or bad
+        or text == "@"
+        or text.startswith(("-", "/"))
+        or text.endswith(("/", "."))
+        or any(p.startswith(".") or p.endswith(".lock") for p in parts)
+    ):
         why = f"it contains {bad.group()!r}" if bad else "see git check-ref-format"
-        raise argparse.ArgumentTypeError(f"{text!r} is not a branch name ({why}); use letters, digits, '-', '_', '.' and '/' "
-                                         "(no '..', no part starting with '.')")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a branch name ({why}); use letters, digits, '-', '_', '.' and '/' (no '..', no part starting with '.')"
+        )
     return text
 
 

@@ -10,8 +10,11 @@ TAKES_OVERRIDES = False  # a run directory may contain "="
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("report", help="write a self-contained HTML report of a run (charts, results, sample, recipe)",
-                              description="Write RUN_DIR/report.html: one HTML file with no external resources.")
+    p = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run (charts, results, sample, recipe)",
+        description="Write RUN_DIR/report.html: one HTML file with no external resources.",
+    )
     p.add_argument("run_dir", help="a run's training.output_dir (holds metrics.jsonl)")
     p.add_argument("--out", metavar="FILE", help="write here instead of RUN_DIR/report.html")
     return p

@@ -19,23 +19,41 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
-    p.add_argument("--accelerate-config", metavar="NAME_OR_PATH",
-                   help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them")
+    p.add_argument(
+        "--accelerate-config",
+        metavar="NAME_OR_PATH",
+        help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them",
+    )
     p.add_argument("--nproc", type=positive_int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
     p.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
-    p.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="N",
-                   help="after a crash, start again (resuming from the last complete checkpoint) up to N times "
-                        "(with --nnodes MIN:MAX: torchrun's restarts of every node's processes)")
+    p.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="after a crash, start again (resuming from the last complete checkpoint) up to N times "
+        "(with --nnodes MIN:MAX: torchrun's restarts of every node's processes)",
+    )
     nodes = p.add_argument_group("several nodes (with --accelerate-config; `hftrain launch-script` writes the script)")
-    nodes.add_argument("--nnodes", type=node_count, default=(0, 1), metavar="N|MIN:MAX",
-                       help="nodes taking part (default 1); MIN:MAX: elastic, torchrun's c10d rendezvous of MIN to MAX nodes "
-                            "that restarts every node's processes when a node is lost or joins (needs --max-restarts and one "
-                            "training.output_dir every node mounts)")
+    nodes.add_argument(
+        "--nnodes",
+        type=node_count,
+        default=(0, 1),
+        metavar="N|MIN:MAX",
+        help="nodes taking part (default 1); MIN:MAX: elastic, torchrun's c10d rendezvous of MIN to MAX nodes "
+        "that restarts every node's processes when a node is lost or joins (needs --max-restarts and one "
+        "training.output_dir every node mounts)",
+    )
     nodes.add_argument("--node-rank", type=non_negative_int, default=0, help="this node's index, 0 .. NNODES-1 (not with MIN:MAX)")
     nodes.add_argument("--head-node", default="127.0.0.1", metavar="ADDR", help="node 0's address (default 127.0.0.1)")
     nodes.add_argument("--master-port", type=positive_int, default=29500, help="rendezvous port on the head node (default 29500)")
-    nodes.add_argument("--rendezvous-timeout", type=positive_int, default=300, metavar="S",
-                       help="seconds to wait for the other nodes before stopping (default 300)")
+    nodes.add_argument(
+        "--rendezvous-timeout",
+        type=positive_int,
+        default=300,
+        metavar="S",
+        help="seconds to wait for the other nodes before stopping (default 300)",
+    )
     return p
 
 
@@ -48,8 +66,15 @@ def node_group(args: argparse.Namespace) -> Any:
     least, count = args.nnodes
     if least and args.node_rank:
         raise HftrainError(f"--node-rank {args.node_rank}: not with --nnodes {least}:{count}, whose rendezvous places the ranks.")
-    group = NodeGroup(count, 0 if least else args.node_rank, args.head_node, args.master_port, args.rendezvous_timeout, least,
-                      args.max_restarts if least else 0)  # fmt: skip
+    group = NodeGroup(
+        count,
+        0 if least else args.node_rank,
+        args.head_node,
+        args.master_port,
+        args.rendezvous_timeout,
+        least,
+        args.max_restarts if least else 0,
+    )
     if group.count > 1 or group.elastic:
         if not args.accelerate_config:
             raise HftrainError("--nnodes: several nodes train with a multi-process backend; add --accelerate-config ddp|fsdp|zero3.")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bisect
 import copy
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -45,6 +46,7 @@ def best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
 
 def encode_example(tokenizer: Any, example: dict[str, Any], eos: int) -> tuple[list[int], list[int]]:
     """Token ids and labels of one example; labels are -100 outside the completion / assistant turns."""
+
     def ids(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
@@ -81,7 +83,9 @@ class ExampleStream(BlockStream):
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.truncated = 0
 
-    def _fill(self, start: dict[str, Any], pieces: Iterator[tuple[Any, bool]], live: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def _fill(
+        self, start: dict[str, Any], pieces: Iterator[tuple[Any, bool]], live: dict[str, Any]
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Read a window's examples (window x seq_len tokens when packing, window examples when padding) and place
         them: best fit, longest first, into as few blocks as hold them. The window is re-read from its start on
         resume, so the same examples land in the same blocks. An example read across a source's epoch boundary

@@ -9,7 +9,8 @@ message is shown.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
 
 import fsspec
 
@@ -33,7 +34,10 @@ def ranges_hold_lines(url: str, storage_options: dict[str, Any], size: int | Non
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
     for r in range(1, count):
         start, stop = Part(r, count).span(size)
-        at, end = start - 1, min(stop - 1, start - 1 + PROBE_BYTES)  # a line starts in [start, stop) iff a newline ends one in [start-1, stop-1)
+        at, end = (
+            start - 1,
+            min(stop - 1, start - 1 + PROBE_BYTES),
+        )  # a line starts in [start, stop) iff a newline ends one in [start-1, stop-1)
         while at < end:
             chunk = fs.cat_file(path, start=at, end=min(end, at + (1 << 16)))
             if not chunk:
@@ -46,8 +50,16 @@ def ranges_hold_lines(url: str, storage_options: dict[str, Any], size: int | Non
     return True
 
 
-def read_jsonl(f: Any, shard: str, codec: str | None, take: Any, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None,
-                size: int | None = None) -> Iterator[Record]:  # fmt: skip
+def read_jsonl(
+    f: Any,
+    shard: str,
+    codec: str | None,
+    take: Any,
+    pos: tuple[int, ...],
+    bad: BadRecords,
+    part: Part | None = None,
+    size: int | None = None,
+) -> Iterator[Record]:
     """Plain files seek to the byte offset, and a record's identity is the offset where its line starts (the
     same whichever reader reads it); compressed ones decompress and skip the lines already read, and a record's
     identity is its line number. pos[2], when given, is how many characters of the next record's text were read.
@@ -106,7 +118,7 @@ def _line_start(f: Any, at: int) -> int:
 
 
 def _line_name(f: Any, shard: str, codec: str | None, first: int, bad: BadRecords) -> str:
-    """"file:line" for a message about the record at `first` (a line number when compressed, else the byte offset
+    """ "file:line" for a message about the record at `first` (a line number when compressed, else the byte offset
     where its line starts: its line number is counted only when the message is shown)."""
     if codec is not None:
         return f"{shard}:{first + 1}"

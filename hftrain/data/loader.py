@@ -11,7 +11,8 @@ micro-batch, and a resumed loader rotates the worker numbering to continue it ex
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -168,7 +169,8 @@ def collator_for(section: DataSection, kernel: str, eos: int, form: str | None =
             raise HftrainError(
                 f"model.attn_implementation: the model computes attention with {kernel!r}, and hftrain knows no batch form "
                 f"that keeps packed documents apart on it; set model.attn_implementation to one of {', '.join(KERNEL_FORMS)}"
-                + (", or data.packing: false" if section.instruction_data else ", or remove data.document_masking") + "."
+                + (", or data.packing: false" if section.instruction_data else ", or remove data.document_masking")
+                + "."
             )
         form = ROWS
     return PackedCollator(kernel, eos if section.document_masking and not section.instruction_data else None, form)
@@ -181,8 +183,15 @@ def _as_is(item: Any) -> Any:
 class ResumableLoader:
     """The rank's samples, batched in the main process; keeps each reader's latest position for checkpoints."""
 
-    def __init__(self, dataset: PackedDataset, batch_size: int, num_workers: int, prefetch_factor: int | None = None,
-                 collate: Any = None, pad: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        batch_size: int,
+        num_workers: int,
+        prefetch_factor: int | None = None,
+        collate: Any = None,
+        pad: int = 0,
+    ):
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
         self.prefetch_factor = prefetch_factor
         self.collate = collate or PackedCollator()
@@ -274,8 +283,13 @@ def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
             break
     if not out:
         what = "data.validation" if plan.validation else "the held-out training documents (data.holdout_every)"
-        fix = "give more validation text or lower data.seq_len" if plan.validation else (
-            "give data.validation, or more documents (a .txt file is one document unless the source's document_boundary "
-            "is blank_line or line), or lower data.holdout_every or data.seq_len")
+        fix = (
+            "give more validation text or lower data.seq_len"
+            if plan.validation
+            else (
+                "give data.validation, or more documents (a .txt file is one document unless the source's document_boundary "
+                "is blank_line or line), or lower data.holdout_every or data.seq_len"
+            )
+        )
         raise HftrainError(f"{what}: less text than one block of data.seq_len={section.seq_len} tokens; {fix}.")
     return out

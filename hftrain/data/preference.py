@@ -11,7 +11,8 @@ Pairs are read in shuffle windows with resumable positions (BlockStream) and are
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hftrain.data.instructions import CHATML
 from hftrain.data.stream import BlockStream, DocumentStream, source_epochs
@@ -35,6 +36,7 @@ def encode_pair(tokenizer: Any, record: dict[str, Any]) -> dict[str, list[int]]:
     if "prompt" not in record:
         record = extract_prompt(record)
     if is_conversational(record):
+
         def ids(messages: list[dict[str, str]], generation: bool = False) -> list[int]:
             return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, add_generation_prompt=generation)["input_ids"]
 

@@ -22,11 +22,13 @@ from hftrain.checkpoint.output_lock import LOCK_FILE, owning
 from hftrain.data.pretokenized import MANIFEST, PREPARED_NAME, ShardWriter
 from hftrain.data.readers import DEFAULT_READERS, default_readers, default_window
 from hftrain.data.sources import COMPRESSION
-from hftrain.data.stream import SourcePlan, TokenRun, Worker
+from hftrain.data.chunking import TokenRun
+from hftrain.data.stream import SourcePlan, Worker
 
 
-def prepare(recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None,
-            processes: int | None = None) -> dict[str, Any]:  # fmt: skip
+def prepare(
+    recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None, processes: int | None = None
+) -> dict[str, Any]:
     """Tokenize one pass over the training data into packed shards + manifest at `out` (local or URL), on
     `processes` processes (default: every core), one input shard per task (prepare_pool.py). The output is the
     same whatever the process count."""
@@ -50,12 +52,16 @@ def _claim_out(fs: Any, root: str, out: str, interrupted: bool, clean: bool = Tr
     names = sorted(Path(p.rstrip("/")).name for p in fs.ls(root, detail=False))
     names = [n for n in names if n != LOCK_FILE]
     if MANIFEST in names:
-        raise HftrainError(f"--out {out}: already holds prepared data ({MANIFEST}); nothing was changed. Prepare into a "
-                           f"new directory, or delete {out} first to prepare it again.")  # fmt: skip
+        raise HftrainError(
+            f"--out {out}: already holds prepared data ({MANIFEST}); nothing was changed. Prepare into a "
+            f"new directory, or delete {out} first to prepare it again."
+        )
     foreign = [n for n in names if not PREPARED_NAME.match(n)]
     if foreign or (names and not interrupted):
-        raise HftrainError(f"--out {out}: is not empty ({', '.join((foreign or names)[:3])}{', ...' if len(foreign or names) > 3 else ''}) "
-                           "and was not written by `hftrain data prepare`; nothing was changed. Give a new or empty directory.")  # fmt: skip
+        raise HftrainError(
+            f"--out {out}: is not empty ({', '.join((foreign or names)[:3])}{', ...' if len(foreign or names) > 3 else ''}) "
+            "and was not written by `hftrain data prepare`; nothing was changed. Give a new or empty directory."
+        )
     if not clean:
         return
     for name in names:
@@ -87,7 +93,9 @@ def _prepare(recipe: Recipe, out: str, shard_mb: float, options: dict[str, Any],
             tails.add(block)
         progress.done(result.unit, sum(s["blocks"] for s in result.shards) * seq_len)
     if not shards and not tails.blocks:
-        raise HftrainError(f"data.train: less text than one block of data.seq_len={seq_len} tokens to prepare; give more data or lower data.seq_len.")
+        raise HftrainError(
+            f"data.train: less text than one block of data.seq_len={seq_len} tokens to prepare; give more data or lower data.seq_len."
+        )
     validation = [b["input_ids"].numpy() for b in validation_blocks(plan, tokenizer)]
     manifest = tails.finish(validation, recipe.data.model_dump(mode="json"), before=shards)
     seconds = progress.elapsed()
@@ -172,7 +180,9 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
     lines = []
     if plan.manifest is not None:
         m = plan.manifest
-        lines.append(f"pre-tokenized: {plan.pretokenized.pretokenized}: {len(m['shards'])} shard(s), {m['blocks']:,} blocks x {m['seq_len']} = {m['tokens']:,} tokens")
+        lines.append(
+            f"pre-tokenized: {plan.pretokenized.pretokenized}: {len(m['shards'])} shard(s), {m['blocks']:,} blocks x {m['seq_len']} = {m['tokens']:,} tokens"
+        )
         return "\n".join(lines)
     tokenizer = scratch_tokenizer(recipe, plan)
     total_bytes = 0
@@ -180,8 +190,11 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
         where = source.source.path or source.source.dataset or source.source.builtin
         size = sum(_shard_sizes(source) or []) or None
         total_bytes += size or 0
-        lines.append(f"{source.where}: {where}  {len(source.shards)} shard(s)" + (f", {size / 1e6:,.1f} MB" if size else "") +
-                     f", weight {source.source.weight:g}")  # fmt: skip
+        lines.append(
+            f"{source.where}: {where}  {len(source.shards)} shard(s)"
+            + (f", {size / 1e6:,.1f} MB" if size else "")
+            + f", weight {source.source.weight:g}"
+        )
         lines += [f"    {name}" for name in source.shards[:3]] + (["    ..."] if len(source.shards) > 3 else [])
         readers = recipe.data.readers or default_readers(plan.reader_limit, 1, 1)
         lines.append(f"    {source.share(Worker(0, readers)).describe()}")
@@ -191,7 +204,9 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
     if sample_bytes:
         lines.append(f"tokens per byte in the first {len(sample)} documents: {sample_tokens / sample_bytes:.3f}")
         if total_bytes:
-            lines.append(f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)")
+            lines.append(
+                f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)"
+            )
     docs = train_documents(plan, loop=False)
     window = recipe.data.shuffle_window or default_window(DEFAULT_READERS, recipe.data.seq_len)  # as a run with 8 readers
     stream = text_or_examples(docs, tokenizer, recipe.data, window=window)  # the blocks training reads

@@ -20,7 +20,8 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from hftrain.errors import HftrainError
 from hftrain.data.chunking import SafeCut
 from hftrain.data.pretokenized import ShardWriter
 from hftrain.data.loader import train_documents
-from hftrain.data.stream import TokenRun, text_batches
+from hftrain.data.chunking import TokenRun, text_batches
 
 Unit = tuple[int, int]  # (source, shard)
 REPORT_EVERY_S = 1.0
@@ -112,7 +113,7 @@ def run_units(job: PrepareJob, units: list[Unit], processes: int, report: Callab
         except BrokenProcessPool:
             raise HftrainError(
                 "data prepare: a worker process died (out of memory, or a script that starts processes without "
-                "`if __name__ == \"__main__\":` around its own code). Run with --processes 1, or guard the script."
+                '`if __name__ == "__main__":` around its own code). Run with --processes 1, or guard the script.'
             ) from None
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import fsspec
 import numpy as np
@@ -47,8 +48,7 @@ def _join(root: str, name: str) -> str:
 class ShardWriter:
     """Appends blocks to train-NNNNN.bin files of at most shard_bytes each, then writes the manifest."""
 
-    def __init__(self, out: str, seq_len: int, tokenizer: Any, shard_bytes: int, storage_options: dict[str, Any],
-                 prefix: str = "train"):  # fmt: skip
+    def __init__(self, out: str, seq_len: int, tokenizer: Any, shard_bytes: int, storage_options: dict[str, Any], prefix: str = "train"):
         self.out, self.seq_len, self.options, self.prefix = out.rstrip("/"), seq_len, storage_options, prefix
         self.dtype = block_dtype(len(tokenizer))
         self.blocks_per_shard = max(1, shard_bytes // (seq_len * self.dtype.itemsize))
@@ -109,7 +109,9 @@ def read_manifest(root: str, storage_options: dict[str, Any], where: str) -> dic
         with fsspec.open(_join(root, MANIFEST), "r", **storage_options) as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        raise HftrainError(f"{where}.pretokenized: no {MANIFEST} in {root}; write one with `hftrain data prepare RECIPE --out {root}`.") from None
+        raise HftrainError(
+            f"{where}.pretokenized: no {MANIFEST} in {root}; write one with `hftrain data prepare RECIPE --out {root}`."
+        ) from None
     if manifest.get("version") != VERSION:
         raise HftrainError(f"{where}.pretokenized: {root} was prepared by another hftrain version; prepare it again.")
     return manifest
@@ -132,8 +134,16 @@ def check_compatible(manifest: dict[str, Any], root: str, seq_len: int, tokenize
 class PretokenizedStream(BlockStream):
     """BlockStream over prepared shards: the same windows, shuffling and positions, no tokenizer."""
 
-    def __init__(self, root: str, manifest: dict[str, Any], storage_options: dict[str, Any], seed: int, worker: Worker,
-                 window: int, loop: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        root: str,
+        manifest: dict[str, Any],
+        storage_options: dict[str, Any],
+        seed: int,
+        worker: Worker,
+        window: int,
+        loop: bool = True,
+    ):
         self.root, self.manifest, self.options = root, manifest, storage_options
         self.seed, self.worker, self.window, self.loop = seed, worker, window, loop
         self.seq_len, self.dtype = manifest["seq_len"], np.dtype(manifest["dtype"])

@@ -107,8 +107,10 @@ def working_launches(readers: int, workers: int) -> str:
     """Which process counts can read `readers` readers with `workers` workers each (for messages)."""
     fits = [p for p in range(1, readers + 1) if readers % (p * max(workers, 1)) == 0]
     if fits:
-        return (f"With {workers} worker(s) per process, {', '.join(map(str, fits))} process(es) work; or change "
-                "training.dataloader_num_workers so that processes x workers divides data.readers.")  # fmt: skip
+        return (
+            f"With {workers} worker(s) per process, {', '.join(map(str, fits))} process(es) work; or change "
+            "training.dataloader_num_workers so that processes x workers divides data.readers."
+        )
     return "Lower training.dataloader_num_workers so that processes x workers divides data.readers."
 
 
@@ -116,7 +118,9 @@ def merge_positions(saved: list[dict[str, Any]], layout: ReaderLayout, seq_len: 
     """One run-wide data position from the per-process files of a checkpoint: the global blocks consumed and
     every reader's own position. Refuses positions this launch cannot continue exactly, saying why."""
     if not saved:
-        raise HftrainError(f"{where}: the checkpoint holds no data position (it was not written by hftrain); start a new training.output_dir.")
+        raise HftrainError(
+            f"{where}: the checkpoint holds no data position (it was not written by hftrain); start a new training.output_dir."
+        )
     if any(s.get("version") != STATE_VERSION for s in saved):
         raise HftrainError(
             f"{where}: the data position was saved by another hftrain version, which orders the data differently "
@@ -137,9 +141,13 @@ def merge_positions(saved: list[dict[str, Any]], layout: ReaderLayout, seq_len: 
             f"{layout.window}; set data.shuffle_window: {saved[0]['window']} to resume."
         )
     if {int(s["seq_len"]) for s in saved} != {seq_len}:
-        raise HftrainError(f"{where}: the data position was saved with another data.seq_len; keep data.seq_len={saved[0]['seq_len']} to resume.")
+        raise HftrainError(
+            f"{where}: the data position was saved with another data.seq_len; keep data.seq_len={saved[0]['seq_len']} to resume."
+        )
     if len(blocks) != 1:
-        raise HftrainError(f"{where}: the processes' data positions disagree ({sorted(blocks)} blocks consumed); the checkpoint is inconsistent.")
+        raise HftrainError(
+            f"{where}: the processes' data positions disagree ({sorted(blocks)} blocks consumed); the checkpoint is inconsistent."
+        )
     (consumed,) = blocks
     if consumed % layout.processes:
         raise HftrainError(

@@ -23,7 +23,8 @@ often as its share, and held-out loss was worse than run_clm's global shuffle at
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
+from collections.abc import Sequence
 
 BALANCE = 0.02  # whole shards only when the most loaded reader has at most 2% more bytes than the least loaded
 
@@ -43,11 +44,14 @@ class Share:
         """How the readers share the source, for `hftrain data inspect`."""
         if self.readers == 1:
             return "1 reader reads every shard"
-        return f"{self.readers} readers share it: " + {
-            "whole": f"whole shards, dealt by size (within {BALANCE:.0%} of each other, or compressed/text shards that cannot be split)",
-            "part": "each reads a part of every shard (byte, row or block ranges: the shards differ in size)",
-            "every": f"each keeps every {self.readers}th record of every shard (fewer compressed/text shards than readers)",
-        }[self.mode]
+        return (
+            f"{self.readers} readers share it: "
+            + {
+                "whole": f"whole shards, dealt by size (within {BALANCE:.0%} of each other, or compressed/text shards that cannot be split)",
+                "part": "each reads a part of every shard (byte, row or block ranges: the shards differ in size)",
+                "every": f"each keeps every {self.readers}th record of every shard (fewer compressed/text shards than readers)",
+            }[self.mode]
+        )
 
     def part(self, shard: int) -> Part | None:
         """Which of L parts of shard `shard` this reader reads (None: all of it). Reader r takes part

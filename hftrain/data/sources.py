@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import fsspec
 
-from hftrain import _compat
 from hftrain.integrations import network
 from hftrain.errors import HftrainError, as_user_error
 from hftrain.recipe.schema import Source, data_kind
@@ -124,7 +124,9 @@ def list_shard_sizes(source: Source, where: str) -> list[tuple[str, int]]:
     assert path is not None
     network.require_backend(path, f"{where}.path")
     try:
-        fs, _, _ = fsspec.get_fs_token_paths(path, storage_options=network.storage_options_with_timeouts(path, source.storage_options) or None)
+        fs, _, _ = fsspec.get_fs_token_paths(
+            path, storage_options=network.storage_options_with_timeouts(path, source.storage_options) or None
+        )
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         if fs.isdir(path):
             listed = {p: info for p, info in fs.find(path, detail=True).items() if info.get("type") != "directory"}
@@ -173,7 +175,9 @@ def _reads_as_jsonl(source: Source, shard: str) -> bool:
 def _check_extensions(listed: list[str], found: list[str], path: str, where: str) -> None:
     """A directory or glob reads only files with a known extension; say so when that leaves nothing."""
     if listed and not found:
-        sample = ", ".join(sorted({"." + p.rsplit(".", 1)[-1] if "." in p.rsplit("/", 1)[-1] else p.rsplit("/", 1)[-1] for p in listed})[:5])
+        sample = ", ".join(
+            sorted({"." + p.rsplit(".", 1)[-1] if "." in p.rsplit("/", 1)[-1] else p.rsplit("/", 1)[-1] for p in listed})[:5]
+        )
         raise HftrainError(
             f"{where}.path: {path!r} matches {len(listed)} file(s) ({sample}) but none with a known extension "
             f"({', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES)}, optionally compressed); "
@@ -181,8 +185,9 @@ def _check_extensions(listed: list[str], found: list[str], path: str, where: str
         )
 
 
-def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None,
-               size: int | None = None) -> Iterator[Record]:  # fmt: skip
+def read_shard(
+    source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None, size: int | None = None
+) -> Iterator[Record]:
     """Documents (or pieces of long ones) of one shard from `pos` on ((0, 0) for the start, else a previous
     Record's pos). `part`: only this reader's part of a splittable shard of `size` bytes (shares.py)."""
     if source.builtin == "python-docs":
@@ -200,7 +205,13 @@ def read_shard(source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords
         yield from _read_parquet(_open(shard, options), shard, source.text_field, pos, bad, part)
     else:
         with _open(shard, options) as f:
-            yield from text_pieces(f, codec is None, pos, source.document_boundary, lambda problem: bad(shard, problem, "Convert it to UTF-8 text or remove it"))
+            yield from text_pieces(
+                f,
+                codec is None,
+                pos,
+                source.document_boundary,
+                lambda problem: bad(shard, problem, "Convert it to UTF-8 text or remove it"),
+            )
 
 
 def _open(shard: str, options: dict[str, Any]) -> Any:
@@ -234,7 +245,11 @@ def _example_reader(source: Source) -> Any:
                 return {"prompt": p, "completion": c}, None
             return None, f"needs string fields {source.prompt_field!r} and {source.completion_field!r} (has: {', '.join(obj)})"
         messages = obj.get(source.messages_field)
-        ok = isinstance(messages, list) and messages and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
+        ok = (
+            isinstance(messages, list)
+            and messages
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
+        )
         if ok and any(m["role"] == "assistant" for m in messages):
             return {"messages": messages}, None
         return None, f"needs {source.messages_field!r}: a list of {{role, content}} with at least one assistant message"
@@ -243,8 +258,11 @@ def _example_reader(source: Source) -> Any:
 
 
 def _messages(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in value)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in value)
+    )
 
 
 def _preference(obj: dict[str, Any], source: Source) -> tuple[Any, str | None]:
@@ -254,12 +272,17 @@ def _preference(obj: dict[str, Any], source: Source) -> tuple[Any, str | None]:
     if isinstance(c, str) and isinstance(r, str):
         if isinstance(p, str):
             return {"prompt": p, "chosen": c, "rejected": r}, None
-        return None, f"needs a string {source.prompt_field!r} beside string {source.chosen_field!r} and {source.rejected_field!r} (has: {', '.join(obj) or 'nothing'})"
+        return (
+            None,
+            f"needs a string {source.prompt_field!r} beside string {source.chosen_field!r} and {source.rejected_field!r} (has: {', '.join(obj) or 'nothing'})",
+        )
     if _messages(c) and _messages(r) and (p is None or _messages(p)):
         pair = {"chosen": c, "rejected": r}
         return (pair if p is None else {"prompt": p, **pair}), None
-    return None, (f"needs {fields}: three strings, or message lists of {{role, content}} (the prompt list optional) "
-                  f"(has: {', '.join(obj) or 'nothing'})")
+    return None, (
+        f"needs {fields}: three strings, or message lists of {{role, content}} (the prompt list optional) "
+        f"(has: {', '.join(obj) or 'nothing'})"
+    )
 
 
 def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None) -> Iterator[Record]:
@@ -271,7 +294,9 @@ def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: Bad
     with f:
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
-            bad(shard, f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})", "Set text_field on this source to the right column")
+            bad(
+                shard, f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})", "Set text_field on this source to the right column"
+            )
             return
         first, stop = span(part, pf.metadata.num_rows)
         offset = max(pos[0], first)
@@ -314,7 +339,9 @@ def _read_dataset(source: Source, pos: tuple[int, ...]) -> Iterator[Record]:
         if take is not None:  # an example or a pair: one record, never cut
             example, problem = take(dict(row))
             if problem is not None:
-                raise HftrainError(f"data: dataset {source.dataset!r} row {index}: {problem}. Set the source's field names, or fix that row.")
+                raise HftrainError(
+                    f"data: dataset {source.dataset!r} row {index}: {problem}. Set the source's field names, or fix that row."
+                )
             yield Record(example, (index + 1, index + 1))
             continue
         text = row.get(source.text_field)

@@ -20,21 +20,20 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
+from collections.abc import Iterator
 
 import numpy as np
 
 from hftrain.errors import HftrainError
 from hftrain.progress import phase
 from hftrain.recipe.schema import Source
-from hftrain.data.chunking import SafeCut
+from hftrain.data.chunking import MAX_BATCH_CHARS, MIN_BATCH_CHARS, SafeCut, TokenRun, next_batch
 from hftrain.data.shares import Part, Share, share_of
 from hftrain.data.sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
 from hftrain.data.text_pieces import Record
 
 Split = Literal["train", "holdout", "all"]
-_TOKENIZE_BATCH = 32
-MIN_BATCH_CHARS, MAX_BATCH_CHARS = 4096, 1 << 18  # characters tokenized per call: bounds memory and the carry
 READ_RETRIES = 6  # transient read errors per shard position before giving up (backoff 0.5 s .. 30 s)
 
 
@@ -190,7 +189,6 @@ class DocumentStream:
                 return
             cur.update(epoch=cur["epoch"] + 1, shard=0, pos=[0, 0], docs=0)
 
-
     def _nothing_read(self, s: int) -> str:
         """The message for an epoch of source s that gave this reader no document."""
         plan, share = self.plans[s], self._share(s)
@@ -200,15 +198,19 @@ class DocumentStream:
             how = {"whole": "its shards", "part": "its part of every shard", "every": f"every {nth} record"}[share.mode]
             if share.mode == "part" and any(self._unsplit.get((s, shard)) for shard in share.shards):
                 how += f" (every {nth} record of a shard whose ranges hold no line start)"
-            return (f"{plan.where}: logical reader {share.reader} of {share.readers} found no documents in {how} of {where}: the "
-                    f"source has too few records (or too few shards with data) for {share.readers} readers, or one record "
-                    "fills a whole part. Set data.readers lower (a multiple of processes x dataloader workers), or give more data.")  # fmt: skip
+            return (
+                f"{plan.where}: logical reader {share.reader} of {share.readers} found no documents in {how} of {where}: the "
+                f"source has too few records (or too few shards with data) for {share.readers} readers, or one record "
+                "fills a whole part. Set data.readers lower (a multiple of processes x dataloader workers), or give more data."
+            )
         what = "held-out documents (lower data.holdout_every or give data.validation)" if self.split == "holdout" else "documents"
         hint = ""
         if self.split == "train" and self.holdout_every:
-            hint = (" Every data.holdout_every-th document is held out for validation, and this source's documents all "
-                    "were: give data.validation, or more documents (a .txt file is one document unless the source's "
-                    "document_boundary is blank_line or line).")
+            hint = (
+                " Every data.holdout_every-th document is held out for validation, and this source's documents all "
+                "were: give data.validation, or more documents (a .txt file is one document unless the source's "
+                "document_boundary is blank_line or line)."
+            )
         return f"{plan.where}: no {what} found in {where}.{hint}"
 
     def _shard_docs(self, s: int, shard: int, cur: dict[str, Any], share: Share) -> Iterator[Record]:
@@ -235,7 +237,10 @@ class DocumentStream:
                 failures += 1
                 if kind == "transient" and failures <= READ_RETRIES:
                     delay = min(30.0, 0.5 * 2 ** (failures - 1))
-                    print(f"hftrain: reading {name} failed ({type(err).__name__}: {err}); retry {failures} of {READ_RETRIES} in {delay:g}s", file=sys.stderr)
+                    print(
+                        f"hftrain: reading {name} failed ({type(err).__name__}: {err}); retry {failures} of {READ_RETRIES} in {delay:g}s",
+                        file=sys.stderr,
+                    )
                     time.sleep(delay)
                     continue
                 what = {
@@ -274,7 +279,11 @@ class BlockStream:
             first = self.shuffle and self.window > 1 and self.worker.index == 0  # the wait before step 1: say so
             while True:
                 start = copy.deepcopy(state["start"])
-                with phase(f"filling the first shuffle window ({self.window:,} blocks of {self.seq_len:,} tokens)") if first else nullcontext():
+                with (
+                    phase(f"filling the first shuffle window ({self.window:,} blocks of {self.seq_len:,} tokens)")
+                    if first
+                    else nullcontext()
+                ):
                     blocks, after = self._fill(start, pieces, live)
                 first = False
                 if not blocks:
@@ -297,7 +306,9 @@ class BlockStream:
         live = copy.deepcopy(start["docs"])
         return self.docs.pieces(live), live
 
-    def _fill(self, start: dict[str, Any], pieces: Iterator[tuple[str, bool]], live: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def _fill(
+        self, start: dict[str, Any], pieces: Iterator[tuple[str, bool]], live: dict[str, Any]
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Tokenize pieces until a window of blocks is full, or a source begins a new epoch (so that a small
         corpus is shuffled one epoch at a time, never read over and over to fill a big window); return the blocks
         and the state after them. `pieces` reads on from `start` (its state is `live`), so one reader serves
@@ -324,69 +335,6 @@ class BlockStream:
 def source_epochs(docs_state: dict[str, Any]) -> list[int]:
     """The epoch each source of a DocumentStream state is in: a window ends when one of them moves on."""
     return [cursor["epoch"] for cursor in docs_state["cursors"]]
-
-
-def next_batch(pieces: Iterator[tuple[str, bool]], pending: str, cutter: SafeCut, budget: int = MAX_BATCH_CHARS) -> tuple[list[str], list[bool], str]:
-    """Up to _TOKENIZE_BATCH texts, about `budget` characters, each a document or a safely cut part of one (so
-    that tokenizing each gives the tokens of the whole). The text after the last safe cut of an unfinished
-    document is returned as the new `pending`, to be put before the next piece."""
-    texts: list[str] = []
-    ends: list[bool] = []
-    chars = 0
-    while len(texts) < _TOKENIZE_BATCH and chars < budget:
-        item = next(pieces, None)
-        if item is None:
-            break
-        text, end = item
-        text = pending + text
-        cut = len(text) if end else cutter.cut(text)
-        pending = text[cut:]
-        if cut or end:
-            texts.append(text[:cut])
-            ends.append(end)
-            chars += cut
-    return texts, ends, pending
-
-
-def text_batches(pieces: Iterator[tuple[str, bool]], cutter: SafeCut) -> Iterator[tuple[list[str], list[bool]]]:
-    """next_batch() until the documents end (one pass, no saved position: `hftrain data prepare`)."""
-    pending = ""
-    while True:
-        texts, ends, pending = next_batch(pieces, pending, cutter)
-        if not texts:
-            return
-        yield texts, ends
-
-
-class TokenRun:
-    """Token ids waiting to be cut into blocks: a list of arrays, joined only when blocks are taken."""
-
-    def __init__(self, carry: list[int], dtype: Any):
-        self.dtype = dtype
-        self.parts = [np.asarray(carry, dtype=dtype)]
-        self.count = len(carry)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def add(self, ids: list[int], eos: int | None) -> None:
-        self.parts.append(np.asarray(ids if eos is None else [*ids, eos], dtype=self.dtype))
-        self.count += len(ids) + (eos is not None)
-
-    def take_blocks(self, seq_len: int) -> list[np.ndarray]:
-        if self.count < seq_len:
-            return []
-        flat = np.concatenate(self.parts)
-        n = len(flat) // seq_len
-        self.parts, self.count = [flat[n * seq_len :]], len(flat) - n * seq_len
-        return list(flat[: n * seq_len].reshape(n, seq_len))
-
-    def put_back(self, ids: np.ndarray) -> None:
-        self.parts.insert(0, ids)
-        self.count += len(ids)
-
-    def rest(self) -> np.ndarray:
-        return np.concatenate(self.parts)
 
 
 def _rng_to_json(rng: random.Random) -> list[Any]:

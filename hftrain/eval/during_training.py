@@ -18,7 +18,7 @@ import torch
 
 from hftrain.eval import text_metrics
 from hftrain.errors import HftrainError
-from hftrain.recipe.schema import EvalTask
+from hftrain.recipe.sections import EvalTask
 
 HEADLINE = {"perplexity": "perplexity", "bits_per_byte": "bits_per_byte", "last_word_accuracy": "accuracy"}
 

@@ -115,7 +115,7 @@ def _fmt(value: Any) -> str:
 def _table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("", "")) -> str:
     head = f"<tr><th>{html.escape(header[0])}</th><th>{html.escape(header[1])}</th></tr>" if any(header) else ""
     body = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td class=\"{'num' if isinstance(v, (int, float)) else ''}\">{html.escape(_fmt(v))}</td></tr>"
+        f'<tr><th>{html.escape(str(k))}</th><td class="{"num" if isinstance(v, (int, float)) else ""}">{html.escape(_fmt(v))}</td></tr>'
         for k, v in rows
     )
     return f"<table>{head}{body}</table>"
@@ -123,8 +123,12 @@ def _table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("", "")) -> s
 
 def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = []
-    for label, key in [("final step", "step"), ("final eval loss", "eval_loss"), ("eval perplexity", "eval_perplexity"),
-                       ("median tokens/s", "tokens_per_s_median")]:
+    for label, key in [
+        ("final step", "step"),
+        ("final eval loss", "eval_loss"),
+        ("eval perplexity", "eval_perplexity"),
+        ("median tokens/s", "tokens_per_s_median"),
+    ]:
         if results.get(key) is not None:
             rows.append((label, results[key]))
     if results.get("mfu_median") is not None:
@@ -134,9 +138,13 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
         rows += [(f"parameters ({name.replace('_', '-')})", count) for name, count in params.items()]
     elif params is not None:
         rows.append(("parameters", params))
-    for label, key in [("eval bits per byte", "eval_bits_per_byte"), ("peak memory (GB)", "peak_mem_gb"),
-                       ("time to first step (s)", "time_to_first_step_s"),
-                       ("bf16", "bf16"), ("torch.compile", "torch_compile")]:
+    for label, key in [
+        ("eval bits per byte", "eval_bits_per_byte"),
+        ("peak memory (GB)", "peak_mem_gb"),
+        ("time to first step (s)", "time_to_first_step_s"),
+        ("bf16", "bf16"),
+        ("torch.compile", "torch_compile"),
+    ]:
         if results.get(key) is not None:
             rows.append((label, results[key]))
     speed = results.get("speed")
@@ -149,8 +157,11 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
             rows.append((f"step time: {phase.replace('_', ' ')} (%)", round(100 * results[f"{phase}_frac"], 1)))
     if results.get("input_bound") is not None:
         rows.append(("input-bound", "yes: more data workers, pre-tokenized shards or closer data" if results["input_bound"] else "no"))
-    for label, key in [("distributed type", "distributed_type"), ("world size", "world_size"),
-                       ("data records skipped", "data_records_skipped")]:
+    for label, key in [
+        ("distributed type", "distributed_type"),
+        ("world size", "world_size"),
+        ("data records skipped", "data_records_skipped"),
+    ]:
         if results.get(key) is not None:
             rows.append((label, results[key]))
     seen = series(records, "tokens_seen")[1]
@@ -172,11 +183,14 @@ def eval_sections(run_dir: Path) -> str:
         try:
             rows = flatten(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            parts.append(f"<h3>{html.escape(path.name)}</h3><p class=\"note\">not readable as JSON: {html.escape(str(err))}</p>")
+            parts.append(f'<h3>{html.escape(path.name)}</h3><p class="note">not readable as JSON: {html.escape(str(err))}</p>')
             continue
-        more = f"<p class=\"note\">... {len(rows) - MAX_EVAL_ROWS} more keys not shown</p>" if len(rows) > MAX_EVAL_ROWS else ""
+        more = f'<p class="note">... {len(rows) - MAX_EVAL_ROWS} more keys not shown</p>' if len(rows) > MAX_EVAL_ROWS else ""
         parts.append(f"<h3>{html.escape(path.name)}</h3>{_table(rows[:MAX_EVAL_ROWS], ('key', 'value'))}{more}")
-    return "".join(parts) or "<p>No <code>eval*.json</code> files in the run directory (<code>hftrain eval ... --json RUN_DIR/eval_NAME.json</code> writes one).</p>"
+    return (
+        "".join(parts)
+        or "<p>No <code>eval*.json</code> files in the run directory (<code>hftrain eval ... --json RUN_DIR/eval_NAME.json</code> writes one).</p>"
+    )
 
 
 def find_recipe(run_dir: Path) -> Path | None:
@@ -194,8 +208,10 @@ def stale_results(results: dict[str, Any], records: list[dict[str, Any]]) -> str
     done, last = results.get("step"), max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None)
     if not results or not isinstance(done, int) or last is None or last <= done:
         return None
-    return (f"results.json is from step {done:,}, and metrics.jsonl goes on to step {last:,}: the run is still training "
-            "or was continued, so the summary below is an earlier finish's, not this run's final results.")
+    return (
+        f"results.json is from step {done:,}, and metrics.jsonl goes on to step {last:,}: the run is still training "
+        "or was continued, so the summary below is an earlier finish's, not this run's final results."
+    )
 
 
 def run_staleness(run_dir: Path) -> str | None:
@@ -226,24 +242,26 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     if results:
         summary = (f'<p class="note" id="stale">{html.escape(stale)}</p>' if stale else "") + _table(summary_rows(results, records))
     else:
-        summary = "<p class=\"note\">No results.json: the run has not finished (the charts show it so far).</p>"
+        summary = '<p class="note">No results.json: the run has not finished (the charts show it so far).</p>'
     samples = results.get("sample")
     samples = [samples] if isinstance(samples, str) else list(samples or [])
     sample_html = "".join(f"<blockquote>{html.escape(str(s))}</blockquote>" for s in samples) or "<p>No sample in results.json.</p>"
     recipe_path = find_recipe(run_dir)
     if recipe_path is not None:
-        recipe_html = (f"<p class=\"path\">{html.escape(str(recipe_path.relative_to(run_dir)))}</p>"
-                       f"<pre id=\"recipe\">{html.escape(recipe_path.read_text(encoding='utf-8'))}</pre>")
+        recipe_html = (
+            f'<p class="path">{html.escape(str(recipe_path.relative_to(run_dir)))}</p>'
+            f'<pre id="recipe">{html.escape(recipe_path.read_text(encoding="utf-8"))}</pre>'
+        )
     else:
-        recipe_html = "<p class=\"note\">No hftrain_recipe.yaml in final/ or any checkpoint-N/.</p>"
+        recipe_html = '<p class="note">No hftrain_recipe.yaml in final/ or any checkpoint-N/.</p>'
 
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>hftrain report: {html.escape(run_dir.name)}</title>
 <style>{CSS}</style></head><body>
 <h1>hftrain report</h1><p class="path">{html.escape(str(run_dir.resolve()))}</p>
 <h2>Summary</h2>{summary}
-<h2>Training curves</h2><div class="charts">{''.join(figures)}</div>
-{f'<p class="note">Charts not drawn:</p><ul class="note">{skipped}</ul>' if skipped else ''}
+<h2>Training curves</h2><div class="charts">{"".join(figures)}</div>
+{f'<p class="note">Charts not drawn:</p><ul class="note">{skipped}</ul>' if skipped else ""}
 <h2>Evaluations</h2>{eval_sections(run_dir)}
 <h2>Sample</h2>{sample_html}
 <h2>Resolved recipe</h2>{recipe_html}

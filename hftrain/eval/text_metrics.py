@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hftrain.data.sources import BadRecords, list_shards, read_shard, shard_problem
 from hftrain.errors import HftrainError
@@ -187,7 +188,7 @@ def _encode_pair(tokenizer: Any, context: str, target: str) -> tuple[list[int], 
         context, target = context[:-spaces], context[-spaces:] + target
     whole = tokenizer(context + target, add_special_tokens=False).input_ids
     ctx = tokenizer(context, add_special_tokens=False).input_ids
-    return ctx, whole[len(ctx):]
+    return ctx, whole[len(ctx) :]
 
 
 def last_word_accuracy(model: Any, tokenizer: Any, passages: list[str]) -> dict[str, Any]:
@@ -200,21 +201,26 @@ def last_word_accuracy(model: Any, tokenizer: Any, passages: list[str]) -> dict[
     limit, correct = _max_positions(model), 0
     for passage in passages:
         ctx, target = _encode_pair(tokenizer, *split_last_word(passage))
-        ids = (ctx + target)[-(limit + 1):][:-1]  # lm-eval truncates the context on the left
+        ids = (ctx + target)[-(limit + 1) :][:-1]  # lm-eval truncates the context on the left
         with torch.no_grad():
-            logits = model(torch.tensor([ids], device=model.device)).logits[0, -len(target):]
+            logits = model(torch.tensor([ids], device=model.device)).logits[0, -len(target) :]
         correct += int(logits.argmax(-1).tolist() == target)
     return {"accuracy": correct / len(passages), "correct": correct, "total": len(passages)}
 
 
-def evaluate_texts(model: Any, tokenizer: Any, texts: list[str], metrics: list[str], context: int | None = None,
-                   stride: int | None = None) -> dict[str, dict[str, Any]]:
+def evaluate_texts(
+    model: Any, tokenizer: Any, texts: list[str], metrics: list[str], context: int | None = None, stride: int | None = None
+) -> dict[str, dict[str, Any]]:
     """{metric name: its result} for each of `metrics` on `texts`."""
     if set(metrics) - set(METRICS):
         raise HftrainError(f"unknown metric(s) {', '.join(sorted(set(metrics) - set(METRICS)))}; metrics are {', '.join(METRICS)}")
     windowed = {"perplexity": perplexity, "bits_per_byte": bits_per_byte}
-    return {m: last_word_accuracy(model, tokenizer, texts) if m == "last_word_accuracy" else
-            windowed[m](model, tokenizer, texts, context, stride) for m in dict.fromkeys(metrics)}
+    return {
+        m: last_word_accuracy(model, tokenizer, texts)
+        if m == "last_word_accuracy"
+        else windowed[m](model, tokenizer, texts, context, stride)
+        for m in dict.fromkeys(metrics)
+    }
 
 
 # ------------------------------------------------------------------------------------------ lm-eval
@@ -286,6 +292,14 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         if unknown:
             raise HftrainError(f"--lm-eval: unknown task(s) {', '.join(unknown)}; add their YAMLs with --include-path DIR")
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        results = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(Path(model_dir).resolve())}, tasks=tasks,
-                                          task_manager=manager, limit=limit, device=device, batch_size=1, log_samples=False)
+        results = lm_eval.simple_evaluate(
+            model="hf",
+            model_args={"pretrained": str(Path(model_dir).resolve())},
+            tasks=tasks,
+            task_manager=manager,
+            limit=limit,
+            device=device,
+            batch_size=1,
+            log_samples=False,
+        )
     return dict(results or {})

@@ -15,7 +15,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import yaml
 
@@ -50,10 +51,70 @@ def _retry(action: Callable[[], Any], what: str) -> Any:
             time.sleep(2.0 * attempt)
 
 
+CARD_METRICS = (
+    "step",
+    "eval_loss",
+    "eval_perplexity",
+    "eval_preference_accuracy",
+    "eval_rewards/accuracies",
+    "eval_rewards/margins",
+    "tokens_per_s_median",
+    "mfu_median",
+)
+"""results.json values a model card's table shows, where the run has them."""
+
+
 def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: bool, revisions: Sequence[str] = ()) -> str:
     """README.md with Hub metadata, the final metrics, the curves, the kept checkpoints' revisions and how to load the
     model without hftrain."""
     sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in recipe.data.train]  # no user:password@
+    rows = [(k, results.get(k)) for k in CARD_METRICS]
+    table = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None)
+    shape = recipe.model.from_pretrained or recipe.model.preset
+    card = f"""---
+{yaml.safe_dump(card_metadata(recipe), sort_keys=False).strip()}
+---
+
+# {repo_id}
+
+A GPT-NeoX-style causal language model ({shape}, {_count(results)} parameters) trained with [hftrain](https://pypi.org/project/hftrain/) on {", ".join(map(str, sources))}.
+
+Training method: {training_method(recipe)}.
+
+## Results
+
+| metric | value |
+| --- | --- |
+{table}
+"""
+    if has_plot:
+        card += "\n![loss and gradient norm against step](training_curves.png)\n"
+    card += f"""
+## Use it
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained("{repo_id}")
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+```
+
+The full training recipe (secrets removed) is in `hftrain_recipe.yaml`; per-step metrics in `metrics.jsonl`.
+"""
+    if revisions:
+        card += f"""
+## Checkpoints
+
+Kept checkpoints are branches of this repo ({len(revisions)}): {", ".join(f"`{r}`" for r in revisions)}.
+
+```python
+model = AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1]}")
+```
+"""
+    return card
+
+
+def card_metadata(recipe: Recipe) -> dict[str, Any]:
+    """The model card's Hub metadata (its YAML header)."""
     meta: dict[str, Any] = {
         "library_name": "transformers",
         "license": recipe.hub.license,
@@ -65,45 +126,27 @@ def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: 
     datasets = [s.dataset for s in recipe.data.train if s.dataset]
     if datasets:
         meta["datasets"] = datasets
-    shape = recipe.model.from_pretrained or recipe.model.preset
-    method = training_method(recipe)
     if recipe.finetune.objective == "dpo":
         meta["tags"] += ["dpo", "trl"]
-    rows = [(k, results.get(k)) for k in ("step", "eval_loss", "eval_perplexity", "eval_preference_accuracy", "eval_rewards/accuracies",
-                                          "eval_rewards/margins", "tokens_per_s_median", "mfu_median")]  # fmt: skip
-    table = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None)
-    lines = [
-        "---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
-        f"# {repo_id}", "",
-        f"A GPT-NeoX-style causal language model ({shape}, {_count(results)} parameters) "
-        f"trained with [hftrain](https://pypi.org/project/hftrain/) on {', '.join(map(str, sources))}.", "",
-        f"Training method: {method}.", "",
-        "## Results", "", "| metric | value |", "| --- | --- |", table, "",
-    ]  # fmt: skip
-    if has_plot:
-        lines += ["![loss and gradient norm against step](training_curves.png)", ""]
-    lines += [
-        "## Use it", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
-        f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")', "```", "",
-        "The full training recipe (secrets removed) is in `hftrain_recipe.yaml`; per-step metrics in `metrics.jsonl`.", "",
-    ]  # fmt: skip
-    if revisions:
-        lines += ["## Checkpoints", "", f"Kept checkpoints are branches of this repo ({len(revisions)}): "
-                  + ", ".join(f"`{r}`" for r in revisions) + ".", "", "```python",
-                  f'model = AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1]}")', "```", ""]  # fmt: skip
-    return "\n".join(lines)
+    return meta
 
 
 def training_method(recipe: Recipe) -> str:
     """How the weights were trained, in words: objective, and which weights."""
-    weights = {"full": "all weights", "lora": "a LoRA adapter, merged", "qlora": "a LoRA adapter over a 4-bit base (QLoRA), merged",
-               "lora_8bit": "a LoRA adapter over an 8-bit base, merged"}[recipe.finetune.method]  # fmt: skip
+    weights = {
+        "full": "all weights",
+        "lora": "a LoRA adapter, merged",
+        "qlora": "a LoRA adapter over a 4-bit base (QLoRA), merged",
+        "lora_8bit": "a LoRA adapter over an 8-bit base, merged",
+    }[recipe.finetune.method]
     if recipe.finetune.objective == "dpo":
         beta = recipe.finetune.dpo.get("beta", 0.1)
         return f"DPO (Direct Preference Optimization, TRL's DPOTrainer, beta {beta}) on preference pairs, {weights}"
-    kind = "supervised fine-tuning on instruction data" if recipe.data.instruction_data else (
-        "fine-tuning" if recipe.model.from_pretrained else "pretraining")
+    kind = (
+        "supervised fine-tuning on instruction data"
+        if recipe.data.instruction_data
+        else ("fine-tuning" if recipe.model.from_pretrained else "pretraining")
+    )
     return f"{kind} (next-token loss), {weights}"
 
 
@@ -131,8 +174,9 @@ def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisio
     return out
 
 
-def push_folder(folder: Path, repo_id: str, *, private: bool | None, revision: str | None, message: str,
-                path_in_repo: str | None = None) -> str:  # fmt: skip
+def push_folder(
+    folder: Path, repo_id: str, *, private: bool | None, revision: str | None, message: str, path_in_repo: str | None = None
+) -> str:
     """Upload a folder to the hub (creating the repo and branch if needed), each call retried."""
     from huggingface_hub import HfApi
 
@@ -140,8 +184,14 @@ def push_folder(folder: Path, repo_id: str, *, private: bool | None, revision: s
     _retry(lambda: api.create_repo(repo_id, private=private, exist_ok=True), f"creating hub repo {repo_id}")
     if revision:
         _retry(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True), f"creating branch {revision} of {repo_id}")
-    upload = dict(repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=message,
-                  path_in_repo=path_in_repo, allow_patterns=SHAREABLE)  # fmt: skip
+    upload = dict(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        revision=revision,
+        commit_message=message,
+        path_in_repo=path_in_repo,
+        allow_patterns=SHAREABLE,
+    )
     return _retry(lambda: str(api.upload_folder(**upload)), f"pushing {folder} to {repo_id}")
 
 
@@ -203,19 +253,35 @@ class CheckpointPusher:
         if self.recipe.hub.s3_uri:
             self._copy_checkpoint(checkpoint, f"{self.recipe.hub.s3_uri.rstrip('/')}/{checkpoint.name}")
         if self.push_to_hub:
-            self._push_checkpoint(checkpoint, {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy])
+            self._push_checkpoint(
+                checkpoint, {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy]
+            )
 
     def _copy_checkpoint(self, checkpoint: Path, url: str) -> None:
         staged = self.outbox.stage(checkpoint)  # rotation may delete the checkpoint before its turn
         options = self.recipe.hub.storage_options
-        self.outbox.submit("S3", f"copying {checkpoint.name} to {url}", lambda: copy_to_fsspec(staged, url, options, name=checkpoint),
-                           later=send_later(f"hftrain push {checkpoint} --to {url}"), staged=staged)  # fmt: skip
+        self.outbox.submit(
+            "S3",
+            f"copying {checkpoint.name} to {url}",
+            lambda: copy_to_fsspec(staged, url, options, name=checkpoint),
+            later=send_later(f"hftrain push {checkpoint} --to {url}"),
+            staged=staged,
+        )
 
     def _push_checkpoint(self, checkpoint: Path, path_in_repo: str | None) -> None:
         repo, revision = self.repo_id(), self.args.hub_revision
         staged = bundle(Path(self.args.output_dir), checkpoint, self.recipe, repo, into=self.outbox.folder)
-        send = lambda: push_folder(staged, repo, private=self.args.hub_private_repo, revision=revision,  # noqa: E731
-                                   message=f"hftrain: {checkpoint.name}", path_in_repo=path_in_repo)  # fmt: skip
+
+        def send() -> str:
+            return push_folder(
+                staged,
+                repo,
+                private=self.args.hub_private_repo,
+                revision=revision,
+                message=f"hftrain: {checkpoint.name}",
+                path_in_repo=path_in_repo,
+            )
+
         later = send_later(f"hftrain push {checkpoint} --repo-id {repo}" + (f" --revision {revision}" if revision else ""))
         self.outbox.submit("the Hub", f"pushing {checkpoint.name} to {repo}", send, later=later, staged=staged)
 
@@ -228,18 +294,23 @@ class CheckpointPusher:
             try:
                 done.append(copy_to_fsspec(final_dir, url, self.recipe.hub.storage_options))
             except Exception as err:
-                self.outbox.fail(Failure("S3", f"copying the final model to {url}", reason(err), send_later(f"hftrain push {run_dir} --to {url}")),
-                                 training=False)  # fmt: skip
+                self.outbox.fail(
+                    Failure("S3", f"copying the final model to {url}", reason(err), send_later(f"hftrain push {run_dir} --to {url}")),
+                    training=False,
+                )
         revisions = self.revisions.branches() if self.revisions is not None else []
         if self.push_to_hub:
             repo = self.repo_id()
             folder = bundle(run_dir, final_dir, self.recipe, repo, revisions, into=self.outbox.folder)
             try:
-                push_folder(folder, repo, private=self.args.hub_private_repo, revision=self.args.hub_revision,
-                            message="hftrain: final model")  # fmt: skip
+                push_folder(
+                    folder, repo, private=self.args.hub_private_repo, revision=self.args.hub_revision, message="hftrain: final model"
+                )
                 done.append(f"hub:{repo}")
             except Exception as err:
-                later = send_later(f"hftrain push {run_dir} --repo-id {repo}" + (f" --revision {self.args.hub_revision}" if self.args.hub_revision else ""))
+                later = send_later(
+                    f"hftrain push {run_dir} --repo-id {repo}" + (f" --revision {self.args.hub_revision}" if self.args.hub_revision else "")
+                )
                 self.outbox.fail(Failure("the Hub", f"pushing the final model to {repo}", reason(err), later), training=False)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -50,10 +50,12 @@ def s3_options() -> dict[str, Any]:
     back-off each); so a read time-out of bound / 14 leaves a silent endpoint at most ~0.85 of the bound. A refused
     or unanswered connection is not retried by s3fs: 2 x bound / 8."""
     return {
-        "config_kwargs": {"connect_timeout": max(0.5, _bound / 8),
-                          "read_timeout": max(0.5, _bound / (S3FS_ATTEMPTS * BOTOCORE_ATTEMPTS + 4)),
-                          "retries": {"total_max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"}},
-    }  # fmt: skip
+        "config_kwargs": {
+            "connect_timeout": max(0.5, _bound / 8),
+            "read_timeout": max(0.5, _bound / (S3FS_ATTEMPTS * BOTOCORE_ATTEMPTS + 4)),
+            "retries": {"total_max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"},
+        }
+    }
 
 
 def gcs_options() -> dict[str, Any]:
@@ -70,8 +72,14 @@ def http_options() -> dict[str, Any]:
     return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=per, sock_read=per)}}
 
 
-OPTIONS_BY_SCHEME = {"s3": s3_options, "s3a": s3_options, "gs": gcs_options, "gcs": gcs_options, "http": http_options,
-                     "https": http_options}  # fmt: skip
+OPTIONS_BY_SCHEME = {
+    "s3": s3_options,
+    "s3a": s3_options,
+    "gs": gcs_options,
+    "gcs": gcs_options,
+    "http": http_options,
+    "https": http_options,
+}
 """The network protocols whose clients hftrain bounds (hf:// goes through huggingface_hub, bounded below). Other
 fsspec protocols (ftp, sftp, abfs, ...) keep their own defaults: docs/operations.md says so."""
 
@@ -107,8 +115,12 @@ def configure(bound_s: float | None = None) -> None:
     os.environ["HF_HUB_ETAG_TIMEOUT"] = os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = per
     _compat.hub_request_timeouts(attempt_timeout())
     retries = 2  # with back-off 1 s, 2 s: three attempts of `per` seconds stay within the bound
-    for key, value in {"MLFLOW_HTTP_REQUEST_TIMEOUT": per, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(retries),
-                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "WANDB_INIT_TIMEOUT": str(max(1, int(_bound)))}.items():  # fmt: skip
+    for key, value in {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": per,
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(retries),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "WANDB_INIT_TIMEOUT": str(max(1, int(_bound))),
+    }.items():
         if key not in os.environ or key in _set_here:
             os.environ[key] = value
             _set_here.add(key)

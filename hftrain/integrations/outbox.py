@@ -23,7 +23,8 @@ import sys
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 STAGED_LIMIT = 2  # staged uploads (copies of rotating checkpoints) waiting at once
 OUTBOX_DIR = ".hftrain-outbox"  # in the run directory: staged copies, removed once sent (or dropped)
@@ -64,8 +65,10 @@ def not_shared_message(failures: list[Failure], final_dir: Path) -> str:
     by_service: dict[str, list[Failure]] = {}
     for failure in failures:
         by_service.setdefault(failure.service, []).append(failure)
-    lines = [f"training finished and the model is saved in {final_dir}, but {len(by_service)} outside "
-             f"service{'s' if len(by_service) > 1 else ''} failed (every failure is in results.json, not_shared):"]
+    lines = [
+        f"training finished and the model is saved in {final_dir}, but {len(by_service)} outside "
+        f"service{'s' if len(by_service) > 1 else ''} failed (every failure is in results.json, not_shared):"
+    ]
     for service, seen in by_service.items():
         more = f" (and {len(seen) - 1} earlier)" if len(seen) > 1 else ""
         lines.append(f"  {service}: {seen[-1].line()}{more}")
@@ -106,8 +109,15 @@ class Outbox:
         shutil.copytree(folder, target, copy_function=link_or_copy)
         return target
 
-    def submit(self, service: str, what: str, send: Callable[[], Any], later: str = "", staged: Path | None = None,
-               done: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+    def submit(
+        self,
+        service: str,
+        what: str,
+        send: Callable[[], Any],
+        later: str = "",
+        staged: Path | None = None,
+        done: Callable[[Any], None] | None = None,
+    ) -> None:
         """Queue `send()`; never blocks and never raises. `staged`: the folder it sends, removed once sent or dropped;
         `done(result)`: called after it succeeded."""
         upload = _Upload(service, what, send, later, staged, done)
@@ -123,8 +133,14 @@ class Outbox:
             self._cond.notify()
         if dropped is not None:
             _remove(dropped.staged)
-            self.fail(Failure(dropped.service, dropped.what, f"not sent: {dropped.service} is slow or down and a newer upload "
-                                                             "replaced it in the queue", dropped.later))  # fmt: skip
+            self.fail(
+                Failure(
+                    dropped.service,
+                    dropped.what,
+                    f"not sent: {dropped.service} is slow or down and a newer upload replaced it in the queue",
+                    dropped.later,
+                )
+            )
 
     def fail(self, failure: Failure, training: bool = True) -> None:
         """Keep a failure and say it once."""

@@ -49,9 +49,13 @@ class RevisionPublisher:
         """Queue the push of `checkpoint` (a checkpoint, or initial/ for step 0) as branch stepN."""
         branch = branch_of(step)
         later = f"send it later: `hftrain export {checkpoint} --merge --out DIR` then `hftrain push DIR --repo-id {self.repo_id} --revision {branch}`"
-        self.outbox.submit("the Hub", f"pushing {checkpoint.name} as revision {branch} of {self.repo_id}",
-                           lambda: self._push(run_dir, checkpoint, branch), later=later,
-                           done=lambda _: print(f"hftrain: pushed {checkpoint.name} to {self.repo_id} as revision {branch}", flush=True))  # fmt: skip
+        self.outbox.submit(
+            "the Hub",
+            f"pushing {checkpoint.name} as revision {branch} of {self.repo_id}",
+            lambda: self._push(run_dir, checkpoint, branch),
+            later=later,
+            done=lambda _: print(f"hftrain: pushed {checkpoint.name} to {self.repo_id} as revision {branch}", flush=True),
+        )
 
     def _push(self, run_dir: Path, checkpoint: Path, branch: str) -> str:
         from hftrain.checkpoint.export import export

@@ -36,9 +36,17 @@ PYTORCH_IMAGE = ("2.10", "py313")  # the newest AWS PyTorch training image the S
 _NUMBER = r"([-+0-9.eE]+|nan|inf)"
 
 # Name -> the key of hftrain's metric lines it captures (a space before the key: `loss=` is not `eval_loss=`).
-_METRICS = {"train:loss": "loss", "train:learning_rate": "learning_rate", "train:grad_norm": "grad_norm",
-            "train:tokens_per_s": "tokens_per_s", "train:mfu": "mfu", "train:data_wait_frac": "data_wait_frac",
-            "eval:loss": "eval_loss", "eval:bits_per_byte": "eval_bits_per_byte", "eval:perplexity": "eval_perplexity"}  # fmt: skip
+_METRICS = {
+    "train:loss": "loss",
+    "train:learning_rate": "learning_rate",
+    "train:grad_norm": "grad_norm",
+    "train:tokens_per_s": "tokens_per_s",
+    "train:mfu": "mfu",
+    "train:data_wait_frac": "data_wait_frac",
+    "eval:loss": "eval_loss",
+    "eval:bits_per_byte": "eval_bits_per_byte",
+    "eval:perplexity": "eval_perplexity",
+}
 METRIC_DEFINITIONS = [{"Name": name, "Regex": f"^{METRICS_PREFIX} .* {key}={_NUMBER}"} for name, key in _METRICS.items()]
 
 ENTRY = '''"""Run by SageMaker's torchrun driver in every process: `hftrain train {recipe}` with the job's hyperparameters."""
@@ -97,8 +105,10 @@ def check_recipe(recipe: Recipe, channels: dict[str, str]) -> None:
             if value is None or ("://" in value and not value.startswith("file://")):
                 continue
             if value.startswith(CHANNEL):
-                if value[len(CHANNEL):].partition("/")[0].lower() not in channels:
-                    raise HftrainError(f"data {key} {value!r}: no such input channel; add --channel NAME s3://... to the launch-script command.")
+                if value[len(CHANNEL) :].partition("/")[0].lower() not in channels:
+                    raise HftrainError(
+                        f"data {key} {value!r}: no such input channel; add --channel NAME s3://... to the launch-script command."
+                    )
                 continue
             raise HftrainError(
                 f"data {key} {value!r} is a path on this machine, which a SageMaker job cannot read. Upload it to S3 and "
@@ -108,12 +118,16 @@ def check_recipe(recipe: Recipe, channels: dict[str, str]) -> None:
     resume, deepspeed = training.get("resume_from_checkpoint"), training.get("deepspeed")
     elsewhere = {  # every other file a job reads: where it should come from instead
         "model.from_pretrained": (recipe.model.from_pretrained, "give a hub id or an s3:// copy"),
-        "tokenizer.path": (recipe.tokenizer.path, "give a hub id (`hftrain push` a run's final/ shares its tokenizer), or "
-                           "train it in the job (tokenizer.train)"),
-        "training.resume_from_checkpoint": (resume if isinstance(resume, str) else None, "a job resumes from its own "
-                                            "checkpoints (SageMaker restores them): set it to true"),
+        "tokenizer.path": (
+            recipe.tokenizer.path,
+            "give a hub id (`hftrain push` a run's final/ shares its tokenizer), or train it in the job (tokenizer.train)",
+        ),
+        "training.resume_from_checkpoint": (
+            resume if isinstance(resume, str) else None,
+            "a job resumes from its own checkpoints (SageMaker restores them): set it to true",
+        ),
         "training.deepspeed": (deepspeed if isinstance(deepspeed, str) else None, "pass the backend with --accelerate-config"),
-    }  # fmt: skip
+    }
     for key, (value, instead) in elsewhere.items():
         if value and "://" not in value and Path(value).expanduser().exists():
             raise HftrainError(f"{key} {value!r} is a path on this machine, which a SageMaker job cannot read; {instead}.")
@@ -154,7 +168,9 @@ def stage_code(recipe_path: str | Path, dest: str | Path) -> Path:
     import hftrain
 
     dest, recipe = Path(dest), Path(recipe_path)
-    shutil.copytree(Path(hftrain.__file__).parent, dest / "hftrain", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+    shutil.copytree(
+        Path(hftrain.__file__).parent, dest / "hftrain", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True
+    )
     shutil.copy2(recipe, dest / recipe.name)
     (dest / "requirements.txt").write_text("\n".join(requirements()) + "\n", encoding="utf-8")
     (dest / ENTRY_SCRIPT).write_text(ENTRY.format(recipe=recipe.name), encoding="utf-8")
@@ -166,7 +182,9 @@ def default_image(region: str, instance_type: str) -> str:
     from sagemaker.core import image_uris
 
     version, py = PYTORCH_IMAGE
-    return image_uris.retrieve("pytorch", region=region, version=version, py_version=py, instance_type=instance_type, image_scope="training")
+    return image_uris.retrieve(
+        "pytorch", region=region, version=version, py_version=py, instance_type=instance_type, image_scope="training"
+    )
 
 
 def hyperparameters(overrides: list[str]) -> dict[str, str]:
@@ -181,11 +199,20 @@ def render(recipe_path: str, recipe: Recipe, overrides: list[str], options: JobO
     check_recipe(recipe, options.channels)
     environment = {CHECKPOINTS_VAR: DEFAULT_CHECKPOINTS, **backend_environment(options.accelerate_config)}
     values: dict[str, Any] = {
-        "RECIPE": str(Path(recipe_path).resolve()), "JOB_NAME": options.job_name or job_name(recipe_path),
-        "INSTANCE_TYPE": options.instance_type, "INSTANCE_COUNT": options.instance_count, "SPOT": options.spot,
-        "ROLE": options.role, "REGION": options.region, "BUCKET": options.bucket, "IMAGE": options.image,
-        "MAX_RUN_HOURS": options.max_run_hours, "VOLUME_GB": options.volume_gb,
-        "HYPERPARAMETERS": hyperparameters(overrides), "ENVIRONMENT": environment, "CHANNELS": options.channels,
-    }  # fmt: skip
+        "RECIPE": str(Path(recipe_path).resolve()),
+        "JOB_NAME": options.job_name or job_name(recipe_path),
+        "INSTANCE_TYPE": options.instance_type,
+        "INSTANCE_COUNT": options.instance_count,
+        "SPOT": options.spot,
+        "ROLE": options.role,
+        "REGION": options.region,
+        "BUCKET": options.bucket,
+        "IMAGE": options.image,
+        "MAX_RUN_HOURS": options.max_run_hours,
+        "VOLUME_GB": options.volume_gb,
+        "HYPERPARAMETERS": hyperparameters(overrides),
+        "ENVIRONMENT": environment,
+        "CHANNELS": options.channels,
+    }
     settings = "\n".join(f"{key} = {value!r}" for key, value in values.items())
     return LAUNCHER.format(command=command, settings=settings, checkpoints=DEFAULT_CHECKPOINTS)

@@ -49,7 +49,7 @@ class Job:
 
     def channel_path(self, path: str) -> str:
         """`channel:NAME[/rest]` -> the channel's local directory (+ rest)."""
-        name, _, rest = path[len(CHANNEL):].partition("/")
+        name, _, rest = path[len(CHANNEL) :].partition("/")
         if name not in self.channels:
             known = ", ".join(sorted(self.channels)) or "none"
             raise HftrainError(f"data path {path!r}: this job has no input channel {name!r} (its channels: {known}).")
@@ -61,10 +61,14 @@ def current_job(environ: Any = None) -> Job | None:
     env = os.environ if environ is None else environ
     if not (env.get("SM_MODEL_DIR") or env.get("SM_TRAINING_ENV")):
         return None
-    channels = {key[len("SM_CHANNEL_"):].lower(): Path(value) for key, value in env.items() if key.startswith("SM_CHANNEL_")}
+    channels = {key[len("SM_CHANNEL_") :].lower(): Path(value) for key, value in env.items() if key.startswith("SM_CHANNEL_")}
     output = env.get("SM_OUTPUT_DATA_DIR")
-    return Job(checkpoints=Path(env.get(CHECKPOINTS_VAR) or DEFAULT_CHECKPOINTS), model_dir=Path(env.get("SM_MODEL_DIR") or "/opt/ml/model"),
-               output_data_dir=Path(output) if output else None, channels=channels)  # fmt: skip
+    return Job(
+        checkpoints=Path(env.get(CHECKPOINTS_VAR) or DEFAULT_CHECKPOINTS),
+        model_dir=Path(env.get("SM_MODEL_DIR") or "/opt/ml/model"),
+        output_data_dir=Path(output) if output else None,
+        channels=channels,
+    )
 
 
 def _sources(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -109,8 +113,11 @@ def deliver(run: Any, job: Job) -> list[Path]:
 
 def metrics_line(step: int, logs: dict[str, Any]) -> str | None:
     """`hftrain-metrics step=N key=value ...` for the numeric values of one log line."""
-    pairs = [f"{key}={float(value):.6g}" for key, value in logs.items()
-             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]  # fmt: skip
+    pairs = [
+        f"{key}={float(value):.6g}"
+        for key, value in logs.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ]
     return f"{METRICS_PREFIX} step={step} {' '.join(pairs)}" if pairs else None
 
 

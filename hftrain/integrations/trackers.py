@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from transformers import TrainerCallback
 
@@ -30,8 +31,9 @@ def guard_reporters(trainer: Any, outbox: Outbox) -> None:
     from transformers.integrations import integration_utils
 
     handler = trainer.callback_handler
-    handler.callbacks = [GuardedReporter(cb, outbox) if type(cb).__module__ == integration_utils.__name__ else cb
-                         for cb in handler.callbacks]  # fmt: skip
+    handler.callbacks = [
+        GuardedReporter(cb, outbox) if type(cb).__module__ == integration_utils.__name__ else cb for cb in handler.callbacks
+    ]
 
 
 def tracker_name(callback: Any) -> str:

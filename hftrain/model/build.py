@@ -165,7 +165,9 @@ def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> P
     else:
         config = build_config(recipe, tokenizer_size, tokenizer_is_new, eos_token_id=0)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained))
+        return AutoModelForCausalLM.from_config(
+            config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained)
+        )
 
 
 def parameter_counts(model: PreTrainedModel) -> dict[str, int]:

@@ -35,8 +35,15 @@ def use(model: Any) -> None:
     model.loss_function = causal_lm_loss
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch: Any = None,
-                   ignore_index: int = -100, shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:  # fmt: skip
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: Any = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
     """transformers' ForCausalLMLoss, with the same arguments and value."""
     if not (torch.is_grad_enabled() and logits.requires_grad):
         from transformers.loss.loss_utils import ForCausalLMLoss

@@ -10,7 +10,8 @@ as a difference far above rounding: the check fails and names it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -50,8 +51,12 @@ def available_kernels(device: torch.device) -> list[str]:
     return kernels
 
 
-def check_packing(recipe: Recipe, kernels: dict[str, str] | None = None, device: torch.device | None = None,
-                  collator: Callable[[str, str], Any] | None = None) -> tuple[list[str], bool]:  # fmt: skip
+def check_packing(
+    recipe: Recipe,
+    kernels: dict[str, str] | None = None,
+    device: torch.device | None = None,
+    collator: Callable[[str, str], Any] | None = None,
+) -> tuple[list[str], bool]:
     """(lines to print, whether every kernel kept the documents apart). `kernels`: kernel -> batch form (default:
     every kernel available here, in the form training gives it); `collator(kernel, form)`: makes the batches
     (default: training's collator for the recipe)."""
@@ -74,13 +79,17 @@ def check_packing(recipe: Recipe, kernels: dict[str, str] | None = None, device:
         model.set_attn_implementation(kernel)
         results.append(compare(model, kernel, samples, make(kernel, form), TOLERANCE[dtype]))
     docs = results[0].documents if results else 0
-    head = (f"check-packing: first micro-batch of {len(samples)} block(s) x {section.seq_len} tokens, {docs} documents; "
-            f"the recipe's model shape with random weights, {str(dtype).removeprefix('torch.')} on {device.type}")  # fmt: skip
+    head = (
+        f"check-packing: first micro-batch of {len(samples)} block(s) x {section.seq_len} tokens, {docs} documents; "
+        f"the recipe's model shape with random weights, {str(dtype).removeprefix('torch.')} on {device.type}"
+    )
     lines = [head] + [r.line() for r in results]
     failed = [r.kernel for r in results if not r.ok]
     if failed:
-        lines.append(f"check-packing: packed documents are not kept apart on {', '.join(failed)}: do not train this recipe "
-                     "with model.attn_implementation set to it here (use one marked ok), and report the versions above.")  # fmt: skip
+        lines.append(
+            f"check-packing: packed documents are not kept apart on {', '.join(failed)}: do not train this recipe "
+            "with model.attn_implementation set to it here (use one marked ok), and report the versions above."
+        )
     return lines, not failed
 
 
@@ -108,7 +117,9 @@ def random_model(recipe: Recipe, tokenizer_size: int) -> Any:
         config.vocab_size = tokenizer_size
     torch.manual_seed(recipe.training.seed)
     m = recipe.model
-    return AutoModelForCausalLM.from_config(config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained))
+    return AutoModelForCausalLM.from_config(
+        config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained)
+    )
 
 
 def compare(model: Any, kernel: str, samples: list[dict[str, torch.Tensor]], collate: Any, tolerance: float) -> KernelResult:
@@ -128,4 +139,3 @@ def compare(model: Any, kernel: str, samples: list[dict[str, torch.Tensor]], col
                 worst = max(worst, float((packed[r, a:b] - alone).abs().max()))
                 documents += 1
     return KernelResult(kernel, worst, tolerance, documents)
-

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -62,9 +62,7 @@ def load_tokenizer(
     return tok, is_new
 
 
-def _load(
-    recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
-) -> tuple[PreTrainedTokenizerBase, bool]:
+def _load(recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]) -> tuple[PreTrainedTokenizerBase, bool]:
     """The run's tokenizer and whether it is new to this run (trained here: vocabulary sized to fit it).
 
     ``training_texts(n)`` yields the first n training documents; only called when a tokenizer is trained.
@@ -113,8 +111,11 @@ def check_model_tokenizer(recipe: Recipe, tok: PreTrainedTokenizerBase) -> None:
     if not m.from_pretrained or section.replace_model_tokenizer or section.path == m.from_pretrained:
         return
     try:
-        own = AutoTokenizer.from_pretrained(m.from_pretrained, revision=m.revision,
-                                            trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained))  # fmt: skip
+        own = AutoTokenizer.from_pretrained(
+            m.from_pretrained,
+            revision=m.revision,
+            trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained),
+        )
     except (OSError, ValueError, TypeError):
         return
     if content_hash(own) != content_hash(tok):
@@ -129,7 +130,9 @@ def check_model_tokenizer(recipe: Recipe, tok: PreTrainedTokenizerBase) -> None:
 def from_path(section: TokenizerSection) -> PreTrainedTokenizerBase:
     """tokenizer.path loaded with transformers, or the message saying what to give instead."""
     try:
-        return AutoTokenizer.from_pretrained(section.path, trust_remote_code=allow(section.trust_remote_code, "tokenizer.trust_remote_code", section.path))
+        return AutoTokenizer.from_pretrained(
+            section.path, trust_remote_code=allow(section.trust_remote_code, "tokenizer.trust_remote_code", section.path)
+        )
     except (OSError, ValueError) as err:
         raise HftrainError(
             f"tokenizer.path: cannot load a tokenizer from {section.path!r} ({str(err).splitlines()[0]}). "

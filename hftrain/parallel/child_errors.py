@@ -23,7 +23,8 @@ import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from hftrain import _compat
 
@@ -125,8 +126,9 @@ def root_failure(failed: Sequence[tuple[int, int, float]]) -> tuple[int, int]:
     return rank, code
 
 
-def report(errors: Sequence[ChildError], failed: Sequence[tuple[int, int, float]] = (), stopped_by: int | None = None,
-           said: Collection[str] = ()) -> int:  # fmt: skip
+def report(
+    errors: Sequence[ChildError], failed: Sequence[tuple[int, int, float]] = (), stopped_by: int | None = None, said: Collection[str] = ()
+) -> int:
     """Print how the launch ended, once, and return its exit code. `failed`: (rank, exit code, time) of the processes
     that failed; `stopped_by`: the signal this launcher received (torch elastic passed it on to the processes);
     `said`: lines already printed (LiveErrors)."""
@@ -245,18 +247,30 @@ def _rendezvous_failed(err: Exception) -> int:
 
     said = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
     if type(err).__name__ == "RendezvousClosedError":
-        print("hftrain: the elastic run this node was started for has ended (its rendezvous is closed: the other nodes "
-              "finished, or stopped after their last restart); this node did not train.", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "hftrain: the elastic run this node was started for has ended (its rendezvous is closed: the other nodes "
+            "finished, or stopped after their last restart); this node did not train.",
+            file=sys.stderr,
+            flush=True,
+        )
         return UNREACHABLE
     if os.environ.get(ELASTIC_ENV):
         least = os.environ[ELASTIC_ENV].split(":")[0]
-        print(f"hftrain: fewer than {least} node(s) joined the elastic rendezvous, or its head node went away ({said}). "
-              "Start the same script on every node with the same HEAD_NODE and MASTER_PORT (a node that stays up, and a "
-              "port free there), or give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"hftrain: fewer than {least} node(s) joined the elastic rendezvous, or its head node went away ({said}). "
+            "Start the same script on every node with the same HEAD_NODE and MASTER_PORT (a node that stays up, and a "
+            "port free there), or give them longer with --rendezvous-timeout.",
+            file=sys.stderr,
+            flush=True,
+        )
         return UNREACHABLE
-    print(f"hftrain: the nodes did not all join the rendezvous ({said}). Start the same script on every node, each "
-          f"with its own NODE_RANK and the same HEAD_NODE and MASTER_PORT (node 0's address and a port free there), or "
-          "give them longer with --rendezvous-timeout.", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"hftrain: the nodes did not all join the rendezvous ({said}). Start the same script on every node, each "
+        f"with its own NODE_RANK and the same HEAD_NODE and MASTER_PORT (node 0's address and a port free there), or "
+        "give them longer with --rendezvous-timeout.",
+        file=sys.stderr,
+        flush=True,
+    )
     return UNREACHABLE
 
 

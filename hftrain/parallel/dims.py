@@ -68,8 +68,10 @@ class Strategy(str, Enum):
         if name is None:
             return "plain `hftrain train RECIPE`"
         file = "deepspeed_zero3" if name == "zero3" else name
-        return (f"`accelerate launch --config_file accelerate_configs/{file}.yaml -m hftrain train RECIPE` "
-                f"(or `hftrain train RECIPE --accelerate-config {name}`)")  # fmt: skip
+        return (
+            f"`accelerate launch --config_file accelerate_configs/{file}.yaml -m hftrain train RECIPE` "
+            f"(or `hftrain train RECIPE --accelerate-config {name}`)"
+        )
 
     @property
     def accelerate_types(self) -> set[str]:
@@ -136,11 +138,16 @@ def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit
     window = decide_window(recipe.data.shuffle_window, recorded.get("shuffle_window"), count, recipe.data.seq_len)
     backend = rehearsal.rehearsal_backend()
     dims = ParallelDims(
-        strategy=resolve_strategy(recipe, processes), processes=processes, nodes=max(1, processes // max(local, 1)),
-        rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        rehearsal=Strategy(backend) if backend else None, micro_batch=micro, accumulation=accumulation,
+        strategy=resolve_strategy(recipe, processes),
+        processes=processes,
+        nodes=max(1, processes // max(local, 1)),
+        rank=rank,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        rehearsal=Strategy(backend) if backend else None,
+        micro_batch=micro,
+        accumulation=accumulation,
         readers=ReaderLayout(count, processes, workers, window),
-    )  # fmt: skip
+    )
     if Strategy.ZERO3 in (dims.strategy, dims.rehearsal):
         _compat.quiet_collective_deprecations()
     if dims.rehearsal:
@@ -209,8 +216,7 @@ def resolve_strategy(recipe: Recipe, processes: int | None = None) -> Strategy:
     )
 
 
-def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, recorded: int | None = None,
-                        announce: bool = True) -> int:
+def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, recorded: int | None = None, announce: bool = True) -> int:
     """Gradient accumulation from the global batch: parallelism.global_batch_size, else the one `recorded` at a
     resumed run's start (so that a run continued on another process count keeps its sequences per step), else
     the recipe's own gradient_accumulation_steps (an elastic launch: as all MAX nodes would run it, whatever number
@@ -223,8 +229,11 @@ def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, 
     per_step = micro * processes
     if total % per_step:
         fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
-        what = (f"{total} sequences" if recipe.parallelism.global_batch_size else
-                f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which")  # fmt: skip
+        what = (
+            f"{total} sequences"
+            if recipe.parallelism.global_batch_size
+            else f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which"
+        )
         raise HftrainError(
             f"parallelism.global_batch_size: {what} cannot be split into micro-batches of {micro} "
             f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
@@ -239,8 +248,11 @@ def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, 
                 f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
             )
         if announce:
-            print(f"hftrain: keeping this run's global batch of {total} sequences (recorded at its start): "
-                  f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)", flush=True)  # fmt: skip
+            print(
+                f"hftrain: keeping this run's global batch of {total} sequences (recorded at its start): "
+                f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)",
+                flush=True,
+            )
     return accumulation
 
 
@@ -261,7 +273,8 @@ def check_elastic_batch(recipe: Recipe, least: int, most: int, per_node: int) ->
     """Before an elastic launch: the global batch must split over every node count from MIN to MAX."""
     t = recipe.training
     total = recipe.parallelism.global_batch_size or elastic_global_batch(
-        t.per_device_train_batch_size * t.gradient_accumulation_steps, most, per_node)
+        t.per_device_train_batch_size * t.gradient_accumulation_steps, most, per_node
+    )
     bad = [n for n in range(least, most + 1) if total % (t.per_device_train_batch_size * per_node * n)]
     if bad:
         step = t.per_device_train_batch_size * per_node
@@ -302,11 +315,12 @@ def verify(trainer: Any, dims: ParallelDims) -> dict[str, Any]:
     if problems:
         hint = "Check the accelerate config and launcher (see docs/distributed.md)."
         if strategy in (Strategy.FSDP, Strategy.ZERO3) and not torch.cuda.is_available():
-            hint = (f"accelerate runs {strategy.label} on GPUs only; on this CPU-only machine rehearse it with "
-                    f"`hftrain train RECIPE --accelerate-config {strategy.value} --nproc 2` (gloo processes).")  # fmt: skip
+            hint = (
+                f"accelerate runs {strategy.label} on GPUs only; on this CPU-only machine rehearse it with "
+                f"`hftrain train RECIPE --accelerate-config {strategy.value} --nproc 2` (gloo processes)."
+            )
         raise HftrainError(
-            f"parallelism: this run was to be {strategy.label} with {dims.processes} process(es), but "
-            f"{'; '.join(problems)}. {hint}"
+            f"parallelism: this run was to be {strategy.label} with {dims.processes} process(es), but {'; '.join(problems)}. {hint}"
         )
     return real
 

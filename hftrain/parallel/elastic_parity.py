@@ -30,15 +30,25 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
     t = recipe.training
     total = global_batch_of(recipe)
     if total % 2 or steps < 2:
-        raise HftrainError(f"parity --elastic: needs an even global batch (it is {total}) and --steps of at least 2 (a checkpoint half-way).")
+        raise HftrainError(
+            f"parity --elastic: needs an even global batch (it is {total}) and --steps of at least 2 (a checkpoint half-way)."
+        )
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise HftrainError(f"parity --elastic --backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     readers = recipe.data.readers or default_readers(plan_data(recipe.data, t.seed).reader_limit, 2, 1)
     half = steps // 2
-    common = [*overrides, *FORCED, f"training.max_steps={steps}", "training.save_strategy=steps", f"training.save_steps={half}",
-              f"parallelism.global_batch_size={total}", f"training.per_device_train_batch_size={total // 2}",
-              "training.dataloader_num_workers=0", f"data.readers={readers}"]  # fmt: skip
+    common = [
+        *overrides,
+        *FORCED,
+        f"training.max_steps={steps}",
+        "training.save_strategy=steps",
+        f"training.save_steps={half}",
+        f"parallelism.global_batch_size={total}",
+        f"training.per_device_train_batch_size={total // 2}",
+        "training.dataloader_num_workers=0",
+        f"data.readers={readers}",
+    ]
     common.remove("parallelism.global_batch_size=null")
     root = Path(t.output_dir) / "parity-elastic"
     rows, loss_diff, norm_diff = [], 0.0, 0.0
@@ -54,11 +64,15 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
             _train(recipe_path, backend, nproc, run_dir, common, label)
             runs[name] = read_run(run_dir)
             if source is not None and min(runs[name]["steps"], default=0) != half + 1:  # else a fresh start compares equal
-                raise HftrainError(f"parity --elastic: the {label} {name} run did not continue from checkpoint-{half} "
-                                   f"(its first logged step is {min(runs[name]['steps'], default=None)}); see {run_dir}")  # fmt: skip
-        pairs = {"1 vs 2": (runs["2"], runs["1"], range(1, steps + 1)),
-                 "2->1": (runs["2"], runs["2->1"], range(half + 1, steps + 1)),
-                 "1->2": (runs["1"], runs["1->2"], range(half + 1, steps + 1))}  # fmt: skip
+                raise HftrainError(
+                    f"parity --elastic: the {label} {name} run did not continue from checkpoint-{half} "
+                    f"(its first logged step is {min(runs[name]['steps'], default=None)}); see {run_dir}"
+                )
+        pairs = {
+            "1 vs 2": (runs["2"], runs["1"], range(1, steps + 1)),
+            "2->1": (runs["2"], runs["2->1"], range(half + 1, steps + 1)),
+            "1->2": (runs["1"], runs["1->2"], range(half + 1, steps + 1)),
+        }
         cells = []
         for name, (reference, other, which) in pairs.items():
             loss, norm = step_differences(reference, other, which)
@@ -87,4 +101,6 @@ def _train(recipe_path: str, backend: str, nproc: int, out: Path, common: list[s
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise HftrainError(f"parity --elastic: the {label} run on {nproc} process(es) failed (exit {done.returncode}); its last lines:\n{tail}")
+        raise HftrainError(
+            f"parity --elastic: the {label} run on {nproc} process(es) failed (exit {done.returncode}); its last lines:\n{tail}"
+        )

@@ -40,13 +40,16 @@ def backend_of(config: Path) -> Strategy:
     kind = str(data.get("distributed_type", "NO")).upper()
     strategy = Strategy.of_accelerate_type(kind)
     if strategy is None:
-        raise HftrainError(f"{config}: distributed_type {kind} is not a multi-process backend hftrain launches "
-                           "(use one of MULTI_GPU, MULTI_CPU, FSDP, DEEPSPEED).")  # fmt: skip
+        raise HftrainError(
+            f"{config}: distributed_type {kind} is not a multi-process backend hftrain launches "
+            "(use one of MULTI_GPU, MULTI_CPU, FSDP, DEEPSPEED)."
+        )
     return strategy
 
 
-def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None,
-             nodes: NodeGroup = NodeGroup()) -> int:  # fmt: skip
+def relaunch(
+    train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None, nodes: NodeGroup = NodeGroup()
+) -> int:
     """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit code."""
     config = find_config(config_name)
     backend = backend_of(config)
@@ -72,8 +75,9 @@ def relaunch(train_args: list[str], config_name: str, nproc: int | None, cpu: bo
     return accelerate_processes(train_args, config, nproc, nodes, env=warned)
 
 
-def accelerate_processes(train_args: list[str], config: Path, nproc: int | None, nodes: NodeGroup = NodeGroup(),
-                         env: dict[str, str] | None = None) -> int:  # fmt: skip
+def accelerate_processes(
+    train_args: list[str], config: Path, nproc: int | None, nodes: NodeGroup = NodeGroup(), env: dict[str, str] | None = None
+) -> int:
     """`accelerate launch --config_file CONFIG -m hftrain train TRAIN_ARGS`, with accelerate's launcher in this
     process so that a failure is reported once (child_errors.py); returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
@@ -121,8 +125,12 @@ def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool)
 # Exit codes a restart cannot change: done, a configuration problem (HftrainError: the same recipe fails the same
 # way again), or stopped by the user. Everything else (a crash signal, a preemption exit 75 that the supervisor
 # itself did not receive, an unexpected exit) is restarted.
-FINAL_EXIT_CODES = {0: "finished", 2: "a problem in the recipe or data (a restart would fail the same way)", 130: "interrupted",
-                    NotShared.exit_code: "trained and saved; sending it failed (a restart would train nothing more)"}
+FINAL_EXIT_CODES = {
+    0: "finished",
+    2: "a problem in the recipe or data (a restart would fail the same way)",
+    130: "interrupted",
+    NotShared.exit_code: "trained and saved; sending it failed (a restart would train nothing more)",
+}
 
 
 def supervise(hftrain_args: list[str], max_restarts: int, command: list[str] | None = None) -> int:
@@ -153,8 +161,11 @@ def supervise(hftrain_args: list[str], max_restarts: int, command: list[str] | N
                 print(f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).", file=sys.stderr, flush=True)
                 return code if code > 0 else 1
             restarts += 1
-            print(f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

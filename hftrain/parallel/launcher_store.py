@@ -17,7 +17,8 @@ import json
 import os
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hftrain.errors import HftrainError
 
@@ -38,8 +39,9 @@ def connect(timeout_s: float) -> Any:
     from torch.distributed import TCPStore
 
     host = agent_store == "false" and os.environ.get("RANK", "0") == "0"
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=host, multi_tenant=True,
-                     timeout=timedelta(seconds=timeout_s))  # fmt: skip
+    store = TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=host, multi_tenant=True, timeout=timedelta(seconds=timeout_s)
+    )
     if host:  # the server ends with the last object that holds it: the others' waits would fail
         _hosted.setdefault(_start(), store)
     return store
@@ -80,8 +82,10 @@ def _join(store: Any, rank: int, processes: int, timeout_s: float) -> str:
                 store.set(f"hftrain/round/answer/{nonce}", token)
                 answered.add(nonce)
         if time.monotonic() > deadline:
-            raise HftrainError(f"not every process of the run started within {timeout_s:.0f} s (rank 0 heard from "
-                               f"{int(store.add(f'hftrain/round/{token}/joined', 0))} of {processes - 1}); see the other ranks' output.")  # fmt: skip
+            raise HftrainError(
+                f"not every process of the run started within {timeout_s:.0f} s (rank 0 heard from "
+                f"{int(store.add(f'hftrain/round/{token}/joined', 0))} of {processes - 1}); see the other ranks' output."
+            )
         time.sleep(POLL_S)
     return token
 

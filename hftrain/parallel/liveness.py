@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hftrain.errors import PeerLost
 
@@ -67,8 +68,14 @@ class Heartbeat:
             seen = {r: seen[r] if r in seen and seen[r][0] == c else (c, now) for r, c in counts.items()}
             silent = [r for r, (_, since) in seen.items() if now - since > self.timeout]
             if silent and not self._stop.is_set():
-                self._end(_lost(self.dims, silent, f"no beat for {self.timeout:.0f} s while training (stopped, hung, or "
-                                                   "its node frozen)", self.checkpoint()))  # fmt: skip
+                self._end(
+                    _lost(
+                        self.dims,
+                        silent,
+                        f"no beat for {self.timeout:.0f} s while training (stopped, hung, or its node frozen)",
+                        self.checkpoint(),
+                    )
+                )
 
     def _end(self, err: PeerLost) -> None:
         from hftrain.parallel import child_errors
@@ -108,14 +115,18 @@ def lost_peers(dims: Any, failure: BaseException, checkpoint: str) -> PeerLost |
 def _lost(dims: Any, ranks: list[int], why: str, checkpoint: str) -> PeerLost:
     per_node = max(1, dims.processes // dims.nodes)
     nodes = sorted({r // per_node for r in ranks})
-    return PeerLost(f"lost rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} (node{'s' if len(nodes) > 1 else ''} "
-                    f"{', '.join(map(str, nodes))} of {dims.nodes}): {why}. {_next_steps(checkpoint)}")  # fmt: skip
+    return PeerLost(
+        f"lost rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} (node{'s' if len(nodes) > 1 else ''} "
+        f"{', '.join(map(str, nodes))} of {dims.nodes}): {why}. {_next_steps(checkpoint)}"
+    )
 
 
 def _head_lost(checkpoint: str) -> PeerLost:
     head = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    return PeerLost(f"lost contact with the head node (node 0, {head}), which holds the run's rendezvous: it stopped "
-                    f"or is unreachable. {_next_steps(checkpoint)}")  # fmt: skip
+    return PeerLost(
+        f"lost contact with the head node (node 0, {head}), which holds the run's rendezvous: it stopped "
+        f"or is unreachable. {_next_steps(checkpoint)}"
+    )
 
 
 def _next_steps(checkpoint: str) -> str:
@@ -123,7 +134,11 @@ def _next_steps(checkpoint: str) -> str:
 
     restarts, done = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if os.environ.get(ELASTIC_ENV) and done < restarts:
-        return (f"Training stopped; {checkpoint}. torchrun restarts the processes on the nodes left (restart {done + 1} "
-                f"of at most {restarts}); they resume from it, with the global batch kept.")  # fmt: skip
-    return (f"Training stopped; {checkpoint}. Start the same launch again to continue; to continue without the "
-            "lost node, start it with fewer nodes (NNODES=...): the run keeps its global batch.")  # fmt: skip
+        return (
+            f"Training stopped; {checkpoint}. torchrun restarts the processes on the nodes left (restart {done + 1} "
+            f"of at most {restarts}); they resume from it, with the global batch kept."
+        )
+    return (
+        f"Training stopped; {checkpoint}. Start the same launch again to continue; to continue without the "
+        "lost node, start it with fewer nodes (NNODES=...): the run keeps its global batch."
+    )

@@ -58,8 +58,10 @@ class NodeGroup:
             if not 1 <= self.min_count <= self.count:
                 raise HftrainError(f"--nnodes {self.min_count}:{self.count}: give MIN:MAX with 1 <= MIN <= MAX.")
             if self.restarts < 1:
-                raise HftrainError(f"--nnodes {self.min_count}:{self.count} restarts the processes when a node is lost or "
-                                   "joins: give --max-restarts N (N >= 1), how many restarts the run may use.")  # fmt: skip
+                raise HftrainError(
+                    f"--nnodes {self.min_count}:{self.count} restarts the processes when a node is lost or "
+                    "joins: give --max-restarts N (N >= 1), how many restarts the run may use."
+                )
         elif not 0 <= self.rank < self.count:
             raise HftrainError(f"--node-rank {self.rank}: give 0 .. {self.count - 1} for --nnodes {self.count}.")
 
@@ -84,19 +86,51 @@ class NodeGroup:
         them from its PET_ environment, the way Kubeflow's training operator sets them."""
         if not self.elastic:
             return {}
-        return {ELASTIC_ENV: self.nnodes, "PET_NNODES": self.nnodes, "PET_RDZV_ENDPOINT": f"{self.head}:{self.port}",
-                "PET_RDZV_ID": "hftrain", SHARED_STORE_OFF: "1"}  # fmt: skip
+        return {
+            ELASTIC_ENV: self.nnodes,
+            "PET_NNODES": self.nnodes,
+            "PET_RDZV_ENDPOINT": f"{self.head}:{self.port}",
+            "PET_RDZV_ID": "hftrain",
+            SHARED_STORE_OFF: "1",
+        }
 
     def torchrun_args(self, nproc: int) -> list[str]:
         """torchrun's options for this node (one node: a standalone rendezvous on a port torchrun picks itself)."""
         if self.elastic:
-            return ["--nnodes", self.nnodes, "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                    f"{self.head}:{self.port}", "--rdzv_id", "hftrain", "--max_restarts", str(self.restarts),
-                    "--rdzv_conf", self.rendezvous_conf()]  # fmt: skip
+            return [
+                "--nnodes",
+                self.nnodes,
+                "--nproc_per_node",
+                str(nproc),
+                "--rdzv_backend",
+                "c10d",
+                "--rdzv_endpoint",
+                f"{self.head}:{self.port}",
+                "--rdzv_id",
+                "hftrain",
+                "--max_restarts",
+                str(self.restarts),
+                "--rdzv_conf",
+                self.rendezvous_conf(),
+            ]
         if self.count == 1:
             return ["--standalone", "--nproc_per_node", str(nproc)]
-        return ["--nnodes", str(self.count), "--node_rank", str(self.rank), "--nproc_per_node", str(nproc), "--rdzv_backend", "static",
-                "--master_addr", self.head, "--master_port", str(self.port), "--rdzv_conf", self.rendezvous_conf()]  # fmt: skip
+        return [
+            "--nnodes",
+            str(self.count),
+            "--node_rank",
+            str(self.rank),
+            "--nproc_per_node",
+            str(nproc),
+            "--rdzv_backend",
+            "static",
+            "--master_addr",
+            self.head,
+            "--master_port",
+            str(self.port),
+            "--rdzv_conf",
+            self.rendezvous_conf(),
+        ]
 
     def accelerate_args(self, nproc: int) -> list[str]:
         """accelerate launch's options for this node; its --num_processes counts every node's processes. Elastic:
@@ -104,16 +138,44 @@ class NodeGroup:
         c10d rendezvous, and torchrun takes MIN:MAX and the endpoint from elastic_env (its main process port is a
         free local one, unused by c10d: a busy one would make accelerate fall back to a standalone launch)."""
         if self.elastic:
-            return ["--num_machines", "1", "--machine_rank", "0", "--num_processes", str(nproc), "--rdzv_backend", "c10d",
-                    "--max_restarts", str(self.restarts), "--rdzv_conf", self.rendezvous_conf(),
-                    "--main_process_port", str(_free_port())]  # fmt: skip
+            return [
+                "--num_machines",
+                "1",
+                "--machine_rank",
+                "0",
+                "--num_processes",
+                str(nproc),
+                "--rdzv_backend",
+                "c10d",
+                "--max_restarts",
+                str(self.restarts),
+                "--rdzv_conf",
+                self.rendezvous_conf(),
+                "--main_process_port",
+                str(_free_port()),
+            ]
         if self.count == 1:
             return ["--num_processes", str(nproc)]
         # DeepSpeed: accelerate's default for several machines is DeepSpeed's own pdsh launcher (ssh from node 0 to the
         # hosts of a hostfile); "standard" is torchrun on each node, as the script starts it
-        return ["--num_machines", str(self.count), "--machine_rank", str(self.rank), "--num_processes", str(self.count * nproc),
-                "--main_process_ip", self.head, "--main_process_port", str(self.port), "--rdzv_backend", "static",
-                "--rdzv_conf", self.rendezvous_conf(), "--deepspeed_multinode_launcher", "standard"]  # fmt: skip
+        return [
+            "--num_machines",
+            str(self.count),
+            "--machine_rank",
+            str(self.rank),
+            "--num_processes",
+            str(self.count * nproc),
+            "--main_process_ip",
+            self.head,
+            "--main_process_port",
+            str(self.port),
+            "--rdzv_backend",
+            "static",
+            "--rdzv_conf",
+            self.rendezvous_conf(),
+            "--deepspeed_multinode_launcher",
+            "standard",
+        ]
 
 
 def _free_port() -> int:
@@ -203,8 +265,7 @@ exit $status
 ELASTIC_RESTARTS = 3  # the elastic script's MAX_RESTARTS unless told
 
 
-def render(kind: str, nodes: int, gpus: int, recipe: str, config: str, overrides: list[str], cpu: bool = False,
-           min_nodes: int = 0) -> str:  # fmt: skip
+def render(kind: str, nodes: int, gpus: int, recipe: str, config: str, overrides: list[str], cpu: bool = False, min_nodes: int = 0) -> str:
     """The script for `kind` (torchrun | slurm). `config`: a shipped config name (ddp, fsdp, zero3, ...), resolved on
     each node, or a path valid on every node; `cpu`: a CPU rehearsal (gloo processes, `hftrain train --cpu`);
     `min_nodes` (torchrun): an elastic script, MIN_NODES..NNODES nodes with torchrun's restarts."""
@@ -214,18 +275,48 @@ def render(kind: str, nodes: int, gpus: int, recipe: str, config: str, overrides
     unit = "CPU processes" if cpu else "GPUs"
     if min_nodes:
         if kind != "torchrun":
-            raise HftrainError("--min-nodes: elastic restarts are for the torchrun script; a SLURM job is restarted by SLURM "
-                               "(the script requeues itself after a preemption, on a fresh allocation of --nodes).")  # fmt: skip
+            raise HftrainError(
+                "--min-nodes: elastic restarts are for the torchrun script; a SLURM job is restarted by SLURM "
+                "(the script requeues itself after a preemption, on a fresh allocation of --nodes)."
+            )
         if not 1 <= min_nodes <= nodes:
             raise HftrainError(f"--min-nodes {min_nodes}: give 1 .. {nodes} (--nodes {nodes} is the most nodes).")
         launch = _LAUNCH.format(**common, extra=' "$@"', nodes=_ELASTIC_NODES)
-        return TORCHRUN_ELASTIC.format(nodes=nodes, min_nodes=min_nodes, gpus=gpus, unit=unit, config_name=config,
-                                       restarts=ELASTIC_RESTARTS, timeout=RENDEZVOUS_TIMEOUT_S, find=_FIND, launch=launch)  # fmt: skip
+        return TORCHRUN_ELASTIC.format(
+            nodes=nodes,
+            min_nodes=min_nodes,
+            gpus=gpus,
+            unit=unit,
+            config_name=config,
+            restarts=ELASTIC_RESTARTS,
+            timeout=RENDEZVOUS_TIMEOUT_S,
+            find=_FIND,
+            launch=launch,
+        )
     if kind == "torchrun":
         launch = _LAUNCH.format(**common, extra=' "$@"', nodes=_STATIC_NODES.format(rank='"$NODE_RANK"'))
-        return TORCHRUN.format(nodes=nodes, gpus=gpus, unit=unit, world=world, last=nodes - 1, config_name=config,
-                               timeout=RENDEZVOUS_TIMEOUT_S, find=_FIND, launch=launch)  # fmt: skip
+        return TORCHRUN.format(
+            nodes=nodes,
+            gpus=gpus,
+            unit=unit,
+            world=world,
+            last=nodes - 1,
+            config_name=config,
+            timeout=RENDEZVOUS_TIMEOUT_S,
+            find=_FIND,
+            launch=launch,
+        )
     launch = _LAUNCH.format(**common, extra="", nodes=_STATIC_NODES.format(rank="$SLURM_NODEID")).replace(" \\\n    ", " ")
-    return SLURM.format(job=Path(recipe).stem, nodes=nodes, gpus=gpus, unit=unit, world=world, cpus=(1 if cpu else 8) * gpus,
-                        gpu_line="" if cpu else f"#SBATCH --gpus-per-node={gpus}\n", code=PREEMPTED_EXIT_CODE,
-                        config_name=config, find=_FIND, launch=launch)  # fmt: skip
+    return SLURM.format(
+        job=Path(recipe).stem,
+        nodes=nodes,
+        gpus=gpus,
+        unit=unit,
+        world=world,
+        cpus=(1 if cpu else 8) * gpus,
+        gpu_line="" if cpu else f"#SBATCH --gpus-per-node={gpus}\n",
+        code=PREEMPTED_EXIT_CODE,
+        config_name=config,
+        find=_FIND,
+        launch=launch,
+    )

@@ -13,7 +13,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
@@ -23,11 +24,20 @@ from hftrain.recipe.load import load_recipe
 
 BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: single, DDP, ...
 FORCED = [
-    "training.logging_steps=1", "training.save_strategy=no", "training.eval_strategy=no", "training.bf16=false",
-    "training.fp16=false", "training.torch_compile=false", "training.report_to=none", "model.hidden_dropout=0",
-    "model.attention_dropout=0", "monitor.sample_max_new_tokens=0", "monitor.plot=false",
-    "parallelism.strategy=auto", "parallelism.global_batch_size=null",
-]  # fmt: skip
+    "training.logging_steps=1",
+    "training.save_strategy=no",
+    "training.eval_strategy=no",
+    "training.bf16=false",
+    "training.fp16=false",
+    "training.torch_compile=false",
+    "training.report_to=none",
+    "model.hidden_dropout=0",
+    "model.attention_dropout=0",
+    "monitor.sample_max_new_tokens=0",
+    "monitor.plot=false",
+    "parallelism.strategy=auto",
+    "parallelism.global_batch_size=null",
+]
 
 
 def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[str], tolerance: float) -> int:
@@ -44,13 +54,27 @@ def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[st
     for label in backends:
         out = root / label.lower().replace("-", "")
         shutil.rmtree(out, ignore_errors=True)
-        common = [*overrides, *FORCED, f"training.max_steps={steps}", f"training.output_dir={out}",
-                  f"training.per_device_train_batch_size={total // 2}"]  # fmt: skip
+        common = [
+            *overrides,
+            *FORCED,
+            f"training.max_steps={steps}",
+            f"training.output_dir={out}",
+            f"training.per_device_train_batch_size={total // 2}",
+        ]
         if BACKENDS[label].accelerate_config is None:
             cmd = ["train", recipe_path, *common, "training.gradient_accumulation_steps=2", "training.dataloader_num_workers=2"]
         else:
-            cmd = ["train", recipe_path, "--accelerate-config", BACKENDS[label].accelerate_config, "--nproc", "2", *common,
-                   "training.gradient_accumulation_steps=1", "training.dataloader_num_workers=0"]  # fmt: skip
+            cmd = [
+                "train",
+                recipe_path,
+                "--accelerate-config",
+                BACKENDS[label].accelerate_config,
+                "--nproc",
+                "2",
+                *common,
+                "training.gradient_accumulation_steps=1",
+                "training.dataloader_num_workers=0",
+            ]
         print(f"parity: running {label} ...", flush=True)
         done = subprocess.run([sys.executable, "-m", "hftrain", *cmd], capture_output=True, text=True)
         if done.returncode != 0:
@@ -94,7 +118,7 @@ def step_differences(reference: dict[str, Any], other: dict[str, Any], steps: It
 def format_table(runs: dict[str, dict[str, Any]], steps: int) -> str:
     labels = list(runs)
     head = f"{'step':>4}  " + "  ".join(f"{label + ' loss':>12} {label + ' gnorm':>13}" for label in labels)
-    kinds = "      " + "  ".join(f"{runs[l]['distributed_type'] + ' x' + str(runs[l]['world_size']):>26}" for l in labels)
+    kinds = "      " + "  ".join(f"{runs[label]['distributed_type'] + ' x' + str(runs[label]['world_size']):>26}" for label in labels)
     rows = [kinds, head]
     for step in range(1, steps + 1):
         cells = []

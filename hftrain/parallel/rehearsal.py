@@ -22,7 +22,6 @@ What was seen on CPUs with accelerate 1.15 and DeepSpeed 0.19, and what this mod
 * ``after_accelerator``: an FSDP rehearsal's accelerator state (``_compat.fsdp_state_for_cpu``).
 """
 
-
 from __future__ import annotations
 
 import os
@@ -36,8 +35,9 @@ from hftrain.errors import HftrainError
 from hftrain.parallel import child_errors
 
 REHEARSAL_ENV = "HFTRAIN_CPU_REHEARSAL"  # ddp | fsdp | zero3
-ZERO3_ON_CPU = ("a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with use_cpu, "
-                "which turns DeepSpeed off")
+ZERO3_ON_CPU = (
+    "a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with use_cpu, which turns DeepSpeed off"
+)
 CONFIG_ENV = "HFTRAIN_ACCELERATE_CONFIG"  # the accelerate YAML the rehearsal follows
 
 
@@ -60,8 +60,9 @@ def process_env(config_path: Path, backend: str, nproc: int) -> dict[str, str]:
     return env
 
 
-def launch_processes(hftrain_args: list[str], config_path: Path, backend: str, nproc: int, nodes: Any = None,
-                     env: dict[str, str] | None = None) -> int:  # fmt: skip
+def launch_processes(
+    hftrain_args: list[str], config_path: Path, backend: str, nproc: int, nodes: Any = None, env: dict[str, str] | None = None
+) -> int:
     """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns the exit code.
     torchrun's launcher runs in this process, so that a failure is reported once (child_errors.py). `nodes`: this
     node's multinode.NodeGroup (default: one node, a standalone rendezvous on a port torchrun picks itself); `env`:
@@ -88,8 +89,10 @@ def check_precision(training: dict[str, Any], backend: str) -> None:
         return
     for key in ("bf16", "fp16"):
         if training.get(key):
-            raise HftrainError(f"training.{key}: true, but {ZERO3_ON_CPU}. Add training.{key}=false to the command line to "
-                               "rehearse this recipe here; its GPU runs keep it.")  # fmt: skip
+            raise HftrainError(
+                f"training.{key}: true, but {ZERO3_ON_CPU}. Add training.{key}=false to the command line to "
+                "rehearse this recipe here; its GPU runs keep it."
+            )
 
 
 def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, Any]:
@@ -111,11 +114,7 @@ def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, An
         kwargs.update(use_cpu=True, fsdp="full_shard auto_wrap", fsdp_config=fsdp)
     elif backend == "zero3":
         ds_file = deepspeed_file_of(config_path)
-        kwargs.update(
-            use_cpu=False,
-            deepspeed=str(ds_file) if ds_file else None,
-            accelerator_config={"use_configured_state": True},
-        )
+        kwargs.update(use_cpu=False, deepspeed=str(ds_file) if ds_file else None, accelerator_config={"use_configured_state": True})
     return kwargs
 
 

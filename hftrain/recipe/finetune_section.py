@@ -41,7 +41,12 @@ DPO_KEYS_HFTRAIN_SETS = {  # DPOConfig keys that hftrain decides from other part
 # DPOConfig numbers TRL takes unchecked whose wrong values train without an error, toward nothing or away from the
 # preferences (a negative beta rewards the rejected answers): (lowest, highest, whether each end is allowed, why).
 DPO_BOUNDS: dict[str, tuple[float | None, float | None, tuple[bool, bool], str]] = {
-    "beta": (0, None, (False, False), "the strength of the preference against the reference; 0 or less trains nothing or the rejected answers"),
+    "beta": (
+        0,
+        None,
+        (False, False),
+        "the strength of the preference against the reference; 0 or less trains nothing or the rejected answers",
+    ),
     "label_smoothing": (0, 0.5, (True, True), "the share of pairs assumed mislabelled; above 0.5 the preferences flip"),
     "ld_alpha": (0, 1, (True, True), "the weight of the verbose part of the answer (LD-DPO)"),
     "ref_model_mixup_alpha": (0, 1, (True, True), "the share of the policy mixed into the reference at each sync"),
@@ -49,7 +54,7 @@ DPO_BOUNDS: dict[str, tuple[float | None, float | None, tuple[bool, bool], str]]
     "discopop_tau": (0, None, (False, False), "DiscoPOP's temperature"),
     "f_alpha_divergence_coef": (0, None, (False, False), "the alpha of the alpha-divergence"),
     "loss_weights": (0, None, (True, False), "how much each loss_type counts"),  # each weight of the list
-}  # fmt: skip
+}
 
 
 def check_dpo_values(dpo: dict[str, Any]) -> None:
@@ -71,7 +76,9 @@ def check_dpo_values(dpo: dict[str, Any]) -> None:
         for v in value if isinstance(value, list) else [value]:
             if v is None or not isinstance(v, (int, float)):
                 continue
-            if (low is not None and (v < low or (v == low and not low_ok))) or (high is not None and (v > high or (v == high and not high_ok))):
+            if (low is not None and (v < low or (v == low and not low_ok))) or (
+                high is not None and (v > high or (v == high and not high_ok))
+            ):
                 lo = "" if low is None else f"{'>=' if low_ok else '>'} {low}"
                 hi = "" if high is None else f"{'<=' if high_ok else '<'} {high}"
                 raise ValueError(f"dpo: {key}: {v:g} is out of range; it must be {' and '.join(b for b in (lo, hi) if b)} ({why})")
@@ -134,21 +141,31 @@ class FinetuneSection(Section):
             if key in DPO_KEYS_HFTRAIN_SETS:
                 raise ValueError(f"dpo: {key} is not taken: {DPO_KEYS_HFTRAIN_SETS[key]}")
             if key not in own:
-                where = "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
+                where = (
+                    "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
+                )
                 close = difflib.get_close_matches(key, own, n=1)
-                raise ValueError(f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else ""))
+                raise ValueError(
+                    f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else "")
+                )
         check_dpo_values(self.dpo)
         if self.method != "full" and self.dpo.get("sync_ref_model"):
-            raise ValueError(f"dpo: sync_ref_model with method {self.method}: the reference is the base with the adapter "
-                             "disabled, so there is no reference copy to sync (TRL refuses it); use method: full or remove it")  # fmt: skip
+            raise ValueError(
+                f"dpo: sync_ref_model with method {self.method}: the reference is the base with the adapter "
+                "disabled, so there is no reference copy to sync (TRL refuses it); use method: full or remove it"
+            )
         targets = self.lora.get("target_modules") or []
         if self.method != "full" and any(t in OUTPUT_HEADS for t in ([targets] if isinstance(targets, str) else targets)):
-            raise ValueError("lora.target_modules: an adapter on the output head is never trained under DPO (TRL scores "
-                             "log-probabilities from the head's weight directly); remove embed_out / lm_head")  # fmt: skip
+            raise ValueError(
+                "lora.target_modules: an adapter on the output head is never trained under DPO (TRL scores "
+                "log-probabilities from the head's weight directly); remove embed_out / lm_head"
+            )
         # DPOConfig's own check (TRL 1.16), made here: building a DPOConfig would set up accelerate's process state
         losses = self.dpo.get("loss_type", ["sigmoid"])
         weights = self.dpo.get("loss_weights")
         if weights is not None and len(weights) != len([losses] if isinstance(losses, str) else losses):
-            raise ValueError(f"dpo: loss_weights has {len(weights)} weight(s) for {len([losses] if isinstance(losses, str) else losses)} "
-                             "loss_type(s); give one weight per loss type")  # fmt: skip
+            raise ValueError(
+                f"dpo: loss_weights has {len(weights)} weight(s) for {len([losses] if isinstance(losses, str) else losses)} "
+                "loss_type(s); give one weight per loss type"
+            )
         return self

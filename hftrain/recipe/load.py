@@ -13,7 +13,8 @@ import json
 import re
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -46,11 +47,7 @@ SECRET_KEY = re.compile(r"(?:^|_)(token|secret|password|passwd|api_key|secret_ke
 
 
 # ------------------------------------------------------------------------------------------- loading
-def load_recipe(
-    path: str | Path | None = None,
-    overrides: list[str] | Mapping[str, Any] | None = None,
-    **sections: Any,
-) -> Recipe:
+def load_recipe(path: str | Path | None = None, overrides: list[str] | Mapping[str, Any] | None = None, **sections: Any) -> Recipe:
     """Read, merge and validate a recipe.
 
     ``overrides`` is a list of ``dotted.key=value`` strings (the CLI form) or a nested dict; keyword arguments
@@ -94,8 +91,7 @@ def read_recipe_file(path: Path) -> dict[str, Any]:
         )
     if not isinstance(data, dict):
         raise HftrainError(
-            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), "
-            f"got a {type(data).__name__}."
+            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a {type(data).__name__}."
         )
     return data
 
@@ -220,13 +216,41 @@ def inner_model(annotation: Any) -> type[BaseModel] | None:
 
 
 # ------------------------------------------------------------------------------------- saving, hashing
-STORAGE_SETTINGS = frozenset({
-    "anon", "endpoint_url", "region_name", "requester_pays", "use_ssl", "version_aware", "default_block_size",
-    "default_fill_cache", "default_cache_type", "cache_regions", "config_kwargs", "client_kwargs", "s3", "retries",
-    "connect_timeout", "read_timeout", "max_attempts", "total_max_attempts", "mode", "addressing_style",
-    "signature_version", "max_pool_connections", "project", "requests_timeout", "timeout", "consistency",
-    "use_listings_cache", "listings_expiry_time", "skip_instance_cache", "block_size", "cache_timeout",
-})  # fmt: skip
+STORAGE_SETTINGS = frozenset(
+    {
+        "anon",
+        "endpoint_url",
+        "region_name",
+        "requester_pays",
+        "use_ssl",
+        "version_aware",
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "cache_regions",
+        "config_kwargs",
+        "client_kwargs",
+        "s3",
+        "retries",
+        "connect_timeout",
+        "read_timeout",
+        "max_attempts",
+        "total_max_attempts",
+        "mode",
+        "addressing_style",
+        "signature_version",
+        "max_pool_connections",
+        "project",
+        "requests_timeout",
+        "timeout",
+        "consistency",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "skip_instance_cache",
+        "block_size",
+        "cache_timeout",
+    }
+)
 """storage_options keys that are settings, not credentials: saved as given. Every other storage option (keys,
 headers, tokens under any name, a provider's own credential fields) is saved as ***: what may be saved is decided
 by what the field is, not by whether its name looks secret."""
@@ -265,7 +289,11 @@ def save_recipe(recipe: Recipe, path: Path) -> None:
 
 
 # Keys that may change between the starts of one run without making it a different run.
-_NOT_IDENTITY = {"model": {"attn_implementation", "trust_remote_code"}, "tokenizer": {"trust_remote_code", "replace_model_tokenizer"}, "data": {"eval_blocks", "on_bad_record", "readers"}}
+_NOT_IDENTITY = {
+    "model": {"attn_implementation", "trust_remote_code"},
+    "tokenizer": {"trust_remote_code", "replace_model_tokenizer"},
+    "data": {"eval_blocks", "on_bad_record", "readers"},
+}
 
 
 def fingerprint(recipe: Recipe) -> dict[str, str]:

@@ -13,7 +13,15 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from hftrain.model.presets import PRESETS
-from hftrain.recipe.sections import CheckpointsSection, EvalTask, FaultsSection, HubSection, MonitorSection, ProfileSection, Section  # noqa: F401 (re-exported)
+from hftrain.recipe.sections import (
+    CheckpointsSection,
+    FaultsSection,
+    HubSection,
+    MonitorSection,
+    ParallelismSection,
+    ProfileSection,
+    Section,
+)
 from hftrain.recipe.finetune_section import DPO_KEYS_HFTRAIN_SETS, FinetuneSection, QuantizationSection  # noqa: F401 (re-exported)
 from hftrain.recipe.training_section import TrainingSection
 
@@ -82,13 +90,14 @@ class ModelSection(Section):
     @model_validator(mode="after")
     def _a_shape_to_build(self) -> ModelSection:
         if self.preset is None and self.from_pretrained is None:
-            raise ValueError("preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained")
+            raise ValueError(
+                "preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained"
+            )
         return self
 
     def architecture_overrides(self) -> dict[str, Any]:
         """The GPTNeoXConfig shape fields this recipe sets explicitly (dropout is training behaviour, not shape)."""
-        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple",
-                *DROPOUT_FIELDS}
+        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple", *DROPOUT_FIELDS}
         return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 
 
@@ -254,8 +263,7 @@ class DataSection(Section):
         limit = {"seq_len": MAX_SEQ_LEN, "train_tokens": MAX_TRAIN_TOKENS}[info.field_name]
         if value is not None and value > limit:
             what = "tokens per sequence" if info.field_name == "seq_len" else "training tokens"
-            raise ValueError(f"{value:,} {what} is more than hftrain trains (at most {limit:,}); check the number (a "
-                             "misplaced exponent?)")  # fmt: skip
+            raise ValueError(f"{value:,} {what} is more than hftrain trains (at most {limit:,}); check the number (a misplaced exponent?)")
         return value
 
     @model_validator(mode="after")
@@ -264,11 +272,15 @@ class DataSection(Section):
             raise ValueError("train: a pretokenized source cannot be mixed with others; prepare the mixture as one")
         kinds = {data_kind(s.format) for s in self.train + ([self.validation] if self.validation else [])}
         if len(kinds) > 1:
-            raise ValueError(f"train/validation: {' and '.join(sorted(kinds))} data cannot be mixed; give sources of one kind "
-                             "(plain text, instruction data: prompt_completion or chat, or preference pairs)")
+            raise ValueError(
+                f"train/validation: {' and '.join(sorted(kinds))} data cannot be mixed; give sources of one kind "
+                "(plain text, instruction data: prompt_completion or chat, or preference pairs)"
+            )
         if self.document_masking is False and self.packing and self.instruction_data:
-            raise ValueError("document_masking: false would let packed instruction examples attend to each other; remove "
-                             "it (examples are always kept apart), or set data.packing: false to pad each example instead")
+            raise ValueError(
+                "document_masking: false would let packed instruction examples attend to each other; remove "
+                "it (examples are always kept apart), or set data.packing: false to pad each example instead"
+            )
         return self
 
     @property
@@ -288,27 +300,6 @@ class DataSection(Section):
     def masks_documents(self) -> bool:
         """Whether each document (instruction example) attends only to itself."""
         return self.instruction_data or bool(self.document_masking)
-
-
-# ----------------------------------------------------------------------------------------- parallelism
-class ParallelismSection(Section):
-    """How the run is spread over devices. Which backend and how many processes is the launcher's business
-    (accelerate_configs/); the recipe may name the strategy it expects, and a mismatch is an error."""
-
-    strategy: Literal["auto", "single", "ddp", "fsdp", "zero3", "device_map"] = "auto"
-    """auto: whatever the launch set up. single/ddp/fsdp/zero3: must match the launch (checked at start).
-    device_map: one process, layers spread over the visible devices (a naive pipeline)."""
-    global_batch_size: int | None = Field(default=None, gt=0)
-    """Sequences per optimizer step over all processes. Gradient accumulation is derived from it, the
-    micro-batch (training.per_device_train_batch_size) and the process count; it must divide evenly."""
-    max_memory: dict[str | int, str] | None = None
-    """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
-    fit_memory: bool = False
-    """true: before the model is built, `train` takes the micro-batch and gradient checkpointing that `hftrain plan`
-    recommends for the memory at hand (each GPU's, or this machine's RAM shared by its processes) under the launched
-    strategy, keeping the global batch (accumulation derived), and prints the choice. Unlike TrainingArguments'
-    auto_find_batch_size, which halves the micro-batch after a CUDA out-of-memory error at run time and changes the
-    global batch with it, this is decided on paper before step 1 and keeps the global batch (and so the run's losses)."""
 
 
 class Recipe(Section):
@@ -359,18 +350,24 @@ class Recipe(Section):
     def _dpo_needs_pairs(self) -> Recipe:
         dpo, pairs = self.finetune.objective == "dpo", self.data.preference_data
         if dpo and not pairs:
-            raise ValueError("finetune.objective dpo trains on preference pairs: set format: preference on data.train "
-                             "(records with prompt, chosen and rejected)")
+            raise ValueError(
+                "finetune.objective dpo trains on preference pairs: set format: preference on data.train "
+                "(records with prompt, chosen and rejected)"
+            )
         if pairs and not dpo:
-            raise ValueError("data.train: preference pairs (format: preference) train with finetune.objective: dpo; set it, "
-                             "or give prompt_completion / chat data for supervised fine-tuning")
+            raise ValueError(
+                "data.train: preference pairs (format: preference) train with finetune.objective: dpo; set it, "
+                "or give prompt_completion / chat data for supervised fine-tuning"
+            )
         return self
 
     @model_validator(mode="after")
     def _revisions_need_a_hub_repo(self) -> Recipe:
         if self.checkpoints.push_revisions and not self.training_kwargs().get("push_to_hub"):
-            raise ValueError("checkpoints.push_revisions pushes kept checkpoints as Hub branches: set training.push_to_hub: true "
-                             "and training.hub_model_id")  # fmt: skip
+            raise ValueError(
+                "checkpoints.push_revisions pushes kept checkpoints as Hub branches: set training.push_to_hub: true "
+                "and training.hub_model_id"
+            )
         if self.checkpoints.push_revisions and not (self.checkpoints.schedule or self.checkpoints.steps):
             raise ValueError("checkpoints.push_revisions: no checkpoint is kept; set checkpoints.schedule or checkpoints.steps")
         return self
@@ -380,8 +377,10 @@ class Recipe(Section):
         last = self.training_kwargs().get("max_steps") or -1
         beyond = [s for s in self.checkpoints.steps if last > 0 and s > last]
         if beyond:
-            raise ValueError(f"checkpoints.steps: {', '.join(map(str, beyond))} after training.max_steps ({last}) would never be "
-                             "kept; remove them, or raise training.max_steps (a longer run continues this one)")  # fmt: skip
+            raise ValueError(
+                f"checkpoints.steps: {', '.join(map(str, beyond))} after training.max_steps ({last}) would never be "
+                "kept; remove them, or raise training.max_steps (a longer run continues this one)"
+            )
         return self
 
     def training_kwargs(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The recipe's smaller sections (hub, checkpoints, faults, monitor, profile) and the base every section shares; schema.py
+"""The recipe's smaller sections (parallelism, hub, checkpoints, faults, monitor, profile) and the base every section shares; schema.py
 holds the others and the whole Recipe. Each field is documented right under it, for `hftrain explain`."""
 
 from __future__ import annotations
@@ -170,3 +170,24 @@ class ProfileSection(Section):
     """Record tensor allocations and frees."""
     with_stack: bool = False
     """Record the Python stack of each operation (much bigger trace)."""
+
+
+# ----------------------------------------------------------------------------------------- parallelism
+class ParallelismSection(Section):
+    """How the run is spread over devices. Which backend and how many processes is the launcher's business
+    (accelerate_configs/); the recipe may name the strategy it expects, and a mismatch is an error."""
+
+    strategy: Literal["auto", "single", "ddp", "fsdp", "zero3", "device_map"] = "auto"
+    """auto: whatever the launch set up. single/ddp/fsdp/zero3: must match the launch (checked at start).
+    device_map: one process, layers spread over the visible devices (a naive pipeline)."""
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step over all processes. Gradient accumulation is derived from it, the
+    micro-batch (training.per_device_train_batch_size) and the process count; it must divide evenly."""
+    max_memory: dict[str | int, str] | None = None
+    """device_map only: memory budget per device, e.g. {0: 20GiB, 1: 20GiB, cpu: 64GiB}."""
+    fit_memory: bool = False
+    """true: before the model is built, `train` takes the micro-batch and gradient checkpointing that `hftrain plan`
+    recommends for the memory at hand (each GPU's, or this machine's RAM shared by its processes) under the launched
+    strategy, keeping the global batch (accumulation derived), and prints the choice. Unlike TrainingArguments'
+    auto_find_batch_size, which halves the micro-batch after a CUDA out-of-memory error at run time and changes the
+    global batch with it, this is decided on paper before step 1 and keeps the global batch (and so the run's losses)."""

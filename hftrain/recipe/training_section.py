@@ -13,10 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 # Numbers TrainingArguments takes unchecked that fail later with a raw exception (a negative learning rate in the
 # optimizer, a batch of 0 as a division by zero): refused when the recipe is read, naming the key.
 BOUNDS: dict[str, dict[str, float]] = {
-    "learning_rate": {"ge": 0}, "per_device_train_batch_size": {"gt": 0}, "per_device_eval_batch_size": {"gt": 0},
-    "gradient_accumulation_steps": {"gt": 0}, "weight_decay": {"ge": 0}, "max_grad_norm": {"ge": 0},
-    "warmup_steps": {"ge": 0}, "save_total_limit": {"ge": 0}, "num_train_epochs": {"ge": 0},
-}  # fmt: skip
+    "learning_rate": {"ge": 0},
+    "per_device_train_batch_size": {"gt": 0},
+    "per_device_eval_batch_size": {"gt": 0},
+    "gradient_accumulation_steps": {"gt": 0},
+    "weight_decay": {"ge": 0},
+    "max_grad_norm": {"ge": 0},
+    "warmup_steps": {"ge": 0},
+    "save_total_limit": {"ge": 0},
+    "num_train_epochs": {"ge": 0},
+}
 
 
 def _training_section() -> type[BaseModel]:
@@ -43,8 +49,10 @@ def _training_section() -> type[BaseModel]:
         "TrainingSection",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),
         __doc__="Hugging Face TrainingArguments, with their own names and meanings.",
-        __validators__={"_no_token": field_validator("hub_token")(_no_token_in_recipes),
-                        "_no_bool_for_number": field_validator("*", mode="before")(bool_is_not_a_number)},
+        __validators__={
+            "_no_token": field_validator("hub_token")(_no_token_in_recipes),
+            "_no_bool_for_number": field_validator("*", mode="before")(bool_is_not_a_number),
+        },
         **fields,
     )
 
@@ -55,7 +63,6 @@ def _no_token_in_recipes(value: Any) -> Any:
             "tokens never go in a recipe (it is saved with every checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
         )
     return value
-
 
 
 def _admits(annotation: Any, kind: type) -> bool:

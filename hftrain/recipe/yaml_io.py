@@ -23,9 +23,7 @@ RecipeLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-RecipeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
+RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 RecipeLoader.add_implicit_resolver(
@@ -51,9 +49,8 @@ class StrictRecipeLoader(RecipeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given on line {seen[key].line + 1}); keep one of them",
-                    key_node.start_mark,
-                )  # fmt: skip
+                    None, None, f"duplicate key {key!r} (first given on line {seen[key].line + 1}); keep one of them", key_node.start_mark
+                )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 

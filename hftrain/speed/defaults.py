@@ -36,12 +36,27 @@ import torch
 from hftrain.model.build import ModelShape
 from hftrain.parallel.rehearsal import ZERO3_ON_CPU
 from hftrain.recipe.schema import Recipe
-from hftrain.speed.probe import PROBE_BUDGET_S, Measurement, ProbeShape, compile_is_warm, expected_seconds, is_cached, mark_compiled, measure
+from hftrain.speed.probe import (
+    PROBE_BUDGET_S,
+    Measurement,
+    ProbeShape,
+    compile_is_warm,
+    expected_seconds,
+    is_cached,
+    mark_compiled,
+    measure,
+)
 
 DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
 # share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
-COMPILE_SAVING = {("cpu", "fp32"): 0.0, ("cpu", "bf16"): 0.3, ("cuda", "fp32"): 0.15, ("cuda", "tf32"): 0.15,
-                  ("cuda", "bf16"): 0.15, ("cuda", "fp16"): 0.15}  # fmt: skip
+COMPILE_SAVING = {
+    ("cpu", "fp32"): 0.0,
+    ("cpu", "bf16"): 0.3,
+    ("cuda", "fp32"): 0.15,
+    ("cuda", "tf32"): 0.15,
+    ("cuda", "bf16"): 0.15,
+    ("cuda", "fp16"): 0.15,
+}
 COMPILE_WARMUP_S = {"cold": 90.0, "warm": 20.0}  # compile time at start (CPU, 2 cores; GPUs are faster)
 PRECISION_KEYS = ("bf16", "fp16", "tf32")
 LEVER_KEYS = (*PRECISION_KEYS, "torch_compile")
@@ -64,7 +79,7 @@ class SpeedPlan:
 
 
 def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.device, strategy: str = "single") -> tuple[str, str]:
-    """"fp32" or the autocast dtype to train in, with the reason."""
+    """ "fp32" or the autocast dtype to train in, with the reason."""
     if recipe.finetune.method in ("qlora", "lora_8bit"):
         return "fp32", "quantized fine-tuning uses its own compute dtype"
     if device.type == "cpu" and strategy == "zero3":
@@ -81,8 +96,9 @@ def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.dev
     return best, f"measured step speed vs fp32: {speeds}"
 
 
-def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool,
-                   saving_share: float) -> tuple[bool, str]:  # fmt: skip
+def choose_compile(
+    recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool, saving_share: float
+) -> tuple[bool, str]:
     if recipe.finetune.method != "full":
         return False, "adapters: compile rarely pays for the small trainable part"
     if strategy not in ("single", "ddp"):
@@ -99,11 +115,17 @@ def choose_compile(recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_
     return True, f"a long run ({about}): the compile pays back"
 
 
-def decide(recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device,
-           warm_compile: bool) -> SpeedPlan:  # fmt: skip
+def decide(
+    recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device, warm_compile: bool
+) -> SpeedPlan:
     """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets."""
-    plan = SpeedPlan(measured={"device": str(device), "step_seconds": dict(measured.seconds) if measured else {},
-                               "cached": bool(measured and measured.cached)})  # fmt: skip
+    plan = SpeedPlan(
+        measured={
+            "device": str(device),
+            "step_seconds": dict(measured.seconds) if measured else {},
+            "cached": bool(measured and measured.cached),
+        }
+    )
     dtype = "fp32"
     if not any(key in kwargs for key in PRECISION_KEYS):
         dtype, why = choose_dtype(recipe, measured, device, strategy)
@@ -140,9 +162,17 @@ def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> Pr
     if attention:
         options.append(("attn_implementation", attention))
     trained = shape.counts["total"] if recipe.finetune.method == "full" else 0  # adapters: a tiny optimizer step
-    return ProbeShape(tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len, seq=recipe.data.seq_len,
-                      hidden=c.hidden_size, intermediate=c.intermediate_size, heads=c.num_attention_heads, vocab=c.vocab_size,
-                      layers=c.num_hidden_layers, parameters=trained, options=tuple(options))  # fmt: skip
+    return ProbeShape(
+        tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len,
+        seq=recipe.data.seq_len,
+        hidden=c.hidden_size,
+        intermediate=c.intermediate_size,
+        heads=c.num_attention_heads,
+        vocab=c.vocab_size,
+        layers=c.num_hidden_layers,
+        parameters=trained,
+        options=tuple(options),
+    )
 
 
 def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
@@ -152,8 +182,12 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     probe = probe_shape(recipe, kwargs, shape)
     accumulation = kwargs.get("gradient_accumulation_steps", 1)
     if not is_cached(probe, device) and (cost := expected_seconds(probe, device)) > PROBE_BUDGET_S:
-        return fallback_without_probe(kwargs, device, f"the speed probe would take about {cost:,.0f} s at this model's shape "
-                                      f"here, more than the {PROBE_BUDGET_S:.0f} s it may; set them in the recipe to choose")  # fmt: skip
+        return fallback_without_probe(
+            kwargs,
+            device,
+            f"the speed probe would take about {cost:,.0f} s at this model's shape "
+            f"here, more than the {PROBE_BUDGET_S:.0f} s it may; set them in the recipe to choose",
+        )
     try:
         measured = measure(probe, device)
     except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
@@ -165,8 +199,9 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     return plan
 
 
-def fallback_without_probe(kwargs: dict[str, Any], device: torch.device,
-                           why: str = "the speed probe did not fit in the device's memory") -> SpeedPlan:  # fmt: skip
+def fallback_without_probe(
+    kwargs: dict[str, Any], device: torch.device, why: str = "the speed probe did not fit in the device's memory"
+) -> SpeedPlan:
     """No probe (it did not fit in the device's memory, or would take too long): bf16 on a GPU that has it (its
     fast dtype for any model that fills it), fp32 elsewhere; no compile (its pay-back cannot be estimated)."""
     plan = SpeedPlan(measured={"device": str(device), "step_seconds": {}, "cached": False})

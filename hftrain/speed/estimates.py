@@ -140,7 +140,9 @@ def format_plan(info: dict[str, Any], name: str) -> str:
     lines += format_finetune(info["finetune_bytes"], info["finetune_method"])
     if info["max_steps"] and info["max_steps"] > 0:
         tokens = info["max_steps"] * info["tokens_per_step_per_device"]
-        lines.append(f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs")
+        lines.append(
+            f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs"
+        )
     return "\n".join(lines)
 
 
@@ -152,8 +154,10 @@ def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:
     for method, m in ft["methods"].items():
         total = m["weights"] + m["gradients"] + m["optimizer"]
         mark = "  <- this recipe" if method == chosen else ""
-        lines.append(f"  {method:<10} {m['trainable']:>13,} {_gb(m['weights']):>12} {_gb(m['gradients']):>12} "
-                     f"{_gb(m['optimizer']):>12} {_gb(total):>12}{mark}")  # fmt: skip
+        lines.append(
+            f"  {method:<10} {m['trainable']:>13,} {_gb(m['weights']):>12} {_gb(m['gradients']):>12} "
+            f"{_gb(m['optimizer']):>12} {_gb(total):>12}{mark}"
+        )
     if ft["ratio_quantized_layers"] is not None:
         lines.append(
             f"  qlora 4-bit weights / bf16: {ft['ratio_quantized_layers']:.3f} for the {ft['quantized_params']:,} quantized "
@@ -167,9 +171,11 @@ def format_peak(fit: Fit, machine: Machine) -> list[str]:
     """The predicted peak per process by component, for the layout in `fit`."""
     s, peak = fit.shape, fit.peak
     where = "CPU process" if s.device == "cpu" else "GPU"
-    lines = [f"peak memory per {where} ({s.strategy} on {machine.description}; {s.dtype}, micro-batch {s.micro_batch} x "
-             f"{s.seq_len} tokens, evaluation batch {s.eval_batch}, {s.attention}, gradient checkpointing "
-             f"{'on' if s.checkpointing else 'off'}):"]  # fmt: skip
+    lines = [
+        f"peak memory per {where} ({s.strategy} on {machine.description}; {s.dtype}, micro-batch {s.micro_batch} x "
+        f"{s.seq_len} tokens, evaluation batch {s.eval_batch}, {s.attention}, gradient checkpointing "
+        f"{'on' if s.checkpointing else 'off'}):"
+    ]
     for name, value in peak.parts.items():
         lines.append(f"  {name:<28} {_gb(value):>10}{PART_NOTES.get(name, '')}")
     other = "a training step" if peak.phase == "final evaluation" else "the final evaluation"
@@ -200,8 +206,11 @@ def format_peak_table(recipe: Recipe, info: dict[str, Any], machine: Machine, li
     methods = ("full", "lora", "qlora")
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")
     usable = machine.memory_per_process * (1 - MARGIN)
-    lines = [f"predicted peak per process by strategy and method (micro-batch {recipe.training.per_device_train_batch_size}; "
-             f"* = over the {usable / 1e9:,.1f} GB usable):", "  " + f"{'strategy':<16}" + "".join(f"{m:>12}" for m in methods)]  # fmt: skip
+    lines = [
+        f"predicted peak per process by strategy and method (micro-batch {recipe.training.per_device_train_batch_size}; "
+        f"* = over the {usable / 1e9:,.1f} GB usable):",
+        "  " + f"{'strategy':<16}" + "".join(f"{m:>12}" for m in methods),
+    ]
     for strategy in strategies:
         cells = []
         for method in methods:
@@ -214,18 +223,30 @@ def format_peak_table(recipe: Recipe, info: dict[str, Any], machine: Machine, li
 
 def format_fit(configured: Fit, chosen: Fit) -> list[str]:
     verdict = "fits" if configured.fits else "does NOT fit"
-    lines = [f"as configured ({configured.shape.strategy}, micro-batch {configured.shape.micro_batch}): {verdict} "
-             f"({configured.peak.total / 1e9:,.2f} GB of {configured.limit / 1e9:,.1f} GB usable per process)"]  # fmt: skip
+    lines = [
+        f"as configured ({configured.shape.strategy}, micro-batch {configured.shape.micro_batch}): {verdict} "
+        f"({configured.peak.total / 1e9:,.2f} GB of {configured.limit / 1e9:,.1f} GB usable per process)"
+    ]
     lines.append(f"recommendation: {chosen.reason}")
     lines.append("  (parallelism.fit_memory: true makes `hftrain train` take this micro-batch and gradient checkpointing)")
     return lines
 
 
-def format_time(info: dict[str, Any], fit: Fit, machine: Machine, peak_flops: float, peak_source: str, mfu: float,
-                mfu_source: str, price_per_hour: float | None) -> list[str]:  # fmt: skip
+def format_time(
+    info: dict[str, Any],
+    fit: Fit,
+    machine: Machine,
+    peak_flops: float,
+    peak_source: str,
+    mfu: float,
+    mfu_source: str,
+    price_per_hour: float | None,
+) -> list[str]:
     """Step time, the run's hours and cost from the FLOPs, a stated MFU and the device's peak."""
     seconds = step_time(info, fit, peak_flops, mfu)
-    lines = [f"time: {seconds:,.2f} s per optimizer step = FLOPs / ({peak_flops / 1e12:,.1f} TFLOP/s {peak_source} x MFU {mfu:.2f}, {mfu_source})"]
+    lines = [
+        f"time: {seconds:,.2f} s per optimizer step = FLOPs / ({peak_flops / 1e12:,.1f} TFLOP/s {peak_source} x MFU {mfu:.2f}, {mfu_source})"
+    ]
     steps = info["max_steps"]
     if steps:
         hours = steps * seconds / 3600

@@ -71,8 +71,9 @@ def global_batch(recipe: Recipe, processes: int, recorded: int | None = None) ->
     return recipe.parallelism.global_batch_size or recorded or t.per_device_train_batch_size * t.gradient_accumulation_steps * processes
 
 
-def as_configured(recipe: Recipe, info: dict[str, Any], machine: Machine, strategy: str | None = None,
-                  libraries: float | None = None) -> Fit:  # fmt: skip
+def as_configured(
+    recipe: Recipe, info: dict[str, Any], machine: Machine, strategy: str | None = None, libraries: float | None = None
+) -> Fit:
     """The recipe's own micro-batch and checkpointing on `machine`."""
     shape = run_shape(recipe, machine.device, machine.processes, strategy)
     share = global_batch(recipe, machine.processes) // machine.processes
@@ -80,8 +81,14 @@ def as_configured(recipe: Recipe, info: dict[str, Any], machine: Machine, strate
     return Fit(shape, max(share // shape.micro_batch, 1), peak, machine.memory_per_process * (1 - MARGIN), "as the recipe says")
 
 
-def choose(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: float | None = None,
-           strategy: str | None = None, recorded_global: int | None = None) -> Fit:  # fmt: skip
+def choose(
+    recipe: Recipe,
+    info: dict[str, Any],
+    machine: Machine,
+    libraries: float | None = None,
+    strategy: str | None = None,
+    recorded_global: int | None = None,
+) -> Fit:
     """The fastest layout that fits with MARGIN to spare (under `strategy` only, when given: a launched run's);
     if none does, the smallest one, with the reason."""
     share, rest = divmod(global_batch(recipe, machine.processes, recorded_global), machine.processes)
@@ -96,8 +103,15 @@ def choose(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: fl
     for strategy, checkpointing in order:
         bigger: Fit | None = None
         for m in micro:
-            shape = run_shape(recipe, machine.device, machine.processes, strategy, micro_batch=m, checkpointing=checkpointing,
-                              eval_batch=min(m, recipe.training.per_device_eval_batch_size))  # fmt: skip
+            shape = run_shape(
+                recipe,
+                machine.device,
+                machine.processes,
+                strategy,
+                micro_batch=m,
+                checkpointing=checkpointing,
+                eval_batch=min(m, recipe.training.per_device_eval_batch_size),
+            )
             fit = Fit(shape, share // m, predict_peak(recipe, info, shape, libraries), limit, "")
             if fit.fits:
                 fit.reason = _reason(fit, machine, bigger, tried, rest)
@@ -105,20 +119,26 @@ def choose(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: fl
             bigger = fit
             tried.append(fit)
     smallest = min(tried, key=lambda f: f.peak.total)
-    smallest.reason = (f"nothing fits: the smallest layout ({_describe(smallest)}) needs {smallest.peak.total / GB:,.1f} GB per "
-                       f"process, over {limit / GB:,.1f} GB; more devices, LoRA/QLoRA or a shorter data.seq_len would")  # fmt: skip
+    smallest.reason = (
+        f"nothing fits: the smallest layout ({_describe(smallest)}) needs {smallest.peak.total / GB:,.1f} GB per "
+        f"process, over {limit / GB:,.1f} GB; more devices, LoRA/QLoRA or a shorter data.seq_len would"
+    )
     return smallest
 
 
 def _describe(fit: Fit) -> str:
     s = fit.shape
-    return (f"{s.strategy}, micro-batch {s.micro_batch} x accumulation {fit.accumulation}, gradient checkpointing "
-            f"{'on' if s.checkpointing else 'off'}, evaluation batch {s.eval_batch}")  # fmt: skip
+    return (
+        f"{s.strategy}, micro-batch {s.micro_batch} x accumulation {fit.accumulation}, gradient checkpointing "
+        f"{'on' if s.checkpointing else 'off'}, evaluation batch {s.eval_batch}"
+    )
 
 
 def _reason(fit: Fit, machine: Machine, bigger: Fit | None, tried: list[Fit], rest: int) -> str:
-    why = [f"{_describe(fit)}: predicted peak {fit.peak.total / GB:,.2f} GB per process, within {fit.limit / GB:,.1f} GB "
-           f"({machine.memory_per_process / GB:,.1f} GB less a {MARGIN:.0%} margin)"]  # fmt: skip
+    why = [
+        f"{_describe(fit)}: predicted peak {fit.peak.total / GB:,.2f} GB per process, within {fit.limit / GB:,.1f} GB "
+        f"({machine.memory_per_process / GB:,.1f} GB less a {MARGIN:.0%} margin)"
+    ]
     if bigger is not None:
         why.append(f"micro-batch {bigger.shape.micro_batch} would need {bigger.peak.total / GB:,.2f} GB")
     faster = [f for f in tried if f.shape.strategy != fit.shape.strategy or f.shape.checkpointing != fit.shape.checkpointing]
@@ -138,8 +158,15 @@ def step_time(info: dict[str, Any], fit: Fit, peak_flops: float, mfu: float) -> 
     return work / (peak_flops * mfu)
 
 
-def fit_this_run(recipe: Recipe, info: dict[str, Any], processes: int, local_processes: int, strategy: str,
-                 device: str, recorded_global: int | None = None) -> tuple[Recipe, str | None]:  # fmt: skip
+def fit_this_run(
+    recipe: Recipe,
+    info: dict[str, Any],
+    processes: int,
+    local_processes: int,
+    strategy: str,
+    device: str,
+    recorded_global: int | None = None,
+) -> tuple[Recipe, str | None]:
     """What `train` runs: with parallelism.fit_memory, the recipe with plan's micro-batch and gradient checkpointing
     (global batch kept) and the line that says so; otherwise the recipe as it is, and a warning when its micro-batch
     will not fit. `strategy`: the launched one (single, ddp, fsdp, zero3)."""
@@ -163,13 +190,17 @@ def fit_this_run(recipe: Recipe, info: dict[str, Any], processes: int, local_pro
             f"{'on' if configured.shape.checkpointing else 'off'} needs about {configured.peak.total / GB:,.2f} GB per process "
             f"(predicted peak, at the {configured.peak.phase}), more than the {configured.limit / GB:,.1f} GB usable on "
             f"{machine.description}; `hftrain plan` shows where it goes. {advice}."
-        )  # fmt: skip
+        )
     chosen = choose(recipe, info, machine, libraries, strategy, recorded_global)
     if not chosen.fits:
         return recipe, f"warning: parallelism.fit_memory: {chosen.reason}; training as the recipe says"
-    training = recipe.training.model_copy(update={"per_device_train_batch_size": chosen.shape.micro_batch,
-                                                  "per_device_eval_batch_size": min(chosen.shape.micro_batch, recipe.training.per_device_eval_batch_size),
-                                                  "gradient_accumulation_steps": chosen.accumulation,
-                                                  "gradient_checkpointing": chosen.shape.checkpointing})  # fmt: skip
+    training = recipe.training.model_copy(
+        update={
+            "per_device_train_batch_size": chosen.shape.micro_batch,
+            "per_device_eval_batch_size": min(chosen.shape.micro_batch, recipe.training.per_device_eval_batch_size),
+            "gradient_accumulation_steps": chosen.accumulation,
+            "gradient_checkpointing": chosen.shape.checkpointing,
+        }
+    )
     batch = recipe.parallelism.model_copy(update={"global_batch_size": global_batch(recipe, processes, recorded_global)})
     return recipe.model_copy(update={"training": training, "parallelism": batch}), f"memory fit (parallelism.fit_memory): {chosen.reason}"

@@ -72,24 +72,37 @@ class PeakPrediction:
         return sum(self.parts.values())
 
 
-def run_shape(recipe: Recipe, device: str = "cpu", processes: int = 1, strategy: str | None = None,
-              micro_batch: int | None = None, checkpointing: bool | None = None, eval_batch: int | None = None) -> RunShape:  # fmt: skip
+def run_shape(
+    recipe: Recipe,
+    device: str = "cpu",
+    processes: int = 1,
+    strategy: str | None = None,
+    micro_batch: int | None = None,
+    checkpointing: bool | None = None,
+    eval_batch: int | None = None,
+) -> RunShape:
     """The recipe as it would run on `processes` processes of `device`."""
     t = recipe.training
     explicit = {"bf16", "fp16"} & t.model_fields_set
     # unset on a GPU: the speed defaults turn bf16 autocast on (speed/defaults.py); on a CPU they measure first
     bf16 = bool(t.bf16 or t.fp16) if explicit else device == "cuda"
     return RunShape(
-        device=device, processes=processes,
-        strategy=strategy or ("single" if processes == 1 else recipe.parallelism.strategy if recipe.parallelism.strategy not in ("auto", "single") else "ddp"),
+        device=device,
+        processes=processes,
+        strategy=strategy
+        or (
+            "single" if processes == 1 else recipe.parallelism.strategy if recipe.parallelism.strategy not in ("auto", "single") else "ddp"
+        ),
         micro_batch=micro_batch or t.per_device_train_batch_size,
-        eval_batch=min(eval_batch or t.per_device_eval_batch_size, recipe.data.eval_blocks), document_mask=recipe.data.masks_documents,
+        eval_batch=min(eval_batch or t.per_device_eval_batch_size, recipe.data.eval_blocks),
+        document_mask=recipe.data.masks_documents,
         seq_len=recipe.data.seq_len,
         checkpointing=t.gradient_checkpointing if checkpointing is None else checkpointing,
-        dtype="bf16" if bf16 else "fp32", attention=recipe.model.attn_implementation or "sdpa",
+        dtype="bf16" if bf16 else "fp32",
+        attention=recipe.model.attn_implementation or "sdpa",
         chunked_loss=device == "cpu" and not t.torch_compile and recipe.finetune.objective == "lm",
         objective=recipe.finetune.objective,
-    )  # fmt: skip
+    )
 
 
 def layer_activations(config: Any, tokens: int, shape: RunShape) -> list[float]:
@@ -151,8 +164,7 @@ def reference_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> fl
     return state_bytes(recipe, info, shape)["weights"]
 
 
-def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = None,
-                 libraries: float | None = None) -> PeakPrediction:  # fmt: skip
+def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None) -> PeakPrediction:
     """Peak bytes per process of `recipe` run as `shape` (default: one CPU process as the recipe says); `info`
     is `estimates.plan(recipe)`."""
     shape = shape or run_shape(recipe)
@@ -178,8 +190,11 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         train_logits = tile
         eval_logits = max(tile, max(per_row, min(LOGIT_BUDGET_BYTES, 2 * shape.eval_batch * per_row)))
     if shape.device == "cpu":
-        fixed = {"libraries": libraries if libraries is not None else library_footprint(), "runtime": CPU_RUNTIME_BYTES,
-                 "data pipeline": data_pipeline_bytes(recipe, shape.processes)}
+        fixed = {
+            "libraries": libraries if libraries is not None else library_footprint(),
+            "runtime": CPU_RUNTIME_BYTES,
+            "data pipeline": data_pipeline_bytes(recipe, shape.processes),
+        }
         kept = KEPT_AFTER_TRAINING * state["gradients"]
     else:
         fixed, kept = {}, 0.0
@@ -196,8 +211,14 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     copy = reference_bytes(recipe, info, shape)
     reference = {"reference weights": copy} if copy else {}
     train = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], **step}
-    evaluation = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], "kept freed blocks": kept,
-                  "evaluation logits and loss": eval_logits}  # fmt: skip
+    evaluation = {
+        **fixed,
+        "weights": state["weights"],
+        **reference,
+        "optimizer": state["optimizer"],
+        "kept freed blocks": kept,
+        "evaluation logits and loss": eval_logits,
+    }
     t_total, e_total = sum(train.values()), sum(evaluation.values())
     if t_total >= e_total:
         return PeakPrediction(train, "training step", e_total)
@@ -234,7 +255,9 @@ def library_footprint(measure: bool = False) -> float:
 
     from hftrain.speed.probe import cache_file
 
-    versions = ",".join(f"{p}={_version(metadata, p)}" for p in ("torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "deepspeed"))
+    versions = ",".join(
+        f"{p}={_version(metadata, p)}" for p in ("torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "deepspeed")
+    )
     path = cache_file().with_name("library_footprint.json")
     try:
         cached = json.loads(path.read_text())

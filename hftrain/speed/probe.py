@@ -25,7 +25,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -110,8 +111,10 @@ def measure(shape: ProbeShape, device: torch.device) -> Measurement:
         return Measurement(cache[key], str(device), cached=True)
     from hftrain.progress import phase
 
-    with phase(f"measuring this {device.type.upper()}'s step speed in {' and '.join(candidates(device))} "
-               f"(once per machine and model shape, cached in {cache_file()})"):  # fmt: skip
+    with phase(
+        f"measuring this {device.type.upper()}'s step speed in {' and '.join(candidates(device))} "
+        f"(once per machine and model shape, cached in {cache_file()})"
+    ):
         seconds = _time_dtypes(shape, device)
     cache[key] = seconds
     _write_cache(cache)
@@ -190,12 +193,13 @@ def _time_dtypes(shape: ProbeShape, device: torch.device) -> dict[str, float]:
         fused_loss.use(head_model)
     layer_model = _probe_model(shape, 1, 8, device).gpt_neox  # fed embeddings: its own (tiny) vocabulary is unused
     optimizer = _optimizer_seconds(shape.parameters, device)
-    slowdown = {d: _small_matmul_seconds(device, d) / _small_matmul_seconds(device, "fp32") if d != "fp32" else 1.0
-                for d in candidates(device)}  # fmt: skip
+    slowdown = {
+        d: _small_matmul_seconds(device, d) / _small_matmul_seconds(device, "fp32") if d != "fp32" else 1.0 for d in candidates(device)
+    }
     probed = [d for d in slowdown if slowdown[d] <= TOO_SLOW]  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): not probed further
     compute = {d: float("inf") for d in probed}
     for order in (probed, probed[::-1]):  # the dtypes take turns, twice, in opposite orders: a busy moment of a shared
-        for dtype in order:               # machine lands on each, and the faster round of each counts (it is cached)
+        for dtype in order:  # machine lands on each, and the faster round of each counts (it is cached)
             compute[dtype] = min(compute[dtype], _compute_seconds(shape, device, dtype, head_model, layer_model))
     seconds = {d: compute[d] + optimizer for d in probed}
     seconds.update({d: seconds["fp32"] * slowdown[d] for d in slowdown if d not in compute})  # 10-50x slower
@@ -225,8 +229,15 @@ def _compute_seconds(shape: ProbeShape, device: torch.device, dtype: str, head_m
 def _probe_model(shape: ProbeShape, layers: int, vocab: int, device: torch.device) -> Any:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    config = GPTNeoXConfig(vocab_size=vocab, hidden_size=shape.hidden, num_hidden_layers=layers, num_attention_heads=shape.heads,
-                           intermediate_size=shape.intermediate, max_position_embeddings=shape.seq, **dict(shape.options))  # fmt: skip
+    config = GPTNeoXConfig(
+        vocab_size=vocab,
+        hidden_size=shape.hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=shape.heads,
+        intermediate_size=shape.intermediate,
+        max_position_embeddings=shape.seq,
+        **dict(shape.options),
+    )
     with torch.device(device):
         return GPTNeoXForCausalLM(config).train()
 

@@ -18,7 +18,7 @@ import torch
 from transformers import TrainerCallback
 
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.recipe.schema import ProfileSection
+from hftrain.recipe.sections import ProfileSection
 
 TOP_OPERATIONS = 15
 

@@ -46,8 +46,9 @@ class TrainingSettings:
         return {"speed": levers, "global_batch": self.dims.global_batch, "readers": readers.readers, "shuffle_window": readers.window}
 
 
-def training_arguments(recipe: Recipe, dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None = None,
-                       manifest_tokens: int | None = None) -> TrainingSettings:  # fmt: skip
+def training_arguments(
+    recipe: Recipe, dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None = None, manifest_tokens: int | None = None
+) -> TrainingSettings:
     """TrainingArguments for this run's dims. `recorded`: what a continuing run recorded at its start (speed
     levers); `manifest_tokens`: the prepared data's size (epochs need it)."""
     recorded = recorded or {}
@@ -84,8 +85,9 @@ def training_device(kwargs: dict[str, Any], dims: ParallelDims) -> torch.device:
     return torch.device("cpu" if kwargs.get("use_cpu") or not torch.cuda.is_available() else f"cuda:{dims.local_rank}")
 
 
-def speed_defaults(recipe: Recipe, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape,
-                   recorded: dict[str, bool] | None, device: torch.device) -> SpeedPlan:  # fmt: skip
+def speed_defaults(
+    recipe: Recipe, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, bool] | None, device: torch.device
+) -> SpeedPlan:
     """bf16 / fp16 / tf32 / torch_compile where the recipe leaves them unset: as recorded at the run's start
     (a resumed run), else decided by measurement on this device (speed.py), the same in every process."""
     kwargs.setdefault("ddp_find_unused_parameters", False)

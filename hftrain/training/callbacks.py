@@ -9,7 +9,8 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from transformers import TrainerCallback
 

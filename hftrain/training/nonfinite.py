@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from transformers import TrainerCallback
 
 from hftrain.errors import HftrainError
-from hftrain.recipe.schema import FaultsSection
+from hftrain.recipe.sections import FaultsSection
 
 
 class NonFiniteGuard(TrainerCallback):
@@ -46,8 +47,11 @@ class NonFiniteGuard(TrainerCallback):
         latest = self.latest_checkpoint()
         kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
         if self.policy.on_nonfinite == "stop" or len(self.skipped_steps) >= self.policy.max_skipped_steps:
-            why = ("faults.on_nonfinite=stop" if self.policy.on_nonfinite == "stop"
-                   else f"{len(self.skipped_steps)} steps already skipped (faults.max_skipped_steps)")  # fmt: skip
+            why = (
+                "faults.on_nonfinite=stop"
+                if self.policy.on_nonfinite == "stop"
+                else f"{len(self.skipped_steps)} steps already skipped (faults.max_skipped_steps)"
+            )
             raise HftrainError(
                 f"training: non-finite loss or gradient norm ({grad_norm}) at step {step}; stopped ({why}). {kept}. "
                 "Lower training.learning_rate, check the data, or set faults.on_nonfinite=skip."
@@ -56,8 +60,7 @@ class NonFiniteGuard(TrainerCallback):
         self._skip = True
         print(f"hftrain: non-finite loss or gradient norm at step {step}: step skipped ({len(self.skipped_steps)} so far)", flush=True)
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None,
-                              **kwargs: Any) -> None:  # fmt: skip
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None, **kwargs: Any) -> None:
         if not self._fed and model is not None and not gradients_finite(model, args):
             self._on_nonfinite(float("nan"), state.global_step + 1)
         if self._skip and optimizer is not None:

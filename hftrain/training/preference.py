@@ -73,8 +73,16 @@ def _trainer_class() -> type:
     return PreferenceTrainer
 
 
-def preference_trainer(recipe: Recipe, dims: ParallelDims, options: TrainerOptions, model: Any, args: Any,
-                       tokenizer: Any, callbacks: list[Any], tokenizer_is_new: bool = False) -> HftrainTrainer:  # fmt: skip
+def preference_trainer(
+    recipe: Recipe,
+    dims: ParallelDims,
+    options: TrainerOptions,
+    model: Any,
+    args: Any,
+    tokenizer: Any,
+    callbacks: list[Any],
+    tokenizer_is_new: bool = False,
+) -> HftrainTrainer:
     """The DPO trainer for the recipe: TRL's reference (adapter disabled, or a frozen copy of the starting
     weights), TRL's evaluation set and collator, hftrain's stream and held-out preference accuracy."""
     held_out, first = validation_pairs(options.data), first_pairs(options.data, 4)
@@ -92,10 +100,16 @@ def preference_trainer(recipe: Recipe, dims: ParallelDims, options: TrainerOptio
     datasets.disable_progress_bars()  # TRL's tokenization of the held-out pairs: three bars per rank, at start
     try:
         return _trainer_class()(
-            model=model, ref_model=reference, args=args, train_dataset=train_records(first),
-            eval_dataset=eval_records(held_out), processing_class=tokenizer, peft_config=adapter,
-            callbacks=callbacks, options=options,
-        )  # fmt: skip
+            model=model,
+            ref_model=reference,
+            args=args,
+            train_dataset=train_records(first),
+            eval_dataset=eval_records(held_out),
+            processing_class=tokenizer,
+            peft_config=adapter,
+            callbacks=callbacks,
+            options=options,
+        )
     except (ValueError, NotImplementedError) as err:  # TRL's checks of its keys against the model and data
         raise HftrainError(f"finetune.dpo: TRL's DPOTrainer refuses this run: {err}") from None
     finally:

@@ -37,27 +37,38 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
         "",
         f"final checkpoint: {final_dir}",
         f"validation loss {results['eval_loss']:.4f}"
-        + (f", perplexity {results['eval_perplexity']:.2f}, bits per byte {results.get('eval_bits_per_byte', float('nan')):.3f}"
-           if "eval_perplexity" in results else ""),  # a DPO loss is no next-token loss: no perplexity
+        + (
+            f", perplexity {results['eval_perplexity']:.2f}, bits per byte {results.get('eval_bits_per_byte', float('nan')):.3f}"
+            if "eval_perplexity" in results
+            else ""
+        ),  # a DPO loss is no next-token loss: no perplexity
     ]
-    extra = [f"{k.removeprefix('eval_')} {v:.4g}" for k, v in results.items()
-             if k.startswith("eval_") and k not in ("eval_loss", "eval_perplexity", "eval_bits_per_byte")]  # fmt: skip
+    extra = [
+        f"{k.removeprefix('eval_')} {v:.4g}"
+        for k, v in results.items()
+        if k.startswith("eval_") and k not in ("eval_loss", "eval_perplexity", "eval_bits_per_byte")
+    ]
     if extra:
         lines.append("evaluation: " + ", ".join(extra))
     if isinstance(results.get("run_length"), dict):
         lines.append(results["run_length"]["note"])
     fill = results.get("packing_fill")
     if fill is not None and fill < 1:
-        lines.append(f"packing: {100 * fill:.1f}% of the block tokens this process trained on are real tokens, "
-                     f"{100 * (1 - fill):.1f}% padding")
+        lines.append(
+            f"packing: {100 * fill:.1f}% of the block tokens this process trained on are real tokens, {100 * (1 - fill):.1f}% padding"
+        )
     if results.get("time_to_first_step_s") is not None:
         lines.append(f"start-up: {results['time_to_first_step_s']:.1f} s from process start to the end of the first step (not in tokens/s)")
     if results["tokens_per_s_median"]:
-        lines.append(f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median, steady state), MFU {100 * (results['mfu_median'] or 0):.2f}%")
+        lines.append(
+            f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median, steady state), MFU {100 * (results['mfu_median'] or 0):.2f}%"
+        )
     if results.get("data_wait_frac") is not None:
         if results["input_bound"]:
             lines.append(input_bound_advice(results["data_wait_frac"], threshold, workers))
         else:
-            split = ", ".join(f"{name.replace('_', ' ')} {100 * results[f'{name}_frac']:.0f}%" for name in PHASES if f"{name}_frac" in results)
+            split = ", ".join(
+                f"{name.replace('_', ' ')} {100 * results[f'{name}_frac']:.0f}%" for name in PHASES if f"{name}_frac" in results
+            )
             lines.append(f"step time: {split}; peak memory {results['peak_mem_gb']:.2f} GB")
     return lines

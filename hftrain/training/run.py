@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 
@@ -22,8 +23,15 @@ from hftrain.model import fused_loss
 from hftrain.parallel import dims as parallel
 from hftrain.integrations import revisions, trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
-from hftrain.training.callbacks import KeptCheckpointsCallback, MetricsFileCallback, PreemptionCallback, StartupOverCallback, ThroughputClockCallback
-from hftrain.checkpoint.manager import CheckpointManager, step_of, unreadable
+from hftrain.training.callbacks import (
+    KeptCheckpointsCallback,
+    MetricsFileCallback,
+    PreemptionCallback,
+    StartupOverCallback,
+    ThroughputClockCallback,
+)
+from hftrain.checkpoint.integrity import step_of, unreadable
+from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.checkpoint.node_disks import common_resume
 from hftrain.parallel import liveness
 from hftrain.checkpoint.output_lock import owning
@@ -32,7 +40,7 @@ from hftrain.progress import phase
 from hftrain.data.loader import DataPlan, collator_for, first_documents, plan_data, validation_blocks
 from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.pretokenized import check_compatible
-from hftrain.errors import HftrainError, Preempted
+from hftrain.errors import Preempted
 from hftrain.checkpoint.files import read_json
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.model.finetune import apply_method, check_starting_weights
@@ -94,17 +102,13 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
         elastic.check_backend(resume, dims.strategy, dims.processes)
     if args.process_index == 0:
-        print(f"hftrain: {settings.length.note}", flush=True)
-        if settings.speed.reasons:
-            print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
-        if resume is not None:
-            print(f"hftrain: resuming from {resume}")
+        announce(settings, resume)
     if data.pretokenized is not None:
         check_compatible(data.manifest, data.pretokenized.pretokenized, recipe.data.seq_len, tokenizer)
     model = build_model(recipe, tokenizer, tokenizer_is_new, dims)
     collate = collator_for(recipe.data, model.config._attn_implementation, tokenizer.eos_token_id)
     if args.process_index == 0 and recipe.data.packs_documents:
-        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, args.per_device_train_batch_size, recipe.data.seq_len)}", flush=True)
+        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, recipe.data.seq_len)}", flush=True)
     if chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
     if not dpo:  # DPO: TRL wraps the adapter itself (training/preference.py)
@@ -126,6 +130,15 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     with trackers.one_run(args, pusher.outbox):
         fit(trainer, resume)
         return finish(trainer, recipe, known, pusher)
+
+
+def announce(settings: TrainingSettings, resume: Path | None) -> None:
+    """What the run decided before building anything: its length, its speed levers and where it resumes."""
+    print(f"hftrain: {settings.length.note}", flush=True)
+    if settings.speed.reasons:
+        print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
+    if resume is not None:
+        print(f"hftrain: resuming from {resume}")
 
 
 def outside_services(recipe: Recipe, push_to_hub: bool, trainer: HftrainTrainer) -> CheckpointPusher:
@@ -150,28 +163,46 @@ def fit_memory(recipe: Recipe, shape: ModelShape, recorded_global: int | None) -
     processes = parallel.world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
     name = "single" if strategy is Strategy.SINGLE else strategy.value
-    fitted, note = fit_this_run(recipe, plan(recipe, shape), processes, local, name, "cpu" if rehearsal.on_cpu() else "cuda",
-                                recorded_global)  # fmt: skip
+    fitted, note = fit_this_run(
+        recipe, plan(recipe, shape), processes, local, name, "cpu" if rehearsal.on_cpu() else "cuda", recorded_global
+    )
     if note and not recipe.parallelism.fit_memory and os.environ.get(MEMORY_WARNED_ENV):
         note = None  # `hftrain train --accelerate-config` said it once before starting the processes
     return fitted, note
 
 
 def build_trainer(
-    recipe: Recipe, shape: ModelShape, settings: TrainingSettings, checkpoints: CheckpointManager,
-    data: DataPlan, model: Any, tokenizer: Any, collate: PackedCollator, resume: Path | None, callbacks: Sequence[Any] = (),
+    recipe: Recipe,
+    shape: ModelShape,
+    settings: TrainingSettings,
+    checkpoints: CheckpointManager,
+    data: DataPlan,
+    model: Any,
+    tokenizer: Any,
+    collate: PackedCollator,
+    resume: Path | None,
+    callbacks: Sequence[Any] = (),
     tokenizer_is_new: bool = False,
-) -> HftrainTrainer:  # fmt: skip
+) -> HftrainTrainer:
     """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks (TRL's DPOTrainer behind them
     for finetune.objective dpo: training/preference.py)."""
     args = settings.args
     metrics = StepMetrics(metrics_options(recipe, settings, shape), args.device, args.process_index == 0)
     options = TrainerOptions(
-        dims=settings.dims, data=data, checkpoints=checkpoints, metrics=metrics,
-        guard=NonFiniteGuard(recipe.faults, checkpoints.latest), resume_from=resume,
-    )  # fmt: skip
-    callbacks = [MetricsFileCallback(), *callbacks, ThroughputClockCallback(metrics), StartupOverCallback(),
-                 KeptCheckpointsCallback(recipe.checkpoints.keeps)]
+        dims=settings.dims,
+        data=data,
+        checkpoints=checkpoints,
+        metrics=metrics,
+        guard=NonFiniteGuard(recipe.faults, checkpoints.latest),
+        resume_from=resume,
+    )
+    callbacks = [
+        MetricsFileCallback(),
+        *callbacks,
+        ThroughputClockCallback(metrics),
+        StartupOverCallback(),
+        KeptCheckpointsCallback(recipe.checkpoints.keeps),
+    ]
     if recipe.finetune.objective == "dpo":
         from hftrain.training.preference import preference_trainer
 
@@ -181,9 +212,14 @@ def build_trainer(
             eval_set = validation_blocks(data, tokenizer)
         options.evaluation = TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks)
         trainer = HftrainTrainer(
-            model=model, args=args, eval_dataset=eval_set, processing_class=tokenizer, data_collator=collate,
-            callbacks=callbacks, options=options,
-        )  # fmt: skip
+            model=model,
+            args=args,
+            eval_dataset=eval_set,
+            processing_class=tokenizer,
+            data_collator=collate,
+            callbacks=callbacks,
+            options=options,
+        )
     if recipe.profile.start_step is not None:
         trainer.add_callback(ProfilerCallback(recipe.profile, checkpoints.layout.root, args.process_index))
     return trainer
@@ -196,10 +232,14 @@ def metrics_options(recipe: Recipe, settings: TrainingSettings, shape: ModelShap
     peak = recipe.monitor.peak_tflops * 1e12 if recipe.monitor.peak_tflops else measure_peak_flops(args.device, peak_dtype)
     tokens = settings.dims.global_batch * recipe.data.seq_len
     return MetricsOptions(
-        tokens_per_step=tokens, world_size=args.world_size, flops_per_token=shape.flops_per_token, peak_flops=peak,
-        price_per_hour=recipe.monitor.price_per_hour, input_bound_threshold=recipe.monitor.input_bound_threshold,
+        tokens_per_step=tokens,
+        world_size=args.world_size,
+        flops_per_token=shape.flops_per_token,
+        peak_flops=peak,
+        price_per_hour=recipe.monitor.price_per_hour,
+        input_bound_threshold=recipe.monitor.input_bound_threshold,
         dataloader_workers=args.dataloader_num_workers,
-    )  # fmt: skip
+    )
 
 
 def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
@@ -254,8 +294,9 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any], pushe
     checkpoints.publish_final(staged, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
     results = build_results(trainer.state.global_step, metrics, run.log_history, {**run_facts(trainer), **known})
     if recipe.monitor.sample_max_new_tokens:
-        run.sample = results["sample"] = sample(run.model, trainer.processing_class, recipe.monitor.sample_prompt,
-                                                recipe.monitor.sample_max_new_tokens)  # fmt: skip
+        run.sample = results["sample"] = sample(
+            run.model, trainer.processing_class, recipe.monitor.sample_prompt, recipe.monitor.sample_max_new_tokens
+        )
     if recipe.monitor.plot:
         run.plot_path = plot_curves(run.log_history, layout.plot, title=str(layout.root))
     layout.results.write_text(json.dumps(results, indent=2), encoding="utf-8")

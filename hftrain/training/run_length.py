@@ -29,8 +29,13 @@ class RunLength:
     note: str  # one line for the console and results.json
 
     def to_json(self) -> dict[str, Any]:
-        return {"max_steps": self.max_steps, "tokens_per_step": self.tokens_per_step, "from": self.source,
-                "tokens": self.max_steps * self.tokens_per_step, "note": self.note}  # fmt: skip
+        return {
+            "max_steps": self.max_steps,
+            "tokens_per_step": self.tokens_per_step,
+            "from": self.source,
+            "tokens": self.max_steps * self.tokens_per_step,
+            "note": self.note,
+        }
 
 
 def given(recipe: Recipe, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +82,8 @@ def resolve(recipe: Recipe, kwargs: dict[str, Any], global_batch: int, manifest_
     note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
     beyond = [s for s in recipe.checkpoints.steps if s > steps]  # given max_steps, the recipe's load refused these
     if beyond:
-        raise HftrainError(f"checkpoints.steps: {', '.join(map(str, beyond))} after this run's last step ({how}) would never "
-                           f"be kept; remove them, or lengthen the run (a longer run continues this one).")  # fmt: skip
+        raise HftrainError(
+            f"checkpoints.steps: {', '.join(map(str, beyond))} after this run's last step ({how}) would never "
+            f"be kept; remove them, or lengthen the run (a longer run continues this one)."
+        )
     return RunLength(steps, per_step, source, note)

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

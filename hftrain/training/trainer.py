@@ -40,17 +40,17 @@ from hftrain.training.step_timing import EXCLUDED
 
 PRIVATE_OVERRIDES = {  # name -> why no public hook serves (upstream issue)
     "_get_output_dir": "checkpoints are written into a staging directory and published whole; the Trainer writes "
-                       "checkpoint-N in place (transformers#27820 proposed a staged save upstream)",
+    "checkpoint-N in place (transformers#27820 proposed a staged save upstream)",
     "_save_checkpoint": "the data position and the completion marker join each checkpoint; on_save runs after the "
-                        "files are written, too late to stage them (transformers#27820)",
+    "files are written, too late to stage them (transformers#27820)",
     "_load_from_checkpoint": "weights load strictly through transformers' key mapping (the GPT-NeoX head trap); the "
-                             "Trainer's loader warns and continues on missing keys (no upstream issue filed)",
+    "Trainer's loader warns and continues on missing keys (no upstream issue filed)",
     "_load_rng_state": "on another process count the writer's rank-0 RNG state; the Trainer skips a file name it does "
-                       "not find (transformers#14554, #14994)",
+    "not find (transformers#14554, #14994)",
     "_get_grad_norm": "hands the guard the norm the Trainer computed anyway; no callback receives it before the "
-                      "optimizer step (transformers#31033); on other Trainers the guard checks the gradients itself",
+    "optimizer step (transformers#31033); on other Trainers the guard checks the gradients itself",
     "_clip_grad_norm": "the optimizer phase of the step timing starts at clipping; no callback runs between backward "
-                       "and clipping (transformers#31033)",
+    "and clipping (transformers#31033)",
 }
 
 
@@ -94,8 +94,12 @@ class HftrainTrainer(Trainer):
         tokenizer = self.processing_class
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.train_loader = ResumableLoader(
-            dataset, args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor,
-            collate=self.data_collator, pad=pad,
+            dataset,
+            args.per_device_train_batch_size,
+            args.dataloader_num_workers,
+            args.dataloader_prefetch_factor,
+            collate=self.data_collator,
+            pad=pad,
         )
         if options.data.section.preference_data:  # pairs differ in length: tokens/s counts the batches' positions
             loader, world = self.train_loader, args.world_size

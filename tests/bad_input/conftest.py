@@ -31,6 +31,12 @@ def recipe_file(work: Path) -> Path:
 
 def fill(work: Path) -> dict[str, str]:
     """The tables' placeholders."""
-    names = {"good": "good.jsonl", "bad": "bad.jsonl", "field": "field.jsonl", "empty": "empty.jsonl", "notdir": "not-a-model",
-             "recipe": "r.yaml"}  # fmt: skip
+    names = {
+        "good": "good.jsonl",
+        "bad": "bad.jsonl",
+        "field": "field.jsonl",
+        "empty": "empty.jsonl",
+        "notdir": "not-a-model",
+        "recipe": "r.yaml",
+    }
     return {"tmp": str(work), **{key: str(work / name) for key, name in names.items()}}

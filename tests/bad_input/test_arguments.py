@@ -18,25 +18,55 @@ from ..support.cli import ROOT
 # (name, argv with {recipe} and {tmp}, expected message)
 # (name, argv with {recipe} and {tmp}, expected message)
 VALUES = [
-    ("launch-script --nodes 0", ["launch-script", "{recipe}", "--nodes", "0"], "argument --nodes: 0 cannot work: give a whole number of 1 or more"),
+    (
+        "launch-script --nodes 0",
+        ["launch-script", "{recipe}", "--nodes", "0"],
+        "argument --nodes: 0 cannot work: give a whole number of 1 or more",
+    ),
     ("--gpus-per-node -1", ["launch-script", "{recipe}", "--gpus-per-node", "-1"], "argument --gpus-per-node: -1 cannot work"),
-    ("--instance-count 0", ["launch-script", "{recipe}", "--kind", "sagemaker", "--instance-count", "0"], "argument --instance-count: 0 cannot work"),
-    ("train --nproc 0", ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "0"], "argument --nproc: 0 cannot work: give a whole number of 1 or more"),
+    (
+        "--instance-count 0",
+        ["launch-script", "{recipe}", "--kind", "sagemaker", "--instance-count", "0"],
+        "argument --instance-count: 0 cannot work",
+    ),
+    (
+        "train --nproc 0",
+        ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "0"],
+        "argument --nproc: 0 cannot work: give a whole number of 1 or more",
+    ),
     ("train --nproc -1", ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "-1"], "argument --nproc: -1 cannot work"),
-    ("--max-restarts -1", ["train", "{recipe}", "--max-restarts", "-1"], "argument --max-restarts: -1 cannot work: give a whole number of 0 or more"),
+    (
+        "--max-restarts -1",
+        ["train", "{recipe}", "--max-restarts", "-1"],
+        "argument --max-restarts: -1 cannot work: give a whole number of 0 or more",
+    ),
     ("--max-restarts two", ["train", "{recipe}", "--max-restarts", "two"], "argument --max-restarts: 'two' is not a whole number"),
     ("plan --mfu 35", ["plan", "{recipe}", "--mfu", "35"], "argument --mfu: 35 cannot work: give a number above 0 and at most 1"),
     ("plan --gpus 0", ["plan", "{recipe}", "--gpus", "0"], "argument --gpus: 0 cannot work"),
-    ("plan --gpu-mem-gb nan", ["plan", "{recipe}", "--gpus", "8", "--gpu-mem-gb", "nan"], "argument --gpu-mem-gb: nan cannot work: give a number above 0"),
+    (
+        "plan --gpu-mem-gb nan",
+        ["plan", "{recipe}", "--gpus", "8", "--gpu-mem-gb", "nan"],
+        "argument --gpu-mem-gb: nan cannot work: give a number above 0",
+    ),
     ("parity --steps 0", ["parity", "{recipe}", "--steps", "0"], "argument --steps: 0 cannot work"),
-    ("data prepare --processes 0", ["data", "prepare", "{recipe}", "--out", "{tmp}/shards", "--processes", "0"], "argument --processes: 0 cannot work"),
+    (
+        "data prepare --processes 0",
+        ["data", "prepare", "{recipe}", "--out", "{tmp}/shards", "--processes", "0"],
+        "argument --processes: 0 cannot work",
+    ),
     ("eval --stride 0", ["eval", "{tmp}", "--stride", "0"], "argument --stride: 0 cannot work"),
-    ("train_tokens 10^30", ["train", "{recipe}", "training.max_steps=-1", "data.train_tokens=1000000000000000000000000000000"],
-     "data.train_tokens: 1,000,000,000,000,000,000,000,000,000,000 training tokens is more than hftrain trains (at most 1,000,000,000,000,000)"),
-    ("seq_len 10^9", ["train", "{recipe}", "data.seq_len=1000000000"],
-     "data.seq_len: 1,000,000,000 tokens per sequence is more than hftrain trains (at most 1,048,576); check the number"),
+    (
+        "train_tokens 10^30",
+        ["train", "{recipe}", "training.max_steps=-1", "data.train_tokens=1000000000000000000000000000000"],
+        "data.train_tokens: 1,000,000,000,000,000,000,000,000,000,000 training tokens is more than hftrain trains (at most 1,000,000,000,000,000)",
+    ),
+    (
+        "seq_len 10^9",
+        ["train", "{recipe}", "data.seq_len=1000000000"],
+        "data.seq_len: 1,000,000,000 tokens per sequence is more than hftrain trains (at most 1,048,576); check the number",
+    ),
     ("seq_len 10^9 in plan", ["plan", "{recipe}", "data.seq_len=1000000000"], "data.seq_len: 1,000,000,000 tokens per sequence"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("name, argv, expected", VALUES, ids=[c[0] for c in VALUES])
@@ -59,8 +89,13 @@ def test_every_numeric_option_is_bounded():
     """A plain type=int / type=float option would take 0 or -1 again; the check can fail (see the last line)."""
 
     def plain_numbers(source: str) -> list[int]:
-        return [kw.value.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
-                for kw in node.keywords if kw.arg == "type" and isinstance(kw.value, ast.Name) and kw.value.id in ("int", "float")]  # fmt: skip
+        return [
+            kw.value.lineno
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call)
+            for kw in node.keywords
+            if kw.arg == "type" and isinstance(kw.value, ast.Name) and kw.value.id in ("int", "float")
+        ]
 
     found = {p.name: plain_numbers(p.read_text()) for p in (ROOT / "hftrain" / "cli").glob("*.py")}
     assert not any(found.values()), found
@@ -81,13 +116,19 @@ sys.exit(int(code))
 """
 
 
-@pytest.mark.parametrize("codes, expected_runs, expected_exit", [
-    ("2", 1, 2),  # a configuration error fails the same way every time: never restarted
-    ("0", 1, 0), ("130", 1, 130),
-    ("KILL,0", 2, 0), ("75,0", 2, 0), ("1,1,0", 3, 0),  # a crash, a preemption of the child alone, a bug: restarted
-    ("KILL,2", 2, 2),  # restarted after the crash, then the configuration error is final
-    ("1,1,1,1", 3, 1),  # no restarts left
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "codes, expected_runs, expected_exit",
+    [
+        ("2", 1, 2),  # a configuration error fails the same way every time: never restarted
+        ("0", 1, 0),
+        ("130", 1, 130),
+        ("KILL,0", 2, 0),
+        ("75,0", 2, 0),
+        ("1,1,0", 3, 0),  # a crash, a preemption of the child alone, a bug: restarted
+        ("KILL,2", 2, 2),  # restarted after the crash, then the configuration error is final
+        ("1,1,1,1", 3, 1),  # no restarts left
+    ],
+)
 def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, codes, expected_runs, expected_exit):
     from hftrain.parallel.launch import supervise
 
@@ -107,8 +148,9 @@ def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file
     data = tmp_path / "good.jsonl"
     data.write_text("{not json\n" + data.read_text(encoding="utf-8"), encoding="utf-8")
     before = data.read_bytes()
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3"],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 2 and result.stderr.count(f"{data}:1: not valid JSON") == 1, result.stderr[-2000:]
     assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
     assert "Traceback" not in result.stderr and data.read_bytes() == before

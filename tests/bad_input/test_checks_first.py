@@ -17,12 +17,25 @@ from .conftest import fill
 
 # (name, argv with conftest.fill's placeholders, the message, a line of the work that must not come before it)
 FIRST = [
-    ("plan: an unknown card", ["plan", "{recipe}", "--gpus", "2", "--gpu-type", "H10O"],
-     "--gpu-type 'H10O': no data-sheet peak known; give one of ", "parameters"),
-    ("plan: a card without --gpus", ["plan", "{recipe}", "--gpu-type", "H100"], "--gpu-type 'H100' names the card of --gpus N", "parameters"),
-    ("check-packing: a missing data file", ["data", "inspect", "{recipe}", "--check-packing", "data.train.path={tmp}/gone.jsonl"],
-     "data.train[0].path: no file matches '{tmp}/gone.jsonl'", "check-packing:"),
-]  # fmt: skip
+    (
+        "plan: an unknown card",
+        ["plan", "{recipe}", "--gpus", "2", "--gpu-type", "H10O"],
+        "--gpu-type 'H10O': no data-sheet peak known; give one of ",
+        "parameters",
+    ),
+    (
+        "plan: a card without --gpus",
+        ["plan", "{recipe}", "--gpu-type", "H100"],
+        "--gpu-type 'H100' names the card of --gpus N",
+        "parameters",
+    ),
+    (
+        "check-packing: a missing data file",
+        ["data", "inspect", "{recipe}", "--check-packing", "data.train.path={tmp}/gone.jsonl"],
+        "data.train[0].path: no file matches '{tmp}/gone.jsonl'",
+        "check-packing:",
+    ),
+]
 
 
 @pytest.mark.parametrize("name, argv, expected, work_line", FIRST, ids=[c[0] for c in FIRST])
@@ -56,12 +69,22 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
     unpinned = recipe_file.with_name("unpinned.yaml")
     unpinned.write_text(yaml.safe_dump(raw), encoding="utf-8")
     started = time.monotonic()
-    code, printed = in_process(capsys, "train", str(unpinned), "model.preset=pythia-1b", "tokenizer.train=null", "tokenizer.builtin=gpt2",
-                               "data.seq_len=2048", "training.per_device_train_batch_size=64", "parallelism.fit_memory=true")  # fmt: skip
+    code, printed = in_process(
+        capsys,
+        "train",
+        str(unpinned),
+        "model.preset=pythia-1b",
+        "tokenizer.train=null",
+        "tokenizer.builtin=gpt2",
+        "data.seq_len=2048",
+        "training.per_device_train_batch_size=64",
+        "parallelism.fit_memory=true",
+    )
     seconds = time.monotonic() - started
     assert code == 2 and "stopped by the test" in printed, printed[-3000:]
-    assert re.search(r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )", decided["said before"], re.M), \
-        decided["said before"][-3000:]  # fmt: skip
+    assert re.search(
+        r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )", decided["said before"], re.M
+    ), decided["said before"][-3000:]
     assert "measuring this CPU's step speed" not in decided["said before"] + printed, printed[-3000:]
     reasons = "; ".join(decided["settings"].speed.reasons)
     assert "the speed probe would take about" in reasons and "set them in the recipe to choose" in reasons, reasons
@@ -75,8 +98,12 @@ def test_the_probe_budget_keeps_the_shapes_it_pays_for():
     from hftrain.speed.probe import PROBE_BUDGET_S, ProbeShape, expected_seconds
 
     cpu = torch.device("cpu")
-    shape = lambda tokens, seq, hidden, layers, vocab: ProbeShape(tokens=tokens, seq=seq, hidden=hidden, intermediate=4 * hidden, heads=8,
-                                                                 vocab=vocab, layers=layers, parameters=0, options=())  # noqa: E731  # fmt: skip
+
+    def shape(tokens, seq, hidden, layers, vocab):
+        return ProbeShape(
+            tokens=tokens, seq=seq, hidden=hidden, intermediate=4 * hidden, heads=8, vocab=vocab, layers=layers, parameters=0, options=()
+        )
+
     assert expected_seconds(shape(16 * 128, 128, 128, 4, 4096), cpu) < PROBE_BUDGET_S / 20  # the quickstart
     assert expected_seconds(shape(8 * 512, 512, 768, 12, 50304), cpu) < PROBE_BUDGET_S  # pythia-160m at 8 x 512
     assert expected_seconds(shape(64 * 2048, 2048, 2048, 16, 50304), cpu) > PROBE_BUDGET_S  # pythia-1b at 64 x 2,048

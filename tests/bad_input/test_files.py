@@ -19,6 +19,7 @@ from ..support.checks import tree_digest
 from ..support.cli import in_process as cli
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
+
 def test_a_final_folder_hftrain_did_not_write_is_refused_and_untouched(capsys, recipe_file, tmp_path):
     final = RunLayout(tmp_path / "run").final
     final.mkdir(parents=True)
@@ -54,7 +55,6 @@ def test_a_checkpoint_folder_hftrain_did_not_write_is_never_replaced(capsys, rec
     code, printed = cli(capsys, "train", str(recipe_file))
     assert code == 2 and f"{foreign}: already exists and was not written by hftrain" in printed
     assert (foreign / "notes.txt").read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
-
 
 
 # ------------------------------------------------------------------------------------------- resume fallback
@@ -95,7 +95,6 @@ def test_an_explicit_resume_path_that_does_not_load_is_refused(capsys, recipe_fi
     assert tree_digest(tmp_path / "run") == before
 
 
-
 # ------------------------------------------------------------------------ models, checkpoints and outputs on disk
 # ------------------------------------------------------------------------------ the bad-input table, second part
 @pytest.fixture(scope="module")
@@ -126,32 +125,80 @@ _MODEL = ["tokenizer.train=null", "model.from_pretrained={model}"]
 
 # (name, command and arguments with {run} {final} {model} {ckpt} {file} {tmp}, damage to {model}/{ckpt}, expected)
 MORE_CASES = [
-    ("negative learning rate", ["train", "{recipe}", "training.learning_rate=-0.001"], None,
-     "training.learning_rate: Input should be greater than or equal to 0 (got -0.001)"),
-    ("batch size 0", ["train", "{recipe}", "training.per_device_train_batch_size=0"], None,
-     "training.per_device_train_batch_size: Input should be greater than 0 (got 0)"),
-    ("preset null", ["train", "{recipe}", "model.preset=null"], None,
-     "model: preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained"),
-    ("no training data", ["plan", "{recipe}", "data.train=[]"], None,
-     "data.train: an empty list: give at least one source, e.g. {{path: data.jsonl}} or {{builtin: python-docs}}"),
-    ("git-lfs pointer as weights", ["train", "{recipe}", *_MODEL], ("model.safetensors", LFS),
-     "model.from_pretrained: {model}/model.safetensors: a git-lfs pointer, not the weights (the repository was cloned "
-     "without its LFS files). Run `git lfs pull` in that repository, or download the model again."),
-    ("truncated weights", ["plan", "{recipe}", *_MODEL], ("model.safetensors", None),
-     "model.from_pretrained: {model}/model.safetensors: truncated (5,000 bytes of "),
-    ("export of a truncated checkpoint", ["export", "{ckpt}", "--out", "{tmp}/exported"], ("model.safetensors", None),
-     "{ckpt}/model.safetensors: truncated (5,000 bytes of "),
-    ("export --out a file", ["export", "{run}/checkpoint-4", "--out", "{file}"], None,
-     "--out {file}: is a file; give a new directory to write the model into."),
-    ("output_dir a file", ["train", "{recipe}", "training.output_dir={file}"], None,
-     "training.output_dir: {file} is a file, not a directory. Set training.output_dir to a directory path."),
-    ("truncated results.json", ["report", "{broken_run}"], ("results.json", b'{"step": 4, "eval_lo'),
-     "{broken_run}/results.json (the run's results): not valid JSON (line 1, column "),
-    ("a different builtin tokenizer", ["plan", "{recipe}", *_MODEL, "tokenizer.builtin=gpt2"], None,
-     "tokenizer: tokenizer.builtin gpt2 is not the tokenizer {model} was trained with (their vocabularies or merges differ)"),
-    ("a tokenizer trained anew", ["plan", "{recipe}", "model.from_pretrained={model}"], None,
-     "tokenizer.train: a new tokenizer for {model}, whose embeddings were trained with its own; remove the tokenizer section"),
-]  # fmt: skip
+    (
+        "negative learning rate",
+        ["train", "{recipe}", "training.learning_rate=-0.001"],
+        None,
+        "training.learning_rate: Input should be greater than or equal to 0 (got -0.001)",
+    ),
+    (
+        "batch size 0",
+        ["train", "{recipe}", "training.per_device_train_batch_size=0"],
+        None,
+        "training.per_device_train_batch_size: Input should be greater than 0 (got 0)",
+    ),
+    (
+        "preset null",
+        ["train", "{recipe}", "model.preset=null"],
+        None,
+        "model: preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained",
+    ),
+    (
+        "no training data",
+        ["plan", "{recipe}", "data.train=[]"],
+        None,
+        "data.train: an empty list: give at least one source, e.g. {{path: data.jsonl}} or {{builtin: python-docs}}",
+    ),
+    (
+        "git-lfs pointer as weights",
+        ["train", "{recipe}", *_MODEL],
+        ("model.safetensors", LFS),
+        "model.from_pretrained: {model}/model.safetensors: a git-lfs pointer, not the weights (the repository was cloned "
+        "without its LFS files). Run `git lfs pull` in that repository, or download the model again.",
+    ),
+    (
+        "truncated weights",
+        ["plan", "{recipe}", *_MODEL],
+        ("model.safetensors", None),
+        "model.from_pretrained: {model}/model.safetensors: truncated (5,000 bytes of ",
+    ),
+    (
+        "export of a truncated checkpoint",
+        ["export", "{ckpt}", "--out", "{tmp}/exported"],
+        ("model.safetensors", None),
+        "{ckpt}/model.safetensors: truncated (5,000 bytes of ",
+    ),
+    (
+        "export --out a file",
+        ["export", "{run}/checkpoint-4", "--out", "{file}"],
+        None,
+        "--out {file}: is a file; give a new directory to write the model into.",
+    ),
+    (
+        "output_dir a file",
+        ["train", "{recipe}", "training.output_dir={file}"],
+        None,
+        "training.output_dir: {file} is a file, not a directory. Set training.output_dir to a directory path.",
+    ),
+    (
+        "truncated results.json",
+        ["report", "{broken_run}"],
+        ("results.json", b'{"step": 4, "eval_lo'),
+        "{broken_run}/results.json (the run's results): not valid JSON (line 1, column ",
+    ),
+    (
+        "a different builtin tokenizer",
+        ["plan", "{recipe}", *_MODEL, "tokenizer.builtin=gpt2"],
+        None,
+        "tokenizer: tokenizer.builtin gpt2 is not the tokenizer {model} was trained with (their vocabularies or merges differ)",
+    ),
+    (
+        "a tokenizer trained anew",
+        ["plan", "{recipe}", "model.from_pretrained={model}"],
+        None,
+        "tokenizer.train: a new tokenizer for {model}, whose embeddings were trained with its own; remove the tokenizer section",
+    ),
+]
 
 
 @pytest.mark.slow
@@ -159,12 +206,20 @@ MORE_CASES = [
 def test_more_mistakes_get_their_message(capsys, earlier_run, tmp_path, name, argv, damage, expected):
     run = earlier_run / "run"
     before = tree_digest(run)
-    fill = {"run": run, "recipe": earlier_run / "r.yaml", "tmp": tmp_path, "file": tmp_path / "a-file",
-            "model": tmp_path / "model", "ckpt": tmp_path / "checkpoint-4", "broken_run": tmp_path / "broken-run"}  # fmt: skip
+    fill = {
+        "run": run,
+        "recipe": earlier_run / "r.yaml",
+        "tmp": tmp_path,
+        "file": tmp_path / "a-file",
+        "model": tmp_path / "model",
+        "ckpt": tmp_path / "checkpoint-4",
+        "broken_run": tmp_path / "broken-run",
+    }
     (tmp_path / "a-file").write_text("mine")
     if damage is not None:
         source, target = {"export": (run / "checkpoint-4", fill["ckpt"]), "report": (run, fill["broken_run"])}.get(
-            argv[0], (run / "final", fill["model"]))
+            argv[0], (run / "final", fill["model"])
+        )
         _damaged_copy(source, target, *damage)
     else:
         import shutil
@@ -180,8 +235,14 @@ def test_the_models_own_tokenizer_travels_with_it(capsys, earlier_run, tmp_path)
     final = earlier_run / "run" / "final"
     recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": str(final)}, "training": {"max_steps": 1}})
     assert (recipe.tokenizer.path, recipe.tokenizer.builtin) == (str(final), None)  # no tokenizer section: the model's
-    replaced = [str(earlier_run / "r.yaml"), "tokenizer.train=null", "tokenizer.builtin=gpt2", f"model.from_pretrained={final}",
-                "tokenizer.replace_model_tokenizer=true", "model.trust_remote_code=true"]  # fmt: skip
+    replaced = [
+        str(earlier_run / "r.yaml"),
+        "tokenizer.train=null",
+        "tokenizer.builtin=gpt2",
+        f"model.from_pretrained={final}",
+        "tokenizer.replace_model_tokenizer=true",
+        "model.trust_remote_code=true",
+    ]
     code, printed = cli(capsys, "plan", *replaced)
     assert code == 0, printed[-2000:]  # a different tokenizer, intended: accepted
     assert f"hftrain: warning: model.trust_remote_code is on: Python code shipped with {final} will run" in printed
@@ -201,22 +262,37 @@ def test_an_output_dir_that_cannot_be_written(capsys, earlier_run, tmp_path):
     assert f"training.output_dir: cannot write to {target} (" in printed and "writable file system" in printed, printed
 
 
-
 # Class 1, two launches, one directory: a run and a prepare own their output while they work
 # (hftrain/checkpoint/output_lock.py), and a prepare never writes into what it did not create (data/prepare.py).
 # Class 1, two launches, one directory: a run and a prepare own their output while they work
 # (hftrain/checkpoint/output_lock.py), and a prepare never writes into what it did not create (data/prepare.py).
 OWNED = [
-    ("train into a directory another launch owns", "held", ["train", "{recipe}"],
-     "training.output_dir: {tmp}/run is in use by another hftrain process: pid {pid} on"),
-    ("prepare into a directory another prepare owns", "held", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
-     "--out: {tmp}/run is in use by another hftrain process: pid {pid} on"),
-    ("prepare over a manifest.json that was there", "manifest.json", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
-     "--out {tmp}/run: already holds prepared data (manifest.json); nothing was changed. Prepare into a new directory, "
-     "or delete {tmp}/run first to prepare it again."),
-    ("prepare into a folder of other files", "notes.txt", ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
-     "--out {tmp}/run: is not empty (notes.txt) and was not written by `hftrain data prepare`; nothing was changed."),
-]  # fmt: skip
+    (
+        "train into a directory another launch owns",
+        "held",
+        ["train", "{recipe}"],
+        "training.output_dir: {tmp}/run is in use by another hftrain process: pid {pid} on",
+    ),
+    (
+        "prepare into a directory another prepare owns",
+        "held",
+        ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+        "--out: {tmp}/run is in use by another hftrain process: pid {pid} on",
+    ),
+    (
+        "prepare over a manifest.json that was there",
+        "manifest.json",
+        ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+        "--out {tmp}/run: already holds prepared data (manifest.json); nothing was changed. Prepare into a new directory, "
+        "or delete {tmp}/run first to prepare it again.",
+    ),
+    (
+        "prepare into a folder of other files",
+        "notes.txt",
+        ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+        "--out {tmp}/run: is not empty (notes.txt) and was not written by `hftrain data prepare`; nothing was changed.",
+    ),
+]
 
 
 @pytest.mark.parametrize("name, there, argv, expected", OWNED, ids=[c[0] for c in OWNED])
@@ -263,4 +339,3 @@ def test_a_second_prepare_into_its_own_folder_is_refused_and_a_killed_one_is_red
     printed = capsys.readouterr().out
     assert "hftrain: removed" in printed and f"an interrupted prepare left in {out}" in printed
     assert tree_digest(work) == done  # the same shards, manifest and tokenizer as the prepare that finished
-

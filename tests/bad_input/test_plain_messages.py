@@ -13,18 +13,38 @@ from .conftest import fill
 
 # (name, argv with conftest.fill's placeholders, the message, a module to hide as if not installed)
 PLAIN = [
-    ("prepare to gs:// without gcsfs", ["data", "prepare", "{recipe}", "--out", "gs://bucket/shards"],
-     "--out: 'gs://bucket/shards' is on Google Cloud Storage, which needs gcsfs: pip install 'hftrain[gcs]'.", "gcsfs"),
-    ("push --revision with '..'", ["push", "{tmp}", "--repo-id", "me/model", "--revision", "exp..2"],
-     "argument --revision: 'exp..2' is not a branch name (it contains '..')", None),
-    ("push --revision with a space", ["push", "{tmp}", "--repo-id", "me/model", "--revision", "my run"],
-     "argument --revision: 'my run' is not a branch name (it contains ' ')", None),
-    ("push --revision ending .lock", ["push", "{tmp}", "--repo-id", "me/model", "--revision", "v1.lock"],
-     "argument --revision: 'v1.lock' is not a branch name", None),
-    ("bf16 in a ZeRO-3 rehearsal on a CPU", ["train", "{recipe}", "--accelerate-config", "zero3", "training.bf16=true"],
-     "training.bf16: true, but a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with "
-     "use_cpu, which turns DeepSpeed off. Add training.bf16=false to the command line", None),
-]  # fmt: skip
+    (
+        "prepare to gs:// without gcsfs",
+        ["data", "prepare", "{recipe}", "--out", "gs://bucket/shards"],
+        "--out: 'gs://bucket/shards' is on Google Cloud Storage, which needs gcsfs: pip install 'hftrain[gcs]'.",
+        "gcsfs",
+    ),
+    (
+        "push --revision with '..'",
+        ["push", "{tmp}", "--repo-id", "me/model", "--revision", "exp..2"],
+        "argument --revision: 'exp..2' is not a branch name (it contains '..')",
+        None,
+    ),
+    (
+        "push --revision with a space",
+        ["push", "{tmp}", "--repo-id", "me/model", "--revision", "my run"],
+        "argument --revision: 'my run' is not a branch name (it contains ' ')",
+        None,
+    ),
+    (
+        "push --revision ending .lock",
+        ["push", "{tmp}", "--repo-id", "me/model", "--revision", "v1.lock"],
+        "argument --revision: 'v1.lock' is not a branch name",
+        None,
+    ),
+    (
+        "bf16 in a ZeRO-3 rehearsal on a CPU",
+        ["train", "{recipe}", "--accelerate-config", "zero3", "training.bf16=true"],
+        "training.bf16: true, but a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with "
+        "use_cpu, which turns DeepSpeed off. Add training.bf16=false to the command line",
+        None,
+    ),
+]
 
 
 @pytest.mark.parametrize("name, argv, expected, hidden", PLAIN, ids=[c[0] for c in PLAIN])

@@ -21,9 +21,11 @@ from ..support.cli import in_process
 from ..support.data import make_documents, tiny_recipe
 from ..support.trackers import tracker_env
 
-SECRETS = {"HF_TOKEN": "hf_PLANTEDsecretTOKEN0123456789", "AWS_SECRET_ACCESS_KEY": "PLANTEDawsSECRETkey/0123456789abcdef",
-           "AWS_SESSION_TOKEN": "PLANTEDsessionTOKEN9876543210"}  # fmt: skip
-
+SECRETS = {
+    "HF_TOKEN": "hf_PLANTEDsecretTOKEN0123456789",
+    "AWS_SECRET_ACCESS_KEY": "PLANTEDawsSECRETkey/0123456789abcdef",
+    "AWS_SESSION_TOKEN": "PLANTEDsessionTOKEN9876543210",
+}
 
 
 @pytest.mark.slow
@@ -32,8 +34,7 @@ def test_planted_secrets_never_leak(tmp_path, s3_server, capsys, monkeypatch):
     bucket = s3_server.make_bucket()
     s3_server.put(f"{bucket}/c.jsonl", "".join(f'{{"text": "{d}"}}\n' for d in make_documents(300)))
     raw = tiny_recipe(tmp_path / "unused", tmp_path / "run", max_steps=6, save_steps=3)
-    raw["data"]["train"] = {"path": f"s3://{bucket}/c.jsonl",
-                            "storage_options": {"secret": s3_server.secret + "", "key": s3_server.key}}  # fmt: skip
+    raw["data"]["train"] = {"path": f"s3://{bucket}/c.jsonl", "storage_options": {"secret": s3_server.secret + "", "key": s3_server.key}}
     trackers = [name for name in ("trackio", "wandb", "mlflow") if importlib.util.find_spec(name)]
     raw["training"]["report_to"] = ["tensorboard", *trackers]  # and what each tracker stores (test_trackers.py)
     raw["monitor"]["plot"] = True
@@ -42,8 +43,7 @@ def test_planted_secrets_never_leak(tmp_path, s3_server, capsys, monkeypatch):
     env = {**os.environ, **s3_server.env(), **tracker_env(tmp_path / "trackers"), **SECRETS}
     env["AWS_SECRET_ACCESS_KEY"] = s3_server.secret  # the endpoint needs the real one; the planted ones ride along
     env["HFTRAIN_TEST_PLANTED"] = SECRETS["AWS_SECRET_ACCESS_KEY"]
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True,
-                            env=env, timeout=600)  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     bad_recipe = yaml.safe_load(recipe.read_text())
     bad_recipe["training"]["learnig_rate"] = 1
@@ -64,7 +64,6 @@ def test_planted_secrets_never_leak(tmp_path, s3_server, capsys, monkeypatch):
             assert secret.encode() not in path.read_bytes(), path
 
 
-
 # Class 2, secrets by value: what may be saved is decided by what the field is. Planted values of every kind, under
 # names that do not look secret, never reach a saved recipe, a model card or an error message.
 # Class 2, secrets by value: what may be saved is decided by what the field is. Planted values of every kind, under
@@ -75,8 +74,7 @@ PLANTED = {
     "access key id": ("storage_options", {"key": "AKIAPLANTEDKEYID0123"}),
     "endpoint with user info": ("storage_options", {"endpoint_url": "https://admin:PLANTEDendpointPW@store.example:9000"}),
     "data URL with user info": ("path", "https://reader:PLANTEDpathPW@data.example/corpus.jsonl"),
-}  # fmt: skip
-
+}
 
 
 @pytest.mark.parametrize("kind", PLANTED)
@@ -106,7 +104,6 @@ def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, ki
         assert code == 2 and secret not in printed.err + printed.out and "https://***@data.example" in printed.err, printed.err
 
 
-
 # Class 4, every network client bounded: an http(s):// data source at a server that accepts and never answers is an
 # error within faults.network_timeout_s (it hung before: aiohttp's default has no read limit).
 @pytest.mark.parametrize("scheme, command", [("http", "train"), ("https", "train"), ("http", "data")])
@@ -132,4 +129,3 @@ def test_a_silent_http_source_is_an_error_within_the_bound(capsys, work, silent_
     assert "Traceback" not in printed.err + printed.out and silent_server.connections
     assert took < 15, took
     assert tree_digest(work) == before
-

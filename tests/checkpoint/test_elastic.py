@@ -70,8 +70,17 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, b
     assert float((a - b).abs().max()) < 1e-5
 
     assert_export_refused(capsys, aside, shard)  # checked before anything is written
-    code, printed = in_process(capsys, "train", str(sharded_yaml), "--accelerate-config", backend, "--nproc", "2",
-                               f"training.output_dir={resumed}", f"training.resume_from_checkpoint={aside}")  # fmt: skip
+    code, printed = in_process(
+        capsys,
+        "train",
+        str(sharded_yaml),
+        "--accelerate-config",
+        backend,
+        "--nproc",
+        "2",
+        f"training.output_dir={resumed}",
+        f"training.resume_from_checkpoint={aside}",
+    )
     cut, whole = (aside / shard).stat().st_size, (two / f"checkpoint-{STEPS}" / shard).stat().st_size
     assert code == 2, printed[-3000:]
     assert messages(printed) == [  # one message, before any process starts
@@ -89,10 +98,27 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
     # With checkpoints kept for study (issue 30): they survive the kill, the resume on 1 process and rotation.
     total, every = 24, 3
     run_dir, straight = tmp_path / "killed", tmp_path / "straight"
-    budget = [f"training.max_steps={total}", f"training.save_steps={every}", "training.save_total_limit=2",
-              "checkpoints.schedule=log", "checkpoints.log_until=4", "checkpoints.steps=[10]"]  # fmt: skip
-    cmd = [sys.executable, "-m", "hftrain", "train", str(sharded_yaml), "--accelerate-config", "ddp", "--nproc", "2",
-           f"training.output_dir={run_dir}", *budget]  # fmt: skip
+    budget = [
+        f"training.max_steps={total}",
+        f"training.save_steps={every}",
+        "training.save_total_limit=2",
+        "checkpoints.schedule=log",
+        "checkpoints.log_until=4",
+        "checkpoints.steps=[10]",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hftrain",
+        "train",
+        str(sharded_yaml),
+        "--accelerate-config",
+        "ddp",
+        "--nproc",
+        "2",
+        f"training.output_dir={run_dir}",
+        *budget,
+    ]
     uninterrupted = in_background(lambda: train(sharded_yaml, "ddp", 2, straight, *budget))
     survivor = kill_at_checkpoint(cmd, run_dir, 6)
     at = ckpt.step_of(survivor)  # read now: rotation (save_total_limit 2) removes it once the run goes on
@@ -112,8 +138,9 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
 
 @pytest.mark.slow
 def test_parity_elastic_prints_its_summary(sharded_yaml, tmp_path):
-    result = run_in_process("parity", str(sharded_yaml), "--elastic", "--backends", "DDP", "--steps", "4",
-                            f"training.output_dir={tmp_path}")  # fmt: skip
+    result = run_in_process(
+        "parity", str(sharded_yaml), "--elastic", "--backends", "DDP", "--steps", "4", f"training.output_dir={tmp_path}"
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[-3].split()[:4] == ["backend", "1", "vs", "2"] and lines[-2].startswith("DDP ")

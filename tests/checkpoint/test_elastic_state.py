@@ -41,8 +41,10 @@ def test_a_backend_switch_is_refused_with_one_message(tmp_path):
     with pytest.raises(HftrainError) as info:
         elastic.check_backend(checkpoint, "fsdp", 1)
     message = str(info.value)
-    assert message.startswith(f"{checkpoint}: written by DeepSpeed ZeRO-3 (recorded in its {COMPLETE_MARKER}, 2 process(es)), "
-                              "but this run is launched as FSDP (1 process(es)).")  # fmt: skip
+    assert message.startswith(
+        f"{checkpoint}: written by DeepSpeed ZeRO-3 (recorded in its {COMPLETE_MARKER}, 2 process(es)), "
+        "but this run is launched as FSDP (1 process(es))."
+    )
     assert "hftrain train RECIPE --accelerate-config zero3 --nproc N" in message
     assert "training.resume_from_checkpoint=false" in message
     # another process count under the same backend is no switch, and single <-> DDP share one format
@@ -53,11 +55,14 @@ def test_a_backend_switch_is_refused_with_one_message(tmp_path):
         elastic.check_backend(full, "fsdp", 2)
 
 
-@pytest.mark.parametrize(("dirs", "files", "fmt"), [
-    (("pytorch_model_fsdp_0", "optimizer_0"), ("rng_state_0.pth", "rng_state_1.pth"), "fsdp"),
-    (("global_step3",), ("latest", "rng_state_0.pth", "rng_state_1.pth"), "zero3"),
-    ((), ("model.safetensors", "optimizer.pt", "rng_state.pth"), "full"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dirs", "files", "fmt"),
+    [
+        (("pytorch_model_fsdp_0", "optimizer_0"), ("rng_state_0.pth", "rng_state_1.pth"), "fsdp"),
+        (("global_step3",), ("latest", "rng_state_0.pth", "rng_state_1.pth"), "zero3"),
+        ((), ("model.safetensors", "optimizer.pt", "rng_state.pth"), "full"),
+    ],
+)
 def test_older_checkpoints_are_judged_by_their_files(tmp_path, dirs, files, fmt):
     checkpoint = fake_checkpoint(tmp_path, {"step": 3}, dirs, files)  # no strategy, no world size: hftrain before elastic resume
     written = elastic.written_by(checkpoint)
@@ -123,8 +128,11 @@ def resume_copy(run_dir: Path, new_dir: Path, checkpoint: str) -> None:
 
 def digests(checkpoint: Path) -> dict[str, str]:
     skip = (elastic.UNIVERSAL_TAG, elastic.LATEST_UNIVERSAL)
-    return {str(f.relative_to(checkpoint)): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(checkpoint.rglob("*")) if f.is_file() and f.relative_to(checkpoint).parts[0] not in skip}  # fmt: skip
+    return {
+        str(f.relative_to(checkpoint)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(checkpoint.rglob("*"))
+        if f.is_file() and f.relative_to(checkpoint).parts[0] not in skip
+    }
 
 
 def assert_same_state(saved_file: Path, loaded_file: Path, counts: tuple[int, int]) -> None:

@@ -98,9 +98,11 @@ def compare(model_dir: Path, files: dict[str, Path]) -> dict[str, float]:
             for prompt in PROMPTS:  # greedy generation, token by token
                 ids = tokenizer(prompt)["input_ids"]
                 llm.reset()
-                theirs = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+                theirs = model.generate(
+                    torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.eos_token_id
+                )
                 ours = [t for _, t in zip(range(NEW_TOKENS), llm.generate(ids, temp=0.0, top_k=1, reset=True))]
-                assert ours == theirs[0, len(ids):].tolist(), prompt
+                assert ours == theirs[0, len(ids) :].tolist(), prompt
         relative[quant] = worst
     return relative
 
@@ -122,8 +124,18 @@ def variant(tmp_path_factory) -> Path:
     from hftrain.model.tokenizer import gpt2_tokenizer
 
     torch.manual_seed(0)
-    config = GPTNeoXConfig(vocab_size=50304, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                           max_position_embeddings=256, initializer_range=0.15, eos_token_id=50256, bos_token_id=50256, **VARIANT)  # fmt: skip
+    config = GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=256,
+        initializer_range=0.15,
+        eos_token_id=50256,
+        bos_token_id=50256,
+        **VARIANT,
+    )
     path = tmp_path_factory.mktemp("variant") / "neox-variant"
     GPTNeoXForCausalLM(config).save_pretrained(path)
     gpt2_tokenizer().save_pretrained(path)
@@ -158,7 +170,9 @@ def test_a_trained_run_and_a_merged_lora_adapter_run_in_llama_cpp_as_in_transfor
     raw["monitor"]["sample_max_new_tokens"] = 0
     (tmp_path / "variant.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
     assert cli(capsys, "train", str(tmp_path / "variant.yaml"))[0] == 0
-    variant_relative = compare(tmp_path / "variant" / "final", all_quants(capsys, tmp_path / "variant" / "final", tmp_path / "variant-gguf"))
+    variant_relative = compare(
+        tmp_path / "variant" / "final", all_quants(capsys, tmp_path / "variant" / "final", tmp_path / "variant-gguf")
+    )
     raw = finetune_recipe(final, tmp_path, "lora", max_steps=2, save_steps=2, eval_on_start=False)
     raw["monitor"]["sample_max_new_tokens"] = 0
     recipe = tmp_path / "lora.yaml"
@@ -170,8 +184,10 @@ def test_a_trained_run_and_a_merged_lora_adapter_run_in_llama_cpp_as_in_transfor
     merged = tmp_path / "merged"
     assert cli(capsys, "export", str(adapter), "--merge", "--out", str(merged))[0] == 0
     merged_relative = compare(merged, all_quants(capsys, adapter, tmp_path / "lora-gguf", "--merge"))
-    print(f"max |llama.cpp - transformers| / max |logit|: trained run {relative}; trained variant {variant_relative}; "
-          f"merged LoRA {merged_relative}")
+    print(
+        f"max |llama.cpp - transformers| / max |logit|: trained run {relative}; trained variant {variant_relative}; "
+        f"merged LoRA {merged_relative}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------- refusals
@@ -199,13 +215,16 @@ def _word_level(d: Path) -> None:
 REFUSALS = {  # name: (damage to a copy of the variant, extra arguments, the message)
     "not gpt_neox": (_llama_config, [], "config.json: model_type 'llama'; GGUF export converts GPT-NeoX models (gpt_neox) only."),
     "relu": (_relu, [], "config.json: cannot be converted to GGUF faithfully: hidden_act 'relu' (llama.cpp's GPT-NeoX computes GELU)."),
-    "not byte-level BPE": (_word_level, [], 'tokenizer.json: a WordLevel tokenizer with pre-tokenizer {"type": "Whitespace"}; GGUF '
-                                            "export converts byte-level BPE tokenizers"),
+    "not byte-level BPE": (
+        _word_level,
+        [],
+        'tokenizer.json: a WordLevel tokenizer with pre-tokenizer {"type": "Whitespace"}; GGUF export converts byte-level BPE tokenizers',
+    ),
     "no tokenizer": (lambda d: (d / "tokenizer.json").unlink(), [], "no tokenizer.json; GGUF export needs the model's fast tokenizer"),
     "out exists": (lambda d: (d.parent / "out.gguf").write_bytes(b"mine"), [], "out.gguf: exists; give a new file name"),
     "out folder missing": (lambda d: None, ["--out", "nowhere/out.gguf"], "its folder"),
     "quant without gguf": (lambda d: None, ["--format", "hf", "--out", "dir"], "--quant applies to --format gguf"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", REFUSALS)

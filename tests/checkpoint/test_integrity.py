@@ -41,8 +41,13 @@ def published(root: Path, **files: bytes) -> Path:
     """checkpoint-3 as publish() leaves it: the Trainer's state, DeepSpeed-style `latest`, an FSDP shard folder."""
     staged = root / ".staging" / "checkpoint-3"
     (staged / "pytorch_model_fsdp_0").mkdir(parents=True)
-    contents = {TRAINER_STATE_FILE: json.dumps({"global_step": 3}).encode(), "latest": b"global_step3",
-                "pytorch_model_fsdp_0/.metadata": b"m" * 100, SHARD: os.urandom(BIG), **files}  # fmt: skip
+    contents = {
+        TRAINER_STATE_FILE: json.dumps({"global_step": 3}).encode(),
+        "latest": b"global_step3",
+        "pytorch_model_fsdp_0/.metadata": b"m" * 100,
+        SHARD: os.urandom(BIG),
+        **files,
+    }
     for name, data in contents.items():
         (staged / name).write_bytes(data)
     manager.publish(staged, root / "checkpoint-3", {"step": 3, "world_size": 2, "strategy": "fsdp"})
@@ -63,13 +68,22 @@ def test_the_marker_records_every_file_with_sizes_and_checksums_of_the_small_one
 
 DAMAGE = {  # name: (file, damage, what unreadable() says)
     "cut short": (SHARD, cut_short, f"{SHARD}: truncated ({BIG // 2:,} bytes of {BIG:,} recorded in {COMPLETE_MARKER})"),
-    "missing": ("pytorch_model_fsdp_0/.metadata", Path.unlink,
-                f"pytorch_model_fsdp_0/.metadata: missing ({COMPLETE_MARKER} lists it, 100 bytes)"),
-    "grown": (SHARD, lambda f: f.write_bytes(f.read_bytes() + b"x"),
-              f"{SHARD}: {BIG + 1:,} bytes, but {COMPLETE_MARKER} recorded {BIG:,}: it changed after the save"),
-    "changed, same size": ("latest", lambda f: f.write_bytes(b"global_step4"),
-                           f"latest: changed after the save (its sha256 differs from the one recorded in {COMPLETE_MARKER})"),
-}  # fmt: skip
+    "missing": (
+        "pytorch_model_fsdp_0/.metadata",
+        Path.unlink,
+        f"pytorch_model_fsdp_0/.metadata: missing ({COMPLETE_MARKER} lists it, 100 bytes)",
+    ),
+    "grown": (
+        SHARD,
+        lambda f: f.write_bytes(f.read_bytes() + b"x"),
+        f"{SHARD}: {BIG + 1:,} bytes, but {COMPLETE_MARKER} recorded {BIG:,}: it changed after the save",
+    ),
+    "changed, same size": (
+        "latest",
+        lambda f: f.write_bytes(b"global_step4"),
+        f"latest: changed after the save (its sha256 differs from the one recorded in {COMPLETE_MARKER})",
+    ),
+}
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

@@ -22,8 +22,14 @@ from ..support.cli import ROOT
 
 def hold(where: str | Path, key: str = "training.output_dir", env: dict[str, str] | None = None) -> subprocess.Popen:
     """Another process that owns `where` until killed (tests/support/lock_holder.py)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.lock_holder", str(where), key], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.lock_holder", str(where), key],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     line = proc.stdout.readline()
     assert line.strip() == "held", (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc
@@ -44,8 +50,10 @@ def test_an_independent_process_is_refused_naming_the_holder(tmp_path, own_token
                 pass
         assert time.monotonic() - started < 2  # no waiting for a live holder
         text = str(refused.value)
-        assert text.startswith(f"training.output_dir: {tmp_path / 'run'} is in use by another hftrain process: "
-                               f"pid {holder.pid} on {socket.gethostname()} (`lock_holder.py ")  # fmt: skip
+        assert text.startswith(
+            f"training.output_dir: {tmp_path / 'run'} is in use by another hftrain process: "
+            f"pid {holder.pid} on {socket.gethostname()} (`lock_holder.py "
+        )
         assert "Wait for it to finish or stop it, or give training.output_dir another directory." in text
     finally:
         holder.kill()

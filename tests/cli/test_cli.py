@@ -97,8 +97,14 @@ def test_quickstart_as_shipped(tmp_path):
     script = Path(sys.executable).parent / "hftrain"
     env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path / "cache")}
     started = time.monotonic()
-    proc = subprocess.Popen([str(script), "train", str(ROOT / "recipes" / "quickstart.yaml")], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(script), "train", str(ROOT / "recipes" / "quickstart.yaml")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        bufsize=0,
+    )
     lines, said, partial = [], b"", b""  # lines: (seconds since the start, line) until the first step is done
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
@@ -113,8 +119,12 @@ def test_quickstart_as_shipped(tmp_path):
     assert code == 0, said[-3000:]
     shown = "\n".join(f"{t:6.1f} {line[:120]}" for t, line in lines)
     assert any("| 1/600 [" in line for _, line in lines), shown
-    for announced in ("hftrain: measuring this CPU's step speed in fp32 and bf16", "hftrain: training a 4,096-token BPE tokenizer",
-                      "hftrain: reading the docstrings of", "hftrain: filling the first shuffle window (4,096 blocks of 128 tokens)"):  # fmt: skip
+    for announced in (
+        "hftrain: measuring this CPU's step speed in fp32 and bf16",
+        "hftrain: training a 4,096-token BPE tokenizer",
+        "hftrain: reading the docstrings of",
+        "hftrain: filling the first shuffle window (4,096 blocks of 128 tokens)",
+    ):
         assert any(announced in line for _, line in lines), (announced, shown)
     gap = max(later[0] - earlier[0] for earlier, later in zip([(0.0, "")] + lines, lines))
     assert gap <= 10.0, shown

@@ -93,8 +93,9 @@ def global_order(plan, tok, layout, count, resume=None, micro=2):
     """The next `count` blocks of the run's global order as the ranks of `layout` read them (global block g is
     rank g % P's sample g // P), and each rank's saved state after them."""
     P = layout.processes
-    ranks = [ResumableLoader(PackedDataset(plan, tok, p, layout, resume), micro, layout.workers if layout.workers > 1 else 0)
-             for p in range(P)]  # fmt: skip
+    ranks = [
+        ResumableLoader(PackedDataset(plan, tok, p, layout, resume), micro, layout.workers if layout.workers > 1 else 0) for p in range(P)
+    ]
     per_rank = []
     for loader in ranks:
         it, got = iter(loader), []
@@ -157,8 +158,10 @@ def test_a_position_saved_with_another_window_is_refused():
     saved = [{"version": STATE_VERSION, "readers": 4, "blocks": 16, "seq_len": 32, "window": 256, "positions": {}}]
     with pytest.raises(HftrainError) as info:
         merge_positions(saved, ReaderLayout(4, 1, 1, 8192), 32, "checkpoint-9")
-    assert str(info.value) == ("checkpoint-9: the data position was saved with shuffle windows of 256 blocks and this run "
-                               "has 8192; set data.shuffle_window: 256 to resume.")  # fmt: skip
+    assert str(info.value) == (
+        "checkpoint-9: the data position was saved with shuffle windows of 256 blocks and this run "
+        "has 8192; set data.shuffle_window: 256 to resume."
+    )
 
 
 def test_the_order_check_can_fail(tmp_path, tok):
@@ -183,7 +186,10 @@ def test_a_launch_that_cannot_divide_the_readers_is_refused():
     assert "saved with 8 logical readers and this run has 4" in str(info.value)
     with pytest.raises(HftrainError) as info:
         merge_positions([{"version": 1, "workers": {}}], ReaderLayout(4, 1, 1, 8), 32, "ckpt")
-    assert f"saved by another hftrain version, which orders the data differently (data order version 1; this one reads version {STATE_VERSION})" in str(info.value)
+    assert (
+        f"saved by another hftrain version, which orders the data differently (data order version 1; this one reads version {STATE_VERSION})"
+        in str(info.value)
+    )
 
 
 def test_shuffle_is_seeded(tmp_path, tok):
@@ -218,8 +224,9 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
     for s in range(shards):
         write_jsonl(tmp_path / "corpus" / f"part-{s}.jsonl", [d for i, d in enumerate(docs) if i % shards == s])
     val = write_jsonl(tmp_path / "val.jsonl", ["held out text"])
-    section = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "validation": {"path": str(val)},
-                                          "seq_len": 16, "shuffle_window": 1}}).data  # fmt: skip
+    section = load_recipe(
+        None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "validation": {"path": str(val)}, "seq_len": 16, "shuffle_window": 1}}
+    ).data
     plan = plan_data(section, 0)
     parts = {}
     layout = ReaderLayout(readers=4, processes=2, workers=2, window=1)  # 2 ranks x 2 workers, one reader each
@@ -241,9 +248,10 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
     assert all(parts.values())
     if shards == 8:
         owners = {d.split(" doc")[0]: key for key, part in parts.items() for d in part}
-        assert all(
-            {d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key} for key, part in parts.items()
-        ) and len(owners) == 8  # each shard read by exactly one reader
+        assert (
+            all({d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key} for key, part in parts.items())
+            and len(owners) == 8
+        )  # each shard read by exactly one reader
 
 
 def _split_docs(tok, ids: list[int]) -> list[str]:

@@ -23,8 +23,7 @@ def epoch_at(checkpoint) -> int:
 @pytest.mark.slow
 def test_resumed_twice_around_an_epoch_wrap_gives_the_same_losses(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(70))
-    raw = tiny_recipe(data, tmp_path / "straight", max_steps=40, save_steps=10, save_total_limit=10,
-                      dataloader_num_workers=2)
+    raw = tiny_recipe(data, tmp_path / "straight", max_steps=40, save_steps=10, save_total_limit=10, dataloader_num_workers=2)
     raw["data"]["shuffle_window"] = 4
     raw["monitor"]["sample_max_new_tokens"] = 0
 

@@ -80,8 +80,12 @@ def test_recipe_storage_options_reach_gcs_and_are_redacted(gcs, monkeypatch):
     gcs.put("gs://open/x.jsonl", jsonl(docs))
     options = {"endpoint_url": gcs.endpoint_url, "token": "anon"}
     assert read_all("gs://open/x.jsonl", storage_options=options) == docs
-    service_account = {"type": "service_account", "client_email": "me@p.iam.gserviceaccount.com",
-                       "private_key_id": "abc123", "private_key": "-----BEGIN PRIVATE KEY-----xyz"}  # fmt: skip
+    service_account = {
+        "type": "service_account",
+        "client_email": "me@p.iam.gserviceaccount.com",
+        "private_key_id": "abc123",
+        "private_key": "-----BEGIN PRIVATE KEY-----xyz",
+    }
     recipe = load_recipe(None, {"data": {"train": {"path": "gs://open/x.jsonl", "storage_options": {"token": service_account}}}})
     saved = yaml.safe_dump(recipe_to_dict(recipe))
     assert "token: '***'" in saved

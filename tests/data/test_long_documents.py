@@ -182,7 +182,9 @@ NOT_TEXT = {
 @pytest.mark.parametrize("name", sorted(NOT_TEXT))
 def test_a_file_that_is_not_text_is_named(tmp_path, tokenizers, name):
     case = NOT_TEXT[name]
-    content, expected = case if isinstance(case, tuple) else (case, "is not UTF-8 text (NUL bytes in its first 64 KiB: a binary file, or UTF-16/32 text)")
+    content, expected = (
+        case if isinstance(case, tuple) else (case, "is not UTF-8 text (NUL bytes in its first 64 KiB: a binary file, or UTF-16/32 text)")
+    )
     bad = tmp_path / name
     bad.write_bytes(content)
     with pytest.raises(HftrainError) as err:

@@ -74,7 +74,9 @@ def test_padding_is_measured_and_real_tokens_are_not():
 @pytest.fixture(scope="module")
 def example_stream(tmp_path_factory):
     rng = random.Random(0)  # answers of 1 to 30 words: examples of unequal length, as real fine-tuning data
-    rows = [{"prompt": f"Question {i}:", "completion": " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30)))} for i in range(300)]
+    rows = [
+        {"prompt": f"Question {i}:", "completion": " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 30)))} for i in range(300)
+    ]
     path = write_examples(tmp_path_factory.mktemp("examples") / "x.jsonl", rows)
     section = load_recipe(None, {"data": {"train": {"path": str(path), "format": "prompt_completion"}, "seq_len": 48}}).data
     plan = plan_data(section, 0)
@@ -105,7 +107,9 @@ def test_a_kernel_without_a_known_form_is_refused_only_where_documents_share_blo
 
     path = write_examples(tmp_path / "x.jsonl", instructions(3, 0))
     packed = load_recipe(None, {"data": {"train": {"path": str(path), "format": "prompt_completion"}}}).data
-    with pytest.raises(HftrainError, match=r"model.attn_implementation: the model computes attention with 'custom_kernel', .* or data.packing: false\."):
+    with pytest.raises(
+        HftrainError, match=r"model.attn_implementation: the model computes attention with 'custom_kernel', .* or data.packing: false\."
+    ):
         collator_for(packed, "custom_kernel", EOS)
     text = load_recipe(None, {}).data  # plain pretraining: one document stream per row, nothing to keep apart
     assert collator_for(text, "custom_kernel", EOS).form == "rows"

@@ -16,12 +16,19 @@ from hftrain.recipe.load import load_recipe
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "finetune" / "data"
 
 CHATS = [
-    {"chosen": [{"role": "user", "content": "What does json.dumps do?"}, {"role": "assistant", "content": "Serialize obj to a JSON str."}],
-     "rejected": [{"role": "user", "content": "What does json.dumps do?"}, {"role": "assistant", "content": "Merge sorted inputs."}]},
-    {"prompt": [{"role": "user", "content": "And os.getcwd?"}],
-     "chosen": [{"role": "assistant", "content": "Return the current working directory."}],
-     "rejected": [{"role": "assistant", "content": "Close the file."}]},
-]  # fmt: skip
+    {
+        "chosen": [
+            {"role": "user", "content": "What does json.dumps do?"},
+            {"role": "assistant", "content": "Serialize obj to a JSON str."},
+        ],
+        "rejected": [{"role": "user", "content": "What does json.dumps do?"}, {"role": "assistant", "content": "Merge sorted inputs."}],
+    },
+    {
+        "prompt": [{"role": "user", "content": "And os.getcwd?"}],
+        "chosen": [{"role": "assistant", "content": "Return the current working directory."}],
+        "rejected": [{"role": "assistant", "content": "Close the file."}],
+    },
+]
 
 
 def gpt2():
@@ -39,7 +46,12 @@ def trl_ids(tokenizer, records):
 
     trainer = DPOTrainer.__new__(DPOTrainer)
     trainer._tokenizer = tokenizer
-    prepared = trainer._prepare_dataset(Dataset.from_list(records), tokenizer, DPOConfig("unused", max_length=None, use_cpu=True, bf16=False, gradient_checkpointing=None), "train")
+    prepared = trainer._prepare_dataset(
+        Dataset.from_list(records),
+        tokenizer,
+        DPOConfig("unused", max_length=None, use_cpu=True, bf16=False, gradient_checkpointing=None),
+        "train",
+    )
     return [{k: row[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")} for row in prepared]
 
 
@@ -52,17 +64,27 @@ def test_pairs_are_tokenized_as_trl_tokenizes_them():
     assert ours == [trl_ids(tokenizer, [r])[0] for r in CHATS]  # one dataset each: a dataset has one set of columns
     assert tokenizer.decode(ours[0]["chosen_ids"]).startswith("Serialize obj")
     # the check can fail: without the EOS TRL appends to a plain answer, the ids differ
-    assert [encode_pair(tokenizer, {**r, "chosen": r["chosen"] + tokenizer.eos_token}) for r in shipped[:3]] == trl_ids(tokenizer, shipped[:3])
+    assert [encode_pair(tokenizer, {**r, "chosen": r["chosen"] + tokenizer.eos_token}) for r in shipped[:3]] == trl_ids(
+        tokenizer, shipped[:3]
+    )
     assert encode_pair(tokenizer, shipped[0])["chosen_ids"][-1] == tokenizer.eos_token_id
 
 
 def dpo_recipe(tmp_path, train, validation=None, **data):
-    return load_recipe(None, {
-        "data": {"train": {"path": str(train), "format": "preference"}, "seq_len": 64, "eval_blocks": 8,
-                 **({"validation": {"path": str(validation), "format": "preference"}} if validation else {}), **data},
-        "finetune": {"objective": "dpo"},
-        "training": {"output_dir": str(tmp_path / "run")},
-    })  # fmt: skip
+    return load_recipe(
+        None,
+        {
+            "data": {
+                "train": {"path": str(train), "format": "preference"},
+                "seq_len": 64,
+                "eval_blocks": 8,
+                **({"validation": {"path": str(validation), "format": "preference"}} if validation else {}),
+                **data,
+            },
+            "finetune": {"objective": "dpo"},
+            "training": {"output_dir": str(tmp_path / "run")},
+        },
+    )
 
 
 def test_pairs_stream_resumes_where_they_stopped(tmp_path):
@@ -76,17 +98,22 @@ def test_pairs_stream_resumes_where_they_stopped(tmp_path):
             break
     resumed = [item[0] for item, _ in zip(stream.blocks(items[24][1]), range(15))]
     assert resumed == [pair for pair, _ in items[25:40]]
-    assert [p for p, _ in items[:16]] != [encode_pair(tokenizer, r) for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])]  # shuffled
+    assert [p for p, _ in items[:16]] != [
+        encode_pair(tokenizer, r) for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])
+    ]  # shuffled
     held_out = validation_pairs(plan)
     assert len(held_out) == 8 and held_out[0]["prompt"].startswith("What does the Python function ipaddress.num_addresses")
 
 
-@pytest.mark.parametrize("line, problem", [
-    ({"chosen": "c", "rejected": "r"}, "needs a string 'prompt' beside string 'chosen' and 'rejected' (has: chosen, rejected)"),
-    ({"prompt": "p", "chosen": "c"}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
-    ({"prompt": "p", "chosen": "c", "rejected": 3}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
-    ({"chosen": [{"role": "user"}], "rejected": []}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ({"chosen": "c", "rejected": "r"}, "needs a string 'prompt' beside string 'chosen' and 'rejected' (has: chosen, rejected)"),
+        ({"prompt": "p", "chosen": "c"}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+        ({"prompt": "p", "chosen": "c", "rejected": 3}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+        ({"chosen": [{"role": "user"}], "rejected": []}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+    ],
+)
 def test_a_bad_pair_names_its_file_and_line(tmp_path, line, problem):
     path = tmp_path / "pairs.jsonl"
     good = {"prompt": "p", "chosen": " yes", "rejected": " no"}
@@ -102,25 +129,57 @@ def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"prompt": "p", "chosen": " yes", "rejected": " no"}) + "\n")
     cases = [
-        ({"data": {"train": {"path": str(pairs), "format": "preference"}}}, "preference pairs (format: preference) train with finetune.objective: dpo"),
+        (
+            {"data": {"train": {"path": str(pairs), "format": "preference"}}},
+            "preference pairs (format: preference) train with finetune.objective: dpo",
+        ),
         ({"finetune": {"objective": "dpo"}}, "finetune.objective dpo trains on preference pairs: set format: preference on data.train"),
         ({"finetune": {"dpo": {"beta": 0.2}}}, "DPOConfig keys are set but finetune.objective is lm"),
-        ({"finetune": {"objective": "dpo", "dpo": {"betta": 0.2}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
-         "'betta' is not a DPOConfig key; did you mean beta?"),
-        ({"finetune": {"objective": "dpo", "dpo": {"max_length": 512}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
-         "max_length is not taken: the longest prompt + answer is data.seq_len; set that"),
-        ({"finetune": {"objective": "dpo", "dpo": {"learning_rate": 1e-6}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
-         "'learning_rate' is not a DPOConfig key; TrainingArguments keys go in the training section"),
-        ({"data": {"train": [{"path": str(pairs), "format": "preference"}, {"builtin": "python-docs"}]}, "finetune": {"objective": "dpo"}},
-         "preference and text data cannot be mixed"),
+        (
+            {"finetune": {"objective": "dpo", "dpo": {"betta": 0.2}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+            "'betta' is not a DPOConfig key; did you mean beta?",
+        ),
+        (
+            {"finetune": {"objective": "dpo", "dpo": {"max_length": 512}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+            "max_length is not taken: the longest prompt + answer is data.seq_len; set that",
+        ),
+        (
+            {
+                "finetune": {"objective": "dpo", "dpo": {"learning_rate": 1e-6}},
+                "data": {"train": {"path": str(pairs), "format": "preference"}},
+            },
+            "'learning_rate' is not a DPOConfig key; TrainingArguments keys go in the training section",
+        ),
+        (
+            {
+                "data": {"train": [{"path": str(pairs), "format": "preference"}, {"builtin": "python-docs"}]},
+                "finetune": {"objective": "dpo"},
+            },
+            "preference and text data cannot be mixed",
+        ),
         # what TRL's DPOTrainer would refuse in every process, refused once here
-        ({"finetune": {"objective": "dpo", "method": "lora", "dpo": {"sync_ref_model": True}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
-         "dpo: sync_ref_model with method lora: the reference is the base with the adapter disabled"),
-        ({"finetune": {"objective": "dpo", "method": "lora", "lora": {"target_modules": ["query_key_value", "embed_out"]}},
-          "data": {"train": {"path": str(pairs), "format": "preference"}}}, "lora.target_modules: an adapter on the output head is never trained"),
-        ({"finetune": {"objective": "dpo", "dpo": {"loss_type": ["sigmoid", "ipo"], "loss_weights": [1.0]}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
-         "dpo: loss_weights has 1 weight(s) for 2 loss_type(s); give one weight per loss type"),
-    ]  # fmt: skip
+        (
+            {
+                "finetune": {"objective": "dpo", "method": "lora", "dpo": {"sync_ref_model": True}},
+                "data": {"train": {"path": str(pairs), "format": "preference"}},
+            },
+            "dpo: sync_ref_model with method lora: the reference is the base with the adapter disabled",
+        ),
+        (
+            {
+                "finetune": {"objective": "dpo", "method": "lora", "lora": {"target_modules": ["query_key_value", "embed_out"]}},
+                "data": {"train": {"path": str(pairs), "format": "preference"}},
+            },
+            "lora.target_modules: an adapter on the output head is never trained",
+        ),
+        (
+            {
+                "finetune": {"objective": "dpo", "dpo": {"loss_type": ["sigmoid", "ipo"], "loss_weights": [1.0]}},
+                "data": {"train": {"path": str(pairs), "format": "preference"}},
+            },
+            "dpo: loss_weights has 1 weight(s) for 2 loss_type(s); give one weight per loss type",
+        ),
+    ]
     for raw, message in cases:
         with pytest.raises(HftrainError) as err:
             load_recipe(None, raw)
@@ -151,9 +210,14 @@ def test_pairs_read_the_same_from_a_local_file_s3_and_a_hugging_face_dataset(tmp
     tokenizer = gpt2()
 
     def first_pairs(train):
-        recipe = load_recipe(None, {"data": {"train": {**train, "format": "preference"}, "seq_len": 64, "eval_blocks": 4,
-                                             "shuffle_window": 1, "readers": 1},
-                                    "finetune": {"objective": "dpo"}, "training": {"output_dir": str(tmp_path / "run")}})  # fmt: skip
+        recipe = load_recipe(
+            None,
+            {
+                "data": {"train": {**train, "format": "preference"}, "seq_len": 64, "eval_blocks": 4, "shuffle_window": 1, "readers": 1},
+                "finetune": {"objective": "dpo"},
+                "training": {"output_dir": str(tmp_path / "run")},
+            },
+        )
         stream = train_blocks(plan_data(recipe.data, 0), tokenizer, Worker(), 16)
         return [pair for (pair, _), _ in zip(stream.blocks(stream.fresh_state()), range(12))]
 

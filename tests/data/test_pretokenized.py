@@ -53,8 +53,11 @@ def test_prepare_writes_shards_and_manifest_with_the_same_blocks(prepared):
 @pytest.mark.slow
 def test_training_from_shards_learns_and_resumes_exactly(prepared):
     tmp_path, raw, _ = prepared
-    raw = {**raw, "data": {"train": {"pretokenized": str(tmp_path / "prep")}, "seq_len": 32, "eval_blocks": 8},
-           "tokenizer": {"path": str(tmp_path / "prep" / "tokenizer")}}  # fmt: skip
+    raw = {
+        **raw,
+        "data": {"train": {"pretokenized": str(tmp_path / "prep")}, "seq_len": 32, "eval_blocks": 8},
+        "tokenizer": {"path": str(tmp_path / "prep" / "tokenizer")},
+    }
     raw["training"] = {**raw["training"], "output_dir": str(tmp_path / "a"), "max_steps": 10, "save_steps": 5}
     run = hftrain.train(load_recipe(None, raw))
     per_step = losses(run)

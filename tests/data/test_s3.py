@@ -99,8 +99,12 @@ def test_recipe_storage_options_override_the_environment(s3_server, monkeypatch)
     s3fs.S3FileSystem.clear_instance_cache()
     bucket, docs = s3_server.make_bucket(), make_documents(20)
     s3_server.put(f"{bucket}/x.jsonl", jsonl(docs))
-    options = {"endpoint_url": s3_server.endpoint_url, "key": s3_server.key, "secret": "testing",
-               "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+    options = {
+        "endpoint_url": s3_server.endpoint_url,
+        "key": s3_server.key,
+        "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
     recipe = load_recipe(None, {"data": {"train": {"path": f"s3://{bucket}/x.jsonl", "storage_options": options}}})
     assert read_all(recipe.data) == docs
     saved = yaml.safe_dump(recipe_to_dict(recipe))

@@ -72,7 +72,9 @@ def test_unequal_shards_are_drawn_in_proportion_to_their_size(tmp_path, tok):
 
 def test_the_proportion_check_can_fail(tmp_path, tok, monkeypatch):
     """With every L-th shard per reader (the old dealing), the smallest shard is drawn 1/8 of the time."""
-    monkeypatch.setattr(SourcePlan, "share", lambda self, w: Share("whole", tuple(range(w.index, len(self.shards), w.count)), w.index, w.count))
+    monkeypatch.setattr(
+        SourcePlan, "share", lambda self, w: Share("whole", tuple(range(w.index, len(self.shards), w.count)), w.index, w.count)
+    )
     drawn, size = draw_shares(tmp_path, tok)
     assert drawn["apple"] > 4 * size["apple"]
 
@@ -266,7 +268,10 @@ def test_a_reader_with_no_record_of_its_own_says_so(tmp_path):
     plan = plan_data(section(write_jsonl(tmp_path / "a.jsonl", docs)), 0)
     with pytest.raises(HftrainError) as info:
         read_all(plan, 3)
-    assert f"found no documents in its part of every shard (every 3rd record of a shard whose ranges hold no line start) of {tmp_path / 'a.jsonl'}" in str(info.value)
+    assert (
+        f"found no documents in its part of every shard (every 3rd record of a shard whose ranges hold no line start) of {tmp_path / 'a.jsonl'}"
+        in str(info.value)
+    )
     assert "Set data.readers lower" in str(info.value)
 
 
@@ -286,8 +291,7 @@ def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):
 
     for i, n in enumerate([900, 2500, 4000]):
         write_jsonl(tmp_path / "corpus" / f"part-{i}.jsonl", make_documents(n, seed=i))
-    recipe = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "seq_len": 32},
-                                "tokenizer": {"builtin": "gpt2"}})  # fmt: skip
+    recipe = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "seq_len": 32}, "tokenizer": {"builtin": "gpt2"}})
     text = inspect(recipe, blocks=1)
     assert "data.train[0]: " in text and "3 shard(s)" in text
     assert "3 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)" in text

@@ -116,8 +116,10 @@ def test_sliding_window_perplexity_matches_an_independent_computation(trained):
     assert default["loss"] == pytest.approx(independent_mean_loss(model, ids, n)[0], rel=1e-5)
 
 
-@pytest.mark.parametrize("context,stride,message", [(32, 33, "larger than --context"), (0, 1, "positive"),
-                                                    (16, 0, "positive"), (513, 8, "max_position_embeddings")])
+@pytest.mark.parametrize(
+    "context,stride,message",
+    [(32, 33, "larger than --context"), (0, 1, "positive"), (16, 0, "positive"), (513, 8, "max_position_embeddings")],
+)
 def test_bad_windows_are_refused(trained, context, stride, message):
     with pytest.raises(HftrainError, match=message):
         ev.perplexity(*trained, HELD_OUT[:2], context=context, stride=stride)
@@ -171,10 +173,11 @@ def test_last_word_accuracy_equals_greedy_decoding(trained):
     for passage in passages:
         context, target = ev.split_last_word(passage)
         ctx = tok(context, add_special_tokens=False).input_ids
-        want = tok(context + target, add_special_tokens=False).input_ids[len(ctx):]
-        out = model.generate(torch.tensor([ctx]), max_new_tokens=len(want), min_new_tokens=len(want), do_sample=False,
-                             pad_token_id=tok.eos_token_id)
-        expected += out[0, len(ctx):].tolist() == want
+        want = tok(context + target, add_special_tokens=False).input_ids[len(ctx) :]
+        out = model.generate(
+            torch.tensor([ctx]), max_new_tokens=len(want), min_new_tokens=len(want), do_sample=False, pad_token_id=tok.eos_token_id
+        )
+        expected += out[0, len(ctx) :].tolist() == want
     result = ev.last_word_accuracy(model, tok, passages)
     assert 0 < expected < len(passages)  # a mix of right and wrong, so the comparison means something
     assert result["correct"] == expected and result["total"] == len(passages)
@@ -224,15 +227,33 @@ def test_load_texts_from_s3(s3):
 def test_cli_prints_a_table_and_writes_json(pretrained_run, trained, tmp_path, capsys):
     data = write_jsonl(tmp_path / "held.jsonl", HELD_OUT)
     out = tmp_path / "out" / "results.json"
-    args = parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "perplexity", "--metric", "bits_per_byte",
-                 "--context", "64", "--stride", "32", "--json", str(out))
+    args = parse(
+        str(pretrained_run.final_dir),
+        "--data",
+        str(data),
+        "--metric",
+        "perplexity",
+        "--metric",
+        "bits_per_byte",
+        "--context",
+        "64",
+        "--stride",
+        "32",
+        "--json",
+        str(out),
+    )
     assert eval_command.run(args, []) == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
     assert lines[0].split() == ["name", "measure", "value"]
     assert {tuple(line.split()[:2]) for line in lines[1:-1]} == {
-        ("perplexity", "perplexity"), ("perplexity", "loss"), ("perplexity", "tokens"),
-        ("bits_per_byte", "bits_per_byte"), ("bits_per_byte", "bytes"), ("bits_per_byte", "tokens")}
+        ("perplexity", "perplexity"),
+        ("perplexity", "loss"),
+        ("perplexity", "tokens"),
+        ("bits_per_byte", "bits_per_byte"),
+        ("bits_per_byte", "bytes"),
+        ("bits_per_byte", "tokens"),
+    }
     assert len({len(line) for line in lines[:-1]}) == 1  # aligned: values right-justified to one width
     assert lines[-1] == f"wrote {out}"
     saved = json.loads(out.read_text())
@@ -243,7 +264,10 @@ def test_cli_prints_a_table_and_writes_json(pretrained_run, trained, tmp_path, c
 
 def test_cli_last_word_accuracy_with_limit(pretrained_run, tmp_path, capsys):
     data = write_jsonl(tmp_path / "passages.jsonl", predictable_passages(10))
-    assert eval_command.run(parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "last_word_accuracy", "--limit", "4"), []) == 0
+    assert (
+        eval_command.run(parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "last_word_accuracy", "--limit", "4"), [])
+        == 0
+    )
     rows = {tuple(line.split()[:2]): line.split()[2] for line in capsys.readouterr().out.splitlines()[1:]}
     assert rows[("last_word_accuracy", "total")] == "4"
 
@@ -275,8 +299,10 @@ def test_missing_lm_eval_is_a_clear_error(pretrained_run, monkeypatch):
 def test_task_yaml_data_files_resolve_against_the_yaml(tmp_path):
     src = tmp_path / "tasks" / "sub"
     src.mkdir(parents=True)
-    (src / "t.yaml").write_text("task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: d.jsonl\n"
-                                "    train: [a.jsonl, s3://b/k.jsonl]\n", encoding="utf-8")
+    (src / "t.yaml").write_text(
+        "task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: d.jsonl\n    train: [a.jsonl, s3://b/k.jsonl]\n",
+        encoding="utf-8",
+    )
     (src / "f.yaml").write_text("task: f\nprocess_docs: !function utils.process\n", encoding="utf-8")
     copy = ev.resolve_task_dir(tmp_path / "tasks", tmp_path / "copy")
     import yaml
@@ -309,7 +335,8 @@ def test_lm_eval_shipped_task_and_include_path_agree_with_our_scoring(lm_eval_in
     shipped = (ev.TASKS_DIR / "local_lambada.yaml").read_text(encoding="utf-8")
     (tasks / "mine.yaml").write_text(
         shipped.replace("task: local_lambada", "task: my_lambada").replace("test: local_lambada.jsonl", "test: data/mine.jsonl"),
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     results = ev.run_lm_eval(pretrained_run.final_dir, ["my_lambada"], include_path=str(tasks))["results"]["my_lambada"]
     ours = ev.last_word_accuracy(*trained, passages)
     assert ours == {"accuracy": 4 / 6, "correct": 4, "total": 6}

@@ -123,9 +123,18 @@ def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("chromium")
     if exe is None:
         pytest.fail("chromium is not installed; the report render test needs it: apt-get install -y chromium")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", f"--user-data-dir={profile}"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+    ]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(profile), "XDG_CONFIG_HOME": str(profile), "XDG_CACHE_HOME": str(profile)}
     return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=60, env=env)
 

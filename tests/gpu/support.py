@@ -28,8 +28,12 @@ def record(item: str, name: str, numbers: dict[str, Any]) -> None:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -44,8 +48,19 @@ def hftrain(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 def accelerate(config: str, nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """accelerate launch with a shipped config on NPROC GPUs; ARGS is a script and its arguments, or -m MODULE ..."""
-    return run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / f"{config}.yaml"),
-                "--num_processes", str(nproc), *args], timeout)  # fmt: skip
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "accelerate_configs" / f"{config}.yaml"),
+            "--num_processes",
+            str(nproc),
+            *args,
+        ],
+        timeout,
+    )
 
 
 def write_recipe(raw: dict[str, Any], path: Path) -> Path:

@@ -41,7 +41,9 @@ def test_sharded_backend_trains_resumes_exactly_and_exports(tmp_path, backend, w
     kind, check_model, check_checkpoint = EXPECTED[backend]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     recipe_file = support.write_recipe(small_recipe(tmp_path, straight), tmp_path / "recipe.yaml")
-    support.accelerate(CONFIG[backend], world, str(support.ROOT / "tests" / "support" / "backend_probe.py"), str(recipe_file), str(tmp_path / "probe"))
+    support.accelerate(
+        CONFIG[backend], world, str(support.ROOT / "tests" / "support" / "backend_probe.py"), str(recipe_file), str(tmp_path / "probe")
+    )
     r = support.results(straight)
     assert (r["distributed_type"], r["world_size"]) == (kind, world)
     model_summary = check_model(load_observations(tmp_path / "probe"), world)
@@ -55,17 +57,28 @@ def test_sharded_backend_trains_resumes_exactly_and_exports(tmp_path, backend, w
 
     exported = tmp_path / "exported"
     support.hftrain("export", str(straight / "checkpoint-6"), "--out", str(exported))
-    script = ("import sys, torch\nfrom transformers import AutoModelForCausalLM\nids = torch.arange(1, 20).unsqueeze(0)\n"
-              f"a = AutoModelForCausalLM.from_pretrained({str(exported)!r}).eval()(ids).logits\n"
-              f"b = AutoModelForCausalLM.from_pretrained({str(straight / 'final')!r}).eval()(ids).logits\n"
-              "assert 'hftrain' not in sys.modules\nprint(float((a - b).abs().max()))\n")  # fmt: skip
+    script = (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM\nids = torch.arange(1, 20).unsqueeze(0)\n"
+        f"a = AutoModelForCausalLM.from_pretrained({str(exported)!r}).eval()(ids).logits\n"
+        f"b = AutoModelForCausalLM.from_pretrained({str(straight / 'final')!r}).eval()(ids).logits\n"
+        "assert 'hftrain' not in sys.modules\nprint(float((a - b).abs().max()))\n"
+    )
     export_diff = float(support.run([sys.executable, "-c", script]).stdout.strip().splitlines()[-1])
     assert export_diff < 1e-4
-    support.record(ITEM, f"{backend}_world{world}", {
-        "distributed_type": kind, "world_size": world, "local_numel_per_rank": model_summary["local_numel"],
-        "full_numel": model_summary["full_numel"], "checkpoint_files": checkpoint_summary["files"],
-        "resume_max_rel_loss_diff": resume_diff, "export_max_logit_diff": export_diff, "eval_loss": r["eval_loss"],
-    })  # fmt: skip
+    support.record(
+        ITEM,
+        f"{backend}_world{world}",
+        {
+            "distributed_type": kind,
+            "world_size": world,
+            "local_numel_per_rank": model_summary["local_numel"],
+            "full_numel": model_summary["full_numel"],
+            "checkpoint_files": checkpoint_summary["files"],
+            "resume_max_rel_loss_diff": resume_diff,
+            "export_max_logit_diff": export_diff,
+            "eval_loss": r["eval_loss"],
+        },
+    )
 
 
 def test_device_map_spreads_the_model_over_the_visible_gpus(tmp_path):

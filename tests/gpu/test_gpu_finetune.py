@@ -27,15 +27,30 @@ def base(tmp_path_factory):
 def recipe(base, method: str, out) -> dict:
     data = support.ROOT / "recipes" / "finetune" / "data"
     return {
-        "model": {"from_pretrained": str(base)}, "tokenizer": {"path": str(base)},
-        "data": {"train": {"path": str(data / "train.jsonl"), "format": "prompt_completion"},
-                 "validation": {"path": str(data / "validation.jsonl"), "format": "prompt_completion"}, "seq_len": SEQ, "eval_blocks": 8},
+        "model": {"from_pretrained": str(base)},
+        "tokenizer": {"path": str(base)},
+        "data": {
+            "train": {"path": str(data / "train.jsonl"), "format": "prompt_completion"},
+            "validation": {"path": str(data / "validation.jsonl"), "format": "prompt_completion"},
+            "seq_len": SEQ,
+            "eval_blocks": 8,
+        },
         "finetune": {"method": method, "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}},
-        "training": {"output_dir": str(out), "max_steps": STEPS, "per_device_train_batch_size": BATCH, "learning_rate": METHODS[method],
-                     "warmup_steps": 2, "logging_steps": 5, "save_steps": 10_000, "eval_strategy": "no", "bf16": True,
-                     "report_to": "none", "disable_tqdm": True},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": STEPS,
+            "per_device_train_batch_size": BATCH,
+            "learning_rate": METHODS[method],
+            "warmup_steps": 2,
+            "logging_steps": 5,
+            "save_steps": 10_000,
+            "eval_strategy": "no",
+            "bf16": True,
+            "report_to": "none",
+            "disable_tqdm": True,
+        },
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -48,8 +63,13 @@ def test_finetune_method_on_cuda(base, tmp_path, method):
     assert r["distributed_type"] == "NO" and losses[steps[-1]] < losses[steps[0]], losses
     params = observations[0]["step_end"]["params"]
     assert all(p["device"].startswith("cuda") for p in params.values())
-    numbers = {"peak_mem_gb": r["peak_mem_gb"], "tokens_per_s": r["tokens_per_s_median"], "first_loss": losses[steps[0]],
-               "last_loss": losses[steps[-1]], "trainable": sum(p["numel"] for p in params.values() if p["trainable"])}  # fmt: skip
+    numbers = {
+        "peak_mem_gb": r["peak_mem_gb"],
+        "tokens_per_s": r["tokens_per_s_median"],
+        "first_loss": losses[steps[0]],
+        "last_loss": losses[steps[-1]],
+        "trainable": sum(p["numel"] for p in params.values() if p["trainable"]),
+    }
     if method in ("qlora", "lora_8bit"):
         summary = check_quantized(observations[0], method)
         assert all(q["device"].startswith("cuda") for q in observations[0]["step_end"]["quantized"].values())
@@ -78,6 +98,14 @@ def test_qlora_weights_as_loaded_on_cuda(base, tmp_path):
     layers = loaded["quantized"] / loaded["quantized_bf16"]
     whole = (loaded["quantized"] + loaded["other"]) / (loaded["quantized_bf16"] + 2 * other_numel)  # vs all-bf16
     assert layers <= 0.30 and whole < 0.8  # README (CPU): 0.258 and 0.612
-    support.record(ITEM, "qlora_weights_as_loaded", {"ratio_quantized_layers": layers, "ratio_whole_model": whole,
-                   "quantized_bytes": loaded["quantized"], "bf16_bytes": loaded["quantized_bf16"],
-                   "load_peak_gb": torch.cuda.max_memory_allocated() / 1e9})  # fmt: skip
+    support.record(
+        ITEM,
+        "qlora_weights_as_loaded",
+        {
+            "ratio_quantized_layers": layers,
+            "ratio_whole_model": whole,
+            "quantized_bytes": loaded["quantized"],
+            "bf16_bytes": loaded["quantized_bf16"],
+            "load_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+        },
+    )

@@ -28,12 +28,23 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
     from hftrain.speed.estimates import plan
     from hftrain.speed.memory import predict_peak, run_shape
 
-    raw = {"model": {"preset": "pythia-160m"}, "tokenizer": {"builtin": "gpt2"},
-           "data": {"train": {"builtin": "python-docs"}, "seq_len": 1024, "eval_blocks": 4, "holdout_every": 10},
-           "training": {"output_dir": str(tmp_path / "run"), "max_steps": 3, "per_device_train_batch_size": 8,
-                        "per_device_eval_batch_size": 4, "bf16": True, "gradient_checkpointing": checkpointing,
-                        "save_steps": 1000, "report_to": "none", "torch_compile": False},
-           "monitor": {"sample_max_new_tokens": 0, "plot": False}}  # fmt: skip
+    raw = {
+        "model": {"preset": "pythia-160m"},
+        "tokenizer": {"builtin": "gpt2"},
+        "data": {"train": {"builtin": "python-docs"}, "seq_len": 1024, "eval_blocks": 4, "holdout_every": 10},
+        "training": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 3,
+            "per_device_train_batch_size": 8,
+            "per_device_eval_batch_size": 4,
+            "bf16": True,
+            "gradient_checkpointing": checkpointing,
+            "save_steps": 1000,
+            "report_to": "none",
+            "torch_compile": False,
+        },
+        "monitor": {"sample_max_new_tokens": 0, "plot": False},
+    }
     if method == "lora":
         raw["finetune"] = {"method": "lora", "lora": {"r": 16}}
         raw["model"], raw["tokenizer"] = {"from_pretrained": str(request.getfixturevalue("base"))}, {}
@@ -47,6 +58,9 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
     torch.cuda.empty_cache()
     hftrain.train(recipe, callbacks=[Peak()])
     measured = torch.cuda.max_memory_allocated()
-    support.record("plan", f"{method}-checkpointing-{checkpointing}", {"predicted_gb": predicted.total / 1e9,
-                   "measured_gb": measured / 1e9, "phase": predicted.phase})  # fmt: skip
+    support.record(
+        "plan",
+        f"{method}-checkpointing-{checkpointing}",
+        {"predicted_gb": predicted.total / 1e9, "measured_gb": measured / 1e9, "phase": predicted.phase},
+    )
     assert predicted.total == pytest.approx(measured, rel=0.10)

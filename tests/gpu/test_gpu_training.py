@@ -26,12 +26,22 @@ def check_and_record(name: str, out, seq_len: int, peaks: dict, extra: dict) -> 
     assert losses[steps[-1]] < losses[steps[0]] - 0.5, losses  # it learns
     assert r["tokens_per_s_median"] > 0 and r["mfu_median"] > 0 and r["peak_mem_gb"] > 0
     numbers = {
-        "tokens_per_s": r["tokens_per_s_median"], **mfu(r["tokens_per_s_median"], support.flops_per_token(out, seq_len), peaks),
-        "mfu_hftrain_reported": r["mfu_median"], "peak_mem_gb": r["peak_mem_gb"], "first_loss": losses[steps[0]],
-        "last_loss": losses[steps[-1]], "eval_loss": r["eval_loss"], "torch_compile": r["torch_compile"], "bf16": r["bf16"],
-        "parameters": r["parameters"]["total"], "seq_len": seq_len, **{k: peaks[k] for k in ("device_name", "spec_card")},
-        "spec_bf16_tflops": (peaks["spec_bf16_flops"] or 0) / 1e12 or None, "measured_bf16_tflops": peaks["measured_bf16_flops"] / 1e12, **extra,
-    }  # fmt: skip
+        "tokens_per_s": r["tokens_per_s_median"],
+        **mfu(r["tokens_per_s_median"], support.flops_per_token(out, seq_len), peaks),
+        "mfu_hftrain_reported": r["mfu_median"],
+        "peak_mem_gb": r["peak_mem_gb"],
+        "first_loss": losses[steps[0]],
+        "last_loss": losses[steps[-1]],
+        "eval_loss": r["eval_loss"],
+        "torch_compile": r["torch_compile"],
+        "bf16": r["bf16"],
+        "parameters": r["parameters"]["total"],
+        "seq_len": seq_len,
+        **{k: peaks[k] for k in ("device_name", "spec_card")},
+        "spec_bf16_tflops": (peaks["spec_bf16_flops"] or 0) / 1e12 or None,
+        "measured_bf16_tflops": peaks["measured_bf16_flops"] / 1e12,
+        **extra,
+    }
     assert numbers["mfu_measured"] > 0 and (numbers["mfu_spec"] is None or 0 < numbers["mfu_spec"] < 1)
     support.record(ITEM, name, numbers)
     return numbers
@@ -41,16 +51,32 @@ QUICKSTART_STEPS, PYTHIA_STEPS = 200, 30
 
 
 def quickstart_recipe(out) -> dict:
-    return support.shipped_recipe("quickstart.yaml", out, max_steps=QUICKSTART_STEPS, bf16=True, torch_compile=True,
-                                  save_steps=10_000, eval_steps=100, logging_steps=20)  # fmt: skip
+    return support.shipped_recipe(
+        "quickstart.yaml",
+        out,
+        max_steps=QUICKSTART_STEPS,
+        bf16=True,
+        torch_compile=True,
+        save_steps=10_000,
+        eval_steps=100,
+        logging_steps=20,
+    )
 
 
 def pythia_recipe(out) -> dict:
     """The preset's shape, hyper-parameters and context; the built-in corpus (GPU hosts have no network); torch.compile
     left to hftrain's speed defaults (the benchmark measures the compiled 160m shape)."""
-    raw = support.shipped_recipe("pretrain/pythia-160m.yaml", out, max_steps=PYTHIA_STEPS, per_device_train_batch_size=8,
-                                 gradient_accumulation_steps=1, warmup_steps=3, save_steps=10_000, eval_strategy="no",
-                                 logging_steps=5)  # fmt: skip
+    raw = support.shipped_recipe(
+        "pretrain/pythia-160m.yaml",
+        out,
+        max_steps=PYTHIA_STEPS,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        warmup_steps=3,
+        save_steps=10_000,
+        eval_strategy="no",
+        logging_steps=5,
+    )
     raw["data"].update(train=[{"builtin": "python-docs"}], eval_blocks=8)
     return raw
 

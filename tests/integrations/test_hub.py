@@ -34,8 +34,16 @@ def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp
     repo = local_hub.repo("tester/tiny-neox")
     assert repo.private
     files = set(repo.files("main"))
-    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "training_curves.png", "hftrain_recipe.yaml",
-            "metrics.jsonl", "last-checkpoint/model.safetensors"} <= files  # fmt: skip
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+        "training_curves.png",
+        "hftrain_recipe.yaml",
+        "metrics.jsonl",
+        "last-checkpoint/model.safetensors",
+    } <= files
     assert not any("optimizer" in f or f.endswith(".bin") for f in files)
     card = repo.read("README.md", "main").decode()
     meta = yaml.safe_load(card.split("---")[1])
@@ -59,8 +67,9 @@ def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp
 @pytest.mark.slow
 def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path):
     env = local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache")
-    result = run_in_process("push", str(pretrained_run.output_dir), "--repo-id", "tester/cli", "--revision", "dev", "--private",
-                            env=env, exact_env=True)  # fmt: skip
+    result = run_in_process(
+        "push", str(pretrained_run.output_dir), "--repo-id", "tester/cli", "--revision", "dev", "--private", env=env, exact_env=True
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "pushed: hub:tester/cli@dev" in result.stdout
     assert TOKEN not in result.stdout + result.stderr
@@ -119,8 +128,12 @@ def test_training_data_from_an_hf_url(local_hub, monkeypatch, tmp_path):
     docs = make_documents(30)
     api = HfApi()
     api.create_repo("tester/corpus", repo_type="dataset")
-    api.upload_file(path_or_fileobj="".join(json.dumps({"text": d}) + "\n" for d in docs).encode(),
-                    path_in_repo="data/train.jsonl", repo_id="tester/corpus", repo_type="dataset")  # fmt: skip
+    api.upload_file(
+        path_or_fileobj="".join(json.dumps({"text": d}) + "\n" for d in docs).encode(),
+        path_in_repo="data/train.jsonl",
+        repo_id="tester/corpus",
+        repo_type="dataset",
+    )
     section = hftrain.load_recipe(None, {"data": {"train": {"path": "hf://datasets/tester/corpus/data/*.jsonl"}}}).data
     plan = plan_data(section, 0)
     stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
@@ -158,15 +171,17 @@ def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monke
     raw = tiny_recipe(corpus, run_dir, max_steps=8, save_steps=3, save_total_limit=1)
     raw["training"].update(push_to_hub=True, hub_model_id="tester/pythia-style", hub_strategy="end")
     raw["checkpoints"] = {"schedule": "log", "log_until": 4, "steps": [5], "push_revisions": True}
-    run = hftrain.train(hftrain.load_recipe(None, raw))
+    hftrain.train(hftrain.load_recipe(None, raw))
     printed = capsys.readouterr()
     said = printed.out + printed.err
 
     kept = [1, 2, 4, 5]
     assert sorted(int(c.name.split("-")[1]) for c in run_dir.glob("checkpoint-*")) == [*kept, 8]  # + the newest rotating one
     assert "hftrain: pushed checkpoint-1 to tester/pythia-style as revision step1" in said
-    assert ("hftrain: warning: pushing checkpoint-2 as revision step2 of tester/pythia-style failed (pushing" in said
-            and f"`hftrain export {run_dir / 'checkpoint-2'} --merge --out DIR`" in said)  # fmt: skip
+    assert (
+        "hftrain: warning: pushing checkpoint-2 as revision step2 of tester/pythia-style failed (pushing" in said
+        and f"`hftrain export {run_dir / 'checkpoint-2'} --merge --out DIR`" in said
+    )
     repo = local_hub.repo("tester/pythia-style")
     assert sorted(repo.branches) == ["main", "step0", "step1", "step4", "step5"]
     card = repo.read("README.md", "main").decode()

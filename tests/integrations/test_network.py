@@ -62,8 +62,15 @@ def test_the_default_bound_is_at_most_60_seconds_retries_included():
 
 def _aws_env(endpoint: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
-               AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true")  # fmt: skip
+    env.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     return env
 
 
@@ -118,7 +125,9 @@ def test_a_refused_token_says_to_set_hf_token(tmp_path, monkeypatch):
         result, _ = _run(["push", str(_model_dir(tmp_path, None)), "--repo-id", "tester/denied"], env)
     printed = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in printed, printed[-2000:]
-    expected = f"creating hub repo tester/denied failed after 1 attempt: {endpoint}: 401 Unauthorized: the Hub refused the token. Set HF_TOKEN"
+    expected = (
+        f"creating hub repo tester/denied failed after 1 attempt: {endpoint}: 401 Unauthorized: the Hub refused the token. Set HF_TOKEN"
+    )
     assert expected in result.stderr, result.stderr
     assert "hf_PLANTED_wrong_token" not in printed
 

@@ -40,8 +40,13 @@ def _captured(line: str) -> dict[str, float]:
 
 def test_metric_definitions_capture_hftrain_metric_lines():
     line = metrics_line(10, {"loss": 2.5, "learning_rate": 6e-4, "tokens_per_s": 1234.5, "mfu": 0.31, "data_wait_frac": 0.02})
-    assert _captured(line) == {"train:loss": 2.5, "train:learning_rate": 6e-4, "train:tokens_per_s": 1234.5, "train:mfu": 0.31,
-                               "train:data_wait_frac": 0.02}  # fmt: skip
+    assert _captured(line) == {
+        "train:loss": 2.5,
+        "train:learning_rate": 6e-4,
+        "train:tokens_per_s": 1234.5,
+        "train:mfu": 0.31,
+        "train:data_wait_frac": 0.02,
+    }
     evaluation = metrics_line(10, {"eval_loss": 3.25, "eval_bits_per_byte": 1.5, "epoch": 0.1})
     assert _captured(evaluation) == {"eval:loss": 3.25, "eval:bits_per_byte": 1.5}  # `loss=` never takes eval_loss
 
@@ -59,9 +64,28 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     elsewhere = tmp_path / "elsewhere"  # neither the repository nor the recipe's folder
     elsewhere.mkdir()
 
-    written = run_in_process("launch-script", str(recipe), "--kind", "sagemaker", "--instance-count", "2", "--role", role, "--bucket", bucket,
-                      "--accelerate-config", "accelerate_configs/fsdp.yaml", "--channel", "extra", f"s3://{bucket}/extra",
-                      "training.max_steps=50", "training.learning_rate=1e-3", "--out", "launch_tiny.py", cwd=elsewhere)  # fmt: skip
+    written = run_in_process(
+        "launch-script",
+        str(recipe),
+        "--kind",
+        "sagemaker",
+        "--instance-count",
+        "2",
+        "--role",
+        role,
+        "--bucket",
+        bucket,
+        "--accelerate-config",
+        "accelerate_configs/fsdp.yaml",
+        "--channel",
+        "extra",
+        f"s3://{bucket}/extra",
+        "training.max_steps=50",
+        "training.learning_rate=1e-3",
+        "--out",
+        "launch_tiny.py",
+        cwd=elsewhere,
+    )
     assert written.returncode == 0, written.stderr[-3000:]
     # moto's IAM has no SimulatePrincipalPolicy: the SDK's client-side role check is switched off (its own variable)
     env = {**os.environ, "SAGEMAKER_VALIDATE_ROLE": "false"}
@@ -70,7 +94,9 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     (request,) = sagemaker_calls(seen, "CreateTrainingJob")
 
-    assert re.fullmatch(r"\d+\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.10-gpu-py313", request["AlgorithmSpecification"]["TrainingImage"])
+    assert re.fullmatch(
+        r"\d+\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.10-gpu-py313", request["AlgorithmSpecification"]["TrainingImage"]
+    )
     assert request["ResourceConfig"] == {"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2, "VolumeSizeInGB": 200}
     assert request["RoleArn"] == role and request["TrainingJobName"].startswith("hftrain-tiny-")
     assert request["EnableManagedSpotTraining"] is True
@@ -90,7 +116,9 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     source = json.loads(s3.get(channels["sm_drivers"] + "/sourcecode.json"))
     assert source["entry_script"] == ENTRY_SCRIPT and source["requirements"] == "requirements.txt"
     assert "torchrun" in s3.get(channels["sm_drivers"] + "/distributed_drivers/torchrun_driver.py").decode()
-    assert b"hftrain.cli" in s3.get(channels["code"] + "/" + ENTRY_SCRIPT) and s3.get(channels["code"] + "/tiny.yaml") == recipe.read_bytes()
+    assert (
+        b"hftrain.cli" in s3.get(channels["code"] + "/" + ENTRY_SCRIPT) and s3.get(channels["code"] + "/tiny.yaml") == recipe.read_bytes()
+    )
     assert s3.get(channels["code"] + "/hftrain/integrations/sagemaker_job.py") == Path("hftrain/integrations/sagemaker_job.py").read_bytes()
     required = s3.get(channels["code"] + "/requirements.txt").decode().splitlines()
     assert any(r.startswith("transformers") for r in required) and not any(re.match(r"torch\b", r) for r in required)
@@ -126,7 +154,9 @@ def test_a_spot_restart_resumes_and_leaves_the_model_where_sagemaker_packs_it(tm
     proc = subprocess.Popen(cmd, env=env, cwd=code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints = first / "opt/ml/checkpoints"
     deadline = time.time() + 300
-    while (not RunLayout(checkpoints).metrics.exists() or len(RunLayout(checkpoints).metrics.read_text().splitlines()) < 10) and time.time() < deadline:
+    while (
+        not RunLayout(checkpoints).metrics.exists() or len(RunLayout(checkpoints).metrics.read_text().splitlines()) < 10
+    ) and time.time() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)  # what SageMaker sends when spot capacity is taken back
     _, err = proc.communicate(timeout=300)

@@ -32,7 +32,7 @@ SERVICES = [
     ("the Hub", "pushing the final model to tester/down failed", "`hftrain push {run} --repo-id tester/down`"),
     ("S3", "copying the final model to s3://bucket/models/final failed", "`hftrain push {run} --to s3://bucket/models/final`"),
     ("mlflow", "starting the mlflow run failed", "; its metrics are in the run's metrics.jsonl"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -41,8 +41,10 @@ def run_with_every_service_down(tmp_path, corpus):
     port = closed_port()
     raw = tiny_recipe(corpus, tmp / "run", max_steps=6, save_steps=2, save_total_limit=1, report_to=["mlflow"])
     raw["training"].update(push_to_hub=True, hub_model_id="tester/down", hub_strategy="every_save")
-    raw["hub"] = {"s3_uri": "s3://bucket/models",
-                  "storage_options": {"key": "k", "secret": SECRET, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}}  # fmt: skip
+    raw["hub"] = {
+        "s3_uri": "s3://bucket/models",
+        "storage_options": {"key": "k", "secret": SECRET, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}},
+    }
     raw["faults"] = {"network_timeout_s": 2}
     recipe = tmp / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
@@ -65,7 +67,7 @@ def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_ever
     results = json.loads((run_dir / "results.json").read_text())
     assert results["step"] == 6
     assert {f["service"] for f in results["not_shared"]} == {"the Hub", "S3", "mlflow"}
-    final = printed[printed.index("hftrain: training finished and the model is saved in"):]
+    final = printed[printed.index("hftrain: training finished and the model is saved in") :]
     assert "but 3 outside services failed" in final.splitlines()[0], final
     lines = {line.split(": ")[0].strip(): line for line in final.splitlines()[1:4]}
     for service, words, later in SERVICES:
@@ -97,7 +99,13 @@ def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, c
     started = time.monotonic()
     for folder in checkpoints:
         staged = outbox.stage(folder)
-        outbox.submit("S3", f"copying {folder.name}", lambda f=folder: sent.append(f.name), later=f"send it later: `push {folder.name}`", staged=staged)
+        outbox.submit(
+            "S3",
+            f"copying {folder.name}",
+            lambda f=folder: sent.append(f.name),
+            later=f"send it later: `push {folder.name}`",
+            staged=staged,
+        )
     assert time.monotonic() - started < 1  # nothing waited for the service
     assert [f.what for f in outbox.failures] == [f"copying checkpoint-{s}" for s in range(1, 6 - STAGED_LIMIT)]
     assert "send it later: `push checkpoint-1`" in capsys.readouterr().err

@@ -26,8 +26,17 @@ def tracked(tmp_path_factory):
         pytest.importorskip(name)
     root = tmp_path_factory.mktemp("trackers")
     data = write_jsonl(root / "d.jsonl", make_documents(300))
-    raw = tiny_recipe(data, root / "run", max_steps=12, save_steps=12, eval_strategy="steps", eval_steps=6,
-                      report_to=TRACKERS, run_name="tiny", project=PROJECT)  # fmt: skip
+    raw = tiny_recipe(
+        data,
+        root / "run",
+        max_steps=12,
+        save_steps=12,
+        eval_strategy="steps",
+        eval_steps=6,
+        report_to=TRACKERS,
+        run_name="tiny",
+        project=PROJECT,
+    )
     recipe = root / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
     env = {**os.environ, **tracker_env(root)}

@@ -43,7 +43,9 @@ def test_each_method_lowers_held_out_loss(pretrained_run, tmp_path, method, gain
         assert trainable < total / 4  # r=8 on a 64-wide model; at 20B the ratio is >1,000x
         base = json.loads((final / "adapter" / "hftrain_base.json").read_text())
         assert base["base_model"] == str(pretrained_run.final_dir) and base["fingerprint"]
-        assert json.loads((final / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(pretrained_run.final_dir)
+        assert json.loads((final / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+            pretrained_run.final_dir
+        )
 
 
 @pytest.mark.slow
@@ -81,11 +83,17 @@ def test_prompt_tokens_carry_no_loss(pretrained_run):
     prompt_len = len(tok("the cat is")["input_ids"])
     assert labels[:prompt_len] == [IGNORE] * prompt_len
     assert labels[prompt_len:] == ids[prompt_len:] and ids[-1] == tok.eos_token_id
-    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the dog is"},
-                         {"role": "assistant", "content": "green."}, {"role": "user", "content": "and the cat?"},
-                         {"role": "assistant", "content": "red."}]}  # fmt: skip
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "the dog is"},
+            {"role": "assistant", "content": "green."},
+            {"role": "user", "content": "and the cat?"},
+            {"role": "assistant", "content": "red."},
+        ]
+    }
     ids, labels = encode_example(tok, chat, tok.eos_token_id)
-    learnt = tok.decode([i for i, l in zip(ids, labels) if l != IGNORE])
+    learnt = tok.decode([i for i, label in zip(ids, labels) if label != IGNORE])
     assert learnt.replace("<|endoftext|>", "") == "green.<|im_end|>\nred.<|im_end|>\n"  # assistant turns only
 
 
@@ -94,8 +102,16 @@ def test_packed_examples_do_not_attend_to_each_other(pretrained_run, tmp_path):
 
     tok = AutoTokenizer.from_pretrained(pretrained_run.final_dir)
     rows = instructions(6, 3)
-    section = load_recipe(None, {"data": {"train": {"path": str(write_examples(tmp_path / "x.jsonl", rows)), "format": "prompt_completion"},
-                                          "seq_len": 64, "shuffle_window": 1}}).data  # fmt: skip
+    section = load_recipe(
+        None,
+        {
+            "data": {
+                "train": {"path": str(write_examples(tmp_path / "x.jsonl", rows)), "format": "prompt_completion"},
+                "seq_len": 64,
+                "shuffle_window": 1,
+            }
+        },
+    ).data
     plan = plan_data(section, 0)
     stream = ExampleStream(DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 64, window=4, packing=True)
     block = next(b for b, _ in stream.blocks(stream.fresh_state()))
@@ -130,7 +146,10 @@ def test_lora_onto_random_weights_is_refused_before_training(tmp_path):
 
     raw = tiny_recipe(write_jsonl(tmp_path / "docs.jsonl", make_documents(20)), tmp_path / "out", max_steps=2)
     raw["finetune"] = {"method": "lora"}
-    with pytest.raises(HftrainError, match=r"finetune.method: lora trains an adapter onto pretrained weights, but this "
-                                           r"recipe builds model.preset cpu-tiny from random weights .*Set model.from_pretrained"):  # fmt: skip
+    with pytest.raises(
+        HftrainError,
+        match=r"finetune.method: lora trains an adapter onto pretrained weights, but this "
+        r"recipe builds model.preset cpu-tiny from random weights .*Set model.from_pretrained",
+    ):
         hftrain.train(load_recipe(None, raw))
     assert not (tmp_path / "out").exists()

@@ -40,9 +40,20 @@ def test_pythia_architecture_details():
 
 
 def test_every_architecture_field_is_overridable():
-    recipe = load_recipe(None, {"model": {"preset": "pythia-70m", "rotary_pct": 1.0, "use_parallel_residual": False,
-                                          "tie_word_embeddings": True, "hidden_size": 256, "num_attention_heads": 4,
-                                          "rotary_emb_base": 500000.0}})
+    recipe = load_recipe(
+        None,
+        {
+            "model": {
+                "preset": "pythia-70m",
+                "rotary_pct": 1.0,
+                "use_parallel_residual": False,
+                "tie_word_embeddings": True,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "rotary_emb_base": 500000.0,
+            }
+        },
+    )
     config = build_config(recipe, 50257, False, 0)
     assert config.rope_parameters["partial_rotary_factor"] == 1.0 and config.rope_parameters["rope_theta"] == 500000.0
     assert not config.use_parallel_residual and config.tie_word_embeddings

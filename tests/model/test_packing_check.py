@@ -26,8 +26,10 @@ def varlen_causal(module, query, key, value, attention_mask, dropout=0.0, scalin
     if cu_seq_lens_q is None:
         return causal_only(module, query, key, value, attention_mask, scaling=scaling)
     bounds = cu_seq_lens_q.tolist()
-    spans = [torch.nn.functional.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
-             for a, b in zip(bounds[:-1], bounds[1:])]  # fmt: skip
+    spans = [
+        torch.nn.functional.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
     return torch.cat(spans, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -39,13 +41,24 @@ AttentionInterface.register("varlen_causal", varlen_causal)
 def recipes(tmp_path_factory):
     root = tmp_path_factory.mktemp("packing")
     base = {"model": {"preset": "cpu-tiny"}, "training": {"per_device_train_batch_size": 4, "output_dir": str(root / "run")}}
-    examples = {**base, "data": {"train": {"path": str(write_examples(root / "x.jsonl", instructions(60, 4))), "format": "prompt_completion"},
-                                 "seq_len": 64}}  # fmt: skip
-    text = {**base, "data": {"train": {"path": str(write_jsonl(root / "docs.jsonl", make_documents(60)))}, "seq_len": 96,
-                             "document_masking": True}}  # fmt: skip
+    examples = {
+        **base,
+        "data": {
+            "train": {"path": str(write_examples(root / "x.jsonl", instructions(60, 4))), "format": "prompt_completion"},
+            "seq_len": 64,
+        },
+    }
+    text = {
+        **base,
+        "data": {"train": {"path": str(write_jsonl(root / "docs.jsonl", make_documents(60)))}, "seq_len": 96, "document_masking": True},
+    }
     (root / "examples.yaml").write_text(yaml.safe_dump(examples), encoding="utf-8")
-    return {"examples": root / "examples.yaml", "examples_recipe": load_recipe(None, examples), "text": load_recipe(None, text),
-            "plain_text": load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}})}  # fmt: skip
+    return {
+        "examples": root / "examples.yaml",
+        "examples_recipe": load_recipe(None, examples),
+        "text": load_recipe(None, text),
+        "plain_text": load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}}),
+    }
 
 
 def test_every_cpu_kernel_keeps_instruction_examples_apart(recipes, capsys):

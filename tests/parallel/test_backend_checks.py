@@ -137,7 +137,9 @@ def test_fsdp_checks_reject_replicated_or_whole_shards_and_missing_rank_files(ru
     for obs in whole:
         for p in obs["step_end"]["params"].values():
             p["dtensor"]["local_shape"] = p["shape"]
-    with pytest.raises(NotWhatWasAsked, match=r"rank 0: gpt_neox.embed_in.weight of shape \[384, 64\] holds \[384, 64\], expected \[192, 64\]"):
+    with pytest.raises(
+        NotWhatWasAsked, match=r"rank 0: gpt_neox.embed_in.weight of shape \[384, 64\] holds \[384, 64\], expected \[192, 64\]"
+    ):
         check_fsdp(whole, world=2)
     with pytest.raises(NotWhatWasAsked, match="expected observations from 4 rank"):
         check_fsdp(observations, world=4)
@@ -209,7 +211,9 @@ def test_zero3_checks_reject_the_ddp_fallback_and_unpartitioned_parameters(runs)
 QUANTIZED_RUNS = [("qlora", "single"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "single"), ("lora_8bit", "ddp")]
 
 
-@pytest.mark.parametrize("method, backend", [pytest.param(m, b, marks=[pytest.mark.slow] if b != "single" else []) for m, b in QUANTIZED_RUNS])
+@pytest.mark.parametrize(
+    "method, backend", [pytest.param(m, b, marks=[pytest.mark.slow] if b != "single" else []) for m, b in QUANTIZED_RUNS]
+)
 def test_quantized_methods_hold_bitsandbytes_layers(runs, method, backend):
     """The README's fine-tuning matrix: qlora on one process, DDP and FSDP; lora_8bit on one process and DDP."""
     observations, out = runs.get(method, backend)

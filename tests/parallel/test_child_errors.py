@@ -20,11 +20,11 @@ from ..support.cli import in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 # what every rank of a 2-process launch says about a recipe with data.readers=3 (hftrain/data/readers.py)
-REFUSAL = ("data.readers: this run reads its data with 3 logical readers (fixed at its start), which cannot be split "
-           "over 2 process(es) x 1 dataloader worker(s). With 1 worker(s) per process, 1, 3 process(es) work; or "
-           "change training.dataloader_num_workers so that processes x workers divides data.readers.")  # fmt: skip
-
-
+REFUSAL = (
+    "data.readers: this run reads its data with 3 logical readers (fixed at its start), which cannot be split "
+    "over 2 process(es) x 1 dataloader worker(s). With 1 worker(s) per process, 1, 3 process(es) work; or "
+    "change training.dataloader_num_workers so that processes x workers divides data.readers."
+)
 
 
 @pytest.fixture
@@ -132,12 +132,15 @@ def accelerate(config: Path) -> int:  # the GPU machines' launcher: accelerate's
 
 
 @pytest.mark.parametrize("launcher", [torchrun, accelerate])
-@pytest.mark.parametrize("how, exit_code, said", [
-    ("refuse", 2, "hftrain: error: the recipe is refused."),
-    ("preempt", 75, "hftrain: stopped by SIGTERM after step 3."),
-    ("raise", 1, "hftrain: rank 1 failed with exit code 1; its output above says why."),
-    ("kill", 128 + signal.SIGKILL, "hftrain: rank 1 was killed by SIGKILL."),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "how, exit_code, said",
+    [
+        ("refuse", 2, "hftrain: error: the recipe is refused."),
+        ("preempt", 75, "hftrain: stopped by SIGTERM after step 3."),
+        ("raise", 1, "hftrain: rank 1 failed with exit code 1; its output above says why."),
+        ("kill", 128 + signal.SIGKILL, "hftrain: rank 1 was killed by SIGKILL."),
+    ],
+)
 def test_both_launchers_say_how_their_processes_ended_once(launcher, how, exit_code, said, tmp_path, monkeypatch, capfd):
     from hftrain.parallel.launch import find_config
 

@@ -56,8 +56,9 @@ def test_every_backend_gives_the_losses_of_one_process(backend_run, backend):
 @pytest.mark.slow
 def test_parity_across_backends(tiny_yaml):
     """`hftrain parity`: its table and summary, on single and DDP (every backend's agreement: the test above)."""
-    result = run_in_process("parity", str(tiny_yaml), "--steps", "4", "--backends", "single,DDP",
-                            "training.output_dir=" + str(tiny_yaml.parent / "parity"))  # fmt: skip
+    result = run_in_process(
+        "parity", str(tiny_yaml), "--steps", "4", "--backends", "single,DDP", "training.output_dir=" + str(tiny_yaml.parent / "parity")
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     header = next(line for line in out.splitlines() if "step" in line and "loss" in line)
@@ -75,8 +76,15 @@ def test_parity_across_backends(tiny_yaml):
 @pytest.mark.slow
 def test_global_batch_sets_accumulation_and_is_kept_on_another_process_count(tiny_yaml, tmp_path):
     out = tmp_path / "gb"
-    launch(tiny_yaml, "ddp", out, "training.max_steps=4", "training.save_steps=4", "parallelism.global_batch_size=16",
-           "training.per_device_train_batch_size=4")  # fmt: skip
+    launch(
+        tiny_yaml,
+        "ddp",
+        out,
+        "training.max_steps=4",
+        "training.save_steps=4",
+        "parallelism.global_batch_size=16",
+        "training.per_device_train_batch_size=4",
+    )
     last = train_log(out)[-1]
     assert last["tokens_seen"] == 4 * 16 * 32  # 4 steps x 16 sequences (2 processes x 4 x accumulation 2)
     raw = yaml.safe_load(tiny_yaml.read_text())
@@ -162,8 +170,19 @@ def test_cpu_compat_is_inert_without_the_rehearsal_flag(monkeypatch):
 @pytest.mark.parametrize("kind", ["torchrun", "slurm"])
 def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
     out = tmp_path / f"{kind}.sh"
-    result = run_in_process("launch-script", "recipes/pretrain/pythia-1b.yaml", "--kind", kind, "--nodes", "2",
-                     "--gpus-per-node", "8", "--out", str(out), "training.max_steps=100")  # fmt: skip
+    result = run_in_process(
+        "launch-script",
+        "recipes/pretrain/pythia-1b.yaml",
+        "--kind",
+        kind,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--out",
+        str(out),
+        "training.max_steps=100",
+    )
     assert result.returncode == 0, result.stderr
     script = out.read_text()
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
@@ -212,7 +231,9 @@ def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
     """accelerate's dispatch_model offloads CPU-placed layers when a GPU is the main device: they would not train."""
     from transformers import GPTNeoXForCausalLM
 
-    recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}})
+    recipe = load_recipe(
+        None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}}
+    )
     from hftrain.model.build import build_config
 
     config = build_config(recipe, 320, True, eos_token_id=0)

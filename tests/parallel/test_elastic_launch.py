@@ -66,15 +66,33 @@ def test_the_elastic_script_and_what_is_refused(tmp_path, capsys):
     (tmp_path / "elastic.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "elastic.sh")]).returncode == 0
     assert '--nnodes "$MIN_NODES:$NNODES" --max-restarts "$MAX_RESTARTS"' in script and "NODE_RANK" not in script.split("set -euo")[1]
-    assert 'MIN_NODES="${MIN_NODES:-2}"' in script and 'MAX_RESTARTS="${MAX_RESTARTS:-3}"' in script and "storage every node mounts" in script
+    assert (
+        'MIN_NODES="${MIN_NODES:-2}"' in script and 'MAX_RESTARTS="${MAX_RESTARTS:-3}"' in script and "storage every node mounts" in script
+    )
     with pytest.raises(HftrainError, match="--min-nodes: elastic restarts are for the torchrun script"):
         multinode.render("slurm", 4, 8, "r.yaml", "fsdp", [], min_nodes=2)
     with pytest.raises(HftrainError, match="--min-nodes 5: give 1 .. 4"):
         multinode.render("torchrun", 4, 8, "r.yaml", "fsdp", [], min_nodes=5)
     recipe = str(ROOT / "recipes" / "quickstart.yaml")
-    cases = {("--nnodes", "2:1"): "argument --nnodes: 2:1 cannot work: give MIN:MAX with MIN at most MAX",
-             ("--nnodes", "1:2", "--accelerate-config", "ddp"): "--nnodes 1:2 restarts the processes when a node is lost or joins: give --max-restarts N",
-             ("--nnodes", "1:2", "--max-restarts", "2", "--node-rank", "1", "--accelerate-config", "ddp"): "--node-rank 1: not with --nnodes 1:2"}  # fmt: skip
+    cases = {
+        ("--nnodes", "2:1"): "argument --nnodes: 2:1 cannot work: give MIN:MAX with MIN at most MAX",
+        (
+            "--nnodes",
+            "1:2",
+            "--accelerate-config",
+            "ddp",
+        ): "--nnodes 1:2 restarts the processes when a node is lost or joins: give --max-restarts N",
+        (
+            "--nnodes",
+            "1:2",
+            "--max-restarts",
+            "2",
+            "--node-rank",
+            "1",
+            "--accelerate-config",
+            "ddp",
+        ): "--node-rank 1: not with --nnodes 1:2",
+    }
     for extra, message in cases.items():
         assert exit_code(["train", recipe, *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
@@ -176,16 +194,30 @@ def test_a_restart_never_reads_what_an_earlier_start_left_in_the_store(tmp_path)
     server = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
     script = tmp_path / "agree.py"
     script.write_text(AGREE)
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "PYTHONPATH": str(ROOT)}  # fmt: skip
+    base = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(server.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "PYTHONPATH": str(ROOT),
+    }
 
     def start(name: str, restarts: tuple[int, int], delays: tuple[float, float]) -> None:
-        ranks = [subprocess.Popen([sys.executable, str(script), str(tmp_path), name, str(delays[r])],
-                                  env={**base, "RANK": str(r), "TORCHELASTIC_RESTART_COUNT": str(restarts[r])}) for r in (0, 1)]  # fmt: skip
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(tmp_path), name, str(delays[r])],
+                env={**base, "RANK": str(r), "TORCHELASTIC_RESTART_COUNT": str(restarts[r])},
+            )
+            for r in (0, 1)
+        ]
         assert [p.wait(timeout=60) for p in ranks] == [0, 0]
 
     start("first", (0, 0), (0.0, 0.0))
     start("second", (1, 0), (1.5, 0.0))  # rank 0 decides late: rank 1 must wait for it, not read the first start's
     got = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*-rank*.json")}
-    assert got == {"first-rank0": {"start": "first"}, "first-rank1": {"start": "first"},
-                   "second-rank0": {"start": "second"}, "second-rank1": {"start": "second"}}  # fmt: skip
+    assert got == {
+        "first-rank0": {"start": "first"},
+        "first-rank1": {"start": "first"},
+        "second-rank0": {"start": "second"},
+        "second-rank1": {"start": "second"},
+    }

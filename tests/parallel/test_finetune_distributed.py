@@ -89,21 +89,34 @@ def test_method_trains_on_2_processes(pretrained_run, method_runs, method, backe
 
 @pytest.mark.slow
 def test_quantized_zero3_is_refused_before_any_process_starts(pretrained_run, tmp_path, capsys):
-    code, printed = in_process(capsys, "train", str(finetune_recipe_file(pretrained_run.final_dir, tmp_path, "qlora")), "--accelerate-config",
-                               "zero3", "--nproc", "2")  # fmt: skip
+    code, printed = in_process(
+        capsys,
+        "train",
+        str(finetune_recipe_file(pretrained_run.final_dir, tmp_path, "qlora")),
+        "--accelerate-config",
+        "zero3",
+        "--nproc",
+        "2",
+    )
     assert code == 2 and "Traceback" not in printed
-    assert ("hftrain: error: finetune.method=qlora with parallelism.strategy=zero3 (ZeRO-3): not supported. DeepSpeed ZeRO-3 "
-            "partitions weights as the model is built (zero.Init), which does not support bitsandbytes' quantized weights") in printed  # fmt: skip
+    assert (
+        "hftrain: error: finetune.method=qlora with parallelism.strategy=zero3 (ZeRO-3): not supported. DeepSpeed ZeRO-3 "
+        "partitions weights as the model is built (zero.Init), which does not support bitsandbytes' quantized weights"
+    ) in printed
     assert not (tmp_path / "qlora").exists()  # nothing was started
 
 
 def test_quantized_combinations_bitsandbytes_cannot_run(pretrained_run, tmp_path):
     raw = finetune_recipe(pretrained_run.final_dir, tmp_path, "lora_8bit")
-    with pytest.raises(HftrainError, match=r"finetune.method=lora_8bit with parallelism.strategy=fsdp \(FSDP\): FSDP cannot shard bitsandbytes' int8"):
+    with pytest.raises(
+        HftrainError, match=r"finetune.method=lora_8bit with parallelism.strategy=fsdp \(FSDP\): FSDP cannot shard bitsandbytes' int8"
+    ):
         finetune.check_strategy(load_recipe(None, raw), "fsdp")
     raw["finetune"].update(method="qlora", quantization={"bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "bfloat16"})
     recipe = load_recipe(None, raw)
-    with pytest.raises(HftrainError, match="bnb_4bit_quant_storage: uint8 with FSDP; FSDP shards the 4-bit weights only when .* set it to bfloat16"):
+    with pytest.raises(
+        HftrainError, match="bnb_4bit_quant_storage: uint8 with FSDP; FSDP shards the 4-bit weights only when .* set it to bfloat16"
+    ):
         finetune.check_strategy(recipe, "fsdp")
     assert finetune.check_strategy(recipe, "ddp") == "uint8"
     raw["finetune"]["quantization"].pop("bnb_4bit_quant_storage")
@@ -136,7 +149,11 @@ def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run,
 def test_plan_reports_memory_per_finetune_method():
     result = run_in_process("plan", "recipes/pretrain/pythia-160m.yaml", "finetune.method=lora")
     assert result.returncode == 0, result.stderr
-    table = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ") and line.split()[0] in METHODS and "4-bit" not in line}
+    table = {
+        line.split()[0]: line
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and line.split()[0] in METHODS and "4-bit" not in line
+    }
     assert set(table) == set(METHODS) and table["lora"].endswith("<- this recipe")
     gb = {m: [float(w) for w in line.split()[2:10:2]] for m, line in table.items()}  # weights, gradients, optimizer, total
     assert gb["full"] == [0.65, 0.65, 1.30, 2.60]  # 162M parameters: fp32 weights and gradients, two fp32 AdamW moments

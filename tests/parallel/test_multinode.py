@@ -32,14 +32,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_agents(script: Path, port: int, ranks: tuple[int, ...] = (0, 1), nnodes: int = 2, timeout: float = 400,
-                per_node: dict[int, list[str]] | None = None) -> list[tuple[int, str]]:  # fmt: skip
+def node_agents(
+    script: Path,
+    port: int,
+    ranks: tuple[int, ...] = (0, 1),
+    nnodes: int = 2,
+    timeout: float = 400,
+    per_node: dict[int, list[str]] | None = None,
+) -> list[tuple[int, str]]:
     """Run `script` once per node rank, at the same time, as a cluster's nodes would (`per_node`: a node's own
     arguments, such as its output directory); (exit code, stdout and stderr) of each."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "127.0.0.1",
-           "MASTER_PORT": str(port), "NNODES": str(nnodes)}  # fmt: skip
-    agents = [subprocess.Popen(["bash", str(script), *(per_node or {}).get(r, [])], env={**env, "NODE_RANK": str(r)},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "HEAD_NODE": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "NNODES": str(nnodes),
+    }
+    agents = [
+        subprocess.Popen(
+            ["bash", str(script), *(per_node or {}).get(r, [])],
+            env={**env, "NODE_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in ranks
+    ]
     # every agent's pipes read at once: one left unread fills its pipe (64 KB), blocks, and the others wait for it
     said = [in_background(lambda agent=agent: agent.communicate(timeout=timeout)) for agent in agents]
     outputs = ["".join(out.result()) for out in said]  # each agent has exited once its output is read to the end
@@ -47,8 +66,21 @@ def node_agents(script: Path, port: int, ranks: tuple[int, ...] = (0, 1), nnodes
 
 
 def node_script(recipe: Path, backend: str, script: Path) -> Path:
-    rendered = run_in_process("launch-script", str(recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
-                       "--accelerate-config", backend, "--out", str(script))  # fmt: skip
+    rendered = run_in_process(
+        "launch-script",
+        str(recipe),
+        "--kind",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--cpu",
+        "--accelerate-config",
+        backend,
+        "--out",
+        str(script),
+    )
     assert rendered.returncode == 0, rendered.stderr
     return script
 
@@ -111,13 +143,22 @@ def through_one_s3_prefix(s3, dirs: list[Path]) -> None:
     assert (dirs[1] / f"checkpoint-{SAVE}" / COMPLETE_MARKER).is_file()
 
 
-
 def start_two_nodes(script: Path, args: list[str], run_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """Both node agents running `script ARGS`, once checkpoint-10 is complete in `run_dir` (training goes on)."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "NNODES": "2", **(extra_env or {})}  # fmt: skip
-    agents = [subprocess.Popen(["bash", str(script), *args], env={**env, "NODE_RANK": str(r)}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "HEAD_NODE": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "NNODES": "2",
+        **(extra_env or {}),
+    }
+    agents = [
+        subprocess.Popen(
+            ["bash", str(script), *args], env={**env, "NODE_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for r in (0, 1)
+    ]
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoint-10" / COMPLETE_MARKER).is_file():
         assert time.monotonic() < deadline and agents[0].poll() is None, "no checkpoint-10"
@@ -256,12 +297,33 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
     from ..support.cli import kill_family
 
     script = tmp_path / "elastic.sh"
-    rendered = run_in_process("launch-script", str(long_recipe), "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "1", "--cpu",
-                       "--accelerate-config", "ddp", "--min-nodes", "1", "--out", str(script))  # fmt: skip
+    rendered = run_in_process(
+        "launch-script",
+        str(long_recipe),
+        "--kind",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--cpu",
+        "--accelerate-config",
+        "ddp",
+        "--min-nodes",
+        "1",
+        "--out",
+        str(script),
+    )
     assert rendered.returncode == 0, rendered.stderr
     run_dir, port = tmp_path / "run", free_port()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "127.0.0.1",
-           "MASTER_PORT": str(port), "HFTRAIN_RDZV_LAST_CALL_S": "10", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "HEAD_NODE": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "HFTRAIN_RDZV_LAST_CALL_S": "10",
+        "PYTHONUNBUFFERED": "1",
+    }
     args = [f"training.output_dir={run_dir}"]
     first = Node(script, env, args)
     wait_listening(port)  # node 0's agent holds the rendezvous: it must be the node that stays
@@ -288,8 +350,10 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
     assert json.loads((run_dir / "results.json").read_text())["world_size"] == 2  # node 1 took part again
     losses = metrics_losses(run_dir)
     worst = max(abs(losses[step] - ddp_40_steps[step]) for step in range(1, 41))
-    print(f"elastic: node 1 lost after {in_group.name}; {first.said.count('hftrain: resuming')} resumes on node 0; "
-          f"per-step loss difference to the uninterrupted run: max {worst:.2e}; {lost[0]}")
+    print(
+        f"elastic: node 1 lost after {in_group.name}; {first.said.count('hftrain: resuming')} resumes on node 0; "
+        f"per-step loss difference to the uninterrupted run: max {worst:.2e}; {lost[0]}"
+    )
     assert_resumed_matches(ddp_40_steps, losses, range(1, 41), "elastic: 2 nodes, 1, then 2 again")
 
 
@@ -299,9 +363,32 @@ def test_a_node_whose_head_never_comes_says_so_in_one_line_and_exits_69(tmp_path
     retry lines and their 30-frame backtraces (before: both, twice, then the sentence, exit 1). The launched
     processes keep torch's C++ log level (the launcher's own is quieted before torch is imported)."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "hftrain", "train", str(long_recipe), "--accelerate-config", "ddp", "--cpu", "--nproc", "1",
-                           "--nnodes", "2", "--node-rank", "1", "--master-port", str(free_port()), "--rendezvous-timeout", "3",
-                           f"training.output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hftrain",
+            "train",
+            str(long_recipe),
+            "--accelerate-config",
+            "ddp",
+            "--cpu",
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-port",
+            str(free_port()),
+            "--rendezvous-timeout",
+            "3",
+            f"training.output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     said = done.stdout + done.stderr
     assert done.returncode == 69, said[-3000:]
     assert "hftrain: the nodes did not all join the rendezvous (The client socket has timed out after 3000ms" in said, said[-3000:]
@@ -326,4 +413,3 @@ def test_launched_processes_keep_torchs_cpp_log_level(monkeypatch):
     monkeypatch.delenv("HFTRAIN_CHILD_CPP_LOG_LEVEL")
     _compat.quiet_launcher_cpp_logs(["train", "r.yaml", "--accelerate-config", "ddp"])
     assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO" and _compat.launch_environment_cpp_logs() == {}
-

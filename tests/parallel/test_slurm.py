@@ -30,8 +30,22 @@ def slurm(tmp_path_factory):
 def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses(tmp_path, slurm, long_recipe, ddp_40_steps):
     """The job runs the 40 steps of reference_runs.py's recipe, whose uninterrupted run it is compared with."""
     run_dir, script = tmp_path / "run", tmp_path / "job.sh"
-    rendered = run_in_process("launch-script", str(long_recipe), "--kind", "slurm", "--nodes", "1", "--gpus-per-node", "2", "--cpu",
-                       "--accelerate-config", "ddp", "--out", str(script), f"training.output_dir={run_dir}")  # fmt: skip
+    rendered = run_in_process(
+        "launch-script",
+        str(long_recipe),
+        "--kind",
+        "slurm",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--cpu",
+        "--accelerate-config",
+        "ddp",
+        "--out",
+        str(script),
+        f"training.output_dir={run_dir}",
+    )
     assert rendered.returncode == 0, rendered.stderr
     job = slurm.sbatch(script, tmp_path)
     states: list[str] = []

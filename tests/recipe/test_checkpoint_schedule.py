@@ -26,15 +26,21 @@ def test_a_log_schedule_with_an_end_then_every_and_a_list():
     assert not CheckpointsSection().keeps(0) and not CheckpointsSection().keeps(1)
 
 
-@pytest.mark.parametrize("checkpoints, training, message", [
-    ({"schedule": "log"}, {}, "checkpoints: schedule: log needs log_until (the last log-spaced step), e.g. log_until: 512"),
-    ({"every": 1000}, {}, "log_until and every belong to schedule: log (pythia fixes them at 512 and 1000)"),
-    ({"steps": [-1, 10]}, {}, "checkpoints.steps: steps are optimizer steps: 0 (the initialization) or more"),
-    ({"schedule": "pythia", "push_revisions": True}, {}, "checkpoints.push_revisions pushes kept checkpoints as Hub branches: set "
-                                                         "training.push_to_hub: true and training.hub_model_id"),
-    ({"push_revisions": True}, {"push_to_hub": True}, "checkpoints.push_revisions: no checkpoint is kept"),
-    ({"schedule": "daily"}, {}, "checkpoints.schedule"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "checkpoints, training, message",
+    [
+        ({"schedule": "log"}, {}, "checkpoints: schedule: log needs log_until (the last log-spaced step), e.g. log_until: 512"),
+        ({"every": 1000}, {}, "log_until and every belong to schedule: log (pythia fixes them at 512 and 1000)"),
+        ({"steps": [-1, 10]}, {}, "checkpoints.steps: steps are optimizer steps: 0 (the initialization) or more"),
+        (
+            {"schedule": "pythia", "push_revisions": True},
+            {},
+            "checkpoints.push_revisions pushes kept checkpoints as Hub branches: set training.push_to_hub: true and training.hub_model_id",
+        ),
+        ({"push_revisions": True}, {"push_to_hub": True}, "checkpoints.push_revisions: no checkpoint is kept"),
+        ({"schedule": "daily"}, {}, "checkpoints.schedule"),
+    ],
+)
 def test_a_schedule_that_cannot_work_is_refused_naming_the_key(tmp_path, checkpoints, training, message):
     with pytest.raises(HftrainError) as info:
         load_recipe(None, {"checkpoints": checkpoints, "training": {"output_dir": str(tmp_path), **training}})

@@ -106,9 +106,7 @@ def test_notebook_keyword_overrides(tmp_path):
 
 
 def test_tokenizer_kinds_are_exclusive():
-    assert "give only one of builtin, path or train (got builtin, path)" in error_of(
-        None, {"tokenizer": {"builtin": "gpt2", "path": "x"}}
-    )
+    assert "give only one of builtin, path or train (got builtin, path)" in error_of(None, {"tokenizer": {"builtin": "gpt2", "path": "x"}})
     assert load_recipe(None, {"tokenizer": {"path": "x"}}).tokenizer.builtin is None
 
 

@@ -72,8 +72,11 @@ def test_sharding_and_checkpointing_lower_the_predicted_peak():
     ddp, fsdp, gc = peak(strategy="ddp"), peak(strategy="fsdp"), peak(strategy="ddp", checkpointing=True)
     assert fsdp < ddp - 8 * GB  # weights and AdamW over 8 GPUs (embeddings, head and one layer gathered)
     assert gc < ddp - 15 * GB  # one layer's activations instead of 16
-    lora = predict_peak(load_recipe(PYTHIA_1B, ["finetune.method=lora"]), info | plan(load_recipe(PYTHIA_1B, ["finetune.method=lora"])),
-                        run_shape(recipe, "cuda", 8, strategy="ddp")).total  # fmt: skip
+    lora = predict_peak(
+        load_recipe(PYTHIA_1B, ["finetune.method=lora"]),
+        info | plan(load_recipe(PYTHIA_1B, ["finetune.method=lora"])),
+        run_shape(recipe, "cuda", 8, strategy="ddp"),
+    ).total
     assert lora < ddp - 7 * GB  # no AdamW state (8 GB) for the frozen base
 
 
@@ -97,10 +100,12 @@ def test_dpo_counts_its_reference_copy_and_both_answers():
 
 
 def test_plan_refuses_numbers_that_cannot_work(capsys):
-    for argv, message in ((["--gpus", "0"], "argument --gpus: 0 cannot work: give a whole number of 1 or more"),
-                          (["--mfu", "1.5"], "argument --mfu: 1.5 cannot work: give a number above 0 and at most 1"),
-                          (["--price-per-hour", "0"], "argument --price-per-hour: 0 cannot work: give a number above 0"),
-                          (["--gpus", "2", "--gpu-type", "Z9"], "--gpu-type 'Z9': no data-sheet peak known")):  # fmt: skip
+    for argv, message in (
+        (["--gpus", "0"], "argument --gpus: 0 cannot work: give a whole number of 1 or more"),
+        (["--mfu", "1.5"], "argument --mfu: 1.5 cannot work: give a number above 0 and at most 1"),
+        (["--price-per-hour", "0"], "argument --price-per-hour: 0 cannot work: give a number above 0"),
+        (["--gpus", "2", "--gpu-type", "Z9"], "--gpu-type 'Z9': no data-sheet peak known"),
+    ):
         try:
             code = main(["plan", PYTHIA_1B, *argv])
         except SystemExit as refused:  # argparse's own refusal (cli/numbers.py)
@@ -112,8 +117,10 @@ def test_plan_refuses_numbers_that_cannot_work(capsys):
 def test_plan_imports_nothing_it_does_not_need():
     """`plan` prints numbers computed on paper: the Trainer, datasets, DeepSpeed and plotting stay unimported (the
     recipe's schema needs TrainingArguments, whose module imports peft and accelerate: transformers' own choice)."""
-    code = ("import sys; from hftrain.cli import main; main(['plan', sys.argv[1], '--gpus', '8']); "
-            "print('LOADED', sorted(m for m in ('datasets', 'transformers.trainer', 'deepspeed', 'matplotlib') if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys; from hftrain.cli import main; main(['plan', sys.argv[1], '--gpus', '8']); "
+        "print('LOADED', sorted(m for m in ('datasets', 'transformers.trainer', 'deepspeed', 'matplotlib') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code, PYTHIA_1B], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "LOADED []" in done.stdout
@@ -122,14 +129,23 @@ def test_plan_imports_nothing_it_does_not_need():
 @pytest.fixture
 def small_machine(monkeypatch):
     """This machine with 1.2 GB of RAM: the tiny recipe's micro-batch 64 does not fit, 8 does."""
-    monkeypatch.setattr(fitting, "this_machine", lambda processes=1: fitting.Machine("cpu", processes, 1.2 * GB / processes, "a 1.2 GB test machine"))
+    monkeypatch.setattr(
+        fitting, "this_machine", lambda processes=1: fitting.Machine("cpu", processes, 1.2 * GB / processes, "a 1.2 GB test machine")
+    )
     monkeypatch.setattr(fitting, "library_footprint", lambda: 0.6 * GB)
 
 
 def fit_recipe(tmp_path: Path, **extra) -> hftrain.Recipe:
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(400))
-    raw = tiny_recipe(data, tmp_path / "run", max_steps=2, save_steps=100, per_device_train_batch_size=64,
-                      per_device_eval_batch_size=64, gradient_accumulation_steps=1)  # fmt: skip
+    raw = tiny_recipe(
+        data,
+        tmp_path / "run",
+        max_steps=2,
+        save_steps=100,
+        per_device_train_batch_size=64,
+        per_device_eval_batch_size=64,
+        gradient_accumulation_steps=1,
+    )
     raw["model"] = {"preset": "pythia-14m"}
     raw["tokenizer"] = {"builtin": "gpt2"}
     raw["data"].update(seq_len=128, eval_blocks=64)
@@ -154,13 +170,19 @@ def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(
     out = capsys.readouterr().out
     warning = next(line for line in out.splitlines() if "warning: training.per_device_train_batch_size=64" in line)
     assert "more than the 1.1 GB usable on a 1.2 GB test machine" in warning
-    assert f"parallelism.fit_memory: true would take single, micro-batch {chosen.shape.micro_batch} x accumulation {chosen.accumulation}" in warning
+    assert (
+        f"parallelism.fit_memory: true would take single, micro-batch {chosen.shape.micro_batch} x accumulation {chosen.accumulation}"
+        in warning
+    )
     assert f"evaluation batch {chosen.shape.eval_batch}" in warning
     assert out.index(warning) < out.index("'loss'")  # before step 1
 
     fitted = hftrain.train(fit_recipe(tmp_path / "b", **{"parallelism.fit_memory": True}))
     out = capsys.readouterr().out
-    assert f"hftrain: memory fit (parallelism.fit_memory): single, micro-batch {chosen.shape.micro_batch} x accumulation {chosen.accumulation}" in out
+    assert (
+        f"hftrain: memory fit (parallelism.fit_memory): single, micro-batch {chosen.shape.micro_batch} x accumulation {chosen.accumulation}"
+        in out
+    )
     args = fitted.trainer.args
     assert args.per_device_train_batch_size == chosen.shape.micro_batch
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64  # the global batch is kept
@@ -191,8 +213,10 @@ def test_predicted_peak_is_within_15_percent_of_a_real_run(name, calibration):
     if config.method != "pretrain":
         build_bases(work / "bases", {config.size})
     row = measure(config, work / "bases", work, env, predicted_libraries)
-    print(f"{name}: measured {row['measured'] / GB:.3f} GB, predicted {row['predicted'] / GB:.3f} GB ({row['phase']}), "
-          f"libraries {libraries / GB:.3f} GB measured, {predicted_libraries / GB:.3f} GB predicted")  # fmt: skip
+    print(
+        f"{name}: measured {row['measured'] / GB:.3f} GB, predicted {row['predicted'] / GB:.3f} GB ({row['phase']}), "
+        f"libraries {libraries / GB:.3f} GB measured, {predicted_libraries / GB:.3f} GB predicted"
+    )
     assert row["predicted"] == pytest.approx(row["measured"], rel=0.15)
     assert row["predicted"] - predicted_libraries == pytest.approx(row["measured"] - libraries, rel=0.15)
     # the check can fail: the training state alone (what `plan` printed before) is far below the measured peak

@@ -87,7 +87,9 @@ def test_compile_in_fp32_on_a_cpu_never_pays():
     plan = speed.decide(recipe_for(), {"max_steps": 10**6}, "single", HALF_SPEED_BF16, CPU, warm_compile=True)
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert "torch_compile=off (it was measured to save nothing for this device and precision)" in plan.reasons
-    gpu = speed.decide(recipe_for(), {"max_steps": 10**6}, "single", Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.9}, "cuda"), GPU, False)
+    gpu = speed.decide(
+        recipe_for(), {"max_steps": 10**6}, "single", Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.9}, "cuda"), GPU, False
+    )
     assert gpu.values["torch_compile"] is True  # on a GPU a long run compiles in any precision
 
 
@@ -106,8 +108,10 @@ def test_a_probe_that_does_not_fit_in_memory_falls_back_without_compile(monkeypa
     shape = measure_model(recipe_for())
     plan = speed.decide_here(recipe_for(), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "single", shape, CPU)
     assert plan.values == {"bf16": False, "torch_compile": False}
-    assert plan.reasons == ["fp32 (no autocast) (the speed probe did not fit in the device's memory)",
-                            "torch_compile=off (the speed probe did not fit in the device's memory)"]  # fmt: skip
+    assert plan.reasons == [
+        "fp32 (no autocast) (the speed probe did not fit in the device's memory)",
+        "torch_compile=off (the speed probe did not fit in the device's memory)",
+    ]
 
 
 def test_a_zero3_rehearsal_on_a_cpu_stays_fp32_without_probing(monkeypatch):
@@ -165,7 +169,9 @@ def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corp
     run = hftrain.train(make_recipe(max_steps=6, save_steps=2, measured_speed=True))
     out = capsys.readouterr().out
     assert "speed defaults: kept from the run's start: bf16=False" in out and run.trainer.args.bf16 is False
-    fresh = hftrain.train(hftrain.load_recipe(None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2, measured_speed=True)))
+    fresh = hftrain.train(
+        hftrain.load_recipe(None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2, measured_speed=True))
+    )
     assert fresh.trainer.args.bf16 is True  # the check can fail: a new run does take the new measurement
 
 
@@ -193,6 +199,7 @@ def test_every_process_gets_rank_0s_decision(tmp_path):
 @pytest.mark.slow
 def test_compiled_training_learns_like_eager_and_saves_a_plain_checkpoint(corpus, tmp_path):
     """torch.compile is a default for long runs: it must train the same model and save standard weights."""
+
     def run(name: str, compile: bool):
         raw = tiny_recipe(corpus, tmp_path / name, max_steps=12, save_steps=6, torch_compile=compile)
         return hftrain.train(hftrain.load_recipe(None, raw))

@@ -50,10 +50,14 @@ def check_fsdp(observations: list[dict[str, Any]], world: int, when: str = "step
         for name, p in obs[when]["params"].items():
             d = p["dtensor"]
             _require(d is not None, f"rank {rank}: {name} is a plain {p['class']} of shape {p['shape']}, not a DTensor: not sharded")
-            _require(d["placements"] == ["S(0)"] and d["mesh_size"] == world,
-                     f"rank {rank}: {name} placed {d['placements']} on a mesh of {d['mesh_size']}, not Shard(0) over {world}")  # fmt: skip
+            _require(
+                d["placements"] == ["S(0)"] and d["mesh_size"] == world,
+                f"rank {rank}: {name} placed {d['placements']} on a mesh of {d['mesh_size']}, not Shard(0) over {world}",
+            )
             expected = [shard_rows(p["shape"][0], world, rank), *p["shape"][1:]]
-            _require(d["local_shape"] == expected, f"rank {rank}: {name} of shape {p['shape']} holds {d['local_shape']}, expected {expected}")
+            _require(
+                d["local_shape"] == expected, f"rank {rank}: {name} of shape {p['shape']} holds {d['local_shape']}, expected {expected}"
+            )
             local[rank] += math.prod(d["local_shape"])
             full += p["numel"] if rank == 0 else 0
     _require(sum(local) == full, f"the ranks hold {local} elements, which do not add up to the model's {full}")
@@ -70,7 +74,9 @@ def check_zero3(observations: list[dict[str, Any]], world: int, when: str = "ste
         rank = obs["rank"]
         for name, p in obs[when]["params"].items():
             z = p["zero3"]
-            _require(z is not None, f"rank {rank}: {name} has no ds_numel/ds_tensor: not partitioned by ZeRO-3 (a full {p['shape']} tensor)")
+            _require(
+                z is not None, f"rank {rank}: {name} has no ds_numel/ds_tensor: not partitioned by ZeRO-3 (a full {p['shape']} tensor)"
+            )
             _require(z["ds_numel"] == math.prod(z["ds_shape"]), f"rank {rank}: {name} ds_numel {z['ds_numel']} != prod{z['ds_shape']}")
             expected = -(-z["ds_numel"] // world)
             _require(z["local_numel"] == expected, f"rank {rank}: {name} holds {z['local_numel']} of {z['ds_numel']}, expected {expected}")
@@ -116,11 +122,16 @@ def check_zero3_checkpoint(checkpoint: Path, world: int) -> dict[str, Any]:
     files = sorted(p.name for p in steps[0].iterdir())
     sizes = []
     for rank in range(world):
-        model_file, optim = f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt", [f for f in files if f.endswith(f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")]
+        model_file, optim = (
+            f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
+            [f for f in files if f.endswith(f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")],
+        )
         _require(model_file in files and len(optim) == 1, f"{steps[0]} holds {files}: no model/optimizer states of rank {rank}")
         states = torch.load(steps[0] / optim[0], map_location="cpu", weights_only=False)["optimizer_state_dict"]
-        _require(int(states["zero_stage"]) == 3 and states["partition_count"] == world,
-                 f"rank {rank}: ZeRO stage {int(states['zero_stage'])}, partitioned over {states['partition_count']}, not stage 3 over {world}")  # fmt: skip
+        _require(
+            int(states["zero_stage"]) == 3 and states["partition_count"] == world,
+            f"rank {rank}: ZeRO stage {int(states['zero_stage'])}, partitioned over {states['partition_count']}, not stage 3 over {world}",
+        )
         sizes.append(sum(t.numel() for t in states["fp32_flat_groups"]))
     shapes = torch.load(steps[0] / "zero_pp_rank_0_mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["param_shapes"]
     numels = [math.prod(s) for group in shapes for s in group.values()]
@@ -129,14 +140,18 @@ def check_zero3_checkpoint(checkpoint: Path, world: int) -> dict[str, Any]:
     return {"files": files, "partition_numel": sizes, "full_numel": sum(numels)}
 
 
-def check_quantized(observation: dict[str, Any], method: str, strategy: str = "single", world: int = 1,
-                    compute_dtype: str = "bfloat16") -> dict[str, Any]:  # fmt: skip
+def check_quantized(
+    observation: dict[str, Any], method: str, strategy: str = "single", world: int = 1, compute_dtype: str = "bfloat16"
+) -> dict[str, Any]:
     """Every NeoX projection of the base model is a bitsandbytes layer of METHOD's class with its quantized
     storage: qlora packs two 4-bit weights a byte (uint8, or the compute dtype under FSDP, sharded there) with a
     quant_state; lora_8bit holds int8 weights with their scales (SCB)."""
     layers = observation["step_end"]["quantized"]
     wanted = QUANTIZED_CLASS[method]
-    _require(bool(layers), f"no bitsandbytes layer in the model: it was loaded unquantized ({len(observation['step_end']['plain_linear'])} plain Linear)")
+    _require(
+        bool(layers),
+        f"no bitsandbytes layer in the model: it was loaded unquantized ({len(observation['step_end']['plain_linear'])} plain Linear)",
+    )
     projections = [n for n in observation["step_end"]["plain_linear"] if "lora_" not in n and set(n.split(".")) & set(PROJECTIONS)]
     _require(not projections, f"{len(projections)} projection(s) stayed plain Linear, e.g. {projections[:2]}")
     storage = compute_dtype if (method == "qlora" and strategy == "fsdp") else "uint8" if method == "qlora" else "int8"
@@ -151,11 +166,20 @@ def check_quantized(observation: dict[str, Any], method: str, strategy: str = "s
         else:
             _require(q["int8_scales"], f"{name}: int8 weight without its scales (SCB)")
         if strategy == "fsdp":
-            _require(q["dtensor"] is not None and q["dtensor"]["mesh_size"] == world, f"{name}: quantized weight not sharded over {world} ranks")
+            _require(
+                q["dtensor"] is not None and q["dtensor"]["mesh_size"] == world, f"{name}: quantized weight not sharded over {world} ranks"
+            )
     full = sum(q["in_features"] * q["out_features"] for q in layers.values())
     packed = full / 2 if method == "qlora" else full  # bytes of the whole quantized weights
     shards = world if strategy == "fsdp" else 1  # DDP and one process hold a whole copy
-    _require(stored_bytes <= math.ceil(packed / shards) + 64 * len(layers),
-             f"{stored_bytes} bytes of quantized weights on this rank, expected {packed / shards:.0f} (packed, /{shards} shard(s))")  # fmt: skip
-    return {"layers": len(layers), "class": wanted, "storage": storage, "weight_bytes": stored_bytes,
-            "ratio_to_bf16": stored_bytes * shards / (2 * full)}  # fmt: skip
+    _require(
+        stored_bytes <= math.ceil(packed / shards) + 64 * len(layers),
+        f"{stored_bytes} bytes of quantized weights on this rank, expected {packed / shards:.0f} (packed, /{shards} shard(s))",
+    )
+    return {
+        "layers": len(layers),
+        "class": wanted,
+        "storage": storage,
+        "weight_bytes": stored_bytes,
+        "ratio_to_bf16": stored_bytes * shards / (2 * full),
+    }

@@ -37,8 +37,13 @@ def _dtensor(p: Any) -> dict[str, Any] | None:
 def _zero3(p: Any) -> dict[str, Any] | None:
     if not hasattr(p, "ds_numel"):
         return None
-    return {"ds_numel": int(p.ds_numel), "ds_shape": list(p.ds_shape), "local_numel": int(p.ds_tensor.numel()),
-            "status": str(getattr(p, "ds_status", "")), "persist": bool(getattr(p, "ds_persist", False))}  # fmt: skip
+    return {
+        "ds_numel": int(p.ds_numel),
+        "ds_shape": list(p.ds_shape),
+        "local_numel": int(p.ds_tensor.numel()),
+        "status": str(getattr(p, "ds_status", "")),
+        "persist": bool(getattr(p, "ds_persist", False)),
+    }
 
 
 def _quantized(module: Any) -> dict[str, Any]:
@@ -47,11 +52,19 @@ def _quantized(module: Any) -> dict[str, Any]:
     local = data.to_local() if hasattr(data, "to_local") else data
     state = getattr(w, "quant_state", None) or getattr(module, "quant_state", None)
     return {
-        "class": type(module).__name__, "weight_class": type(w).__name__, "weight_dtype": str(local.dtype).removeprefix("torch."),
-        "weight_numel": int(local.numel()), "device": str(local.device), "in_features": module.in_features, "out_features": module.out_features,
-        "quant_state": None if state is None else {"quant_type": getattr(state, "quant_type", None), "shape": list(getattr(state, "shape", []))},
-        "int8_scales": any(getattr(x, "SCB", None) is not None for x in (w, getattr(module, "state", None))), "dtensor": _dtensor(w),
-    }  # fmt: skip
+        "class": type(module).__name__,
+        "weight_class": type(w).__name__,
+        "weight_dtype": str(local.dtype).removeprefix("torch."),
+        "weight_numel": int(local.numel()),
+        "device": str(local.device),
+        "in_features": module.in_features,
+        "out_features": module.out_features,
+        "quant_state": None
+        if state is None
+        else {"quant_type": getattr(state, "quant_type", None), "shape": list(getattr(state, "shape", []))},
+        "int8_scales": any(getattr(x, "SCB", None) is not None for x in (w, getattr(module, "state", None))),
+        "dtensor": _dtensor(w),
+    }
 
 
 def _is_bnb(module: Any) -> bool:
@@ -63,9 +76,16 @@ def observe(model: Any) -> dict[str, Any]:
     """Parameters and quantized layers of `model` as this process holds them (JSON-ready)."""
     params = {}
     for name, p in model.named_parameters():
-        params[name] = {"class": type(p).__name__, "shape": list(p.shape), "numel": int(p.numel()),
-                        "dtype": str(p.dtype).removeprefix("torch."), "trainable": bool(p.requires_grad), "device": str(p.device),
-                        "dtensor": _dtensor(p), "zero3": _zero3(p)}  # fmt: skip
+        params[name] = {
+            "class": type(p).__name__,
+            "shape": list(p.shape),
+            "numel": int(p.numel()),
+            "dtype": str(p.dtype).removeprefix("torch."),
+            "trainable": bool(p.requires_grad),
+            "device": str(p.device),
+            "dtensor": _dtensor(p),
+            "zero3": _zero3(p),
+        }
     quantized = {n: _quantized(m) for n, m in model.named_modules() if _is_bnb(m)}
     linear = [n for n, m in model.named_modules() if type(m).__name__ == "Linear"]
     return {"params": params, "quantized": quantized, "plain_linear": linear}
@@ -103,8 +123,9 @@ class Inspector(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         from accelerate.state import AcceleratorState
 
-        self.seen.update(rank=args.process_index, world_size=AcceleratorState._shared_state.get("num_processes"),
-                         distributed_type=_distributed_type())  # fmt: skip
+        self.seen.update(
+            rank=args.process_index, world_size=AcceleratorState._shared_state.get("num_processes"), distributed_type=_distributed_type()
+        )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{self.seen['rank']}.json").write_text(json.dumps(self.seen, indent=1), encoding="utf-8")
 
@@ -131,7 +152,9 @@ def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc
         return [sys.executable, *script], _env({})
     config = str(find_config(backend).resolve())
     if torch.cuda.is_available():
-        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", str(nproc), *script], _env({})
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", str(nproc), *script], _env(
+            {}
+        )
     env = _env({rehearsal.REHEARSAL_ENV: backend, rehearsal.CONFIG_ENV: config, "OMP_NUM_THREADS": "1"})
     if backend == "zero3":
         env["DS_ACCELERATOR"] = "cpu"

@@ -7,12 +7,14 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import pytest
 
 from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
+
 
 def tree_digest(root: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under `root`: what "left byte-identical" compares."""

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 T = TypeVar("T")
 
@@ -22,9 +23,7 @@ EXPECTED_TYPE = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "zero3": "DEEPSPEED"}
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `python -m hftrain ARGS` as a user would, capturing output."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "hftrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+    return subprocess.run([sys.executable, "-m", "hftrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
 def in_process(capsys, *argv: str) -> tuple[int, str]:
@@ -44,7 +43,9 @@ def in_process(capsys, *argv: str) -> tuple[int, str]:
     return code, captured.err + captured.out
 
 
-def run_in_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, exact_env: bool = False) -> subprocess.CompletedProcess:
+def run_in_process(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, exact_env: bool = False
+) -> subprocess.CompletedProcess:
     """run_cli's result for `hftrain ARGS` run through `hftrain.cli.main` in this process (from `cwd`, with `env`
     added to the environment while it runs, or as the whole environment with `exact_env`): for commands whose
     process boundary is not under test."""
@@ -84,8 +85,7 @@ def messages(stderr: str) -> list[str]:
 
 def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     """`hftrain train RECIPE` with 2 processes on `backend` into `out`; asserts it succeeded."""
-    result = run_cli("train", str(recipe), "--accelerate-config", backend, "--nproc", "2",
-                     f"training.output_dir={out}", *overrides)  # fmt: skip
+    result = run_cli("train", str(recipe), "--accelerate-config", backend, "--nproc", "2", f"training.output_dir={out}", *overrides)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

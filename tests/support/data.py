@@ -62,8 +62,18 @@ def tiny_recipe(data_path: Path, output_dir: Path, measured_speed: bool = False,
 
 # ---------------------------------------------------------------------------------------------- fine-tuning data
 
-COLOUR = {"cat": "red", "dog": "green", "bird": "quiet", "fish": "old", "horse": "big", "cow": "small", "sheep": "happy",
-          "fox": "fast", "owl": "slow", "bear": "young"}  # fmt: skip
+COLOUR = {
+    "cat": "red",
+    "dog": "green",
+    "bird": "quiet",
+    "fish": "old",
+    "horse": "big",
+    "cow": "small",
+    "sheep": "happy",
+    "fox": "fast",
+    "owl": "slow",
+    "bear": "young",
+}
 
 
 def instructions(n: int, seed: int) -> list[dict]:
@@ -87,11 +97,24 @@ def finetune_recipe(base, tmp_path, method, **training):
         "data": {
             "train": {"path": str(write_examples(tmp_path / "train.jsonl", instructions(400, 1))), "format": "prompt_completion"},
             "validation": {"path": str(write_examples(tmp_path / "held.jsonl", instructions(40, 2))), "format": "prompt_completion"},
-            "seq_len": 64, "eval_blocks": 16,
+            "seq_len": 64,
+            "eval_blocks": 16,
         },
         "finetune": {"method": method, "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0}},
-        "training": {"output_dir": str(tmp_path / method), "max_steps": 30, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
-                     "warmup_steps": 0, "logging_steps": 5, "save_steps": 30, "eval_on_start": True, "eval_strategy": "no",
-                     "report_to": "none", "disable_tqdm": True, **PINNED_SPEED, **training},
+        "training": {
+            "output_dir": str(tmp_path / method),
+            "max_steps": 30,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 3e-3,
+            "warmup_steps": 0,
+            "logging_steps": 5,
+            "save_steps": 30,
+            "eval_on_start": True,
+            "eval_strategy": "no",
+            "report_to": "none",
+            "disable_tqdm": True,
+            **PINNED_SPEED,
+            **training,
+        },
         "monitor": {"peak_tflops": 0.1, "sample_max_new_tokens": 4, "plot": False, "sample_prompt": "the fox is"},
-    }  # fmt: skip
+    }

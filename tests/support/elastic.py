@@ -49,11 +49,12 @@ def gathered_state(model: Any, optimizer: Any) -> dict[str, dict[str, torch.Tens
         optim = get_optimizer_state_dict(model, torch_optimizer, options=options).get("state")
         if not optim:  # full state dicts offloaded to the CPU are rank 0's only
             return {}
-        return {n: {"param": weights[n].clone(), **{k: torch.as_tensor(optim[n][k]).clone() for k in (*KEYS, "step")}}
-                for n in params}  # fmt: skip
+        return {n: {"param": weights[n].clone(), **{k: torch.as_tensor(optim[n][k]).clone() for k in (*KEYS, "step")}} for n in params}
     state = torch_optimizer.state
-    return {n: {"param": p.detach().cpu().clone(), **{k: torch.as_tensor(state[p][k]).cpu().clone() for k in (*KEYS, "step")}}
-            for n, p in params.items()}  # fmt: skip
+    return {
+        n: {"param": p.detach().cpu().clone(), **{k: torch.as_tensor(state[p][k]).cpu().clone() for k in (*KEYS, "step")}}
+        for n, p in params.items()
+    }
 
 
 class DumpState(TrainerCallback):
@@ -90,8 +91,9 @@ def main(argv: list[str]) -> None:
     shutdown()
 
 
-def run_dumping(recipe: Path, backend: str, nproc: int, out: Path, prefix: Path, events: str, *overrides: str,
-                expect_ok: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+def run_dumping(
+    recipe: Path, backend: str, nproc: int, out: Path, prefix: Path, events: str, *overrides: str, expect_ok: bool = True
+) -> subprocess.CompletedProcess:
     """Train `recipe` into `out` on `backend` (single | ddp | fsdp | zero3) with `nproc` processes, dumping the
     state at `events` (see DumpState)."""
     from hftrain.parallel import rehearsal
@@ -104,8 +106,14 @@ def run_dumping(recipe: Path, backend: str, nproc: int, out: Path, prefix: Path,
     else:
         config = find_config(backend)
         threads = str(max(1, (os.cpu_count() or 1) // nproc))
-        env.update({"CUDA_VISIBLE_DEVICES": "", rehearsal.REHEARSAL_ENV: backend_of(config),
-                    rehearsal.CONFIG_ENV: str(config.resolve()), "OMP_NUM_THREADS": threads})  # fmt: skip
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": "",
+                rehearsal.REHEARSAL_ENV: backend_of(config),
+                rehearsal.CONFIG_ENV: str(config.resolve()),
+                "OMP_NUM_THREADS": threads,
+            }
+        )
         if backend == "zero3":
             env["DS_ACCELERATOR"] = "cpu"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]

@@ -35,8 +35,14 @@ class Faults(TrainerCallback):
         self.last = now
 
 
-raw = tiny_recipe(write_jsonl(out / "train.jsonl", make_documents(600)), out / "run", max_steps=36, per_device_train_batch_size=12,
-                  logging_steps=12, save_steps=1000)  # fmt: skip
+raw = tiny_recipe(
+    write_jsonl(out / "train.jsonl", make_documents(600)),
+    out / "run",
+    max_steps=36,
+    per_device_train_batch_size=12,
+    logging_steps=12,
+    save_steps=1000,
+)
 raw["model"] = {"preset": "cpu-small", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512}
 raw["data"]["seq_len"] = 64
 raw["monitor"]["sample_max_new_tokens"] = 0

@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
@@ -27,17 +28,26 @@ def _meta(bucket: str, key: str, path: Path) -> dict[str, Any]:
     stamp = "2024-01-01T00:00:00.000Z"
     generation = str(int(path.stat().st_mtime_ns))
     return {
-        "kind": "storage#object", "id": f"{bucket}/{key}/{generation}", "name": key, "bucket": bucket,
-        "size": str(len(data)), "generation": generation, "metageneration": "1", "storageClass": "STANDARD",
-        "contentType": "application/octet-stream", "timeCreated": stamp, "updated": stamp,
-        "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(), "etag": generation,
+        "kind": "storage#object",
+        "id": f"{bucket}/{key}/{generation}",
+        "name": key,
+        "bucket": bucket,
+        "size": str(len(data)),
+        "generation": generation,
+        "metageneration": "1",
+        "storageClass": "STANDARD",
+        "contentType": "application/octet-stream",
+        "timeCreated": stamp,
+        "updated": stamp,
+        "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(),
+        "etag": generation,
         "selfLink": f"/storage/v1/b/{bucket}/o/{quote(key, safe='')}",
-    }  # fmt: skip
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_Server"
+    server: _Server
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass

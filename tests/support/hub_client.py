@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 import pytest
 
@@ -70,11 +70,7 @@ class ClientSetup:
             transformers_hub._hf_api = None  # type: ignore[union-attr]
 
     def subprocess_env(
-        self,
-        *,
-        token: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        base: Mapping[str, str] | None = None,
+        self, *, token: str | None = None, cache_dir: str | os.PathLike | None = None, base: Mapping[str, str] | None = None
     ) -> dict[str, str]:
         """Environment for a child process (e.g. `python -c ...`) that should talk to this hub.
 

@@ -84,13 +84,7 @@ class RepoEndpoints:
             history = repo.history(revision)
         return json_response(
             [
-                {
-                    "id": c.id,
-                    "title": c.title,
-                    "message": c.message,
-                    "authors": [{"user": c.author, "avatar": ""}],
-                    "date": iso(c.date),
-                }
+                {"id": c.id, "title": c.title, "message": c.message, "authors": [{"user": c.author, "avatar": ""}], "date": iso(c.date)}
                 for c in history
             ]
         )

@@ -6,7 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Mapping
+from collections.abc import Mapping
 
 REPO_TYPES = ("model", "dataset")
 URL_PREFIX = {"model": "", "dataset": "datasets/"}

@@ -59,9 +59,7 @@ class UploadEndpoints:
                 if key != "header":
                     self._apply_operation(repo, tree, key, value)
             branch = revision[len("refs/heads/") :] if revision.startswith("refs/heads/") else revision
-            commit = self._make_commit(
-                repo, head.id, tree, header["summary"], header.get("description") or "", self.username
-            )
+            commit = self._make_commit(repo, head.id, tree, header["summary"], header.get("description") or "", self.username)
             repo.branches[branch] = commit.id
         return json_response(
             {
@@ -139,4 +137,3 @@ class UploadEndpoints:
                 raise HubError(404, "Repository not found", code="RepoNotFound")
             repo.lfs_objects[oid] = data
         return Response(200)
-

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import yaml
@@ -52,8 +52,17 @@ def _write_sharded(root: Path) -> Path:
     docs = make_documents(640)
     for s in range(8):
         write_jsonl(root / "corpus" / f"part-{s}.jsonl", docs[s::8])
-    raw = tiny_recipe(root / "corpus", root / "unused", max_steps=STEPS, save_steps=SAVE, per_device_train_batch_size=2,
-                      bf16=False, fp16=False, torch_compile=False, eval_strategy="no")  # fmt: skip
+    raw = tiny_recipe(
+        root / "corpus",
+        root / "unused",
+        max_steps=STEPS,
+        save_steps=SAVE,
+        per_device_train_batch_size=2,
+        bf16=False,
+        fp16=False,
+        torch_compile=False,
+        eval_strategy="no",
+    )
     raw["model"].update(hidden_dropout=0, attention_dropout=0)
     raw["monitor"]["sample_max_new_tokens"] = 0
     raw["parallelism"] = {"global_batch_size": 8}
@@ -119,8 +128,7 @@ def long_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _write_long(root: Path) -> Path:
-    raw = tiny_recipe(write_jsonl(root / "docs.jsonl", make_documents(400)), root / "unused", max_steps=LONG_STEPS,
-                      save_steps=LONG_SAVE)  # fmt: skip
+    raw = tiny_recipe(write_jsonl(root / "docs.jsonl", make_documents(400)), root / "unused", max_steps=LONG_STEPS, save_steps=LONG_SAVE)
     raw["monitor"]["sample_max_new_tokens"] = 0
     path = root / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
@@ -130,6 +138,7 @@ def _write_long(root: Path) -> Path:
 @pytest.fixture(scope="session")
 def ddp_40_steps(long_recipe: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     """{step: loss} of `long_recipe`'s uninterrupted 2-process DDP run."""
+
     def build(folder: Path) -> dict[int, float]:
         train(long_recipe, "ddp", 2, folder / "run")
         return metrics_losses(folder / "run")

@@ -31,7 +31,8 @@ import threading
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 FAULTS = ("reset", "midbody", "500", "503")
@@ -40,16 +41,7 @@ _S3_ERRORS = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
-_HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "expect",
-}
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "expect"}
 
 
 @dataclass
@@ -114,14 +106,14 @@ class FaultProxy:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))
         listener.listen(64)
         self._listener = listener
         self._stopping.clear()
-        self.endpoint_url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+        self.endpoint_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         self._accept_thread = threading.Thread(target=self._accept_loop, name="FaultProxy-accept", daemon=True)
         self._accept_thread.start()
         return self
@@ -146,7 +138,7 @@ class FaultProxy:
                 thread.join(timeout=5)
         self._listener = None
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -223,9 +215,7 @@ class FaultProxy:
                     continue
                 if upstream is None:
                     upstream = http.client.HTTPConnection(*self.upstream, timeout=self.timeout)
-                status, reason, resp_headers, resp_body, upstream = self._forward(
-                    upstream, method, path, headers, body
-                )
+                status, reason, resp_headers, resp_body, upstream = self._forward(upstream, method, path, headers, body)
                 record.status = status
                 keep_alive = version == "HTTP/1.1" and "close" not in _header(headers, "connection").lower()
                 head = self._response_head(status, reason, resp_headers, method, len(resp_body), keep_alive)
@@ -284,12 +274,7 @@ class FaultProxy:
         return method, path, version, headers, body
 
     def _forward(
-        self,
-        upstream: http.client.HTTPConnection,
-        method: str,
-        path: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
+        self, upstream: http.client.HTTPConnection, method: str, path: str, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[int, str, list[tuple[str, str]], bytes, http.client.HTTPConnection]:
         for attempt in range(2):  # an idle keep-alive connection may have been closed by the upstream
             try:
@@ -314,9 +299,7 @@ class FaultProxy:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _response_head(
-        status: int, reason: str, headers: list[tuple[str, str]], method: str, body_len: int, keep_alive: bool
-    ) -> bytes:
+    def _response_head(status: int, reason: str, headers: list[tuple[str, str]], method: str, body_len: int, keep_alive: bool) -> bytes:
         lines = [f"HTTP/1.1 {status} {reason}"]
         for name, value in headers:
             low = name.lower()

@@ -14,7 +14,8 @@ import base64
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import requests
 
@@ -39,8 +40,15 @@ def recorded_requests(endpoint_url: str) -> Iterator[list[dict[str, Any]]]:
             entry = json.loads(line)
             body = entry.get("body") or ""
             body = base64.b64decode(body) if entry.get("body_encoded") else body.encode()
-            seen.append({"method": entry["method"], "url": entry["url"], "headers": entry["headers"], "body": body,
-                         "target": entry["headers"].get("X-Amz-Target", "")})  # fmt: skip
+            seen.append(
+                {
+                    "method": entry["method"],
+                    "url": entry["url"],
+                    "headers": entry["headers"],
+                    "body": body,
+                    "target": entry["headers"].get("X-Amz-Target", ""),
+                }
+            )
 
 
 def sagemaker_calls(requests_seen: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
@@ -50,8 +58,10 @@ def sagemaker_calls(requests_seen: list[dict[str, Any]], action: str) -> list[di
 
 def make_role(iam: Any) -> str:
     """An execution role in moto's IAM (the SDK resolves a role name or ARN by reading it back)."""
-    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
-                                                     "Action": "sts:AssumeRole"}]}  # fmt: skip
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+    }
     try:
         return iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
     except iam.exceptions.EntityAlreadyExistsException:

@@ -32,8 +32,15 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-def train_and_watch(recipe: Path, output_dir: Path, *overrides: str, cwd: Path | None = None, env: dict | None = None,
-                    limit_bytes: int = 6 << 30, limit_s: float = 600) -> Measured:  # fmt: skip
+def train_and_watch(
+    recipe: Path,
+    output_dir: Path,
+    *overrides: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    limit_bytes: int = 6 << 30,
+    limit_s: float = 600,
+) -> Measured:
     """Train, sampling the process tree's RSS every 50 ms; stop it past `limit_bytes` or `limit_s`."""
     cmd = [sys.executable, "-m", "hftrain", "train", str(recipe), f"training.output_dir={output_dir}", *overrides]
     started = time.perf_counter()

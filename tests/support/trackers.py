@@ -28,16 +28,22 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 def tracker_env(root: Path) -> dict[str, str]:
     """Each tracker's local storage under `root`, nothing sent anywhere. MLflow >= 3.13 refuses a file store
     unless MLFLOW_ALLOW_FILE_STORE=true."""
-    return {"TRACKIO_DIR": str(root / "trackio"), "WANDB_MODE": "offline", "WANDB_DIR": str(root / "wandb"),
-            "WANDB_SILENT": "true", "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}", "MLFLOW_ALLOW_FILE_STORE": "true"}  # fmt: skip
+    return {
+        "TRACKIO_DIR": str(root / "trackio"),
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(root / "wandb"),
+        "WANDB_SILENT": "true",
+        "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}",
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+    }
 
 
 def _unprefixed(key: str) -> str:
     """train/loss -> loss, eval/loss -> eval_loss (the Trainer's own names)."""
     if key.startswith("train/"):
-        return key[len("train/"):]
+        return key[len("train/") :]
     if key.startswith("eval/"):
-        return "eval_" + key[len("eval/"):]
+        return "eval_" + key[len("eval/") :]
     return key
 
 
@@ -61,8 +67,8 @@ def wandb_records(path: Path) -> list[bytes]:
         if left_in_block < 7:  # block trailer: padding
             pos += left_in_block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == _FULL:
             records.append(chunk)
@@ -103,6 +109,8 @@ def mlflow_runs(tracking_uri: str) -> dict[str, dict[str, list[float]]]:
     runs = {}
     for experiment in client.search_experiments():
         for run in client.search_runs([experiment.experiment_id]):
-            runs[run.info.run_id] = {key: [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
-                                     for key in run.data.metrics}  # fmt: skip
+            runs[run.info.run_id] = {
+                key: [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+                for key in run.data.metrics
+            }
     return runs

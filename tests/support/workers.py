@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 import pytest
 

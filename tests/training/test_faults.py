@@ -118,8 +118,12 @@ sys.exit(main(sys.argv[1:]))
 def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
     recipe = _recipe_file(tmp_path, max_steps=30, save_steps=10, logging_steps=1)
     run_dir = tmp_path / "run"
-    died = subprocess.run([sys.executable, "-c", KILL_INSIDE_SAVE, "train", str(recipe), f"training.output_dir={run_dir}"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    died = subprocess.run(
+        [sys.executable, "-c", KILL_INSIDE_SAVE, "train", str(recipe), f"training.output_dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert died.returncode == -signal.SIGKILL
     assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-10"]
     assert (run_dir / RunLayout.STAGING / "checkpoint-20").is_dir()  # the half-written one, never renamed into place
@@ -132,9 +136,11 @@ def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
 
 FULL_DISK = {  # what each writer raises when the disk fills: safetensors (an OSError), torch.save (a RuntimeError)
     "weights": (OSError(28, "No space left on device"), "(No space left on device)"),
-    "optimizer": (RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/3: "
-                               "file write failed"), "(the disk is full or refused a write: RuntimeError: [enforce fail"),
-}  # fmt: skip
+    "optimizer": (
+        RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/3: file write failed"),
+        "(the disk is full or refused a write: RuntimeError: [enforce fail",
+    ),
+}
 
 
 @pytest.mark.parametrize("writer", FULL_DISK)
@@ -217,8 +223,12 @@ def test_max_restarts_resumes_after_a_crash(tmp_path):
 
     recipe = _recipe_file(tmp_path, max_steps=60, save_steps=10, logging_steps=1)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "hftrain", "train", str(recipe), "--max-restarts", "2",
-                             f"training.output_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hftrain", "train", str(recipe), "--max-restarts", "2", f"training.output_dir={run_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_step(RunLayout(run_dir).metrics, 25, proc)
     for child in psutil.Process(proc.pid).children(recursive=True):
         child.kill()  # the training process dies; its supervisor stays
@@ -248,8 +258,9 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     cmd = [sys.executable, "-m", "hftrain", "train", str(recipe), "--accelerate-config", "ddp", "--nproc", "2"]
     env = {**os.environ, **s3.env()}
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _wait_for_step(RunLayout(run_dir).metrics, random.Random().randint(7, 30), proc)
     family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     for pid in family:  # frozen mid-run (as a hung run would be): it still owns its directory
@@ -262,8 +273,9 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     assert not RunLayout(run_dir).final.exists()
     survivor = ckpt.latest_checkpoint(run_dir)
     assert survivor is not None
-    uninterrupted = in_background(lambda: subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env,
-                                                         capture_output=True, text=True, timeout=600))  # fmt: skip
+    uninterrupted = in_background(
+        lambda: subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env, capture_output=True, text=True, timeout=600)
+    )
     again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     straight = uninterrupted.result()

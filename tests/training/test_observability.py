@@ -22,8 +22,9 @@ LAMBADA = ROOT / "hftrain" / "eval" / "tasks" / "local_lambada.jsonl"
 
 @pytest.mark.slow
 def test_log_lines_say_where_the_step_time_went(make_recipe, tmp_path):
-    run = hftrain.train(make_recipe(max_steps=12, logging_steps=4, save_steps=6, eval_strategy="steps", eval_steps=6,
-                                    report_to=["tensorboard"]))
+    run = hftrain.train(
+        make_recipe(max_steps=12, logging_steps=4, save_steps=6, eval_strategy="steps", eval_steps=6, report_to=["tensorboard"])
+    )
     later = train_log(run.output_dir)[1:]  # the first line has no interval before it
     assert later
     for rec in later:
@@ -61,8 +62,9 @@ def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, ca
     shards = tmp_path / "shards"
     for i, doc in enumerate(make_documents(300, seed=3)):  # one short document per object, like small S3 objects
         write_jsonl(shards / f"doc-{i:04d}.jsonl", [doc])
-    raw = tiny_recipe(write_jsonl(tmp_path / "tok.jsonl", make_documents(300, seed=3)), tmp_path / "run",
-                      max_steps=12, logging_steps=3, save_steps=100)
+    raw = tiny_recipe(
+        write_jsonl(tmp_path / "tok.jsonl", make_documents(300, seed=3)), tmp_path / "run", max_steps=12, logging_steps=3, save_steps=100
+    )
     raw["data"]["train"] = {"path": f"slowfile://{shards}/*.jsonl"}
     raw["data"]["shuffle_window"] = 1
     raw["tokenizer"] = {"path": str(pretrained_run.final_dir)}  # small vocabulary: quick steps
@@ -74,7 +76,7 @@ def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, ca
     results = json.loads(RunLayout(run.output_dir).results.read_text())
     # above monitor.input_bound_threshold (0.2); how far above is the machine's: 0.24 on a 2-core CI host, 0.3+ here
     assert results["input_bound"] is True and results["data_wait_frac"] > 0.2
-    summary = out[out.index("final checkpoint:"):]
+    summary = out[out.index("final checkpoint:") :]
     assert "input-bound:" in summary  # and again in the end-of-run summary
 
 
@@ -99,8 +101,10 @@ def test_profile_writes_a_trace_and_a_summary(make_recipe, capsys):
 def test_eval_steps_report_perplexity_bits_per_byte_and_tasks(make_recipe, tmp_path):
     recipe = make_recipe(max_steps=10, save_steps=100, eval_strategy="steps", eval_steps=5)
     raw = recipe.model_dump(exclude_unset=True)
-    raw["monitor"]["eval_tasks"] = [{"data": str(LAMBADA), "metric": "last_word_accuracy", "limit": 10},
-                                    {"data": str(LAMBADA), "name": "lambada_text", "metric": "bits_per_byte", "limit": 10}]
+    raw["monitor"]["eval_tasks"] = [
+        {"data": str(LAMBADA), "metric": "last_word_accuracy", "limit": 10},
+        {"data": str(LAMBADA), "name": "lambada_text", "metric": "bits_per_byte", "limit": 10},
+    ]
     run = hftrain.train(hftrain.load_recipe(None, raw))
     lines = read_metrics(run.output_dir)
     evals = [rec for rec in lines if "eval_loss" in rec]

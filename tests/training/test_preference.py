@@ -27,17 +27,37 @@ STEPS_VS_TRL = 5  # steps compared with a plain TRL DPOTrainer
 
 def dpo_recipe(base, data, out, **training):
     return {
-        "model": {"from_pretrained": str(base)}, "tokenizer": {"path": str(base)},
-        "data": {"train": {"path": str(data), "format": "preference"},
-                 "validation": {"path": str(SHIPPED / "preference_validation.jsonl"), "format": "preference"},
-                 "seq_len": 192, "eval_blocks": PAIRS, "readers": 1, "shuffle_window": 1},  # in file order: TRL sees the same batch
+        "model": {"from_pretrained": str(base)},
+        "tokenizer": {"path": str(base)},
+        "data": {
+            "train": {"path": str(data), "format": "preference"},
+            "validation": {"path": str(SHIPPED / "preference_validation.jsonl"), "format": "preference"},
+            "seq_len": 192,
+            "eval_blocks": PAIRS,
+            "readers": 1,
+            "shuffle_window": 1,
+        },  # in file order: TRL sees the same batch
         "finetune": {"objective": "dpo", "method": "full", "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}, "dpo": {"beta": 0.1}},
-        "training": {"output_dir": str(out), "max_steps": 40, "per_device_train_batch_size": 8, "learning_rate": 1e-3,
-                     "warmup_steps": 0, "logging_steps": 1, "save_steps": 20, "eval_strategy": "steps", "eval_steps": 20,
-                     "eval_on_start": True, "report_to": "none", "disable_tqdm": True, "bf16": False, "torch_compile": False,
-                     "seed": 7, **training},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 40,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 0,
+            "logging_steps": 1,
+            "save_steps": 20,
+            "eval_strategy": "steps",
+            "eval_steps": 20,
+            "eval_on_start": True,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "bf16": False,
+            "torch_compile": False,
+            "seed": 7,
+            **training,
+        },
         "monitor": {"peak_tflops": 0.1, "plot": False, "sample_max_new_tokens": 0},
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +112,33 @@ def test_the_steps_are_plain_trls(dpo, docs_model):
         def on_step_end(self, args, state, control, **kwargs):
             control.should_training_stop = state.global_step >= STEPS_VS_TRL
 
-    args = DPOConfig(str(root / "trl"), per_device_train_batch_size=8, learning_rate=1e-3, max_steps=40, logging_steps=1, beta=0.1,
-                     max_length=192, report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=7,
-                     disable_tqdm=True, save_strategy="no", warmup_steps=0,
-                     adam_beta2=0.95, weight_decay=0.1, lr_scheduler_type="cosine")  # hftrain's training defaults  # fmt: skip
+    args = DPOConfig(
+        str(root / "trl"),
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        max_steps=40,
+        logging_steps=1,
+        beta=0.1,
+        max_length=192,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=7,
+        disable_tqdm=True,
+        save_strategy="no",
+        warmup_steps=0,
+        adam_beta2=0.95,
+        weight_decay=0.1,
+        lr_scheduler_type="cosine",
+    )  # hftrain's training defaults
     trainer = InFileOrder(
-        model=AutoModelForCausalLM.from_pretrained(docs_model, dtype=torch.float32), args=args, train_dataset=Dataset.from_list(records),
-        processing_class=AutoTokenizer.from_pretrained(docs_model), callbacks=[StopEarly()],
-    )  # fmt: skip
+        model=AutoModelForCausalLM.from_pretrained(docs_model, dtype=torch.float32),
+        args=args,
+        train_dataset=Dataset.from_list(records),
+        processing_class=AutoTokenizer.from_pretrained(docs_model),
+        callbacks=[StopEarly()],
+    )
     trainer.train()
     plain, ours = losses(trainer.state.log_history), losses(run.log_history)
     assert sorted(plain) == list(range(1, STEPS_VS_TRL + 1))
@@ -142,8 +181,11 @@ def test_a_non_finite_dpo_loss_stops_the_run_at_once(dpo, tmp_path, monkeypatch)
 
     monkeypatch.setattr(DPOTrainer, "compute_loss", poisoned)
     run_dir = tmp_path / "nan"
-    stopped = {**raw, "faults": {"on_nonfinite": "stop"},
-               "training": {**raw["training"], "output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_strategy": "no"}}  # fmt: skip
+    stopped = {
+        **raw,
+        "faults": {"on_nonfinite": "stop"},
+        "training": {**raw["training"], "output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_strategy": "no"},
+    }
     with pytest.raises(HftrainError) as info:
         hftrain.train(load_recipe(None, stopped))
     assert "non-finite loss or gradient norm (nan) at step 3; stopped (faults.on_nonfinite=stop)" in str(info.value)
@@ -182,9 +224,18 @@ def test_qlora_dpo_disables_the_adapter_for_its_reference_and_merges(docs_model,
     from transformers import AutoModelForCausalLM
 
     _, raw, root = dpo
-    qlora = {**raw, "finetune": {**raw["finetune"], "method": "qlora"},
-             "training": {**raw["training"], "output_dir": str(tmp_path / "qlora"), "max_steps": 4, "save_steps": 4, "eval_strategy": "no",
-                          "learning_rate": 3e-3}}  # fmt: skip
+    qlora = {
+        **raw,
+        "finetune": {**raw["finetune"], "method": "qlora"},
+        "training": {
+            **raw["training"],
+            "output_dir": str(tmp_path / "qlora"),
+            "max_steps": 4,
+            "save_steps": 4,
+            "eval_strategy": "no",
+            "learning_rate": 3e-3,
+        },
+    }
     run = hftrain.train(load_recipe(None, qlora))
     model = run.trainer.model
     assert isinstance(model, PeftModel) and run.trainer.ref_model is None and list(model.peft_config) == ["default"]

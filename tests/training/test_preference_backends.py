@@ -28,8 +28,13 @@ from .test_preference import SHIPPED
 
 pytestmark = pytest.mark.slow
 
-FP32 = ["training.bf16=false", "training.fp16=false", "training.torch_compile=false", "monitor.sample_max_new_tokens=0",
-        "monitor.plot=false"]  # fmt: skip
+FP32 = [
+    "training.bf16=false",
+    "training.fp16=false",
+    "training.torch_compile=false",
+    "monitor.sample_max_new_tokens=0",
+    "monitor.plot=false",
+]
 TOKEN = "hf_localTESTtoken0123456789"
 
 
@@ -39,39 +44,79 @@ def dpo_yaml(docs_model, tmp_path_factory):
     data = root / "pairs.jsonl"
     data.write_text("".join((SHIPPED / "preference_train.jsonl").read_text().splitlines(keepends=True)[:160]))
     raw = {
-        "model": {"from_pretrained": str(docs_model)}, "tokenizer": {"path": str(docs_model)},
-        "data": {"train": {"path": str(data), "format": "preference"},
-                 "validation": {"path": str(SHIPPED / "preference_validation.jsonl"), "format": "preference"},
-                 "seq_len": 192, "eval_blocks": 16, "shuffle_window": 4},
+        "model": {"from_pretrained": str(docs_model)},
+        "tokenizer": {"path": str(docs_model)},
+        "data": {
+            "train": {"path": str(data), "format": "preference"},
+            "validation": {"path": str(SHIPPED / "preference_validation.jsonl"), "format": "preference"},
+            "seq_len": 192,
+            "eval_blocks": 16,
+            "shuffle_window": 4,
+        },
         "finetune": {"objective": "dpo", "method": "full", "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}},
-        "training": {"output_dir": str(root / "unused"), "per_device_train_batch_size": 4, "learning_rate": 1e-3,
-                     "warmup_steps": 0, "logging_steps": 1, "report_to": "none", "disable_tqdm": True, "seed": 7},
+        "training": {
+            "output_dir": str(root / "unused"),
+            "per_device_train_batch_size": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 0,
+            "logging_steps": 1,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "seed": 7,
+        },
         "monitor": {"peak_tflops": 0.1},
-    }  # fmt: skip
+    }
     path = root / "dpo.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path
 
 
 def test_full_dpo_gives_the_same_steps_on_one_process_fsdp_and_zero3(dpo_yaml):
-    result = run_in_process("parity", str(dpo_yaml), "--steps", "3", "--backends", "single,FSDP,ZeRO-3",
-                            "training.output_dir=" + str(dpo_yaml.parent / "parity"))  # fmt: skip
+    result = run_in_process(
+        "parity",
+        str(dpo_yaml),
+        "--steps",
+        "3",
+        "--backends",
+        "single,FSDP,ZeRO-3",
+        "training.output_dir=" + str(dpo_yaml.parent / "parity"),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "NO x1" in out and "FSDP x2" in out and "DEEPSPEED x2" in out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [1, 2, 3] and abs(float(rows[-1][1]) - math.log(2)) > 1e-3  # the steps trained
-    loss_diff, norm_diff = (float(x) for x in out.strip().splitlines()[-1].removeprefix("parity: max relative loss diff ").split(", grad-norm diff "))
+    loss_diff, norm_diff = (
+        float(x) for x in out.strip().splitlines()[-1].removeprefix("parity: max relative loss diff ").split(", grad-norm diff ")
+    )
     assert loss_diff < 1e-4 and norm_diff < 1e-4
 
 
 def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_yaml, tmp_path, local_hub):
     total, every = 12, 2
     run_dir, straight = tmp_path / "killed", tmp_path / "straight"
-    common = [*FP32, "finetune.method=lora", f"training.max_steps={total}", f"training.save_steps={every}", "training.eval_strategy=no",
-              "parallelism.global_batch_size=8", "data.readers=2"]  # the same pairs per step on 2 processes and on 1  # fmt: skip
-    cmd = [sys.executable, "-m", "hftrain", "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "2",
-           f"training.output_dir={run_dir}", *common]  # fmt: skip
+    common = [
+        *FP32,
+        "finetune.method=lora",
+        f"training.max_steps={total}",
+        f"training.save_steps={every}",
+        "training.eval_strategy=no",
+        "parallelism.global_batch_size=8",
+        "data.readers=2",
+    ]  # the same pairs per step on 2 processes and on 1
+    cmd = [
+        sys.executable,
+        "-m",
+        "hftrain",
+        "train",
+        str(dpo_yaml),
+        "--accelerate-config",
+        "fsdp",
+        "--nproc",
+        "2",
+        f"training.output_dir={run_dir}",
+        *common,
+    ]
     survivor = kill_at_checkpoint(cmd, run_dir, 4)
     at = ckpt.step_of(survivor)
     assert 4 <= at < total
@@ -79,10 +124,15 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
     # continued on 1 FSDP process (a checkpoint loads under the backend that wrote it), reporting to trackio and
     # pushing the final model to the local Hub
     env = {**local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache"), **tracker_env(tmp_path)}
-    push = ["training.push_to_hub=true", "training.hub_model_id=tester/dpo-lora", "training.report_to=[trackio]",
-            "training.project=hftrain-dpo"]  # fmt: skip
-    again = run_cli("train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "1", f"training.output_dir={run_dir}",
-                    *common, *push, env=env)  # fmt: skip
+    push = [
+        "training.push_to_hub=true",
+        "training.hub_model_id=tester/dpo-lora",
+        "training.report_to=[trackio]",
+        "training.project=hftrain-dpo",
+    ]
+    again = run_cli(
+        "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "1", f"training.output_dir={run_dir}", *common, *push, env=env
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {survivor}\n" in again.stdout
     done = run_cli("train", str(dpo_yaml), f"training.output_dir={straight}", *common)
@@ -98,7 +148,10 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
         assert tracked.get(key), (key, sorted(tracked))
     repo = local_hub.repo("tester/dpo-lora")
     card = repo.read("README.md", "main").decode()
-    assert "Training method: DPO (Direct Preference Optimization, TRL's DPOTrainer, beta 0.1) on preference pairs, a LoRA adapter, merged" in card
+    assert (
+        "Training method: DPO (Direct Preference Optimization, TRL's DPOTrainer, beta 0.1) on preference pairs, a LoRA adapter, merged"
+        in card
+    )
     meta = yaml.safe_load(card.split("---")[1])
     assert {"dpo", "trl", "hftrain"} <= set(meta["tags"])
     assert "model.safetensors" in repo.files("main") and "eval_preference_accuracy" in card
@@ -109,8 +162,17 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
 
 def test_a_combination_trl_refuses_is_refused_before_any_process_starts(dpo_yaml, capsys):
     started = time.monotonic()
-    code, printed = in_process(capsys, "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "2", "finetune.method=lora",
-                               "finetune.dpo.sync_ref_model=true")  # fmt: skip
+    code, printed = in_process(
+        capsys,
+        "train",
+        str(dpo_yaml),
+        "--accelerate-config",
+        "fsdp",
+        "--nproc",
+        "2",
+        "finetune.method=lora",
+        "finetune.dpo.sync_ref_model=true",
+    )
     assert code == 2 and "Traceback" not in printed
     assert "finetune: dpo: sync_ref_model with method lora" in printed
     assert "torchrun" not in printed and time.monotonic() - started < 30

@@ -44,7 +44,10 @@ def test_max_steps_wins_and_says_what_it_overrode():
     r = recipe(max_steps=7, num_train_epochs=2, data={"train_tokens": 10**6})
     length = resolve(r, kwargs_of(r), 4, 64_000)
     assert length.max_steps == 7 and length.source == "training.max_steps"
-    assert length.note == "run length: training.max_steps=7 (data.train_tokens and training.num_train_epochs not used: training.max_steps wins)"
+    assert (
+        length.note
+        == "run length: training.max_steps=7 (data.train_tokens and training.num_train_epochs not used: training.max_steps wins)"
+    )
     r = recipe(num_train_epochs=2, data={"train_tokens": 1280})
     assert resolve(r, kwargs_of(r), 4, 64_000).max_steps == 10  # tokens before epochs
 

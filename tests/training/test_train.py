@@ -44,8 +44,17 @@ def test_checkpoints_are_complete_and_rotated(pretrained_run):
     kept = [p.name for p in ckpt.complete_checkpoints(out)]
     assert kept == ["checkpoint-20", "checkpoint-30"]  # save_total_limit 2 (hftrain default)
     last = out / "checkpoint-30"
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "trainer_state.json", "optimizer.pt",
-                 "scheduler.pt", layout.RECIPE_FILE, layout.data_state_file(0), layout.COMPLETE_MARKER):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "trainer_state.json",
+        "optimizer.pt",
+        "scheduler.pt",
+        layout.RECIPE_FILE,
+        layout.data_state_file(0),
+        layout.COMPLETE_MARKER,
+    ):
         assert (last / name).is_file(), name
     assert not list(out.rglob("pytorch_model*.bin"))  # weights only as safetensors
     assert not (pretrained_run.final_dir / "training_args.bin").exists()  # no pickles in the shareable model
@@ -174,8 +183,9 @@ def test_tokens_per_usd_when_priced(tmp_path, corpus):
 @pytest.mark.slow
 def test_bf16_and_gradient_accumulation(tmp_path, corpus):
     """bf16 autocast trains on this CPU; 2 x 4 accumulated sequences count as one step of 8."""
-    run = _run(corpus, tmp_path / "bf16", max_steps=12, bf16=True, per_device_train_batch_size=4,
-               gradient_accumulation_steps=2, logging_steps=4)
+    run = _run(
+        corpus, tmp_path / "bf16", max_steps=12, bf16=True, per_device_train_batch_size=4, gradient_accumulation_steps=2, logging_steps=4
+    )
     per_step = losses(run)
     assert per_step[12] < per_step[4] - 0.5
     last = loss_records(run.log_history)[-1]
