@@ -2,8 +2,9 @@
 and what its trackers report is guarded: an outside service that is slow or down never stops or slows a step.
 
 * One worker, in order. Each upload is retried by the call it makes (hub._retry: back-off within
-  faults.network_timeout_s); one that still fails is said once when it happens ("training goes on"), with the
-  command that sends it later, and kept.
+  faults.network_timeout_s); one that still fails is said ("training goes on") and tried again after
+  RETRY_AFTER_S (30 s, 2 min, 10 min: an outage of minutes heals itself); one still waiting for its next try
+  when training ends is tried then. One that fails its last try is kept, with the command that sends it later.
 * Bounded. An upload of a checkpoint that rotation may delete is staged first (hard links beside the run, a copy
   where links are impossible): at most STAGED_LIMIT such uploads wait, and when a newer one comes, the oldest
   waiting one is dropped and reported (a newer checkpoint supersedes it; the staged copies pin disk space rotation
@@ -21,12 +22,14 @@ import os
 import shutil
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
 STAGED_LIMIT = 2  # staged uploads (copies of rotating checkpoints) waiting at once
+RETRY_AFTER_S = (30.0, 120.0, 600.0)  # a failed upload is tried again after these pauses while training goes on
 OUTBOX_DIR = ".hftrain-outbox"  # in the run directory: staged copies, removed once sent (or dropped)
 
 
@@ -83,6 +86,8 @@ class _Upload:
     later: str
     staged: Path | None
     done: Callable[[Any], None] | None
+    due: float = 0.0  # time.monotonic() when it may be tried (again)
+    tries: int = 0  # tries again so far, after its first
 
 
 class Outbox:
@@ -161,23 +166,43 @@ class Outbox:
             self.folder.rmdir()
         return list(self.failures)
 
+    def _next(self) -> _Upload | None:
+        """The first upload that is due (all of them once the outbox is closed); None when nothing is left."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = next((u for u in self._waiting if self._closed or u.due <= now), None)
+                if due is not None:
+                    self._waiting.remove(due)
+                    return due
+                if not self._waiting and self._closed:
+                    return None
+                self._cond.wait(min((u.due for u in self._waiting), default=now + 3600) - now)
+
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
-                if not self._waiting:
-                    return
-                upload = self._waiting.popleft()
+        while (upload := self._next()) is not None:
             try:
                 result = upload.send()
-            except Exception as err:  # never into a step: said, kept, and the next upload goes on
+            except Exception as err:  # never into a step: said, tried again later, or kept
+                with self._cond:
+                    again = not self._closed and upload.tries < len(RETRY_AFTER_S)
+                    if again:
+                        upload.due = time.monotonic() + RETRY_AFTER_S[upload.tries]
+                        upload.tries += 1
+                        self._waiting.append(upload)
+                if again:
+                    print(
+                        f"hftrain: warning: {upload.what} failed ({reason(err)}); trying again in {RETRY_AFTER_S[upload.tries - 1]:.0f} s; "
+                        "training goes on.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    continue
                 self.fail(Failure(upload.service, upload.what, reason(err), upload.later))
             else:
                 if upload.done is not None:
                     upload.done(result)
-            finally:
-                _remove(upload.staged)
+            _remove(upload.staged)
 
 
 def link_or_copy(src: str, dst: str) -> str:

@@ -114,3 +114,33 @@ def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, c
     assert sent == ["first", *[f"checkpoint-{s}" for s in range(6 - STAGED_LIMIT, 6)]]
     assert not (tmp_path / ".hftrain-outbox").exists()
     assert all((c / "model.safetensors").read_bytes() == b"w" * 10 for c in checkpoints)  # staging never moves the originals
+
+
+def test_a_failed_upload_is_tried_again_while_training_goes_on(tmp_path, monkeypatch, capsys):
+    """An outage of minutes heals itself: an upload that failed is tried again after a pause (not kept as a
+    failure once it went through); one that still fails when training ends is kept with its command."""
+    from hftrain.integrations import outbox as module
+
+    monkeypatch.setattr(module, "RETRY_AFTER_S", (0.05, 0.05, 0.05))
+    outbox, tries, sent = Outbox(tmp_path), {"flaky": 0, "down": 0}, []
+
+    def send(name: str, failures: int):
+        def attempt():
+            tries[name] += 1
+            if tries[name] <= failures:
+                raise ConnectionError(f"{name} refused")
+            sent.append(name)
+
+        return attempt
+
+    outbox.submit("the Hub", "pushing flaky", send("flaky", 2), later="send it later: `push flaky`")
+    outbox.submit("S3", "copying down", send("down", 99), later="send it later: `push down`")
+    deadline = time.monotonic() + 30
+    while tries["down"] < 1 + len(module.RETRY_AFTER_S) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    failures = outbox.finish()
+    assert sent == ["flaky"] and tries == {"flaky": 3, "down": 4}  # the first try and 3 more while training
+    assert [f.what for f in failures] == ["copying down"] and failures[0].later == "send it later: `push down`"
+    said = capsys.readouterr().err
+    assert "hftrain: warning: pushing flaky failed (ConnectionError: flaky refused); trying again in 0 s; training goes on." in said
+    assert "pushing flaky failed (ConnectionError: flaky refused); send it later" not in said
