@@ -12,7 +12,7 @@ The record is keyed by who listed it (``rank0``): with a shared file system one 
 files; with an output directory per node (node_disks.py), each node lists its own copy (``node1``), every node's
 marker holds the merged record and names its own part (``lister``), and a node checks that part alone. Files added after publishing
 (a ZeRO-3 ``universal/`` conversion) are not in the record and are not checked. Markers written by older hftrain
-have no record: ``check_files`` accepts them and the content checks (manager.unreadable) judge them alone.
+have no record: ``check_files`` accepts them and the content checks (``unreadable`` below) judge them alone.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import torch
 
 from hftrain.checkpoint import layout
 from hftrain.checkpoint import manager as ckpt
+from hftrain.checkpoint.integrity import step_of
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_export_refused, assert_same_steps, copy_checkpoint, damaged_copy, steps, train_log
@@ -121,7 +122,7 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
     ]
     uninterrupted = in_background(lambda: train(sharded_yaml, "ddp", 2, straight, *budget))
     survivor = kill_at_checkpoint(cmd, run_dir, 6)
-    at = ckpt.step_of(survivor)  # read now: rotation (save_total_limit 2) removes it once the run goes on
+    at = step_of(survivor)  # read now: rotation (save_total_limit 2) removes it once the run goes on
     assert 6 <= at < total
     out = train(sharded_yaml, "ddp", 1, run_dir, *budget).stdout
     assert f"resuming from {survivor}\n" in out

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hftrain.checkpoint import manager
+from hftrain.checkpoint import integrity, manager
 from hftrain.checkpoint.layout import COMPLETE_MARKER, TRAINER_STATE_FILE, RunLayout
 from hftrain.cli import main
 from hftrain.errors import HftrainError
@@ -63,7 +63,7 @@ def test_the_marker_records_every_file_with_sizes_and_checksums_of_the_small_one
     assert sorted(listed) == ["latest", "pytorch_model_fsdp_0/.metadata", SHARD, TRAINER_STATE_FILE]  # not the marker
     assert listed["latest"] == {"size": 12, "sha256": hashlib.sha256(b"global_step3").hexdigest()}
     assert listed[SHARD] == {"size": BIG}  # weights are not hashed at every save
-    assert manager.unreadable(checkpoint) is None
+    assert integrity.unreadable(checkpoint) is None
 
 
 DAMAGE = {  # name: (file, damage, what unreadable() says)
@@ -91,7 +91,7 @@ def test_each_damage_is_named_and_an_explicit_resume_of_it_refused(tmp_path, dam
     name, harm, expected = DAMAGE[damage]
     checkpoint = published(tmp_path)
     harm(checkpoint / name)
-    assert manager.unreadable(checkpoint) == expected
+    assert integrity.unreadable(checkpoint) == expected
     with pytest.raises(HftrainError) as info:
         manager.CheckpointManager(RunLayout(tmp_path), None, None).resume_point(manager.ResumeSetting.of(str(checkpoint)))
     assert str(info.value) == f"training.resume_from_checkpoint: {checkpoint} cannot be loaded ({expected})."
@@ -102,9 +102,9 @@ def test_a_marker_without_a_record_keeps_the_content_checks(tmp_path):
     checkpoint = published(tmp_path)
     (checkpoint / COMPLETE_MARKER).write_text(json.dumps({"step": 3, "world_size": 2, "strategy": "fsdp"}))
     cut_short(checkpoint / SHARD)
-    assert manager.unreadable(checkpoint) is None
+    assert integrity.unreadable(checkpoint) is None
     (checkpoint / TRAINER_STATE_FILE).write_text('{"global_st')
-    assert manager.unreadable(checkpoint).startswith(f"{TRAINER_STATE_FILE} (the Trainer's state): not valid JSON")
+    assert integrity.unreadable(checkpoint).startswith(f"{TRAINER_STATE_FILE} (the Trainer's state): not valid JSON")
 
 
 def test_records_of_several_listers_merge_and_all_are_checked(tmp_path):
@@ -119,12 +119,12 @@ def test_records_of_several_listers_merge_and_all_are_checked(tmp_path):
     marker["files"] = integrity.merge([marker["files"], integrity.record(node, rank=8), {}])
     assert sorted(marker["files"]) == ["rank0", "rank8"]
     (checkpoint / COMPLETE_MARKER).write_text(json.dumps(marker))
-    assert manager.unreadable(checkpoint) == f"optimizer_0/__1_0.distcp: missing ({COMPLETE_MARKER} lists it, 10 bytes)"
+    assert integrity.unreadable(checkpoint) == f"optimizer_0/__1_0.distcp: missing ({COMPLETE_MARKER} lists it, 10 bytes)"
     shutil.copytree(node / "optimizer_0", checkpoint / "optimizer_0")
-    assert manager.unreadable(checkpoint) is None
+    assert integrity.unreadable(checkpoint) is None
     marker["files"] = {"rank0": {"latest": {"size": "12"}}}
     (checkpoint / COMPLETE_MARKER).write_text(json.dumps(marker))
-    assert manager.unreadable(checkpoint) == f"{COMPLETE_MARKER}: its record of the checkpoint's files is damaged"
+    assert integrity.unreadable(checkpoint) == f"{COMPLETE_MARKER}: its record of the checkpoint's files is damaged"
 
 
 # ------------------------------------------------------------------------------------------------------- export
@@ -195,7 +195,7 @@ def test_a_single_process_checkpoint_with_a_state_file_changed_is_set_aside(pret
     state.write_text(text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :])
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(pretrained_run.recipe.model_dump(exclude_unset=True)), encoding="utf-8")
-    step = manager.step_of(older) + 1
+    step = integrity.step_of(older) + 1
     code, printed = cli(capsys, "train", str(recipe), f"training.output_dir={run_dir}", f"training.max_steps={step}")
     assert code == 0, printed[-3000:]
     assert f"hftrain: warning: {newest} cannot be loaded ({TRAINER_STATE_FILE}: changed after the save" in printed

@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from hftrain.checkpoint import manager as ckpt
+from hftrain.checkpoint.integrity import step_of
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import train_log
@@ -118,7 +118,7 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
         *common,
     ]
     survivor = kill_at_checkpoint(cmd, run_dir, 4)
-    at = ckpt.step_of(survivor)
+    at = step_of(survivor)
     assert 4 <= at < total
 
     # continued on 1 FSDP process (a checkpoint loads under the backend that wrote it), reporting to trackio and
