@@ -12,7 +12,7 @@ and what its trackers report is guarded: an outside service that is slow or down
 * `finish` (after the last step) lets the queued uploads finish and returns every failure: the run's summary and
   results.json list them, and `hftrain train` exits NotShared.exit_code (76) with one line per failed service, the
   model saved on disk.
-* The trackers' failures join them (trackers.guard_reporters).
+* The trackers' reports have their own queues (trackers.py); what they could not send joins these failures.
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ class Outbox:
         if owner:  # the process that saves: a killed launch's leftovers (hftrain's own staging only)
             shutil.rmtree(self.folder, ignore_errors=True)
         self.failures: list[Failure] = []
-        self.trackers_off: set[str] = set()  # trackers that failed once: they report no more (trackers.py)
         self._waiting: collections.deque[_Upload] = collections.deque()
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None

@@ -1,21 +1,33 @@
-"""Experiment trackers: one tracker run per training run, and a tracker that fails never ends the training.
+"""Experiment trackers: what they report is sent in the background, retried while their server is down, and never
+ends or slows the training.
 
 Trackers are the Trainer's own integrations (`training.report_to`); hftrain adds two things:
 
-* ``guard_reporters``: each tracker callback (W&B, MLflow, trackio, TensorBoard, ...) whose event raises (its server
-  down, a refused key, a full disk) is reported once, joins the run's failures to share (outbox.py) and stops
-  reporting; the run goes on, and its metrics stay in metrics.jsonl. How long a tracker's client waits before it
-  raises is bounded by faults.network_timeout_s (network.py), so a server that is down costs one bound, not a stall.
-* ``one_run``: transformers' MLflow callback ends its run when training ends, so hftrain's final evaluation (after
-  training) would open a second, separate run. A run started here first is one the callback leaves open (it ends
-  only runs it started itself); it is ended here once the final evaluation is logged: FINISHED, or FAILED when the
-  run raised. A tracking server that cannot start it is one failure, as above.
+* Each tracker callback (W&B, MLflow, trackio, TensorBoard, ...) gets its own queue and thread (`TrackerQueue`):
+  a step only copies the event's small values (the state's counters, the logged numbers) into the queue. The
+  thread sends the events in order; one that raises (the server down, a refused key, a full disk) is said once and
+  tried again after RETRY_AFTER_S (30 s, 2 min, then every 10 min) while later reports wait behind it, so an outage
+  of minutes or hours loses nothing. At most EVENT_LIMIT reports wait: beyond it the oldest metric report is
+  dropped (metrics.jsonl keeps every one). When the run ends, what still waits is tried once more within the close
+  bound (twice faults.network_timeout_s, which also bounds each client call: network.py); what is still not sent
+  joins the run's failures to share (outbox.py), and the run exits 76 with its model saved.
+* One MLflow run per training run: transformers' MLflow callback ends its run when training ends, so hftrain's final
+  evaluation (after training) would open a second run. A run started first is one the callback leaves open; it is
+  ended when the final evaluation is logged: FINISHED, or FAILED when the run raised. MLflow's active run belongs to
+  a thread, so it is started, used and ended on the MLflow queue's thread (a notebook's own run is attached there
+  and left to its owner).
 """
 
 from __future__ import annotations
 
+import collections
+import copy
 import os
+import sys
+import threading
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterator
 
@@ -24,81 +36,238 @@ from transformers import TrainerCallback
 from hftrain.integrations.outbox import Failure, Outbox, reason
 
 NOT_LOST = "its metrics are in the run's metrics.jsonl"
+RETRY_AFTER_S = (30.0, 120.0, 600.0)  # pauses before trying a failed report again; the last one repeats
+EVENT_LIMIT = 5_000  # reports waiting per tracker; beyond it the oldest metric report is dropped
+DROPPABLE = {"on_log", "on_step_begin", "on_step_end", "on_substep_end", "on_pre_optimizer_step", "on_optimizer_step"}
 
 
-def guard_reporters(trainer: Any, outbox: Outbox) -> None:
-    """Wrap the Trainer's tracker callbacks (transformers' integrations, one per report_to entry)."""
-    from transformers.integrations import integration_utils
+@dataclass
+class _Event:
+    what: str  # "reporting to mlflow at step 12"
+    call: Callable[[], Any]
+    droppable: bool
 
-    handler = trainer.callback_handler
-    handler.callbacks = [
-        GuardedReporter(cb, outbox) if type(cb).__module__ == integration_utils.__name__ else cb for cb in handler.callbacks
-    ]
+
+class TrackerQueue:
+    """One tracker's reports, sent in order by its own thread; a failure holds the queue and is tried again."""
+
+    def __init__(self, name: str, outbox: Outbox):
+        self.name, self.outbox = name, outbox
+        self.dropped = 0
+        self._events: collections.deque[_Event] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._tries = 0  # failed tries of the event at the head, in a row
+        self._due = 0.0  # time.monotonic() when the head may be tried again
+        self._gave_up = False
+        self._error = ""  # the last failure's reason
+        self._thread = threading.Thread(target=self._run, name=f"hftrain-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, what: str, call: Callable[[], Any], droppable: bool = False) -> None:
+        """Queue one report; never blocks and never raises."""
+        with self._cond:
+            if self._closed:
+                return
+            if len(self._events) >= EVENT_LIMIT:
+                # the head may be in flight: never the one dropped
+                oldest = next((i for i, e in enumerate(self._events) if i > 0 and e.droppable), None)
+                if oldest is not None:
+                    del self._events[oldest]
+                    self.dropped += 1
+                elif droppable:
+                    self.dropped += 1
+                    return
+            self._events.append(_Event(what, call, droppable))
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """No more reports: what still waits is tried once more now (a pause is cut short)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def close(self, deadline: float) -> None:
+        """Stop, and by `deadline` (time.monotonic()) what waited is sent or kept as a failure."""
+        self.stop()
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            waiting, gave_up, head = len(self._events), self._gave_up, self._events[0] if self._events else None
+            self._events.clear()
+            self._gave_up = True  # a call still hanging is not reported twice
+        if head is not None and not gave_up:
+            error = f"{self._error}; still failing when the run ended" if self._error else "no answer before the run ended"
+            self.outbox.fail(Failure(self.name, head.what + _after(waiting), error, NOT_LOST), training=False)
+        if self.dropped:
+            what = f"{self.dropped} metric report{'s' if self.dropped > 1 else ''} to {self.name}"
+            error = f"dropped while {self.name} was down: at most {EVENT_LIMIT} reports wait"
+            self.outbox.fail(Failure(self.name, what, error, NOT_LOST), training=False)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._events or (not self._closed and self._due > time.monotonic()):
+                    if not self._events and self._closed:
+                        return
+                    self._cond.wait(None if not self._events else self._due - time.monotonic())
+                event, closed = self._events[0], self._closed
+            try:
+                event.call()
+            except Exception as err:  # never into a step: said, the queue held, tried again later
+                if self._failed(event, err, closed):
+                    return
+                continue
+            with self._cond:
+                if self._events and self._events[0] is event:
+                    self._events.popleft()
+                if self._tries:
+                    print(f"hftrain: {self.name} answers again; its waiting reports are being sent.", file=sys.stderr, flush=True)
+                self._tries = 0
+
+    def _failed(self, event: _Event, err: Exception, closed: bool) -> bool:
+        """A failed try: True when it was the last one (the run has ended)."""
+        with self._cond:
+            self._error = reason(err)
+            if closed:
+                lost = len(self._events)
+                self._events.clear()
+                if self._gave_up:
+                    return True
+                self._gave_up = True
+            else:
+                pause = RETRY_AFTER_S[min(self._tries, len(RETRY_AFTER_S) - 1)]
+                self._tries += 1
+                self._due = time.monotonic() + pause
+        if closed:
+            self.outbox.fail(Failure(self.name, event.what + _after(lost), reason(err), NOT_LOST), training=False)
+            return True
+        if self._tries <= len(RETRY_AFTER_S):  # said for each pause of the schedule, then quiet until it answers
+            every = " (and every 10 min after)" if self._tries == len(RETRY_AFTER_S) else ""
+            print(
+                f"hftrain: warning: {event.what} failed ({reason(err)}); trying again in {pause:.0f} s{every}, "
+                f"later reports wait in order; training goes on.",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+
+
+def _after(waiting: int) -> str:
+    """What waited behind the first report not sent: " and 3 reports after it"."""
+    return f" and {waiting - 1} report{'s' if waiting > 2 else ''} after it" if waiting > 1 else ""
+
+
+class Trackers:
+    """The Trainer's tracker callbacks, each behind its own queue (rank by rank: each process reports what its
+    callbacks report, usually the main one only)."""
+
+    def __init__(self, trainer: Any, outbox: Outbox, bound_s: float):
+        from transformers.integrations import integration_utils
+
+        self.outbox, self.bound_s = outbox, bound_s
+        self.queues: dict[str, TrackerQueue] = {}
+        handler = trainer.callback_handler
+        handler.callbacks = [self._wrap(cb) if type(cb).__module__ == integration_utils.__name__ else cb for cb in handler.callbacks]
+
+    def _wrap(self, callback: Any) -> QueuedReporter:
+        name = tracker_name(callback)
+        self.queues[name] = TrackerQueue(name, self.outbox)
+        after = {"on_train_end": _reattach(os.environ.get("MLFLOW_RUN_ID"))} if name == "mlflow" else {}
+        return QueuedReporter(callback, self.queues[name], after)
+
+    @contextmanager
+    def session(self, args: Any) -> Iterator[None]:
+        """Around training and the final evaluation: one MLflow run, then every queue closed within the bound."""
+        ending = self._start_mlflow(args)
+        status = "FAILED"
+        try:
+            yield
+            status = "FINISHED"
+        finally:
+            if ending is not None:
+                ending(status)
+            self.close()
+
+    def close(self) -> None:
+        deadline = time.monotonic() + 2 * self.bound_s
+        for queue in self.queues.values():
+            queue.stop()  # all at once: the trackers try their last reports side by side
+        for queue in self.queues.values():
+            queue.close(deadline)
+
+    def _start_mlflow(self, args: Any) -> Callable[[str], None] | None:
+        """Queue the start of hftrain's MLflow run on the MLflow thread; the function that queues its end."""
+        queue = self.queues.get("mlflow")
+        if queue is None or args.process_index != 0:
+            return None
+        import mlflow
+
+        caller = mlflow.active_run()  # a notebook's own run, in this thread: attached there, left to its owner
+        if caller is not None:
+            queue.put("attaching to the caller's mlflow run", lambda: mlflow.start_run(run_id=caller.info.run_id))
+            return None
+
+        def start() -> None:
+            # MLFLOW_RUN_ID (resume that run): the callback starts it itself and ends it with training; it is
+            # attached again for the final evaluation (QueuedReporter.after), and the end below ends it
+            if mlflow.active_run() is not None or os.environ.get("MLFLOW_RUN_ID"):
+                return
+            if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
+                mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+            mlflow.start_run(run_name=args.run_name)
+
+        queue.put("starting the mlflow run", start)
+
+        def end(status: str) -> None:
+            queue.put("ending the mlflow run", lambda: mlflow.active_run() is not None and mlflow.end_run(status=status))
+
+        return end
 
 
 def tracker_name(callback: Any) -> str:
     return type(callback).__name__.removesuffix("Callback").lower()
 
 
-class GuardedReporter(TrainerCallback):
-    """Forwards every event to a tracker's callback until it raises once."""
+def _reattach(run_id: str | None) -> Callable[[], None]:
+    """After the callback ended the run it resumed for MLFLOW_RUN_ID (mlflow's end_run unsets the variable): that
+    run again, for the final evaluation."""
 
-    def __init__(self, inner: Any, outbox: Outbox):
-        self.inner, self.outbox = inner, outbox
+    def attach() -> None:
+        import mlflow
 
-    @property
-    def name(self) -> str:
-        return tracker_name(self.inner)
+        if run_id and mlflow.active_run() is None:
+            mlflow.start_run(run_id=run_id)
+
+    return attach
+
+
+class QueuedReporter(TrainerCallback):
+    """Puts each event its tracker's callback handles on the tracker's queue, with a copy of what may change;
+    `after[event]` runs on the tracker's thread once the callback handled that event."""
+
+    def __init__(self, inner: Any, queue: TrackerQueue, after: dict[str, Callable[[], None]] | None = None):
+        self.inner, self.queue, self.after = inner, queue, after or {}
 
 
 def _forward(event: str) -> Callable[..., Any]:
-    def call(self: GuardedReporter, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.name in self.outbox.trackers_off:
-            return None
-        try:
-            return getattr(self.inner, event)(args, state, control, **kwargs)
-        except Exception as err:
-            self.outbox.trackers_off.add(self.name)
-            self.outbox.fail(Failure(self.name, f"reporting to {self.name} at step {state.global_step}", reason(err), NOT_LOST))
-            return None
+    def call(self: QueuedReporter, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        handler = getattr(type(self.inner), event, None)
+        if handler is None or handler is getattr(TrainerCallback, event):
+            return None  # the tracker does nothing here: nothing queued (most step events)
+        state, control = copy.copy(state), copy.copy(control)  # the counters as they are now
+        kwargs = {k: dict(v) if isinstance(v, dict) else v for k, v in kwargs.items()}  # logs, metrics
+
+        def send() -> None:
+            getattr(self.inner, event)(args, state, control, **kwargs)
+            if event in self.after:
+                self.after[event]()
+
+        self.queue.put(f"reporting to {self.queue.name} at step {state.global_step}", send, droppable=event in DROPPABLE)
+        return None
 
     call.__name__ = event
     return call
 
 
 for _event in [name for name in vars(TrainerCallback) if name.startswith("on_")]:
-    setattr(GuardedReporter, _event, _forward(_event))
-
-
-@contextmanager
-def one_run(args: Any, outbox: Outbox | None = None) -> Iterator[None]:
-    """Keep one MLflow run open around training and the final evaluation (main process, report_to mlflow)."""
-    if "mlflow" not in (args.report_to or []) or args.process_index != 0:
-        yield
-        return
-    import mlflow
-
-    if mlflow.active_run() is not None:  # the caller's own run (a notebook): theirs to end
-        yield
-        return
-    try:
-        if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
-            mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
-        run_id = os.environ.get("MLFLOW_RUN_ID")
-        mlflow.start_run(run_id=run_id, run_name=None if run_id else args.run_name)
-    except Exception as err:  # the tracking server is down: training goes on, and the callback stays quiet
-        if outbox is not None:
-            outbox.trackers_off.add("mlflow")
-            outbox.fail(Failure("mlflow", "starting the mlflow run", reason(err), NOT_LOST))
-        yield
-        return
-    status = "FAILED"
-    try:
-        yield
-        status = "FINISHED"
-    finally:
-        try:
-            mlflow.end_run(status=status)
-        except Exception as err:
-            if outbox is not None:
-                outbox.fail(Failure("mlflow", "ending the mlflow run", reason(err), NOT_LOST), training=False)
+    setattr(QueuedReporter, _event, _forward(_event))

@@ -116,20 +116,24 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, recipe)
     trainer = build_trainer(recipe, shape, settings, checkpoints, data, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
-    pusher = outside_services(recipe, settings.push_to_hub, trainer)
+    pusher, reporters = outside_services(recipe, settings.push_to_hub, trainer)
     checkpoints.on_publish.append(pusher.on_checkpoint)
     if resume is None and recipe.checkpoints.keeps(0):  # Pythia's step0: the weights before the first step
         initial = checkpoints.save_initial(trainer)
         if initial is not None:
             pusher.on_initial(initial)
     known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
-    if resume is not None and step_of(resume) >= args.max_steps:
-        return already_finished(trainer, recipe, resume, known, pusher)
-    if resume is not None:
-        elastic.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
-    with trackers.one_run(args, pusher.outbox):
-        fit(trainer, resume)
-        return finish(trainer, recipe, known, pusher)
+    with reporters.session(args):  # the trackers' last reports are sent (or kept as failures) before sharing
+        if resume is not None and step_of(resume) >= args.max_steps:
+            run = already_finished(trainer, recipe, resume, known)
+        else:
+            if resume is not None:
+                elastic.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
+            fit(trainer, resume)
+            run = finish(trainer, recipe, known)
+    if trainer.args.should_save and layout.final.is_dir():  # the process that saves, once the final model is there
+        run.not_shared = share(pusher, layout)
+    return run
 
 
 def announce(settings: TrainingSettings, resume: Path | None) -> None:
@@ -141,13 +145,14 @@ def announce(settings: TrainingSettings, resume: Path | None) -> None:
         print(f"hftrain: resuming from {resume}")
 
 
-def outside_services(recipe: Recipe, push_to_hub: bool, trainer: HftrainTrainer) -> CheckpointPusher:
-    """What shares the run's checkpoints, through the run's outbox, which also guards its trackers: a service that
-    is down never stops training (outbox.py)."""
+def outside_services(recipe: Recipe, push_to_hub: bool, trainer: HftrainTrainer) -> tuple[CheckpointPusher, trackers.Trackers]:
+    """What shares the run's checkpoints and what reports its metrics, both through the run's outbox: a service
+    that is down never stops or slows training (outbox.py, trackers.py)."""
     args = trainer.args
     outbox = Outbox(Path(args.output_dir), owner=args.should_save)
-    trackers.guard_reporters(trainer, outbox)
-    return CheckpointPusher(recipe, args, push_to_hub, outbox, revisions.publisher(recipe, args, push_to_hub, outbox))
+    reporters = trackers.Trackers(trainer, outbox, recipe.faults.network_timeout_s)
+    pusher = CheckpointPusher(recipe, args, push_to_hub, outbox, revisions.publisher(recipe, args, push_to_hub, outbox))
+    return pusher, reporters
 
 
 def fit_memory(recipe: Recipe, shape: ModelShape, recorded_global: int | None) -> tuple[Recipe, str | None]:
@@ -267,7 +272,7 @@ def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
         )
 
 
-def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, known: dict[str, Any], pusher: CheckpointPusher) -> Run:
+def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, known: dict[str, Any]) -> Run:
     """The checkpoint is at max_steps: nothing to train (the Trainer would still take one more step)."""
     from transformers.trainer_callback import TrainerState
 
@@ -278,12 +283,12 @@ def already_finished(trainer: HftrainTrainer, recipe: Recipe, resume: Path, know
         metrics = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
         return Run(recipe, layout.root, layout.final, trainer, metrics=metrics)
     trainer.options.checkpoints.load_weights(trainer.model, resume)
-    return finish(trainer, recipe, known, pusher)
+    return finish(trainer, recipe, known)
 
 
-def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any], pusher: CheckpointPusher) -> Run:
-    """Save the final model, evaluate it, write the results, plot and summary, and share it. `known`: what
-    results.json records from the run's start (parameters, speed choices with their measurements)."""
+def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any]) -> Run:
+    """Save the final model, evaluate it, write the results, plot and summary. `known`: what results.json records
+    from the run's start (parameters, speed choices with their measurements)."""
     checkpoints = trainer.options.checkpoints
     layout = checkpoints.layout
     staged = checkpoints.stage_final(trainer)
@@ -304,9 +309,6 @@ def finish(trainer: HftrainTrainer, recipe: Recipe, known: dict[str, Any], pushe
     lines += [f"plot: {run.plot_path}"] if run.plot_path else []
     lines += [f"sample: {run.sample!r}"] if run.sample else []
     print("\n".join(lines), flush=True)
-    run.not_shared = share(pusher, layout)
-    if run.not_shared:  # results.json says what was not sent, and how to send it
-        layout.results.write_text(json.dumps({**results, "not_shared": [f.to_json() for f in run.not_shared]}, indent=2), encoding="utf-8")
     return run
 
 
@@ -329,10 +331,14 @@ def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
 
 def share(pusher: CheckpointPusher, layout: RunLayout) -> list[Failure]:
     """Push the final model where the recipe says (hub, S3) after what the outbox still holds; every failure of the
-    run's outside services (each was said when it happened)."""
-    if not pusher.enabled:
-        return pusher.outbox.finish()
-    done, failures = pusher.on_end(layout.root, layout.final)
-    for target in done:
-        print(f"pushed: {target}", flush=True)
+    run's outside services (each was said when it happened), added to results.json with how to send it later."""
+    if pusher.enabled:
+        done, failures = pusher.on_end(layout.root, layout.final)
+        for target in done:
+            print(f"pushed: {target}", flush=True)
+    else:
+        failures = pusher.outbox.finish()
+    if failures and layout.results.is_file():
+        results = read_json(layout.results, "the run's results")
+        layout.results.write_text(json.dumps({**results, "not_shared": [f.to_json() for f in failures]}, indent=2), encoding="utf-8")
     return failures

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import pytest
 import yaml
 
+from transformers import TrainerCallback, TrainerControl, TrainerState
+
+from hftrain.integrations import trackers
 from hftrain.integrations.outbox import STAGED_LIMIT, Outbox
+from hftrain.integrations.trackers import QueuedReporter, TrackerQueue
 
 from ..support.cli import in_process
 from ..support.data import tiny_recipe
@@ -31,7 +36,8 @@ def closed_port() -> int:
 SERVICES = [
     ("the Hub", "pushing the final model to tester/down failed", "`hftrain push {run} --repo-id tester/down`"),
     ("S3", "copying the final model to s3://bucket/models/final failed", "`hftrain push {run} --to s3://bucket/models/final`"),
-    ("mlflow", "starting the mlflow run failed", "; its metrics are in the run's metrics.jsonl"),
+    ("mlflow", "starting the mlflow run and ", "failed (MlflowException: API request to"),  # the reports held behind it
+    ("mlflow", "reports after it failed", "; its metrics are in the run's metrics.jsonl"),
 ]
 
 
@@ -78,15 +84,16 @@ def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_ever
     assert "hftrain: warning: copying checkpoint-2 to s3://bucket/models/checkpoint-2 failed (" in printed, printed[-4000:]
     assert "hftrain: warning: pushing checkpoint-2 to tester/down failed (" in printed
     assert "training goes on" in printed and "hftrain: warning: starting the mlflow run failed" in printed
-    assert "reporting to mlflow" not in printed  # the tracker failed once: its callback stays quiet
+    assert (
+        "hftrain: warning: starting the mlflow run failed (MlflowException: API request to" in printed and "trying again in 30 s" in printed
+    )
+    assert "reporting to mlflow" not in printed  # the reports waited behind the run's start, none tried alone
     assert seconds < 120, seconds  # each service's failure costs its network bound (2 s here), never a stall
 
 
 def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, capsys):
     """A service that hangs: submit returns at once, staged uploads beyond STAGED_LIMIT drop the oldest (reported
     with its command), and the queued ones are sent in order once the service answers."""
-    import threading
-
     outbox = Outbox(tmp_path)
     release, sent = threading.Event(), []
     checkpoints = []
@@ -144,3 +151,68 @@ def test_a_failed_upload_is_tried_again_while_training_goes_on(tmp_path, monkeyp
     said = capsys.readouterr().err
     assert "hftrain: warning: pushing flaky failed (ConnectionError: flaky refused); trying again in 0 s; training goes on." in said
     assert "pushing flaky failed (ConnectionError: flaky refused); send it later" not in said
+
+
+class FlakyTracker(TrainerCallback):
+    """A tracker whose server refuses the first `refusals` reports (`None`: every one), or holds each report until
+    `release` is set."""
+
+    def __init__(self, refusals: int | None = 0, release: threading.Event | None = None):
+        self.refusals, self.release, self.seen = refusals, release, []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.release is not None:
+            self.release.wait(30)
+        if self.refusals is None or self.refusals > 0:
+            self.refusals = None if self.refusals is None else self.refusals - 1
+            raise ConnectionError("tracker refused")
+        self.seen.append((state.global_step, logs["loss"]))
+
+
+def _report(reporter: QueuedReporter, steps: range) -> float:
+    """The Trainer's on_log at each step, its dict reused as the Trainer may; the seconds it took."""
+    state, control, logs = TrainerState(), TrainerControl(), {}
+    started = time.monotonic()
+    for step in steps:
+        state.global_step, logs["loss"] = step, 10.0 - step
+        reporter.on_log(None, state, control, logs=logs)
+        reporter.on_step_end(None, state, control)  # the tracker does nothing there: nothing queued
+    return time.monotonic() - started
+
+
+def test_a_tracker_that_comes_back_gets_every_report_in_order(tmp_path, monkeypatch, capsys):
+    """A tracker down for three tries: its reports wait in order behind the failed one, each pause of the schedule
+    is said, and once it answers every report arrives with the step and values of its own moment; nothing is kept
+    as a failure. One that never answers: what waited is one failure at the end, with its count."""
+    monkeypatch.setattr(trackers, "RETRY_AFTER_S", (0.05, 0.05))
+    outbox = Outbox(tmp_path)
+    flaky, down = FlakyTracker(refusals=3), FlakyTracker(refusals=None)
+    queues = [TrackerQueue("flaky", outbox), TrackerQueue("down", outbox)]
+    assert _report(QueuedReporter(flaky, queues[0]), range(1, 6)) < 0.5
+    assert _report(QueuedReporter(down, queues[1]), range(1, 5)) < 0.5
+    deadline = time.monotonic() + 30
+    while len(flaky.seen) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for queue in queues:
+        queue.close(time.monotonic() + 10)
+    assert flaky.seen == [(step, 10.0 - step) for step in range(1, 6)]
+    assert [(f.service, f.what, f.error) for f in outbox.failures] == [
+        ("down", "reporting to down at step 1 and 3 reports after it", "ConnectionError: tracker refused")
+    ]
+    said = capsys.readouterr().err
+    assert said.count("hftrain: warning: reporting to flaky at step 1 failed (ConnectionError: tracker refused); trying again in 0 s") == 2
+    assert "(and every 10 min after)" in said and "hftrain: flaky answers again" in said
+
+
+def test_a_tracker_that_hangs_never_holds_a_step_and_keeps_the_newest_reports(tmp_path, monkeypatch):
+    """Past EVENT_LIMIT waiting reports the oldest metric report is dropped (the one in flight never is) and the
+    count is one failure; the step never waited for the tracker."""
+    monkeypatch.setattr(trackers, "EVENT_LIMIT", 3)
+    outbox, release = Outbox(tmp_path), threading.Event()
+    slow = FlakyTracker(release=release)
+    queue = TrackerQueue("slow", outbox)
+    assert _report(QueuedReporter(slow, queue), range(1, 11)) < 0.5
+    release.set()
+    queue.close(time.monotonic() + 10)
+    assert slow.seen == [(1, 9.0), (9, 1.0), (10, 0.0)]
+    assert [(f.what, f.later) for f in outbox.failures] == [("7 metric reports to slow", trackers.NOT_LOST)]

@@ -69,3 +69,25 @@ def test_mlflow_file_store_holds_the_run(tracked, monkeypatch):
     (training,) = runs.values()  # one run: the final evaluation lands in the training run, not a second one
     _check(training)
     assert len(training["eval_loss"]) == 3  # at steps 6 and 12, and the final model's
+
+
+def test_mlflow_run_id_resumes_that_run_with_the_final_evaluation(tmp_path, make_recipe, monkeypatch):
+    """MLFLOW_RUN_ID (transformers' documented way to report into an existing run, as a resumed job does): the
+    training metrics and the final evaluation land in that run, which ends FINISHED; no second run. Before,
+    hftrain's own run and the callback's both started it ("Run ... is already active") and nothing was reported."""
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(run_name="earlier") as earlier:  # the job that ran before
+        pass
+    monkeypatch.setenv("MLFLOW_RUN_ID", earlier.info.run_id)
+    from hftrain.training.run import train
+
+    run = train(make_recipe(max_steps=3, save_steps=3, report_to=["mlflow"]))
+    assert run.not_shared == []
+    runs = mlflow_runs(uri)
+    assert list(runs) == [earlier.info.run_id], runs
+    assert len(runs[earlier.info.run_id]["loss"]) == 3 and len(runs[earlier.info.run_id]["eval_loss"]) == 1
+    assert mlflow.tracking.MlflowClient(uri).get_run(earlier.info.run_id).info.status == "FINISHED"
