@@ -1,4 +1,5 @@
-"""`hftrain push PATH --repo-id NS/NAME | --to s3://...`: share a run's final model or a model directory."""
+"""`hftrain push PATH --repo-id NS/NAME | --to s3://... | --report-to TRACKERS`: share a run's final model or a
+model directory, or send a run's metrics to trackers that were down while it trained."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--revision", type=branch_name, help="branch to push to (created if missing)")
     p.add_argument("--private", action="store_true", help="create the repo private")
     p.add_argument("--to", help="an s3:// (or other fsspec) URL instead of the hub")
+    p.add_argument(
+        "--report-to",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        help="send the run's metrics.jsonl to these trackers (comma-separated report_to names: mlflow, wandb, trackio, ...)",
+    )
     return p
 
 
@@ -44,6 +50,13 @@ def branch_name(text: str) -> str:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.integrations.hub import push_run
 
+    if args.report_to:
+        from hftrain.integrations.trackers import report_run
+
+        sent = report_run(Path(args.path), args.report_to)
+        print(f"reported: {sent} records of {Path(args.path) / 'metrics.jsonl'} to {', '.join(args.report_to)}")
+        if not (args.repo_id or args.to):
+            return 0
     target = push_run(Path(args.path), repo_id=args.repo_id, to=args.to, private=args.private or None, revision=args.revision)
     print(f"pushed: {target}")
     return 0

@@ -28,14 +28,15 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
 from transformers import TrainerCallback
 
-from hftrain.integrations.outbox import Failure, Outbox, reason
+from hftrain.checkpoint.layout import RECIPE_FILE, RunLayout
+from hftrain.integrations.outbox import Failure, Outbox, reason, send_later
 
-NOT_LOST = "its metrics are in the run's metrics.jsonl"
 RETRY_AFTER_S = (30.0, 120.0, 600.0)  # pauses before trying a failed report again; the last one repeats
 EVENT_LIMIT = 5_000  # reports waiting per tracker; beyond it the oldest metric report is dropped
 DROPPABLE = {"on_log", "on_step_begin", "on_step_end", "on_substep_end", "on_pre_optimizer_step", "on_optimizer_step"}
@@ -51,8 +52,8 @@ class _Event:
 class TrackerQueue:
     """One tracker's reports, sent in order by its own thread; a failure holds the queue and is tried again."""
 
-    def __init__(self, name: str, outbox: Outbox):
-        self.name, self.outbox = name, outbox
+    def __init__(self, name: str, outbox: Outbox, later: str = ""):
+        self.name, self.outbox, self.later = name, outbox, later  # later: how to send what was not sent
         self.dropped = 0
         self._events: collections.deque[_Event] = collections.deque()
         self._cond = threading.Condition()
@@ -97,11 +98,11 @@ class TrackerQueue:
             self._gave_up = True  # a call still hanging is not reported twice
         if head is not None and not gave_up:
             error = f"{self._error}; still failing when the run ended" if self._error else "no answer before the run ended"
-            self.outbox.fail(Failure(self.name, head.what + _after(waiting), error, NOT_LOST), training=False)
+            self.outbox.fail(Failure(self.name, head.what + _after(waiting), error, self.later), training=False)
         if self.dropped:
             what = f"{self.dropped} metric report{'s' if self.dropped > 1 else ''} to {self.name}"
             error = f"dropped while {self.name} was down: at most {EVENT_LIMIT} reports wait"
-            self.outbox.fail(Failure(self.name, what, error, NOT_LOST), training=False)
+            self.outbox.fail(Failure(self.name, what, error, self.later), training=False)
 
     def _run(self) -> None:
         while True:
@@ -139,7 +140,7 @@ class TrackerQueue:
                 self._tries += 1
                 self._due = time.monotonic() + pause
         if closed:
-            self.outbox.fail(Failure(self.name, event.what + _after(lost), reason(err), NOT_LOST), training=False)
+            self.outbox.fail(Failure(self.name, event.what + _after(lost), reason(err), self.later), training=False)
             return True
         if self._tries <= len(RETRY_AFTER_S):  # said for each pause of the schedule, then quiet until it answers
             every = " (and every 10 min after)" if self._tries == len(RETRY_AFTER_S) else ""
@@ -171,7 +172,9 @@ class Trackers:
 
     def _wrap(self, callback: Any) -> QueuedReporter:
         name = tracker_name(callback)
-        self.queues[name] = TrackerQueue(name, self.outbox)
+        run_dir = self.outbox.folder.parent
+        later = f"its metrics are in {RunLayout(run_dir).metrics}; " + send_later(f"hftrain push {run_dir} --report-to {name}")
+        self.queues[name] = TrackerQueue(name, self.outbox, later)
         after = {"on_train_end": _reattach(os.environ.get("MLFLOW_RUN_ID"))} if name == "mlflow" else {}
         return QueuedReporter(callback, self.queues[name], after)
 
@@ -225,7 +228,11 @@ class Trackers:
 
 
 def tracker_name(callback: Any) -> str:
-    return type(callback).__name__.removesuffix("Callback").lower()
+    """The report_to name of a tracker's callback ("comet_ml" for CometCallback)."""
+    from transformers.integrations import integration_utils
+
+    names = {cls: name for name, cls in getattr(integration_utils, "INTEGRATION_TO_CALLBACK", {}).items()}
+    return names.get(type(callback), type(callback).__name__.removesuffix("Callback").lower())
 
 
 def _reattach(run_id: str | None) -> Callable[[], None]:
@@ -271,3 +278,79 @@ def _forward(event: str) -> Callable[..., Any]:
 
 for _event in [name for name in vars(TrainerCallback) if name.startswith("on_")]:
     setattr(QueuedReporter, _event, _forward(_event))
+
+
+def report_run(run_dir: Path, names: list[str]) -> int:
+    """`hftrain push RUN --report-to NAMES`: a finished run's metrics.jsonl sent to trackers through transformers'
+    own callbacks (the ones training used), as one tracker run: what a tracker that was down never received. For
+    MLflow, MLFLOW_RUN_ID sends it into an existing run. The records sent."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    from hftrain.errors import HftrainError
+
+    asked = f"--report-to {','.join(names)}"
+    try:
+        kinds = get_reporting_integration_callbacks(names)
+    except ValueError as err:  # a name transformers does not know: its message lists the ones it does
+        raise HftrainError(f"{asked}: {err}") from None
+    source = RunLayout(Path(run_dir)).metrics
+    if not source.is_file():
+        raise HftrainError(f"{source} not found: {asked} sends a run's metrics.jsonl; give the run's directory (training.output_dir).")
+    try:
+        callbacks = [kind() for kind in kinds]
+    except (RuntimeError, ImportError) as err:  # a tracker not installed
+        raise HftrainError(f"{asked}: {err}") from None
+    args = TrainingArguments(output_dir=str(run_dir), report_to=names, **_run_names(Path(run_dir)))
+    state, control = TrainerState(), TrainerControl()
+    records = _records(source)
+    try:
+        for callback in callbacks:
+            callback.on_train_begin(args, state, control, model=None)
+        for record in records:
+            state.global_step = int(record.pop("step", 0))
+            record.pop("time", None)
+            for callback in callbacks:
+                callback.on_log(args, state, control, logs=record)
+        for callback in callbacks:
+            callback.on_train_end(args, state, control)
+        if "wandb" in names:  # the callback leaves its run to the process's exit: this command's caller may go on
+            import wandb
+
+            wandb.finish()
+    except Exception as err:
+        raise HftrainError(
+            f"reporting {source} to {','.join(names)} failed ({reason(err)}); run the same command again once it answers."
+        ) from None
+    return len(records)
+
+
+def _run_names(run_dir: Path) -> dict[str, str]:
+    """The run's own run_name (and trackio's project, where this transformers has it) from its saved recipe, so
+    the tracker files the metrics where training would have."""
+    import dataclasses
+
+    import yaml
+    from transformers import TrainingArguments
+
+    saved = RunLayout(run_dir).final / RECIPE_FILE
+    training = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("training") or {} if saved.is_file() else {}
+    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    names = {key: str(training[key]) for key in ("run_name", "project") if key in known and training.get(key)}
+    return {"run_name": run_dir.resolve().name, **names}
+
+
+def _records(source: Path) -> list[dict[str, Any]]:
+    import json
+
+    from hftrain.errors import HftrainError
+
+    records = []
+    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(dict(json.loads(line)))
+        except (ValueError, TypeError):  # a line cut short by a killed run
+            raise HftrainError(f"{source}, line {number}: not a JSON object; remove that line and run again.") from None
+    return records

@@ -38,6 +38,18 @@ PLAIN = [
         None,
     ),
     (
+        "push --report-to a misspelt tracker",
+        ["push", "{tmp}", "--report-to", "mlfow"],
+        "--report-to mlfow: mlfow is not supported, only azure_ml, comet_ml, mlflow,",
+        None,
+    ),
+    (
+        "push --report-to where no run is",
+        ["push", "{notdir}", "--report-to", "tensorboard"],
+        "{notdir}/metrics.jsonl not found: --report-to tensorboard sends a run's metrics.jsonl; give the run's directory",
+        None,
+    ),
+    (
         "bf16 in a ZeRO-3 rehearsal on a CPU",
         ["train", "{recipe}", "--accelerate-config", "zero3", "training.bf16=true"],
         "training.bf16: true, but a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with "

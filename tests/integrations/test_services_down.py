@@ -20,6 +20,7 @@ from hftrain.integrations.trackers import QueuedReporter, TrackerQueue
 
 from ..support.cli import in_process
 from ..support.data import tiny_recipe
+from ..support.trackers import mlflow_runs
 
 TOKEN = "hf_downTESTtoken0123456789"
 SECRET = "s3-secret-never-printed"
@@ -37,7 +38,7 @@ SERVICES = [
     ("the Hub", "pushing the final model to tester/down failed", "`hftrain push {run} --repo-id tester/down`"),
     ("S3", "copying the final model to s3://bucket/models/final failed", "`hftrain push {run} --to s3://bucket/models/final`"),
     ("mlflow", "starting the mlflow run and ", "failed (MlflowException: API request to"),  # the reports held behind it
-    ("mlflow", "reports after it failed", "; its metrics are in the run's metrics.jsonl"),
+    ("mlflow", "reports after it failed", "metrics.jsonl; send it later: `hftrain push {run} --report-to mlflow`"),
 ]
 
 
@@ -89,6 +90,13 @@ def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_ever
     )
     assert "reporting to mlflow" not in printed  # the reports waited behind the run's start, none tried alone
     assert seconds < 120, seconds  # each service's failure costs its network bound (2 s here), never a stall
+    # what the tracker missed is sent later by the command its line gives (here to a local MLflow store)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{run_dir.parent / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    code, printed = in_process(capsys, "push", str(run_dir), "--report-to", "mlflow")
+    assert code == 0 and "to mlflow" in printed, printed[-2000:]
+    (metrics,) = mlflow_runs(f"file:{run_dir.parent / 'mlruns'}").values()
+    assert len(metrics["loss"]) == 6 and len(metrics["eval_loss"]) == 1 and metrics["loss"][-1] < metrics["loss"][0]
 
 
 def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, capsys):
@@ -210,9 +218,9 @@ def test_a_tracker_that_hangs_never_holds_a_step_and_keeps_the_newest_reports(tm
     monkeypatch.setattr(trackers, "EVENT_LIMIT", 3)
     outbox, release = Outbox(tmp_path), threading.Event()
     slow = FlakyTracker(release=release)
-    queue = TrackerQueue("slow", outbox)
+    queue = TrackerQueue("slow", outbox, later="send it later: `push`")
     assert _report(QueuedReporter(slow, queue), range(1, 11)) < 0.5
     release.set()
     queue.close(time.monotonic() + 10)
     assert slow.seen == [(1, 9.0), (9, 1.0), (10, 0.0)]
-    assert [(f.what, f.later) for f in outbox.failures] == [("7 metric reports to slow", trackers.NOT_LOST)]
+    assert [(f.what, f.later) for f in outbox.failures] == [("7 metric reports to slow", "send it later: `push`")]
