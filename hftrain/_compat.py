@@ -12,7 +12,7 @@ what hftrain does differently on a machine without a GPU.
 | quiet_trl_deprecations      | TRL 1.16, transformers 5.x       | a DPO run (a warnings filter)                | none filed                    |
 | quiet_collective_deprecations | DeepSpeed 0.19, torch 2.13     | a ZeRO-3 run (a warnings filter)             | none filed                    |
 | skip_unneeded_imports       | accelerate 1.10-1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same     | accelerate#1952, transformers#26308 |
-| hub_request_timeouts        | huggingface_hub 1.31-2.x         | any command (integrations/network.py)        | huggingface_hub#3750, #3790   |
+| hub_request_timeouts        | huggingface_hub 1.31-2.x         | any command (hftrain/network.py)        | huggingface_hub#3750, #3790   |
 | plain_gcs_filesystem        | gcsfs >= 2025                    | before gcsfs is first imported (gs:// data)  | none filed (fake-gcs-server#2069) |
 | deepspeed_cpu_process_group | accelerate 1.15, DeepSpeed 0.19  | CPU: a ZeRO-3 rehearsal                      | none filed (GPU-only upstream) |
 | skip_shm_comm_build         | DeepSpeed 0.16-0.19              | CPU: a ZeRO-3 rehearsal                      | none filed                    |

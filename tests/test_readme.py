@@ -147,12 +147,12 @@ ELSEWHERE = {
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
     'pip install -e ".[sagemaker]"': "the install lines: the test extra holds the sagemaker extra's packages",
-    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/integrations/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/launch/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
     "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
     "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun": "tests/parallel/test_distributed.py::test_launch_script_for_2_nodes_x_8_gpus (the same script, text checked); test_multinode.py runs its --cpu form",
-    "NODE_RANK=": "needs two machines; tests/parallel/test_multinode.py runs the script as two node agents on 127.0.0.1",
-    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun --nodes 4 --min-nodes 2": "tests/parallel/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text checked); test_multinode.py runs its --cpu form",
-    "HEAD_NODE=10.0.0.1 ./train_elastic.sh": "needs several machines; tests/parallel/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it as node agents on 127.0.0.1",
+    "NODE_RANK=": "needs two machines; tests/launch/test_multinode.py runs the script as two node agents on 127.0.0.1",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun --nodes 4 --min-nodes 2": "tests/launch/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text checked); test_multinode.py runs its --cpu form",
+    "HEAD_NODE=10.0.0.1 ./train_elastic.sh": "needs several machines; tests/launch/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it as node agents on 127.0.0.1",
 }
 
 
@@ -214,7 +214,7 @@ def test_readme_training_commands_run_in_order(tmp_path, capsys):
             extra = [w for w in SHORT if not w.startswith("tokenizer.")]
         if "--check-packing" in line:  # its own process: torch 2.13's inductor generated C++ that does not compile
             # (flex attention's CPU template, `cur_qSplitSize4`) for this shape after other flex shapes compiled in the
-            # same process (tests/model/test_packing_check.py, in-process); a user's command starts fresh
+            # same process (tests/data/test_packing_check.py, in-process); a user's command starts fresh
             result = subprocess.run(
                 [sys.executable, "-m", "hftrain", *shlex.split(line)[1:]], cwd=cwd, capture_output=True, text=True, timeout=900
             )

@@ -67,7 +67,7 @@ def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> None:
     """Turn on save_on_each_node when the nodes do not share training.output_dir (and say so, once)."""
     if dims.nodes == 1 or shared_output(root, dims):
         return
-    from hftrain.parallel.multinode import ELASTIC_ENV
+    from hftrain.parallel.child_errors import ELASTIC_ENV
 
     if os.environ.get(ELASTIC_ENV):
         raise HftrainError(

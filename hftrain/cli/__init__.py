@@ -22,7 +22,7 @@ _compat.quiet_launcher_cpp_logs(sys.argv[1:])  # before torch is imported: a lau
 with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
     from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
 from hftrain.errors import NotShared, Stopped, as_user_error  # noqa: E402
-from hftrain.integrations import network  # noqa: E402
+from hftrain import network  # noqa: E402
 from hftrain.parallel import child_errors  # noqa: E402
 
 # name -> module, in the order `hftrain --help` lists them

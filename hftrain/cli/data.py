@@ -36,13 +36,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.data.prepare import inspect, prepare
+    from hftrain import network
     from hftrain.recipe.load import load_recipe
 
     recipe = load_recipe(args.recipe, overrides)
+    network.configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
     if args.data_command == "prepare":
         prepare(recipe, args.out, args.shard_size_mb, processes=args.processes)
     elif args.check_packing:
-        from hftrain.model.packing_check import check_packing
+        from hftrain.data.packing_check import check_packing
 
         lines, ok = check_packing(recipe)
         print("\n".join(lines), flush=True)

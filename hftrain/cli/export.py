@@ -1,5 +1,5 @@
 """`hftrain export CHECKPOINT --out DIR [--merge]`: any hftrain checkpoint -> one standard HF model directory;
-`--format gguf --out FILE [--quant f32|f16|q8_0]`: one GGUF file for llama.cpp (checkpoint/gguf_file.py)."""
+`--format gguf --out FILE [--quant f32|f16|q8_0]`: one GGUF file for llama.cpp (export/gguf_file.py)."""
 
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.errors import HftrainError
 
     if args.format == "gguf":
-        from hftrain.checkpoint.gguf_file import export_gguf
+        from hftrain.export.gguf_file import export_gguf
 
         out = export_gguf(Path(args.checkpoint), Path(args.out), quant=args.quant or "f16", merge=args.merge)
         print(f"exported: {out} (GGUF, {args.quant or 'f16'}, {out.stat().st_size / 1e6:,.1f} MB)")
         return 0
     if args.quant is not None:
         raise HftrainError("--quant applies to --format gguf; a model directory keeps the checkpoint's weights as they are.")
-    from hftrain.checkpoint.export import export
+    from hftrain.export.model_dir import export
 
     print(f"exported: {export(Path(args.checkpoint), Path(args.out), merge=args.merge)}")
     return 0

@@ -61,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
     from hftrain.recipe.load import load_recipe
-    from hftrain.integrations.sagemaker import JobOptions, parse_channels, render
+    from hftrain.launch.sagemaker import JobOptions, parse_channels, render
 
     recipe = load_recipe(args.recipe, overrides)
     config = None if args.accelerate_config.lower() in ("none", "ddp") else args.accelerate_config
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.kind == "sagemaker":
         script = _sagemaker(args, overrides)
     else:
-        from hftrain.parallel.multinode import render
+        from hftrain.launch.multinode import render
 
         script = render(
             args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu, args.min_nodes or 0

@@ -28,9 +28,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.elastic:
-        from hftrain.parallel.elastic_parity import elastic_parity
+        from hftrain.launch.elastic_parity import elastic_parity
 
         return elastic_parity(args.recipe, overrides, args.steps, (args.backends or "DDP,FSDP,ZeRO-3").split(","), args.tolerance)
-    from hftrain.parallel.parity import parity
+    from hftrain.launch.parity import parity
 
     return parity(args.recipe, overrides, args.steps, (args.backends or "single,DDP,FSDP,ZeRO-3").split(","), args.tolerance)

@@ -13,7 +13,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain.model.presets import preset_table
+    from hftrain.recipe.presets import preset_table
 
     print(preset_table())
     return 0

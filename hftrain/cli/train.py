@@ -61,7 +61,7 @@ def node_group(args: argparse.Namespace) -> Any:
     """This node's NodeGroup; every node of one launch shares a run token, so their launchers join one output lock."""
     from hftrain.checkpoint.output_lock import RUN_TOKEN_ENV
     from hftrain.errors import HftrainError
-    from hftrain.parallel.multinode import NodeGroup
+    from hftrain.launch.multinode import NodeGroup
 
     least, count = args.nnodes
     if least and args.node_rank:
@@ -97,14 +97,16 @@ def _without_option(argv: list[str], option: str) -> list[str]:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain import progress
+    from hftrain import network
+    from hftrain.launch.sagemaker_job import adapt, current_job
     from hftrain.recipe.load import load_recipe
-    from hftrain.integrations.sagemaker_job import adapt, current_job
 
     progress.start()  # a line at least every few seconds until the first step (progress.py)
     try:
         nodes = node_group(args)
         job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
         recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
+        network.configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
         from hftrain.checkpoint.output_lock import owning
 
         with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it
@@ -119,11 +121,11 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
     if args.max_restarts > 0 or args.accelerate_config:
         progress.stop()  # the processes started below speak for themselves
     if args.max_restarts > 0 and not nodes.elastic:  # elastic: torchrun's agents restart (multinode.py)
-        from hftrain.parallel.launch import supervise
+        from hftrain.launch.processes import supervise
 
         return supervise(_without_option(args.argv, "--max-restarts"), args.max_restarts)
     if args.accelerate_config:
-        from hftrain.parallel.launch import relaunch
+        from hftrain.launch.processes import relaunch
 
         return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, recipe, nodes)
     from hftrain.parallel.dims import shutdown
@@ -132,7 +134,7 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
     if job is None:
         run = train(recipe)
     else:
-        from hftrain.integrations.sagemaker_job import MetricLinesCallback, deliver
+        from hftrain.launch.sagemaker_job import MetricLinesCallback, deliver
 
         run = train(recipe, callbacks=[MetricLinesCallback()])
         deliver(run, job)

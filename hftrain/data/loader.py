@@ -24,7 +24,7 @@ from hftrain.data.preference import PreferenceStream, pair_tokens, records
 from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
 from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
-from hftrain.data.readers import ReaderLayout, rank_state
+from hftrain.parallel.readers import ReaderLayout, rank_state
 from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
 
 

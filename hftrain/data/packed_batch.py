@@ -19,7 +19,7 @@ document sees the ones before it in its row.
 
 Labels: a document's first token is never a target (it would be predicted from the previous document), nor is
 a flattened row's first token (it would be predicted from the row before), so the loss is the documents' losses
-taken alone, the same on every kernel. `hftrain data inspect RECIPE --check-packing` (model/packing_check.py)
+taken alone, the same on every kernel. `hftrain data inspect RECIPE --check-packing` (data/packing_check.py)
 compares each document's logits with the document run alone, per kernel.
 """
 

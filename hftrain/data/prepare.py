@@ -15,12 +15,12 @@ import numpy as np
 from hftrain.recipe.schema import Recipe
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.errors import HftrainError
-from hftrain.integrations import network
+from hftrain import network
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
 from hftrain.data.prepare_pool import PrepareJob, run_units
 from hftrain.checkpoint.output_lock import LOCK_FILE, owning
 from hftrain.data.pretokenized import MANIFEST, PREPARED_NAME, ShardWriter
-from hftrain.data.readers import DEFAULT_READERS, default_readers, default_window
+from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
 from hftrain.data.sources import COMPRESSION
 from hftrain.data.chunking import TokenRun
 from hftrain.data.stream import SourcePlan, Worker

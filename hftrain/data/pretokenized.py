@@ -21,7 +21,7 @@ import fsspec
 import numpy as np
 
 from hftrain.errors import HftrainError
-from hftrain.integrations.network import require_backend
+from hftrain.network import require_backend
 from hftrain.data.shares import share_of, span
 from hftrain.data.stream import BlockStream, Worker, _mix
 

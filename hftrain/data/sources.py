@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import fsspec
 
-from hftrain.integrations import network
+from hftrain import network
 from hftrain.errors import HftrainError, as_user_error
 from hftrain.recipe.schema import Source, data_kind
 from hftrain.data import jsonl

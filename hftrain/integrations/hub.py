@@ -34,7 +34,7 @@ SHAREABLE = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.yaml",
 
 def _retry(action: Callable[[], Any], what: str) -> Any:
     """`action()`, tried again after a failure that another try can fix, within the network bound."""
-    from hftrain.integrations import network
+    from hftrain import network
     from hftrain.errors import as_user_error, retryable
 
     deadline = time.monotonic() + network.bound()
@@ -200,7 +200,7 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
     returns the URL. `name`: the folder a message names (the checkpoint a staged copy was made from)."""
     import fsspec
 
-    from hftrain.integrations.network import require_backend
+    from hftrain.network import require_backend
 
     require_backend(url, "the copy's URL")
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
@@ -331,6 +331,9 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
     run_dir = path if model_dir != path else path.parent
     recipe_file = model_dir / RECIPE_FILE
     recipe = load_recipe(recipe_file) if recipe_file.is_file() else load_recipe(None, {"model": {"from_pretrained": str(model_dir)}})
+    from hftrain import network
+
+    network.configure(recipe.faults.network_timeout_s)  # the run's own bound for its push
     if to:
         return copy_to_fsspec(model_dir, to, recipe.hub.storage_options)
     if not repo_id:

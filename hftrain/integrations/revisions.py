@@ -1,7 +1,7 @@
 """Kept checkpoints as Hub revisions, the way Pythia is published: branch `stepN` of one repo per kept checkpoint
 (recipe.checkpoints), loadable with `from_pretrained(repo, revision="stepN")`, and the final model on main.
 
-Each kept checkpoint is exported to a standard model directory (checkpoint/export.py: DDP, FSDP, ZeRO-3, a LoRA
+Each kept checkpoint is exported to a standard model directory (export/model_dir.py: DDP, FSDP, ZeRO-3, a LoRA
 adapter merged) and uploaded to its branch by the run's outbox (outbox.py), in order, while training goes on: a
 push never blocks a step, and never reads a checkpoint that rotation could remove (kept ones are never rotated). A
 push is retried (hub._retry); one that still fails is reported with the commands that push it later, and training
@@ -58,7 +58,7 @@ class RevisionPublisher:
         )
 
     def _push(self, run_dir: Path, checkpoint: Path, branch: str) -> str:
-        from hftrain.checkpoint.export import export
+        from hftrain.export.model_dir import export
 
         with tempfile.TemporaryDirectory(prefix="hftrain-revision-") as tmp:
             model = export(checkpoint, Path(tmp) / "model", merge=True)  # a standard model, whatever the backend

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
 
 from hftrain.errors import HftrainError
-from hftrain.model.presets import PRESETS
+from hftrain.recipe.presets import PRESETS
 from hftrain.parallel.dims import ParallelDims, Strategy
 from hftrain.recipe.schema import DROPOUT_FIELDS, Recipe
 from hftrain.model.remote_code import allow

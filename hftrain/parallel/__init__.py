@@ -1,2 +1,2 @@
-"""Parallelism: the run's parallel dimensions resolved once (dims.py), launching processes for a backend, CPU
-rehearsals of DDP/FSDP/ZeRO-3, multi-node launch scripts, and the parity checks between backends."""
+"""The parallel plan: the run's parallel dimensions resolved once (dims.py: strategy, processes, batch, readers) and
+the CPU rehearsals of DDP/FSDP/ZeRO-3 in gloo processes (rehearsal.py). Starting the processes is launch/'s."""

@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from hftrain import _compat
 
 ERROR_DIR_ENV = "HFTRAIN_ERROR_DIR"
+ELASTIC_ENV = "HFTRAIN_ELASTIC_NODES"  # MIN:MAX nodes, set for the processes of an elastic launch (launch/multinode.py)
 USER_ERROR = 2  # cli/__init__.py: "hftrain: error: MESSAGE"
 UNREACHABLE = 69  # EX_UNAVAILABLE: the other nodes did not join, or the head node cannot be reached (a restart may)
 # torch elastic's own lines about a failed worker and the workers it then stops; report() says it in one line
@@ -169,8 +170,6 @@ def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from hftrain.parallel.multinode import ELASTIC_ENV
-
     directory = Path(tempfile.mkdtemp(prefix="hftrain-errors-"))
     failed: list[tuple[int, int, float]] = []
     stopped_by = None
@@ -243,8 +242,6 @@ _RENDEZVOUS_FAILURES = {"DistStoreError", "DistNetworkError", "RendezvousTimeout
 
 
 def _rendezvous_failed(err: Exception) -> int:
-    from hftrain.parallel.multinode import ELASTIC_ENV
-
     said = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
     if type(err).__name__ == "RendezvousClosedError":
         print(

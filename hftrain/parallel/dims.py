@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from hftrain import _compat
-from hftrain.data.readers import ReaderLayout, decide_readers, decide_window
+from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
+from hftrain.parallel.child_errors import ELASTIC_ENV
 from hftrain.recipe.schema import Recipe
 
 SHIPPED_CONFIGS = Path(__file__).parents[1] / "accelerate_configs"  # accelerate_configs/ in a checkout links here
@@ -260,8 +261,6 @@ def elastic_global_batch(per_process: int, most_nodes: int | None = None, per_no
     """An elastic launch's global batch when the recipe sets none: `per_process` (micro-batch x accumulation) on
     every process of MAX nodes, so that it does not depend on how many nodes the first start happened to have.
     None outside an elastic launch."""
-    from hftrain.parallel.multinode import ELASTIC_ENV
-
     if most_nodes is None:
         if not os.environ.get(ELASTIC_ENV):
             return None

@@ -130,7 +130,7 @@ def _head_lost(checkpoint: str) -> PeerLost:
 
 
 def _next_steps(checkpoint: str) -> str:
-    from hftrain.parallel.multinode import ELASTIC_ENV
+    from hftrain.parallel.child_errors import ELASTIC_ENV
 
     restarts, done = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if os.environ.get(ELASTIC_ENV) and done < restarts:

@@ -63,11 +63,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | Mapping[s
         _deep_merge(user, copy.deepcopy(sections))
     stem = Path(path).stem if path else "run"
     raw: dict[str, Any] = {"training": {**TRAINING_DEFAULTS, "output_dir": f"runs/{stem}"}}
-    recipe = validate_recipe(_deep_merge(raw, user), source)
-    from hftrain.integrations.network import configure
-
-    configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
-    return recipe
+    return validate_recipe(_deep_merge(raw, user), source)
 
 
 def read_recipe_file(path: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hftrain.model.presets import PRESETS
+from hftrain.recipe.presets import PRESETS
 from hftrain.recipe.sections import (
     CheckpointsSection,
     FaultsSection,

@@ -19,14 +19,14 @@ from hftrain import _compat
 from hftrain.parallel import rehearsal
 from hftrain.parallel import launcher_store
 from hftrain.parallel.dims import ParallelDims
-from hftrain.training import run_length
+from hftrain.plan import run_length
 from hftrain.speed import defaults as speed
 from hftrain.checkpoint import node_disks
 from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
 from hftrain.recipe.schema import Recipe
-from hftrain.training.run_length import RunLength
+from hftrain.plan.run_length import RunLength
 from hftrain.speed.defaults import SpeedPlan
 
 

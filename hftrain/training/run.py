@@ -21,6 +21,7 @@ from hftrain import _compat
 from hftrain.checkpoint import elastic
 from hftrain.model import fused_loss
 from hftrain.parallel import dims as parallel
+from hftrain import network
 from hftrain.integrations import revisions, trackers
 from hftrain.training.arguments import TrainingSettings, training_arguments
 from hftrain.training.callbacks import (
@@ -65,6 +66,7 @@ from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks). The run owns
     its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
+    network.configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
     check_starting_weights(recipe)  # before output_dir is touched
     with owning(recipe.training.output_dir, "training.output_dir"):
         progress.start()  # a line at least every few seconds until the first step ends (StartupOverCallback)
@@ -162,8 +164,8 @@ def fit_memory(recipe: Recipe, shape: ModelShape, recorded_global: int | None) -
     if strategy is Strategy.DEVICE_MAP:
         return recipe, None
     from hftrain.parallel import rehearsal
-    from hftrain.speed.estimates import plan
-    from hftrain.speed.fit import MEMORY_WARNED_ENV, fit_this_run
+    from hftrain.plan.estimates import plan
+    from hftrain.plan.fit import MEMORY_WARNED_ENV, fit_this_run
 
     processes = parallel.world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))

@@ -31,7 +31,7 @@ from hftrain.parallel import dims as parallel
 from hftrain.checkpoint.adapter import is_adapter_dir
 from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.data.loader import DataPlan, PackedDataset, ResumableLoader
-from hftrain.data.readers import merge_positions
+from hftrain.parallel.readers import merge_positions
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.training.nonfinite import NonFiniteGuard
 from hftrain.parallel.dims import ParallelDims

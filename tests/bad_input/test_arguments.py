@@ -130,7 +130,7 @@ sys.exit(int(code))
     ],
 )
 def test_max_restarts_restarts_only_what_a_restart_can_fix(tmp_path, capsys, codes, expected_runs, expected_exit):
-    from hftrain.parallel.launch import supervise
+    from hftrain.launch.processes import supervise
 
     log = tmp_path / "runs.txt"
     code = supervise([str(log), codes], 2, command=[sys.executable, "-c", _CHILD])

@@ -108,7 +108,7 @@ def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, ki
 # error within faults.network_timeout_s (it hung before: aiohttp's default has no read limit).
 @pytest.mark.parametrize("scheme, command", [("http", "train"), ("https", "train"), ("http", "data")])
 def test_a_silent_http_source_is_an_error_within_the_bound(capsys, work, silent_server, scheme, command):
-    from hftrain.integrations import network
+    from hftrain import network
 
     url = silent_server.url.replace("http://", f"{scheme}://") + "/corpus/part-0.jsonl"
     raw = yaml.safe_load((work / "r.yaml").read_text())

@@ -69,7 +69,7 @@ def test_console_script_is_installed_and_exits_without_collecting_the_heap(capsy
     import gc
 
     from hftrain.cli import main, program
-    from hftrain.integrations.sagemaker import ENTRY
+    from hftrain.launch.sagemaker import ENTRY
 
     script = Path(sys.executable).parent / "hftrain"
     assert script.is_file() and os.access(script, os.X_OK)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
-from hftrain.data.readers import STATE_VERSION, ReaderLayout, default_window, merge_positions
+from hftrain.parallel.readers import STATE_VERSION, ReaderLayout, default_window, merge_positions
 from hftrain.data.stream import BlockStream, DocumentStream, Worker
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe

@@ -10,7 +10,7 @@ import pytest
 import hftrain
 from hftrain.data.prepare import prepare
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks
-from hftrain.data.readers import ReaderLayout, default_window, merge_positions
+from hftrain.parallel.readers import ReaderLayout, default_window, merge_positions
 from hftrain.data.loader import train_documents
 from hftrain.data.stream import BlockStream, Worker
 from hftrain.errors import HftrainError

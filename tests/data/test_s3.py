@@ -11,7 +11,7 @@ import yaml
 
 import hftrain
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
-from hftrain.data.readers import ReaderLayout, merge_positions
+from hftrain.parallel.readers import ReaderLayout, merge_positions
 from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe, recipe_to_dict

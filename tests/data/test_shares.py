@@ -13,7 +13,7 @@ import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
 from hftrain.data.pretokenized import PretokenizedStream
-from hftrain.data.readers import ReaderLayout, default_readers
+from hftrain.parallel.readers import ReaderLayout, default_readers
 from hftrain.data.shares import BALANCE, Part, Share, deal, share_of
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import DocumentStream, SourcePlan, Worker

@@ -26,7 +26,7 @@ def _recipes(tmp_path):
 
 @pytest.mark.parametrize("kind", ["examples", "documents"])
 def test_flash_kernels_keep_packed_documents_apart(tmp_path, kind):
-    from hftrain.model.packing_check import available_kernels, check_packing
+    from hftrain.data.packing_check import available_kernels, check_packing
     import torch
 
     kernels = available_kernels(torch.device("cuda"))
@@ -40,7 +40,7 @@ def test_flash_kernels_keep_packed_documents_apart(tmp_path, kind):
 
 def test_flash_attention_on_rows_is_caught(tmp_path):
     from hftrain.data.packed_batch import ROWS
-    from hftrain.model.packing_check import available_kernels, check_packing
+    from hftrain.data.packing_check import available_kernels, check_packing
     import torch
 
     kernels = available_kernels(torch.device("cuda"))

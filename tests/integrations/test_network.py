@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hftrain.integrations import network
+from hftrain import network
 from hftrain.integrations.hub import PUSH_RETRIES
 from hftrain.recipe.schema import Recipe
 

@@ -70,7 +70,7 @@ def test_merged_export_loads_without_peft_and_matches_base_plus_adapter(pretrain
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=300)
     torch.testing.assert_close(torch.load(tmp_path / "l.pt"), expected, rtol=1e-4, atol=1e-4)
     with pytest.raises(HftrainError, match="a LoRA adapter checkpoint; add --merge"):
-        from hftrain.checkpoint.export import export
+        from hftrain.export.model_dir import export
 
         export(checkpoint, tmp_path / "nomerge")
 

@@ -6,7 +6,7 @@ import pytest
 
 from hftrain.errors import HftrainError
 from hftrain.model.build import build_config, padded_vocab_size, parameter_counts
-from hftrain.speed.estimates import plan
+from hftrain.plan.estimates import plan
 from hftrain.recipe.load import load_recipe
 
 # (total, non-embedding) parameters from the Pythia model cards / paper (Biderman et al. 2023) and NeoX-20B.

@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hftrain.parallel import child_errors, rehearsal
+from hftrain.parallel import rehearsal
+
+from hftrain.parallel import child_errors
 from hftrain.parallel.child_errors import ChildError
 
 from ..support.checks import tree_digest
 from ..support.cli import in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
-# what every rank of a 2-process launch says about a recipe with data.readers=3 (hftrain/data/readers.py)
+# what every rank of a 2-process launch says about a recipe with data.readers=3 (hftrain/parallel/readers.py)
 REFUSAL = (
     "data.readers: this run reads its data with 3 logical readers (fixed at its start), which cannot be split "
     "over 2 process(es) x 1 dataloader worker(s). With 1 worker(s) per process, 1, 3 process(es) work; or "
@@ -73,7 +75,7 @@ def test_a_refusal_in_every_rank_is_said_once_with_exit_code_2(refused, tmp_path
 def test_max_restarts_does_not_restart_a_refusal_in_the_ranks(refused, tmp_path, monkeypatch, capfd):
     """What `hftrain train R --accelerate-config ddp --nproc 2 --max-restarts 2` runs (cli/train.py); the supervisor
     is called here, not started, to keep the test short: its child is the launcher, as from the command line."""
-    from hftrain.parallel.launch import supervise
+    from hftrain.launch.processes import supervise
 
     before, temp = digest_and_temp(refused, tmp_path, monkeypatch)
     start = time.monotonic()
@@ -126,7 +128,7 @@ def torchrun(config: Path) -> int:
 
 
 def accelerate(config: Path) -> int:  # the GPU machines' launcher: accelerate's, for the MULTI_GPU config
-    from hftrain.parallel.launch import accelerate_processes
+    from hftrain.launch.processes import accelerate_processes
 
     return accelerate_processes(["never-read.yaml"], config, 2)
 
@@ -142,7 +144,7 @@ def accelerate(config: Path) -> int:  # the GPU machines' launcher: accelerate's
     ],
 )
 def test_both_launchers_say_how_their_processes_ended_once(launcher, how, exit_code, said, tmp_path, monkeypatch, capfd):
-    from hftrain.parallel.launch import find_config
+    from hftrain.launch.processes import find_config
 
     (tmp_path / "sitecustomize.py").write_text(RANK_HOOK, encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))

@@ -43,7 +43,7 @@ def tiny_yaml(tmp_path_factory) -> Path:
 def test_every_backend_gives_the_losses_of_one_process(backend_run, backend):
     """2 processes of DDP, FSDP and ZeRO-3 and one plain process, on 8 shards with a global batch of 8: the same
     per-step loss (rel 1e-5) and grad norm (rel 1e-4) at every step. The data order belongs to the run's readers,
-    not to the launch (data/readers.py); accelerate really set up the backend (no silent fallback to DDP or to one
+    not to the launch (parallel/readers.py); accelerate really set up the backend (no silent fallback to DDP or to one
     process). The runs are shared with the resume, export and two-node tests (reference_runs.py)."""
     one, two = backend_run("ddp", 1), backend_run(backend, 2)
     for run, expected in ((one, ("NO", 1)), (two, (EXPECTED_TYPE[backend], 2))):
@@ -140,7 +140,7 @@ def test_device_map_trains_and_refuses_disk_offload(tmp_path, corpus):
 
 
 def test_shipped_accelerate_configs():
-    from hftrain.parallel.launch import backend_of, find_config
+    from hftrain.launch.processes import backend_of, find_config
 
     names = sorted(p.name for p in (ROOT / "accelerate_configs").glob("*.yaml"))
     assert {"ddp.yaml", "fsdp.yaml", "fsdp_offload.yaml", "deepspeed_zero3.yaml", "deepspeed_zero3_offload.yaml"} <= set(names)
@@ -249,7 +249,7 @@ def test_the_shipped_zero3_config_opens_from_any_directory(tmp_path, monkeypatch
     from transformers.integrations import HfDeepSpeedConfig
 
     from hftrain.parallel import dims
-    from hftrain.parallel.launch import deepspeed_file, find_config
+    from hftrain.launch.processes import deepspeed_file, find_config
 
     monkeypatch.chdir(tmp_path)
     written = yaml.safe_load(find_config("zero3").read_text())["deepspeed_config"]["deepspeed_config_file"]

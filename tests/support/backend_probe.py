@@ -145,7 +145,7 @@ def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc
     import torch
 
     from hftrain.parallel import rehearsal
-    from hftrain.parallel.launch import find_config
+    from hftrain.launch.processes import find_config
 
     script = [__file__, str(recipe_file), str(probe_dir)]
     if backend is None:

@@ -31,7 +31,7 @@ def in_process(capsys, *argv: str) -> tuple[int, str]:
     An exception other than hftrain's one-line error escapes `main` and fails the test, as a traceback would in a
     terminal; argparse's own refusals (SystemExit) give their status."""
     from hftrain.cli import main
-    from hftrain.integrations import network
+    from hftrain import network
 
     try:
         code = main(list(argv))
@@ -53,7 +53,7 @@ def run_in_process(
     import io
 
     from hftrain.cli import main
-    from hftrain.integrations import network
+    from hftrain import network
 
     out, err, before, here = io.StringIO(), io.StringIO(), dict(os.environ), os.getcwd()
     if exact_env:

@@ -10,7 +10,7 @@ from hftrain.data.prepare import prepare
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.recipe.load import load_recipe
-from hftrain.training.run_length import resolve
+from hftrain.plan.run_length import resolve
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hftrain.errors import HftrainError, Preempted
+from hftrain.parallel.child_errors import ELASTIC_ENV
 
 PREEMPTED_EXIT_CODE = Preempted.exit_code  # saved a checkpoint on a preemption signal; run again to continue
 
 RENDEZVOUS_TIMEOUT_S = 300  # how long a node waits for the others to join before it stops with a message
 LAST_CALL_S = 30  # elastic: once MIN nodes are there, how long the rendezvous waits for more (up to MAX)
 LAST_CALL_ENV = "HFTRAIN_RDZV_LAST_CALL_S"
-ELASTIC_ENV = "HFTRAIN_ELASTIC_NODES"  # MIN:MAX, set for the processes of an elastic launch
 # torch's c10d rendezvous shares its agent's store with the processes; across elastic rounds that breaks: a node
 # joining a running group waits for MASTER_ADDR in the new round's keys, which the old rank 0 never writes (seen
 # with torch 2.13: the join timed out, both nodes stopped), and restart counts differ per agent (pytorch#135712).

@@ -2,7 +2,7 @@
 
 Every backend sees the same global batch: the distributed runs use 2 processes with half the batch each; the
 single process accumulates two half batches read by 2 DataLoader workers. The data order belongs to the run's
-logical readers, not to the launch (data/readers.py), so those are the same blocks and per-step loss and grad-norm
+logical readers, not to the launch (parallel/readers.py), so those are the same blocks and per-step loss and grad-norm
 must agree to float rounding. Forced for comparability: fp32, no dropout, no compile, no checkpoints.
 """
 

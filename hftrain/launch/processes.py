@@ -14,10 +14,12 @@ from typing import Any
 
 import yaml
 
-from hftrain.parallel import child_errors, rehearsal
+from hftrain.parallel import rehearsal
+
+from hftrain.parallel import child_errors
 from hftrain.errors import HftrainError, NotShared
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
-from hftrain.parallel.multinode import NodeGroup
+from hftrain.launch.multinode import NodeGroup
 from hftrain.recipe.schema import Recipe
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
@@ -67,7 +69,7 @@ def relaunch(
         if nodes.elastic:
             check_elastic_batch(recipe, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
         said = _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
-    from hftrain.speed.fit import MEMORY_WARNED_ENV
+    from hftrain.plan.fit import MEMORY_WARNED_ENV
 
     warned = {MEMORY_WARNED_ENV: "1"} if said else {}  # the processes do not say it again
     if cpu or rehearsal.on_cpu():
@@ -113,8 +115,8 @@ def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool)
     if processes is None or recipe.parallelism.fit_memory or backend.value == "device_map":
         return False
     from hftrain.model.build import measure_model
-    from hftrain.speed.estimates import plan
-    from hftrain.speed.fit import fit_this_run
+    from hftrain.plan.estimates import plan
+    from hftrain.plan.fit import fit_this_run
 
     _, note = fit_this_run(recipe, plan(recipe, measure_model(recipe)), processes, processes, backend.value, "cpu" if cpu else "cuda")
     if note:

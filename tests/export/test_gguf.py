@@ -1,4 +1,4 @@
-"""GGUF export (checkpoint/gguf_file.py), proven with the real client: llama.cpp (llama-cpp-python) loads each file,
+"""GGUF export (export/gguf_file.py), proven with the real client: llama.cpp (llama-cpp-python) loads each file,
 tokenizes as the model's tokenizer does, and gives transformers' next-token logits on the same checkpoint.
 
 Bounds (issue 30): f32 with an f32 KV cache: the top-5 tokens agree and max |diff| <= 1% of the largest |logit|

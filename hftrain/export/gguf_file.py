@@ -36,7 +36,7 @@ PRE_TOKENIZER = "gpt-2"  # llama.cpp's name for the GPT-2 split regex that byte-
 
 def export_gguf(checkpoint: Path, out: Path, quant: str = "f16", merge: bool = False) -> Path:
     """Any hftrain checkpoint or model directory -> one GGUF file at `out`."""
-    from hftrain.checkpoint.export import export
+    from hftrain.export.model_dir import export
 
     if quant not in QUANTS:
         raise HftrainError(f"--quant {quant}: choose one of {', '.join(QUANTS)}.")

@@ -13,8 +13,8 @@ from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.model.build import ModelShape, measure_model
 from hftrain.parallel.dims import global_batch_of
 from hftrain.recipe.schema import Recipe
-from hftrain.speed.fit import MARGIN, Fit, Machine, step_time
-from hftrain.speed.memory import CUDA_CONTEXT_BYTES
+from hftrain.plan.fit import MARGIN, Fit, Machine, step_time
+from hftrain.plan.memory import CUDA_CONTEXT_BYTES
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
@@ -63,7 +63,7 @@ def _layers(model: Any) -> list[Any]:
 def _planned_steps(recipe: Recipe) -> int | None:
     """max_steps as `train` derives it on one process (run_length.py); None when it needs the data's size."""
     from hftrain.errors import HftrainError
-    from hftrain.training.run_length import resolve
+    from hftrain.plan.run_length import resolve
 
     try:
         return resolve(recipe, recipe.training_kwargs(), 1, None).max_steps
@@ -200,8 +200,8 @@ PART_NOTES = {
 
 def format_peak_table(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: float | None) -> list[str]:
     """Predicted peak per process for each strategy and fine-tuning method, at the recipe's micro-batch."""
-    from hftrain.speed.fit import GPU_STRATEGIES
-    from hftrain.speed.memory import predict_peak, run_shape
+    from hftrain.plan.fit import GPU_STRATEGIES
+    from hftrain.plan.memory import predict_peak, run_shape
 
     methods = ("full", "lora", "qlora")
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")

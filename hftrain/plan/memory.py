@@ -228,7 +228,7 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
 def data_pipeline_bytes(recipe: Recipe, processes: int) -> float:
     """The shuffle windows this process fills (int32 tokens) when it reads in its main process; DataLoader
     workers hold theirs in their own processes. Host memory: on GPUs it is not in the device's peak."""
-    from hftrain.data.readers import decide_readers, decide_window
+    from hftrain.parallel.readers import decide_readers, decide_window
 
     workers = recipe.training.dataloader_num_workers
     readers = decide_readers(recipe.data.readers, None, None, processes, max(workers, 1))

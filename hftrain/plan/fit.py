@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hftrain.recipe.schema import Recipe
-from hftrain.speed.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
+from hftrain.plan.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
 
 MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and what the prediction leaves out
 GPU_MFU = 0.35  # assumed when nothing was measured: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3)

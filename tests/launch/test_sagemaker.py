@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.integrations.sagemaker import ENTRY_SCRIPT, METRIC_DEFINITIONS, stage_code
-from hftrain.integrations.sagemaker_job import metrics_line
+from hftrain.launch.sagemaker import ENTRY_SCRIPT, METRIC_DEFINITIONS, stage_code
+from hftrain.launch.sagemaker_job import metrics_line
 
 from ..support.checks import checkpoint_losses
 from ..support.cli import run_in_process
@@ -119,7 +119,7 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     assert (
         b"hftrain.cli" in s3.get(channels["code"] + "/" + ENTRY_SCRIPT) and s3.get(channels["code"] + "/tiny.yaml") == recipe.read_bytes()
     )
-    assert s3.get(channels["code"] + "/hftrain/integrations/sagemaker_job.py") == Path("hftrain/integrations/sagemaker_job.py").read_bytes()
+    assert s3.get(channels["code"] + "/hftrain/launch/sagemaker_job.py") == Path("hftrain/launch/sagemaker_job.py").read_bytes()
     required = s3.get(channels["code"] + "/requirements.txt").decode().splitlines()
     assert any(r.startswith("transformers") for r in required) and not any(re.match(r"torch\b", r) for r in required)
 

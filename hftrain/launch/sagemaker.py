@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hftrain.parallel import launch
+from hftrain.launch import processes as launch
 from hftrain.errors import HftrainError
 from hftrain.recipe.schema import Recipe
-from hftrain.integrations.sagemaker_job import CHANNEL, CHECKPOINTS_VAR, DEFAULT_CHECKPOINTS, METRICS_PREFIX
+from hftrain.launch.sagemaker_job import CHANNEL, CHECKPOINTS_VAR, DEFAULT_CHECKPOINTS, METRICS_PREFIX
 
 ENTRY_SCRIPT = "hftrain_sagemaker_entry.py"
 PYTORCH_IMAGE = ("2.10", "py313")  # the newest AWS PyTorch training image the SDK lists (image_uris, offline)
@@ -57,7 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the hftrain package staged beside this file
 
 from hftrain.cli import program  # noqa: E402
-from hftrain.integrations.sagemaker_job import hyperparameter_overrides  # noqa: E402
+from hftrain.launch.sagemaker_job import hyperparameter_overrides  # noqa: E402
 
 sys.exit(program(["train", str(HERE / "{recipe}"), *hyperparameter_overrides()]))
 '''
@@ -194,7 +194,7 @@ def hyperparameters(overrides: list[str]) -> dict[str, str]:
 
 def render(recipe_path: str, recipe: Recipe, overrides: list[str], options: JobOptions, command: str) -> str:
     """The launcher script's text."""
-    from hftrain.integrations.sagemaker_template import LAUNCHER
+    from hftrain.launch.sagemaker_template import LAUNCHER
 
     check_recipe(recipe, options.channels)
     environment = {CHECKPOINTS_VAR: DEFAULT_CHECKPOINTS, **backend_environment(options.accelerate_config)}

@@ -23,7 +23,7 @@ from sagemaker.train import ModelTrainer
 from sagemaker.train.configs import CheckpointConfig, Compute, InputData, SourceCode, StoppingCondition
 from sagemaker.train.distributed import Torchrun
 
-from hftrain.integrations import sagemaker as hf
+from hftrain.launch import sagemaker as hf
 
 {settings}
 # ROLE None: the SageMaker config's default execution role, else the role of the caller's credentials.

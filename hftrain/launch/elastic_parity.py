@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 from hftrain.data.loader import plan_data
-from hftrain.data.readers import default_readers
+from hftrain.parallel.readers import default_readers
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.parallel.parity import FORCED, read_run, step_differences
+from hftrain.launch.parity import FORCED, read_run, step_differences
 from hftrain.parallel.dims import Strategy, global_batch_of
 from hftrain.recipe.load import load_recipe
 

@@ -1,6 +1,6 @@
 """Elastic launches (issue 29, part 3): what `--nnodes MIN:MAX --max-restarts N` hands torchrun through either
 launcher, the refusals, the run's store keys across restarts, the messages of a launch that restarts, and the
-global batch. The run itself (a node lost and taken back) is tests/parallel/test_multinode.py."""
+global batch. The run itself (a node lost and taken back) is tests/launch/test_multinode.py."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ import pytest
 
 from hftrain.cli import main
 from hftrain.errors import HftrainError
-from hftrain.parallel import child_errors, launch, multinode, rehearsal
+from hftrain.parallel import rehearsal
+from hftrain.launch import processes as launch
+from hftrain.launch import multinode
+from hftrain.parallel import child_errors
 from hftrain.parallel.child_errors import ChildError
-from hftrain.parallel.multinode import ELASTIC_ENV, NodeGroup
+from hftrain.launch.multinode import NodeGroup
+from hftrain.parallel.child_errors import ELASTIC_ENV
 from hftrain.recipe.load import load_recipe
 
 ROOT = Path(__file__).parents[2]

@@ -10,7 +10,7 @@ import yaml
 from transformers import AttentionInterface
 
 from hftrain.data.packed_batch import FLATTENED, ROWS, PackedCollator
-from hftrain.model.packing_check import check_packing, first_micro_batch, random_model
+from hftrain.data.packing_check import check_packing, first_micro_batch, random_model
 from hftrain.recipe.load import load_recipe
 from tests.support.data import instructions, make_documents, write_examples, write_jsonl
 

@@ -1,0 +1,1 @@
+"""Tests of hftrain/export/ (tests mirror the package)."""

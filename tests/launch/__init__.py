@@ -1,0 +1,1 @@
+"""Tests of hftrain/launch/ (tests mirror the package)."""

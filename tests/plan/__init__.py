@@ -1,0 +1,1 @@
+"""Tests of hftrain/plan/ (tests mirror the package)."""
