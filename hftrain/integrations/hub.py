@@ -26,6 +26,7 @@ from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, s
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
 from hftrain.recipe.load import redact_value
 from hftrain.recipe.schema import Recipe
+from hftrain.recipe.objectives import OBJECTIVES
 
 CARD = "README.md"
 PUSH_RETRIES = 3
@@ -126,8 +127,7 @@ def card_metadata(recipe: Recipe) -> dict[str, Any]:
     datasets = [s.dataset for s in recipe.data.train if s.dataset]
     if datasets:
         meta["datasets"] = datasets
-    if recipe.finetune.objective == "dpo":
-        meta["tags"] += ["dpo", "trl"]
+    meta["tags"] += OBJECTIVES[recipe.finetune.objective].card_tags
     return meta
 
 
@@ -139,15 +139,13 @@ def training_method(recipe: Recipe) -> str:
         "qlora": "a LoRA adapter over a 4-bit base (QLoRA), merged",
         "lora_8bit": "a LoRA adapter over an 8-bit base, merged",
     }[recipe.finetune.method]
-    if recipe.finetune.objective == "dpo":
-        beta = recipe.finetune.dpo.get("beta", 0.1)
-        return f"DPO (Direct Preference Optimization, TRL's DPOTrainer, beta {beta}) on preference pairs, {weights}"
     kind = (
         "supervised fine-tuning on instruction data"
         if recipe.data.instruction_data
         else ("fine-tuning" if recipe.model.from_pretrained else "pretraining")
     )
-    return f"{kind} (next-token loss), {weights}"
+    beta = recipe.finetune.dpo.get("beta", 0.1)
+    return OBJECTIVES[recipe.finetune.objective].describe.format(kind=kind, weights=weights, beta=beta)
 
 
 def _count(results: dict[str, Any]) -> str:

@@ -189,6 +189,9 @@ class Trackers:
         finally:
             if ending is not None:
                 ending(status)
+            for name, queue in self.queues.items():
+                if name in FINISH:  # on the tracker's thread, whose context holds its run
+                    queue.put(f"finishing the {name} run", FINISH[name])
             self.close()
 
     def close(self) -> None:
@@ -225,6 +228,20 @@ class Trackers:
             queue.put("ending the mlflow run", lambda: mlflow.active_run() is not None and mlflow.end_run(status=status))
 
         return end
+
+
+def _finish_trackio() -> None:
+    """The final evaluation comes after on_train_end, which finished trackio's run: the callback started another
+    for it, held in this thread's context, which trackio's own exit hook (in the main thread) cannot see."""
+    import trackio
+
+    try:
+        trackio.finish()
+    except RuntimeError:  # no run open: nothing was logged after training
+        pass
+
+
+FINISH: dict[str, Callable[[], None]] = {"trackio": _finish_trackio}
 
 
 def tracker_name(callback: Any) -> str:

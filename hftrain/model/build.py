@@ -23,6 +23,7 @@ from hftrain.recipe.presets import PRESETS
 from hftrain.parallel.dims import ParallelDims, Strategy
 from hftrain.recipe.schema import DROPOUT_FIELDS, Recipe
 from hftrain.model.remote_code import allow
+from hftrain.recipe.objectives import OBJECTIVES
 
 
 def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
@@ -181,11 +182,10 @@ def parameter_counts(model: PreTrainedModel) -> dict[str, int]:
 
 
 def flops_per_token(counts: dict[str, int], config: Any, seq_len: int, objective: str = "lm") -> float:
-    """6N + 12·L·d·T per trained token (forward a third, backward two thirds); under DPO the reference's
-    forward on the same token adds a third (8N + 16·L·d·T)."""
+    """6N + 12·L·d·T per trained token (forward a third, backward two thirds), times the objective's factor (under
+    DPO the reference's forward on the same token adds a third: 8N + 16·L·d·T)."""
     matmul_params = counts["total"] - counts["embedding"]
-    train = 6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
-    return train * 4 / 3 if objective == "dpo" else train
+    return (6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len) * OBJECTIVES[objective].flops_factor
 
 
 def tokenizer_size_estimate(recipe: Recipe) -> tuple[int, bool]:

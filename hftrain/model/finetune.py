@@ -16,6 +16,7 @@ from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims, Strategy
 from hftrain.recipe.schema import Recipe
+from hftrain.recipe.objectives import OBJECTIVES
 
 QUANTIZED = ("qlora", "lora_8bit")
 
@@ -50,9 +51,10 @@ def check_starting_weights(recipe: Recipe) -> None:
     if recipe.model.from_pretrained:
         return
     preset = recipe.model.preset
-    if recipe.finetune.objective == "dpo":
+    goal = OBJECTIVES[recipe.finetune.objective]
+    if goal.trained_weights:
         raise HftrainError(
-            f"finetune.objective: dpo aligns a trained model's preferences, but this recipe builds model.preset {preset} "
+            f"finetune.objective: {goal.name} {goal.trained_weights}, but this recipe builds model.preset {preset} "
             "from random weights (no model.from_pretrained), which prefer nothing: the run would train a random policy "
             "against a random reference. Set model.from_pretrained to a checkpoint directory or Hub id (a pretraining "
             "or fine-tuning run's final/ will do), or pretrain with finetune.objective: lm first."

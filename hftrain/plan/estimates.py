@@ -15,6 +15,7 @@ from hftrain.parallel.dims import global_batch_of
 from hftrain.recipe.schema import Recipe
 from hftrain.plan.fit import MARGIN, Fit, Machine, step_time
 from hftrain.plan.memory import CUDA_CONTEXT_BYTES
+from hftrain.recipe.objectives import OBJECTIVES
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
@@ -24,7 +25,7 @@ BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
     shape = shape or measure_model(recipe)
     model, config, counts, per_token = shape.meta, shape.config, shape.counts, shape.flops_per_token
-    rows = 2 if recipe.finetune.objective == "dpo" else 1  # DPO: a pair's chosen and rejected answers, each up to seq_len
+    rows = OBJECTIVES[recipe.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
     tokens_per_step = global_batch_of(recipe) * recipe.data.seq_len * rows
     memory = {}
     for dtype, width in BYTES.items():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hftrain.recipe.schema import Recipe
+from hftrain.recipe.objectives import OBJECTIVES
 
 GB = 1e9
 LIBRARIES_FALLBACK_BYTES = 0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)
@@ -100,7 +101,7 @@ def run_shape(
         checkpointing=t.gradient_checkpointing if checkpointing is None else checkpointing,
         dtype="bf16" if bf16 else "fp32",
         attention=recipe.model.attn_implementation or "sdpa",
-        chunked_loss=device == "cpu" and not t.torch_compile and recipe.finetune.objective == "lm",
+        chunked_loss=device == "cpu" and not t.torch_compile and not OBJECTIVES[recipe.finetune.objective].tiled_loss_head,
         objective=recipe.finetune.objective,
     )
 
@@ -134,7 +135,7 @@ def activations(config: Any, shape: RunShape) -> float:
 
 
 def rows_per_sample(shape: RunShape) -> int:
-    return 2 if shape.objective == "dpo" else 1
+    return OBJECTIVES[shape.objective].rows_per_example
 
 
 def state_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
@@ -159,7 +160,7 @@ def reference_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> fl
     """DPO with full fine-tuning keeps a frozen copy of the starting weights as its reference, built and sharded
     (TRL's prepare_fsdp / prepare_deepspeed) as the policy's weights are; with an adapter the reference is the
     base with the adapter disabled: nothing more."""
-    if shape.objective != "dpo" or recipe.finetune.method != "full":
+    if not OBJECTIVES[shape.objective].reference_copy or recipe.finetune.method != "full":
         return 0.0
     return state_bytes(recipe, info, shape)["weights"]
 
@@ -178,7 +179,7 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     vocab = config.vocab_size
     train_logits = train_logit * shape.micro_batch * shape.seq_len * vocab
     eval_logits = eval_logit * shape.eval_batch * shape.seq_len * vocab
-    if shape.objective == "dpo":
+    if OBJECTIVES[shape.objective].tiled_loss_head:
         # TRL's fused head scores log-probabilities in tiles (no batch x seq_len x vocab logits); the evaluation's
         # preference accuracy (eval/preference.py) bounds its logits per forward
         from hftrain.eval.preference import LOGIT_BUDGET_BYTES

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
+from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.sections import Section
 
 
@@ -100,7 +101,7 @@ class FinetuneSection(Section):
     every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h)."""
     quantization: QuantizationSection = QuantizationSection()
     """4-bit quantization of the base for qlora."""
-    objective: Literal["lm", "dpo"] = "lm"
+    objective: Literal[tuple(OBJECTIVES)] = "lm"  # recipe/objectives.py: what each objective means to the run
     """lm: next-token loss (pretraining, or supervised fine-tuning on instruction data). dpo: Direct Preference
     Optimization on preference pairs (data format: preference), by TRL's DPOTrainer (pip install 'hftrain[dpo]').
     The reference is the base with the adapter disabled (lora, qlora) or a frozen copy of the starting weights (full)."""

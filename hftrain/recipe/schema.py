@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.presets import PRESETS
 from hftrain.recipe.sections import (
     CheckpointsSection,
@@ -348,13 +349,13 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _dpo_needs_pairs(self) -> Recipe:
-        dpo, pairs = self.finetune.objective == "dpo", self.data.preference_data
-        if dpo and not pairs:
+        wants_pairs, pairs = OBJECTIVES[self.finetune.objective].data_format == "preference", self.data.preference_data
+        if wants_pairs and not pairs:
             raise ValueError(
-                "finetune.objective dpo trains on preference pairs: set format: preference on data.train "
+                f"finetune.objective {self.finetune.objective} trains on preference pairs: set format: preference on data.train "
                 "(records with prompt, chosen and rejected)"
             )
-        if pairs and not dpo:
+        if pairs and not wants_pairs:
             raise ValueError(
                 "data.train: preference pairs (format: preference) train with finetune.objective: dpo; set it, "
                 "or give prompt_completion / chat data for supervised fine-tuning"

@@ -28,6 +28,8 @@ from hftrain.model.build import ModelShape
 from hftrain.recipe.schema import Recipe
 from hftrain.plan.run_length import RunLength
 from hftrain.speed.defaults import SpeedPlan
+from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.training import objectives
 
 
 @dataclass
@@ -69,14 +71,9 @@ def training_arguments(
     if memory:
         plan.reasons.append(memory)
     try:
-        if recipe.finetune.objective == "dpo":  # TRL's DPOConfig: TrainingArguments plus finetune.dpo's keys
-            from hftrain.training.preference import dpo_arguments
-
-            args = dpo_arguments(kwargs, recipe.finetune.dpo, recipe.data.seq_len)
-        else:
-            args = TrainingArguments(**kwargs)
+        args = objectives.training_arguments(recipe.finetune.objective, kwargs, recipe)  # DPO: TRL's DPOConfig
     except (ValueError, TypeError) as err:
-        raise HftrainError(f"training / finetune.dpo: {err}" if recipe.finetune.objective == "dpo" else f"training: {err}") from None
+        raise HftrainError(f"{OBJECTIVES[recipe.finetune.objective].sections}: {err}") from None
     return TrainingSettings(args, resume, push, plan, length, dims)
 
 

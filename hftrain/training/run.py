@@ -23,6 +23,9 @@ from hftrain.model import fused_loss
 from hftrain.parallel import dims as parallel
 from hftrain import network
 from hftrain.integrations import revisions, trackers
+from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.training import objectives
+from hftrain.training.objectives import TrainerParts
 from hftrain.training.arguments import TrainingSettings, training_arguments
 from hftrain.training.callbacks import (
     KeptCheckpointsCallback,
@@ -37,13 +40,11 @@ from hftrain.checkpoint.node_disks import common_resume
 from hftrain.parallel import liveness
 from hftrain.checkpoint.output_lock import owning
 from hftrain import progress
-from hftrain.progress import phase
-from hftrain.data.loader import DataPlan, collator_for, first_documents, plan_data, validation_blocks
+from hftrain.data.loader import DataPlan, collator_for, first_documents, plan_data
 from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.pretokenized import check_compatible
 from hftrain.errors import Preempted
 from hftrain.checkpoint.files import read_json
-from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.model.finetune import apply_method, check_starting_weights
 from hftrain.model.generation import sample
 from hftrain.speed.hardware import measure_peak_flops
@@ -92,8 +93,8 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
     dims = parallel.resolve(recipe, recorded, data.reader_limit)  # once: strategy, processes, batch, readers
     settings = training_arguments(recipe, dims, shape, recorded, data.manifest_tokens)
     args = settings.args
-    dpo = recipe.finetune.objective == "dpo"
-    chunked_loss = fused_loss.applies(args.device, args.torch_compile) and not dpo  # TRL's DPO has its own fused head
+    goal = OBJECTIVES[recipe.finetune.objective]
+    chunked_loss = fused_loss.applies(args.device, args.torch_compile) and not goal.tiled_loss_head  # TRL's DPO: its own fused head
     if chunked_loss:
         settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
     # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
@@ -113,7 +114,7 @@ def _train(recipe: Recipe, callbacks: Sequence[Any]) -> Run:
         print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, recipe.data.seq_len)}", flush=True)
     if chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
-    if not dpo:  # DPO: TRL wraps the adapter itself (training/preference.py)
+    if not goal.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/preference.py)
         model = apply_method(model, recipe, args.gradient_checkpointing)
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, recipe)
@@ -191,8 +192,8 @@ def build_trainer(
     callbacks: Sequence[Any] = (),
     tokenizer_is_new: bool = False,
 ) -> HftrainTrainer:
-    """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks (TRL's DPOTrainer behind them
-    for finetune.objective dpo: training/preference.py)."""
+    """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks, as the objective builds it
+    (training/objectives.py: TRL's DPOTrainer behind them for finetune.objective dpo)."""
     args = settings.args
     metrics = StepMetrics(metrics_options(recipe, settings, shape), args.device, args.process_index == 0)
     options = TrainerOptions(
@@ -210,23 +211,8 @@ def build_trainer(
         StartupOverCallback(),
         KeptCheckpointsCallback(recipe.checkpoints.keeps),
     ]
-    if recipe.finetune.objective == "dpo":
-        from hftrain.training.preference import preference_trainer
-
-        trainer = preference_trainer(recipe, settings.dims, options, model, args, tokenizer, callbacks, tokenizer_is_new)
-    else:
-        with phase(f"reading the validation set ({recipe.data.eval_blocks:,} blocks of {recipe.data.seq_len:,} tokens)", after_s=2):
-            eval_set = validation_blocks(data, tokenizer)
-        options.evaluation = TrainingEvaluation(eval_set, tokenizer, recipe.monitor.eval_tasks)
-        trainer = HftrainTrainer(
-            model=model,
-            args=args,
-            eval_dataset=eval_set,
-            processing_class=tokenizer,
-            data_collator=collate,
-            callbacks=callbacks,
-            options=options,
-        )
+    parts = TrainerParts(recipe, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
+    trainer = objectives.build_trainer(recipe.finetune.objective, parts)  # its own Trainer per objective
     if recipe.profile.start_step is not None:
         trainer.add_callback(ProfilerCallback(recipe.profile, checkpoints.layout.root, args.process_index))
     return trainer

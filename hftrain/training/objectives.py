@@ -1,0 +1,79 @@
+"""Each objective's TrainingArguments and Trainer, one table each (what an objective means elsewhere in the run:
+recipe/objectives.py). A new objective adds its builders (a module of its own, as DPO's preference.py) and one
+line per table; tests/training/test_objectives.py checks every objective has both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Callable
+
+from hftrain.data.loader import validation_blocks
+from hftrain.eval.during_training import TrainingEvaluation
+from hftrain.progress import phase
+from hftrain.recipe.schema import Recipe
+from hftrain.training.trainer import HftrainTrainer, TrainerOptions
+
+
+@dataclass
+class TrainerParts:
+    """What every objective's Trainer is built from (run.build_trainer gathers them)."""
+
+    recipe: Recipe
+    options: TrainerOptions
+    model: Any
+    args: Any
+    tokenizer: Any
+    collate: Any
+    callbacks: list[Any]
+    tokenizer_is_new: bool
+
+
+def training_arguments(objective: str, kwargs: dict[str, Any], recipe: Recipe) -> Any:
+    return ARGUMENTS[objective](kwargs, recipe)
+
+
+def build_trainer(objective: str, parts: TrainerParts) -> HftrainTrainer:
+    return TRAINERS[objective](parts)
+
+
+def _lm_arguments(kwargs: dict[str, Any], recipe: Recipe) -> Any:
+    from transformers import TrainingArguments
+
+    return TrainingArguments(**kwargs)
+
+
+def _dpo_arguments(kwargs: dict[str, Any], recipe: Recipe) -> Any:
+    """TRL's DPOConfig: TrainingArguments plus finetune.dpo's keys."""
+    from hftrain.training.preference import dpo_arguments
+
+    return dpo_arguments(kwargs, recipe.finetune.dpo, recipe.data.seq_len)
+
+
+def _lm_trainer(parts: TrainerParts) -> HftrainTrainer:
+    """Next-token loss on packed blocks (or instruction examples), evaluated on held-out blocks."""
+    recipe, options = parts.recipe, parts.options
+    with phase(f"reading the validation set ({recipe.data.eval_blocks:,} blocks of {recipe.data.seq_len:,} tokens)", after_s=2):
+        eval_set = validation_blocks(options.data, parts.tokenizer)
+    options.evaluation = TrainingEvaluation(eval_set, parts.tokenizer, recipe.monitor.eval_tasks)
+    return HftrainTrainer(
+        model=parts.model,
+        args=parts.args,
+        eval_dataset=eval_set,
+        processing_class=parts.tokenizer,
+        data_collator=parts.collate,
+        callbacks=parts.callbacks,
+        options=options,
+    )
+
+
+def _dpo_trainer(parts: TrainerParts) -> HftrainTrainer:
+    from hftrain.training.preference import preference_trainer
+
+    return preference_trainer(
+        parts.recipe, parts.options.dims, parts.options, parts.model, parts.args, parts.tokenizer, parts.callbacks, parts.tokenizer_is_new
+    )
+
+
+ARGUMENTS: dict[str, Callable[[dict[str, Any], Recipe], Any]] = {"lm": _lm_arguments, "dpo": _dpo_arguments}
+TRAINERS: dict[str, Callable[[TrainerParts], HftrainTrainer]] = {"lm": _lm_trainer, "dpo": _dpo_trainer}
