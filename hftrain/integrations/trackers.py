@@ -126,14 +126,15 @@ class TrackerQueue:
                 self._tries = 0
 
     def _failed(self, event: _Event, err: Exception, closed: bool) -> bool:
-        """A failed try: True when it was the last one (the run has ended)."""
+        """A failed try: True when it was the last one (begun after the run ended), or when `close` gave up on it
+        while it was being tried (already reported)."""
         with self._cond:
             self._error = reason(err)
+            if self._gave_up:
+                return True
             if closed:
                 lost = len(self._events)
                 self._events.clear()
-                if self._gave_up:
-                    return True
                 self._gave_up = True
             else:
                 pause = RETRY_AFTER_S[min(self._tries, len(RETRY_AFTER_S) - 1)]
