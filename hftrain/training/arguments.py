@@ -71,7 +71,7 @@ def training_arguments(
     if memory:
         plan.reasons.append(memory)
     try:
-        args = objectives.training_arguments(recipe.finetune.objective, kwargs, recipe)  # DPO: TRL's DPOConfig
+        args = objectives.training_arguments(recipe.finetune, kwargs, recipe.data.seq_len)  # DPO: TRL's DPOConfig
     except (ValueError, TypeError) as err:
         raise HftrainError(f"{OBJECTIVES[recipe.finetune.objective].sections}: {err}") from None
     return TrainingSettings(args, resume, push, plan, length, dims)

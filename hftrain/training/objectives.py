@@ -11,6 +11,7 @@ from collections.abc import Callable
 from hftrain.data.loader import validation_blocks
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.progress import phase
+from hftrain.recipe.finetune_section import FinetuneSection
 from hftrain.recipe.schema import Recipe
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
@@ -29,25 +30,26 @@ class TrainerParts:
     tokenizer_is_new: bool
 
 
-def training_arguments(objective: str, kwargs: dict[str, Any], recipe: Recipe) -> Any:
-    return ARGUMENTS[objective](kwargs, recipe)
+def training_arguments(finetune: FinetuneSection, kwargs: dict[str, Any], seq_len: int) -> Any:
+    """TrainingArguments (or the objective's subclass) from the training section's keys."""
+    return ARGUMENTS[finetune.objective](kwargs, finetune, seq_len)
 
 
 def build_trainer(objective: str, parts: TrainerParts) -> HftrainTrainer:
     return TRAINERS[objective](parts)
 
 
-def _lm_arguments(kwargs: dict[str, Any], recipe: Recipe) -> Any:
+def _lm_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
     from transformers import TrainingArguments
 
     return TrainingArguments(**kwargs)
 
 
-def _dpo_arguments(kwargs: dict[str, Any], recipe: Recipe) -> Any:
+def _dpo_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
     """TRL's DPOConfig: TrainingArguments plus finetune.dpo's keys."""
     from hftrain.training.preference import dpo_arguments
 
-    return dpo_arguments(kwargs, recipe.finetune.dpo, recipe.data.seq_len)
+    return dpo_arguments(kwargs, finetune.dpo, seq_len)
 
 
 def _lm_trainer(parts: TrainerParts) -> HftrainTrainer:
@@ -75,5 +77,5 @@ def _dpo_trainer(parts: TrainerParts) -> HftrainTrainer:
     )
 
 
-ARGUMENTS: dict[str, Callable[[dict[str, Any], Recipe], Any]] = {"lm": _lm_arguments, "dpo": _dpo_arguments}
+ARGUMENTS: dict[str, Callable[[dict[str, Any], FinetuneSection, int], Any]] = {"lm": _lm_arguments, "dpo": _dpo_arguments}
 TRAINERS: dict[str, Callable[[TrainerParts], HftrainTrainer]] = {"lm": _lm_trainer, "dpo": _dpo_trainer}
