@@ -35,6 +35,7 @@ from hftrain.data.prepare import prepare  # noqa: E402
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
 from hftrain.parallel.readers import ReaderLayout, default_window  # noqa: E402
 from hftrain.recipe.load import load_recipe  # noqa: E402
+from hftrain.recipe.parts import DataPrepPart  # noqa: E402
 from hftrain.model.tokenizer import gpt2_tokenizer  # noqa: E402
 
 SEQ, BATCH = 256, 8
@@ -84,12 +85,12 @@ def write_corpus(root: Path, megabytes: int, shards: int = 8) -> Path:
 
 def prepare_rates(corpus: Path, out: Path, repeats: int) -> dict[int, float]:
     """Median tokens/s of `hftrain data prepare` on 1 and 2 processes, alternating so both see the same noise."""
-    recipe = load_recipe(None, {"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
+    part = DataPrepPart.of(load_recipe(None, {"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}}))
     rates: dict[int, list[float]] = {1: [], 2: []}
     for r in range(repeats):
         for processes in (1, 2):
             start = time.perf_counter()
-            manifest = prepare(recipe, str(out / f"p{processes}-{r}"), shard_mb=256, processes=processes)
+            manifest = prepare(part, str(out / f"p{processes}-{r}"), shard_mb=256, processes=processes)
             rates[processes].append(manifest["tokens"] / (time.perf_counter() - start))
             shutil.rmtree(out / f"p{processes}-{r}")
     return {p: statistics.median(v) for p, v in rates.items()}
@@ -151,7 +152,7 @@ def main() -> None:
         except ImportError:
             print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
         prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
-        prepare(prep_recipe, str(tmp / "prepared"), shard_mb=64)
+        prepare(DataPrepPart.of(prep_recipe), str(tmp / "prepared"), shard_mb=64)
         paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
         results: dict[str, list[float]] = {name: [] for name in paths}
         training: list[float] = []

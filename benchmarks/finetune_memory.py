@@ -117,9 +117,10 @@ def build_base(root: Path) -> Path:
     from hftrain.model.build import build_model
     from hftrain.recipe.load import load_recipe
     from hftrain.model.tokenizer import gpt2_tokenizer
+    from hftrain.recipe.parts import ModelPart
 
     tok = gpt2_tokenizer()
-    model = build_model(load_recipe(None, {"model": {"preset": "pythia-160m"}}), tok, False)
+    model = build_model(ModelPart.of(load_recipe(None, {"model": {"preset": "pythia-160m"}})), tok, False)
     base = root / "pythia-160m-random"
     model.save_pretrained(base)
     tok.save_pretrained(base)
@@ -138,17 +139,18 @@ def main() -> None:
     from hftrain.model.build import load_pretrained
     from hftrain.plan.estimates import plan
     from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import ModelPart, PlanPart
 
     with tempfile.TemporaryDirectory(prefix="hftrain-ftmem-") as tmp:
         root = Path(tmp)
         base = build_base(root)
         qlora = load_recipe(None, recipe_for(base, "qlora", root / "unused", args.steps))
-        info = plan(qlora)
+        info = plan(PlanPart.of(qlora))
         predicted = info["finetune_bytes"]
         total = info["parameters"]["total"]
         print(f"model: pythia-160m preset, random weights, {total:,} parameters; {args.steps} steps, batch {BATCH} x {SEQ} tokens")
 
-        loaded = weight_bytes(load_pretrained(qlora))  # hftrain's own loader: bf16 + NF4, double quant
+        loaded = weight_bytes(load_pretrained(ModelPart.of(qlora)))  # hftrain's own loader: bf16 + NF4, double quant
         whole_4bit = loaded["quantized"] + loaded["other"]
         print("qlora weights as loaded (NF4, double quant; embeddings, head and norms bf16):")
         print(

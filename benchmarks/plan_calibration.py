@@ -155,11 +155,12 @@ def build_bases(root: Path, sizes: set[str]) -> None:
     from hftrain.model.build import build_model
     from hftrain.model.tokenizer import gpt2_tokenizer
     from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import ModelPart
 
     tok = gpt2_tokenizer()
     for size in sorted(sizes):
         if not (root / size / "config.json").is_file():
-            model = build_model(load_recipe(None, {"model": {"preset": size}}), tok, False)
+            model = build_model(ModelPart.of(load_recipe(None, {"model": {"preset": size}})), tok, False)
             model.save_pretrained(root / size)
             tok.save_pretrained(root / size)
 
@@ -171,6 +172,7 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     from hftrain.recipe.load import load_recipe
     from hftrain.plan.estimates import plan
     from hftrain.plan.memory import predict_peak, run_shape
+    from hftrain.recipe.parts import MemoryPart, PlanPart
 
     raw = recipe_for(config, bases, work / config.name)
     path = work / f"{config.name}.yaml"
@@ -183,8 +185,8 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     if rc:
         raise RuntimeError(f"{config.name} failed (exit {rc}):\n{tail}")
     recipe = load_recipe(None, raw)
-    shape = run_shape(recipe, processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
-    predicted = predict_peak(recipe, plan(recipe), shape, libraries)
+    shape = run_shape(MemoryPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+    predicted = predict_peak(MemoryPart.of(recipe), plan(PlanPart.of(recipe)), shape, libraries)
     return {
         "name": config.name,
         "measured": peak,
@@ -217,6 +219,7 @@ def replay(path: Path) -> None:
     from hftrain.recipe.load import load_recipe
     from hftrain.plan.estimates import plan
     from hftrain.plan.memory import predict_peak, run_shape
+    from hftrain.recipe.parts import MemoryPart, PlanPart
 
     stored = json.loads(path.read_text())
     by_name = {c.name: c for c in GRID}
@@ -226,8 +229,8 @@ def replay(path: Path) -> None:
         for r in stored["rows"]:
             config = by_name[r["name"]]
             recipe = load_recipe(None, recipe_for(config, bases, Path(tmp) / config.name))
-            shape = run_shape(recipe, processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
-            predicted = predict_peak(recipe, plan(recipe), shape, r["libraries"])
+            shape = run_shape(MemoryPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+            predicted = predict_peak(MemoryPart.of(recipe), plan(PlanPart.of(recipe)), shape, r["libraries"])
             r.update(predicted=predicted.total, parts=predicted.parts, phase=predicted.phase)
     print_table(stored["rows"], stored["libraries"])
 

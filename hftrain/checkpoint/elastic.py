@@ -109,13 +109,12 @@ def check_backend(checkpoint: Path, strategy: Strategy | str, world_size: int | 
     )
 
 
-def check_before_launch(recipe: Any, strategy: Strategy, nproc: int | None) -> None:
+def check_before_launch(setting: ResumeSetting, output_dir: Path, strategy: Strategy, nproc: int | None) -> None:
     """The backend check, and an explicit resume path's readability, once before any process starts (so a refusal
-    is one message, not one per rank)."""
-    setting = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
+    is one message, not one per rank). `setting`: training.resume_from_checkpoint, parsed."""
     if setting.mode == "path":
         loadable(setting.path)
-    checkpoint = setting.checkpoint_in(Path(recipe.training.output_dir))
+    checkpoint = setting.checkpoint_in(output_dir)
     if checkpoint is not None:
         check_backend(checkpoint, strategy, nproc)
 

@@ -30,8 +30,7 @@ from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import RECORD, loadable, record, unreadable
 from hftrain.checkpoint.node_disks import checkpoint_listing
 from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, RunLayout, checkpoint_step, data_state_file
-from hftrain.recipe.load import fingerprint, save_recipe
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import CheckpointPart
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 
 
@@ -140,8 +139,9 @@ def write_failure(err: BaseException) -> str | None:
 class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
-    def __init__(self, layout: RunLayout, recipe: Recipe, keep: int | None):
-        self.layout, self.recipe, self.keep = layout, recipe, keep
+    def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting):
+        self.layout, self.part, self.resume = layout, part, resume  # resume: training.resume_from_checkpoint, parsed once
+        self.keep = part.save_total_limit
         self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
 
     # ----------------------------------------------------------------------------- start of a run
@@ -152,7 +152,7 @@ class CheckpointManager:
         if self._starts_over():
             return {}
         record = self._run_record()
-        if record.get("fingerprint") != fingerprint(self.recipe) or not self.complete():
+        if record.get("fingerprint") != self.part.identity or not self.complete():
             return {}
         return {key: record[key] for key in ("speed", "global_batch", "readers", "shuffle_window") if record.get(key) is not None}
 
@@ -166,7 +166,7 @@ class CheckpointManager:
         """Refuse an output_dir that holds a different run (model, tokenizer or data) or a final/ hftrain did not
         write; record ours (`start`: speed levers, global batch, readers; see recorded_start) otherwise, and remove what interrupted saves left
         behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside first."""
-        run_file, mine, final = self.layout.run_file, fingerprint(self.recipe), self.layout.final
+        run_file, mine, final = self.layout.run_file, self.part.identity, self.layout.final
         if final.exists() and not (final / COMPLETE_MARKER).is_file():
             raise HftrainError(
                 f"training.output_dir: {final} was not written by hftrain (it has no {COMPLETE_MARKER}); this run would "
@@ -196,7 +196,7 @@ class CheckpointManager:
             shutil.rmtree(self.layout.staging, ignore_errors=True)
 
     def _starts_over(self) -> bool:
-        return ResumeSetting.of(self.recipe.training_kwargs().get("resume_from_checkpoint")).mode == "never"
+        return self.resume.mode == "never"
 
     def _move_aside(self) -> Path:
         """The earlier run's own files (complete checkpoints, final/, logs, results) into previous-<UTC time>/;
@@ -221,15 +221,20 @@ class CheckpointManager:
                 os.replace(path, aside / path.name)
         return aside
 
+    def _write_recipe(self, staged: Path) -> None:
+        """The recipe as run (secrets removed) beside the weights: a checkpoint explains itself."""
+        (staged / RECIPE_FILE).write_text(self.part.recipe_yaml, encoding="utf-8")
+
     def complete(self) -> list[Path]:
         return complete_checkpoints(self.layout.root)
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.layout.root)
 
-    def resume_point(self, setting: ResumeSetting, is_main: bool = True) -> Path | None:
+    def resume_point(self, is_main: bool = True) -> Path | None:
         """Where the run continues: the newest complete checkpoint that loads, none, or the given path (which
         must load); see ResumeSetting."""
+        setting = self.resume
         if setting.mode == "never":
             return None
         if setting.mode == "path":
@@ -303,9 +308,9 @@ class CheckpointManager:
     def _write_extras(self, staged: Path, trainer: Any) -> None:
         """What makes a checkpoint explain itself: the resolved recipe (secrets removed), an adapter's exact
         base, and for sharded saves the config and tokenizer."""
-        save_recipe(self.recipe, staged / RECIPE_FILE)
+        self._write_recipe(staged)
         if is_adapter_dir(staged):
-            base = base_fingerprint(self.recipe.model.from_pretrained or "")
+            base = base_fingerprint(self.part.base_model)
             (staged / BASE_FILE).write_text(json.dumps(base, indent=2), encoding="utf-8")
         elif not (staged / "config.json").is_file():
             trainer.accelerator.unwrap_model(trainer.model).config.save_pretrained(staged)
@@ -315,7 +320,7 @@ class CheckpointManager:
         """Keep the newest `keep` complete checkpoints (None or <= 0: all), and those recipe.checkpoints keeps."""
         if not self.keep or self.keep <= 0:
             return
-        rotating = [c for c in self.complete() if not self.recipe.checkpoints.keeps(checkpoint_step(c) or -1)]
+        rotating = [c for c in self.complete() if not self.part.kept.keeps(checkpoint_step(c) or -1)]
         for old in rotating[: -self.keep]:
             doomed = self.layout.staged(f"rotated-{old.name}")  # a kill mid-delete leaves it in staging, removed at start
             doomed.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +333,7 @@ class CheckpointManager:
         if not trainer.args.should_save:
             return None
         model = trainer.model
-        if self.recipe.finetune.method != "full" or any(hasattr(p, "ds_id") for p in model.parameters()):
+        if not self.part.full_weights or any(hasattr(p, "ds_id") for p in model.parameters()):
             print(
                 "hftrain: checkpoints: step 0 is not saved for an adapter, a quantized base or ZeRO-3 (the base model, "
                 "or partitioned weights); the other kept steps are.",
@@ -339,7 +344,7 @@ class CheckpointManager:
         try:
             model.save_pretrained(staged, safe_serialization=True)
             trainer.processing_class.save_pretrained(staged)
-            save_recipe(self.recipe, staged / RECIPE_FILE)
+            self._write_recipe(staged)
         except Exception as err:
             raise self._write_error(err, staged, "the initial weights (step 0)") from None
         publish(staged, self.layout.initial, {"step": 0})
@@ -350,7 +355,7 @@ class CheckpointManager:
         gathering a sharded model); `publish_final` moves it into final/ once its evaluation is known."""
         staged = self.layout.staged(RunLayout.FINAL)
         try:
-            save_full_model(trainer, staged, self.recipe.model.from_pretrained or "")
+            save_full_model(trainer, staged, self.part.base_model)
         except Exception as err:
             raise self._write_error(err, staged, "the final model") from None
         return staged
@@ -371,7 +376,7 @@ class CheckpointManager:
 
     def publish_final(self, staged: Path, info: dict[str, Any]) -> Path:
         """Main process: the staged final model, with its recipe, replaces final/ atomically."""
-        save_recipe(self.recipe, staged / RECIPE_FILE)
+        self._write_recipe(staged)
         (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: not part of a shareable model
         publish(staged, self.layout.final, info)
         return self.layout.final

@@ -38,17 +38,18 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.data.prepare import inspect, prepare
     from hftrain import network
     from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import DataPrepPart, PackingCheckPart
 
     recipe = load_recipe(args.recipe, overrides)
     network.configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
     if args.data_command == "prepare":
-        prepare(recipe, args.out, args.shard_size_mb, processes=args.processes)
+        prepare(DataPrepPart.of(recipe), args.out, args.shard_size_mb, processes=args.processes)
     elif args.check_packing:
         from hftrain.data.packing_check import check_packing
 
-        lines, ok = check_packing(recipe)
+        lines, ok = check_packing(PackingCheckPart.of(recipe))
         print("\n".join(lines), flush=True)
         return 0 if ok else 1
     else:
-        print(inspect(recipe, args.blocks))
+        print(inspect(DataPrepPart.of(recipe), args.blocks))
     return 0

@@ -62,6 +62,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
     from hftrain.recipe.load import load_recipe
     from hftrain.launch.sagemaker import JobOptions, parse_channels, render
+    from hftrain.recipe.parts import SageMakerPart
 
     recipe = load_recipe(args.recipe, overrides)
     config = None if args.accelerate_config.lower() in ("none", "ddp") else args.accelerate_config
@@ -80,7 +81,7 @@ def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
         job_name=args.job_name,
     )
     command = shlex.join(["hftrain", NAME, *getattr(args, "argv", [args.recipe])[1:]])
-    return render(args.recipe, recipe, overrides, options, command)
+    return render(args.recipe, SageMakerPart.of(recipe), overrides, options, command)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -35,17 +35,19 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.plan import fit as fitting
     from hftrain.plan.estimates import format_fit, format_peak, format_peak_table, format_plan, format_time, plan
     from hftrain.plan.memory import library_footprint
+    from hftrain.recipe.parts import PlanPart
 
     card = _card(args)  # the options first: a refusal before any work is printed
     recipe = load_recipe(args.recipe, overrides)
-    info = plan(recipe)
+    part = PlanPart.of(recipe)
+    info = plan(part)
     print(format_plan(info, str(recipe.model.from_pretrained or recipe.model.preset)))
     machine = fitting.gpus(args.gpus, args.gpu_mem_gb) if args.gpus else fitting.this_machine()
     libraries = library_footprint(measure=True) if machine.device == "cpu" else None  # this process: imports only
-    configured = fitting.as_configured(recipe, info, machine, libraries=libraries)
+    configured = fitting.as_configured(part, info, machine, libraries=libraries)
     print("\n".join(format_peak(configured, machine)))
-    print("\n".join(format_peak_table(recipe, info, machine, libraries)))
-    chosen = fitting.choose(recipe, info, machine, libraries)
+    print("\n".join(format_peak_table(part, info, machine, libraries)))
+    chosen = fitting.choose(part, info, machine, libraries)
     print("\n".join(format_fit(configured, chosen)))
     peak_flops, peak_source = _peak_flops(card, machine, chosen)
     mfu, mfu_source = _mfu(args, recipe, machine)

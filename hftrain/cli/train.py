@@ -98,7 +98,7 @@ def _without_option(argv: list[str], option: str) -> list[str]:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain import progress
     from hftrain import network
-    from hftrain.launch.sagemaker_job import adapt, current_job
+    from hftrain.launch.sagemaker_job import current_job
     from hftrain.recipe.load import load_recipe
 
     progress.start()  # a line at least every few seconds until the first step (progress.py)
@@ -115,6 +115,16 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         progress.stop()  # however it ended (a refused recipe, in a notebook or a test, must not leave it talking)
 
 
+def adapt(recipe: Any, job: Any) -> Any:
+    """The recipe as it runs in a SageMaker `job` (launch/sagemaker_job.py: in_job), validated again; outside a job
+    the recipe itself (a channel: path is then an error that says so)."""
+    from hftrain.launch.sagemaker_job import in_job
+    from hftrain.recipe.load import recipe_to_dict, validate_recipe
+
+    raw = in_job(recipe_to_dict(recipe, redact=False), job)
+    return recipe if raw is None else validate_recipe(raw, "<recipe in a SageMaker job>")
+
+
 def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any, nodes: Any) -> int:
     from hftrain import progress
 
@@ -126,8 +136,9 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
         return supervise(_without_option(args.argv, "--max-restarts"), args.max_restarts)
     if args.accelerate_config:
         from hftrain.launch.processes import relaunch
+        from hftrain.recipe.parts import LaunchPart
 
-        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, recipe, nodes)
+        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, LaunchPart.of(recipe), nodes)
     from hftrain.parallel.dims import shutdown
     from hftrain.training.run import train
 

@@ -19,7 +19,7 @@ from hftrain.data.loader import as_sample, collator_for, plan_data, train_blocks
 from hftrain.data.prepare import scratch_tokenizer
 from hftrain.data.packed_batch import KERNEL_FORMS
 from hftrain.data.stream import Worker
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import ModelPart, PackingCheckPart
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}  # max |diff| of logits: rounding, not a leak
 
@@ -52,7 +52,7 @@ def available_kernels(device: torch.device) -> list[str]:
 
 
 def check_packing(
-    recipe: Recipe,
+    part: PackingCheckPart,
     kernels: dict[str, str] | None = None,
     device: torch.device | None = None,
     collator: Callable[[str, str], Any] | None = None,
@@ -60,8 +60,8 @@ def check_packing(
     """(lines to print, whether every kernel kept the documents apart). `kernels`: kernel -> batch form (default:
     every kernel available here, in the form training gives it); `collator(kernel, form)`: makes the batches
     (default: training's collator for the recipe)."""
-    section = recipe.data
-    plan = plan_data(section, recipe.training.seed)  # first: a missing or empty source is named, whatever follows
+    section = part.data
+    plan = plan_data(section, part.seed)  # first: a missing or empty source is named, whatever follows
     if not section.masks_documents:
         return [
             "check-packing: data.document_masking is off: pretraining documents joined with EOS attend to the ones before "
@@ -69,9 +69,9 @@ def check_packing(
         ], True
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tokenizer = scratch_tokenizer(recipe, plan)
-    samples = first_micro_batch(recipe, plan, tokenizer)
-    model = random_model(recipe, len(tokenizer)).to(device=device, dtype=dtype).eval()
+    tokenizer = scratch_tokenizer(part.model.tokenizing, plan)
+    samples = first_micro_batch(part.batch_size, plan, tokenizer)
+    model = random_model(part.model, len(tokenizer)).to(device=device, dtype=dtype).eval()
     forms = kernels or {k: KERNEL_FORMS[k] for k in available_kernels(device)}
     make = collator or (lambda kernel, form: collator_for(section, kernel, tokenizer.eos_token_id, form))
     results = []
@@ -93,9 +93,8 @@ def check_packing(
     return lines, not failed
 
 
-def first_micro_batch(recipe: Recipe, plan: Any, tokenizer: Any) -> list[dict[str, torch.Tensor]]:
-    """The first reader's first per_device_train_batch_size blocks, packed as training packs them."""
-    size = recipe.training.per_device_train_batch_size
+def first_micro_batch(size: int, plan: Any, tokenizer: Any) -> list[dict[str, torch.Tensor]]:
+    """The first reader's first `size` (training.per_device_train_batch_size) blocks, packed as training packs them."""
     stream = train_blocks(plan, tokenizer, Worker(0, 1), window=max(4, 2 * size))
     samples = []
     for block, _ in stream.blocks(stream.fresh_state()):
@@ -105,18 +104,18 @@ def first_micro_batch(recipe: Recipe, plan: Any, tokenizer: Any) -> list[dict[st
     return samples
 
 
-def random_model(recipe: Recipe, tokenizer_size: int) -> Any:
+def random_model(part: ModelPart, tokenizer_size: int) -> Any:
     """The recipe's model shape with random weights (seeded): a pretrained checkpoint's weights are not read."""
     from transformers import AutoModelForCausalLM
 
     from hftrain.model.build import measure_model
     from hftrain.model.remote_code import allow
 
-    config = measure_model(recipe).config
+    config = measure_model(part).config
     if config.vocab_size < tokenizer_size:
         config.vocab_size = tokenizer_size
-    torch.manual_seed(recipe.training.seed)
-    m = recipe.model
+    torch.manual_seed(part.seed)
+    m = part.model
     return AutoModelForCausalLM.from_config(
         config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained)
     )

@@ -12,8 +12,8 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from hftrain.recipe.schema import Recipe
 from hftrain.model.tokenizer import load_tokenizer
+from hftrain.recipe.parts import DataPrepPart, TokenizerPart
 from hftrain.errors import HftrainError
 from hftrain import network
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
@@ -27,7 +27,7 @@ from hftrain.data.stream import SourcePlan, Worker
 
 
 def prepare(
-    recipe: Recipe, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None, processes: int | None = None
+    part: DataPrepPart, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None, processes: int | None = None
 ) -> dict[str, Any]:
     """Tokenize one pass over the training data into packed shards + manifest at `out` (local or URL), on
     `processes` processes (default: every core), one input shard per task (prepare_pool.py). The output is the
@@ -39,7 +39,7 @@ def prepare(
     _claim_out(fs, root, out, interrupted, clean=False)  # before the lock: a refused prepare writes nothing
     with owning(out, "--out", options):
         _claim_out(fs, root, out, interrupted)
-        return _prepare(recipe, out, shard_mb, options, processes)
+        return _prepare(part, out, shard_mb, options, processes)
 
 
 def _claim_out(fs: Any, root: str, out: str, interrupted: bool, clean: bool = True) -> None:
@@ -70,17 +70,17 @@ def _claim_out(fs: Any, root: str, out: str, interrupted: bool, clean: bool = Tr
         print(f"hftrain: removed {len(names)} file(s) an interrupted prepare left in {out}", flush=True)
 
 
-def _prepare(recipe: Recipe, out: str, shard_mb: float, options: dict[str, Any], processes: int | None) -> dict[str, Any]:
+def _prepare(part: DataPrepPart, out: str, shard_mb: float, options: dict[str, Any], processes: int | None) -> dict[str, Any]:
     processes = processes or os.cpu_count() or 1
-    plan = plan_data(recipe.data, recipe.training.seed)
+    plan = plan_data(part.data, part.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
+        tokenizer, _ = load_tokenizer(part.tokenizing, Path(tmp), lambda n: first_documents(plan, n))
         tokenizer.save_pretrained(Path(tmp) / "tok")
         fs, root = fsspec.core.url_to_fs(out, **options)
         fs.makedirs(f"{root.rstrip('/')}/tokenizer", exist_ok=True)
         for file in sorted((Path(tmp) / "tok").iterdir()):  # file by file: put(dir) would nest into an existing tokenizer/
             fs.put_file(str(file), f"{root.rstrip('/')}/tokenizer/{file.name}")
-    seq_len, shard_bytes = recipe.data.seq_len, int(shard_mb * 2**20)
+    seq_len, shard_bytes = part.data.seq_len, int(shard_mb * 2**20)
     units = [(s, k) for s, source in enumerate(plan.train) for k in range(len(source.shards))]
     job = PrepareJob(plan, tokenizer, out, shard_bytes, options)
     progress = Progress(plan.train)
@@ -97,7 +97,7 @@ def _prepare(recipe: Recipe, out: str, shard_mb: float, options: dict[str, Any],
             f"data.train: less text than one block of data.seq_len={seq_len} tokens to prepare; give more data or lower data.seq_len."
         )
     validation = [b["input_ids"].numpy() for b in validation_blocks(plan, tokenizer)]
-    manifest = tails.finish(validation, recipe.data.model_dump(mode="json"), before=shards)
+    manifest = tails.finish(validation, part.data.model_dump(mode="json"), before=shards)
     seconds = progress.elapsed()
     print(
         f"prepared {out}: {len(manifest['shards'])} shard(s), {manifest['blocks']:,} blocks of {manifest['seq_len']} = "
@@ -158,10 +158,10 @@ def _shard_sizes(source: SourcePlan) -> list[int] | None:
     return source.sizes if source.source.path is not None and source.sizes else None
 
 
-def scratch_tokenizer(recipe: Recipe, plan: DataPlan) -> Any:
+def scratch_tokenizer(tokenizing: TokenizerPart, plan: DataPlan) -> Any:
     """The recipe's tokenizer, to look at its data: one it would train is trained here and nothing is kept."""
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer, _ = load_tokenizer(recipe, Path(tmp), lambda n: first_documents(plan, n))
+        tokenizer, _ = load_tokenizer(tokenizing, Path(tmp), lambda n: first_documents(plan, n))
     return tokenizer
 
 
@@ -174,9 +174,9 @@ def as_text(document: Any) -> str:
     return "\n".join(str(m.get("content", "")) for m in document["messages"])
 
 
-def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
+def inspect(part: DataPrepPart, blocks: int = 2, sample_docs: int = 200) -> str:
     """Sources, shard counts, the first blocks decoded, and an estimate of the token count."""
-    plan = plan_data(recipe.data, recipe.training.seed)
+    plan = plan_data(part.data, part.seed)
     lines = []
     if plan.manifest is not None:
         m = plan.manifest
@@ -184,7 +184,7 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
             f"pre-tokenized: {plan.pretokenized.pretokenized}: {len(m['shards'])} shard(s), {m['blocks']:,} blocks x {m['seq_len']} = {m['tokens']:,} tokens"
         )
         return "\n".join(lines)
-    tokenizer = scratch_tokenizer(recipe, plan)
+    tokenizer = scratch_tokenizer(part.tokenizing, plan)
     total_bytes = 0
     for source in plan.train:
         where = source.source.path or source.source.dataset or source.source.builtin
@@ -196,7 +196,7 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
             + f", weight {source.source.weight:g}"
         )
         lines += [f"    {name}" for name in source.shards[:3]] + (["    ..."] if len(source.shards) > 3 else [])
-        readers = recipe.data.readers or default_readers(plan.reader_limit, 1, 1)
+        readers = part.data.readers or default_readers(plan.reader_limit, 1, 1)
         lines.append(f"    {source.share(Worker(0, readers)).describe()}")
     sample = [as_text(d) for d in first_documents(plan, sample_docs)]
     sample_bytes = sum(len(d.encode()) for d in sample)
@@ -208,8 +208,8 @@ def inspect(recipe: Recipe, blocks: int = 2, sample_docs: int = 200) -> str:
                 f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)"
             )
     docs = train_documents(plan, loop=False)
-    window = recipe.data.shuffle_window or default_window(DEFAULT_READERS, recipe.data.seq_len)  # as a run with 8 readers
-    stream = text_or_examples(docs, tokenizer, recipe.data, window=window)  # the blocks training reads
+    window = part.data.shuffle_window or default_window(DEFAULT_READERS, part.data.seq_len)  # as a run with 8 readers
+    stream = text_or_examples(docs, tokenizer, part.data, window=window)  # the blocks training reads
     for i, (block, _) in enumerate(stream.blocks(stream.fresh_state())):
         if i >= blocks:
             break

@@ -25,8 +25,8 @@ from hftrain.checkpoint.files import read_json
 from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
 from hftrain.recipe.load import redact_value
-from hftrain.recipe.schema import Recipe
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.recipe.parts import PublishPart
 
 CARD = "README.md"
 PUSH_RETRIES = 3
@@ -65,22 +65,22 @@ CARD_METRICS = (
 """results.json values a model card's table shows, where the run has them."""
 
 
-def model_card(recipe: Recipe, results: dict[str, Any], repo_id: str, has_plot: bool, revisions: Sequence[str] = ()) -> str:
+def model_card(part: PublishPart, results: dict[str, Any], repo_id: str, has_plot: bool, revisions: Sequence[str] = ()) -> str:
     """README.md with Hub metadata, the final metrics, the curves, the kept checkpoints' revisions and how to load the
     model without hftrain."""
-    sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in recipe.data.train]  # no user:password@
+    sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in part.train]  # no user:password@
     rows = [(k, results.get(k)) for k in CARD_METRICS]
     table = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None)
-    shape = recipe.model.from_pretrained or recipe.model.preset
+    shape = part.from_pretrained or part.preset
     card = f"""---
-{yaml.safe_dump(card_metadata(recipe), sort_keys=False).strip()}
+{yaml.safe_dump(card_metadata(part), sort_keys=False).strip()}
 ---
 
 # {repo_id}
 
 A GPT-NeoX-style causal language model ({shape}, {_count(results)} parameters) trained with [hftrain](https://pypi.org/project/hftrain/) on {", ".join(map(str, sources))}.
 
-Training method: {training_method(recipe)}.
+Training method: {training_method(part)}.
 
 ## Results
 
@@ -114,38 +114,38 @@ model = AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-
     return card
 
 
-def card_metadata(recipe: Recipe) -> dict[str, Any]:
+def card_metadata(part: PublishPart) -> dict[str, Any]:
     """The model card's Hub metadata (its YAML header)."""
     meta: dict[str, Any] = {
         "library_name": "transformers",
-        "license": recipe.hub.license,
+        "license": part.hub.license,
         "pipeline_tag": "text-generation",
-        "tags": ["hftrain", "gpt_neox", "text-generation", *recipe.hub.tags],
+        "tags": ["hftrain", "gpt_neox", "text-generation", *part.hub.tags],
     }
-    if recipe.model.from_pretrained:
-        meta["base_model"] = recipe.model.from_pretrained
-    datasets = [s.dataset for s in recipe.data.train if s.dataset]
+    if part.from_pretrained:
+        meta["base_model"] = part.from_pretrained
+    datasets = [s.dataset for s in part.train if s.dataset]
     if datasets:
         meta["datasets"] = datasets
-    meta["tags"] += OBJECTIVES[recipe.finetune.objective].card_tags
+    meta["tags"] += OBJECTIVES[part.finetune.objective].card_tags
     return meta
 
 
-def training_method(recipe: Recipe) -> str:
+def training_method(part: PublishPart) -> str:
     """How the weights were trained, in words: objective, and which weights."""
     weights = {
         "full": "all weights",
         "lora": "a LoRA adapter, merged",
         "qlora": "a LoRA adapter over a 4-bit base (QLoRA), merged",
         "lora_8bit": "a LoRA adapter over an 8-bit base, merged",
-    }[recipe.finetune.method]
+    }[part.finetune.method]
     kind = (
         "supervised fine-tuning on instruction data"
-        if recipe.data.instruction_data
-        else ("fine-tuning" if recipe.model.from_pretrained else "pretraining")
+        if part.instruction_data
+        else ("fine-tuning" if part.from_pretrained else "pretraining")
     )
-    beta = recipe.finetune.dpo.get("beta", 0.1)
-    return OBJECTIVES[recipe.finetune.objective].describe.format(kind=kind, weights=weights, beta=beta)
+    beta = part.finetune.dpo.get("beta", 0.1)
+    return OBJECTIVES[part.finetune.objective].describe.format(kind=kind, weights=weights, beta=beta)
 
 
 def _count(results: dict[str, Any]) -> str:
@@ -153,7 +153,9 @@ def _count(results: dict[str, Any]) -> str:
     return f"{total:,}" if isinstance(total, int) else "?"
 
 
-def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisions: Sequence[str] = (), into: Path | None = None) -> Path:
+def bundle(
+    run_dir: Path, model_dir: Path, part: PublishPart, repo_id: str, revisions: Sequence[str] = (), into: Path | None = None
+) -> Path:
     """A temporary folder (in `into`, else the system's) with the model, card, plot, metrics and recipe: what a push
     sends. The model's files are hard links where `into` is on their file system (they are never rewritten); the
     run's files are copies (metrics.jsonl grows while the run trains)."""
@@ -168,7 +170,7 @@ def bundle(run_dir: Path, model_dir: Path, recipe: Recipe, repo_id: str, revisio
         if path.is_file():
             shutil.copy2(path, out / path.name)
     results = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
-    (out / CARD).write_text(model_card(recipe, results, repo_id, (out / RunLayout.PLOT_FILE).is_file(), revisions), encoding="utf-8")
+    (out / CARD).write_text(model_card(part, results, repo_id, (out / RunLayout.PLOT_FILE).is_file(), revisions), encoding="utf-8")
     return out
 
 
@@ -226,13 +228,13 @@ class CheckpointPusher:
     revisions stepN, revisions.py) through the run's outbox, in the background; at the end, the final model, after
     the outbox has sent what it holds. Nothing here raises into training: failures are collected."""
 
-    def __init__(self, recipe: Recipe, args: Any, push_to_hub: bool, outbox: Outbox, revisions: Any = None):
-        self.recipe, self.args, self.push_to_hub, self.outbox = recipe, args, push_to_hub, outbox
+    def __init__(self, part: PublishPart, args: Any, push_to_hub: bool, outbox: Outbox, revisions: Any = None):
+        self.part, self.args, self.push_to_hub, self.outbox = part, args, push_to_hub, outbox
         self.revisions = revisions  # a revisions.RevisionPublisher, or None
 
     @property
     def enabled(self) -> bool:
-        return bool(self.push_to_hub or self.recipe.hub.s3_uri)
+        return bool(self.push_to_hub or self.part.hub.s3_uri)
 
     def repo_id(self) -> str:
         return repo_id_of(self.args)
@@ -248,8 +250,8 @@ class CheckpointPusher:
         strategy = str(getattr(self.args.hub_strategy, "value", self.args.hub_strategy))
         if not self.enabled or strategy == "end":
             return
-        if self.recipe.hub.s3_uri:
-            self._copy_checkpoint(checkpoint, f"{self.recipe.hub.s3_uri.rstrip('/')}/{checkpoint.name}")
+        if self.part.hub.s3_uri:
+            self._copy_checkpoint(checkpoint, f"{self.part.hub.s3_uri.rstrip('/')}/{checkpoint.name}")
         if self.push_to_hub:
             self._push_checkpoint(
                 checkpoint, {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy]
@@ -257,7 +259,7 @@ class CheckpointPusher:
 
     def _copy_checkpoint(self, checkpoint: Path, url: str) -> None:
         staged = self.outbox.stage(checkpoint)  # rotation may delete the checkpoint before its turn
-        options = self.recipe.hub.storage_options
+        options = self.part.hub.storage_options
         self.outbox.submit(
             "S3",
             f"copying {checkpoint.name} to {url}",
@@ -268,7 +270,7 @@ class CheckpointPusher:
 
     def _push_checkpoint(self, checkpoint: Path, path_in_repo: str | None) -> None:
         repo, revision = self.repo_id(), self.args.hub_revision
-        staged = bundle(Path(self.args.output_dir), checkpoint, self.recipe, repo, into=self.outbox.folder)
+        staged = bundle(Path(self.args.output_dir), checkpoint, self.part, repo, into=self.outbox.folder)
 
         def send() -> str:
             return push_folder(
@@ -287,10 +289,10 @@ class CheckpointPusher:
         """Send the final model after what the outbox still holds; (where it went, every failure of the run)."""
         self.outbox.finish()
         done = []
-        if self.recipe.hub.s3_uri:
-            url = f"{self.recipe.hub.s3_uri.rstrip('/')}/final"
+        if self.part.hub.s3_uri:
+            url = f"{self.part.hub.s3_uri.rstrip('/')}/final"
             try:
-                done.append(copy_to_fsspec(final_dir, url, self.recipe.hub.storage_options))
+                done.append(copy_to_fsspec(final_dir, url, self.part.hub.storage_options))
             except Exception as err:
                 self.outbox.fail(
                     Failure("S3", f"copying the final model to {url}", reason(err), send_later(f"hftrain push {run_dir} --to {url}")),
@@ -299,7 +301,7 @@ class CheckpointPusher:
         revisions = self.revisions.branches() if self.revisions is not None else []
         if self.push_to_hub:
             repo = self.repo_id()
-            folder = bundle(run_dir, final_dir, self.recipe, repo, revisions, into=self.outbox.folder)
+            folder = bundle(run_dir, final_dir, self.part, repo, revisions, into=self.outbox.folder)
             try:
                 push_folder(
                     folder, repo, private=self.args.hub_private_repo, revision=self.args.hub_revision, message="hftrain: final model"
@@ -329,14 +331,15 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
     run_dir = path if model_dir != path else path.parent
     recipe_file = model_dir / RECIPE_FILE
     recipe = load_recipe(recipe_file) if recipe_file.is_file() else load_recipe(None, {"model": {"from_pretrained": str(model_dir)}})
+    part = PublishPart.of(recipe)
     from hftrain import network
 
-    network.configure(recipe.faults.network_timeout_s)  # the run's own bound for its push
+    network.configure(part.network_timeout_s)  # the run's own bound for its push
     if to:
-        return copy_to_fsspec(model_dir, to, recipe.hub.storage_options)
+        return copy_to_fsspec(model_dir, to, part.hub.storage_options)
     if not repo_id:
         raise HftrainError("push: give --repo-id NAMESPACE/NAME (or --to s3://bucket/path).")
-    folder = bundle(run_dir, model_dir, recipe, repo_id)
+    folder = bundle(run_dir, model_dir, part, repo_id)
     try:
         push_folder(folder, repo_id, private=private, revision=revision, message="hftrain push")
     finally:

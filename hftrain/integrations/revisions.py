@@ -20,6 +20,7 @@ from typing import Any
 from hftrain.checkpoint.layout import checkpoint_step
 from hftrain.integrations.hub import bundle, push_folder, repo_id_of
 from hftrain.integrations.outbox import Outbox
+from hftrain.recipe.parts import PublishPart
 
 BRANCH = re.compile(r"step(\d+)")
 
@@ -28,22 +29,22 @@ def branch_of(step: int) -> str:
     return f"step{step}"
 
 
-def publisher(recipe: Any, args: Any, push_to_hub: bool, outbox: Outbox) -> RevisionPublisher | None:
+def publisher(part: PublishPart, args: Any, push_to_hub: bool, outbox: Outbox) -> RevisionPublisher | None:
     """The run's publisher of revisions, when the recipe asks for them (checkpoints.push_revisions)."""
-    if not (push_to_hub and recipe.checkpoints.push_revisions):
+    if not (push_to_hub and part.checkpoints.push_revisions):
         return None
-    return RevisionPublisher(recipe, repo_id_of(args), args.hub_private_repo, outbox)
+    return RevisionPublisher(part, repo_id_of(args), args.hub_private_repo, outbox)
 
 
 class RevisionPublisher:
     """Queues the push of each kept checkpoint to its branch in the run's outbox, in the order they were written."""
 
-    def __init__(self, recipe: Any, repo_id: str, private: bool | None, outbox: Outbox):
-        self.recipe, self.repo_id, self.private, self.outbox = recipe, repo_id, private, outbox
+    def __init__(self, part: PublishPart, repo_id: str, private: bool | None, outbox: Outbox):
+        self.part, self.repo_id, self.private, self.outbox = part, repo_id, private, outbox
 
     def wants(self, checkpoint: Path) -> bool:
         step = checkpoint_step(checkpoint)
-        return step is not None and self.recipe.checkpoints.keeps(step)
+        return step is not None and self.part.checkpoints.keeps(step)
 
     def submit(self, run_dir: Path, checkpoint: Path, step: int) -> None:
         """Queue the push of `checkpoint` (a checkpoint, or initial/ for step 0) as branch stepN."""
@@ -62,7 +63,7 @@ class RevisionPublisher:
 
         with tempfile.TemporaryDirectory(prefix="hftrain-revision-") as tmp:
             model = export(checkpoint, Path(tmp) / "model", merge=True)  # a standard model, whatever the backend
-            folder = bundle(run_dir, model, self.recipe, self.repo_id, into=Path(tmp))  # links to the export
+            folder = bundle(run_dir, model, self.part, self.repo_id, into=Path(tmp))  # links to the export
             try:
                 push_folder(folder, self.repo_id, private=self.private, revision=branch, message=f"hftrain: {checkpoint.name} as {branch}")
             finally:

@@ -19,7 +19,8 @@ from hftrain.parallel.readers import default_readers
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.launch.parity import FORCED, read_run, step_differences
-from hftrain.parallel.dims import Strategy, global_batch_of
+from hftrain.parallel.dims import Strategy, global_batch
+from hftrain.recipe.parts import BatchPart
 from hftrain.recipe.load import load_recipe
 
 BACKENDS = {s.label: s.value for s in (Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: DDP, FSDP, ZeRO-3
@@ -28,7 +29,7 @@ BACKENDS = {s.label: s.value for s in (Strategy.DDP, Strategy.FSDP, Strategy.ZER
 def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends: list[str], tolerance: float) -> int:
     recipe = load_recipe(recipe_path, overrides)
     t = recipe.training
-    total = global_batch_of(recipe)
+    total = global_batch(BatchPart.of(recipe), 1)  # as one process runs it
     if total % 2 or steps < 2:
         raise HftrainError(
             f"parity --elastic: needs an even global batch (it is {total}) and --steps of at least 2 (a checkpoint half-way)."

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.parallel.dims import Strategy, global_batch_of
+from hftrain.parallel.dims import Strategy, global_batch
+from hftrain.recipe.parts import BatchPart
 from hftrain.recipe.load import load_recipe
 
 BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: single, DDP, ...
@@ -43,7 +44,7 @@ FORCED = [
 def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[str], tolerance: float) -> int:
     recipe = load_recipe(recipe_path, overrides)
     t = recipe.training
-    total = global_batch_of(recipe)
+    total = global_batch(BatchPart.of(recipe), 1)  # as one process runs it
     if total % 2:
         raise HftrainError(f"parity: the global batch ({total} sequences) must be even to split it over 2 processes.")
     unknown = [b for b in backends if b not in BACKENDS]

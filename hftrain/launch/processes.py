@@ -19,8 +19,8 @@ from hftrain.parallel import rehearsal
 from hftrain.parallel import child_errors
 from hftrain.errors import HftrainError, NotShared
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
+from hftrain.recipe.parts import LaunchPart
 from hftrain.launch.multinode import NodeGroup
-from hftrain.recipe.schema import Recipe
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
 
@@ -50,25 +50,27 @@ def backend_of(config: Path) -> Strategy:
 
 
 def relaunch(
-    train_args: list[str], config_name: str, nproc: int | None, cpu: bool, recipe: Recipe | None = None, nodes: NodeGroup = NodeGroup()
+    train_args: list[str], config_name: str, nproc: int | None, cpu: bool, checks: LaunchPart | None = None, nodes: NodeGroup = NodeGroup()
 ) -> int:
     """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit code."""
     config = find_config(config_name)
     backend = backend_of(config)
     said = False  # the memory fit, judged before any process starts
-    if recipe is not None:  # a method the backend cannot run is refused once, before any process starts
+    if checks is not None:  # a method the backend cannot run is refused once, before any process starts
         from hftrain.model.finetune import check_starting_weights, check_strategy
 
-        check_starting_weights(recipe)
-        check_strategy(recipe, backend)
+        check_starting_weights(checks.finetune)
+        check_strategy(checks.finetune, backend)
         if cpu or rehearsal.on_cpu():
-            rehearsal.check_precision(recipe.training_kwargs(), backend.value)
+            rehearsal.check_precision(checks.training_kwargs, backend.value)
         from hftrain.checkpoint.elastic import check_before_launch
+        from hftrain.checkpoint.manager import ResumeSetting
 
-        check_before_launch(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
+        resume = ResumeSetting.of(checks.training_kwargs.get("resume_from_checkpoint"))
+        check_before_launch(resume, Path(checks.output_dir), backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
         if nodes.elastic:
-            check_elastic_batch(recipe, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
-        said = _warn_memory(recipe, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
+            check_elastic_batch(checks.plan.batch, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
+        said = _warn_memory(checks, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     from hftrain.plan.fit import MEMORY_WARNED_ENV
 
     warned = {MEMORY_WARNED_ENV: "1"} if said else {}  # the processes do not say it again
@@ -108,17 +110,19 @@ def deepspeed_file(config: Path) -> list[str]:
     return ["--deepspeed_config_file", str(found)]
 
 
-def _warn_memory(recipe: Recipe, backend: Any, processes: int | None, cpu: bool) -> bool:
+def _warn_memory(checks: LaunchPart, backend: Any, processes: int | None, cpu: bool) -> bool:
     """An explicit micro-batch that will not fit is said once, before any process starts (fit.py); the launch
     environment then tells the processes it was said (relaunch), never this process's own: a notebook or test that
     launches goes on warning in its own runs. True once the fit was judged here (said or not needed)."""
-    if processes is None or recipe.parallelism.fit_memory or backend.value == "device_map":
+    if processes is None or checks.plan.batch.fit_memory or backend.value == "device_map":
         return False
-    from hftrain.model.build import measure_model
+    from hftrain.parallel.dims import global_batch
     from hftrain.plan.estimates import plan
     from hftrain.plan.fit import fit_this_run
 
-    _, note = fit_this_run(recipe, plan(recipe, measure_model(recipe)), processes, processes, backend.value, "cpu" if cpu else "cuda")
+    part = checks.plan
+    total = global_batch(part.batch, processes)
+    _, note = fit_this_run(part, plan(part), processes, processes, backend.value, "cpu" if cpu else "cuda", total)
     if note:
         print(f"hftrain: {note}", flush=True)
     return True

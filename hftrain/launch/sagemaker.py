@@ -28,7 +28,7 @@ from typing import Any
 
 from hftrain.launch import processes as launch
 from hftrain.errors import HftrainError
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import SageMakerPart
 from hftrain.launch.sagemaker_job import CHANNEL, CHECKPOINTS_VAR, DEFAULT_CHECKPOINTS, METRICS_PREFIX
 
 ENTRY_SCRIPT = "hftrain_sagemaker_entry.py"
@@ -97,9 +97,9 @@ def parse_channels(items: list[list[str]]) -> dict[str, str]:
     return channels
 
 
-def check_recipe(recipe: Recipe, channels: dict[str, str]) -> None:
+def check_recipe(part: SageMakerPart, channels: dict[str, str]) -> None:
     """A SageMaker job cannot read files on this machine: data must be s3://, a hub dataset, builtin or a channel."""
-    for source in [*recipe.data.train, *([recipe.data.validation] if recipe.data.validation else [])]:
+    for source in part.sources:
         for key in ("path", "pretokenized"):
             value = getattr(source, key)
             if value is None or ("://" in value and not value.startswith("file://")):
@@ -114,12 +114,11 @@ def check_recipe(recipe: Recipe, channels: dict[str, str]) -> None:
                 f"data {key} {value!r} is a path on this machine, which a SageMaker job cannot read. Upload it to S3 and "
                 "give the s3:// URL (hftrain streams it), or pass --channel NAME s3://... and use channel:NAME as the path."
             )
-    training = recipe.training_kwargs()
-    resume, deepspeed = training.get("resume_from_checkpoint"), training.get("deepspeed")
+    resume, deepspeed = part.resume_from_checkpoint, part.deepspeed
     elsewhere = {  # every other file a job reads: where it should come from instead
-        "model.from_pretrained": (recipe.model.from_pretrained, "give a hub id or an s3:// copy"),
+        "model.from_pretrained": (part.from_pretrained, "give a hub id or an s3:// copy"),
         "tokenizer.path": (
-            recipe.tokenizer.path,
+            part.tokenizer_path,
             "give a hub id (`hftrain push` a run's final/ shares its tokenizer), or train it in the job (tokenizer.train)",
         ),
         "training.resume_from_checkpoint": (
@@ -192,11 +191,11 @@ def hyperparameters(overrides: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in overrides)
 
 
-def render(recipe_path: str, recipe: Recipe, overrides: list[str], options: JobOptions, command: str) -> str:
+def render(recipe_path: str, part: SageMakerPart, overrides: list[str], options: JobOptions, command: str) -> str:
     """The launcher script's text."""
     from hftrain.launch.sagemaker_template import LAUNCHER
 
-    check_recipe(recipe, options.channels)
+    check_recipe(part, options.channels)
     environment = {CHECKPOINTS_VAR: DEFAULT_CHECKPOINTS, **backend_environment(options.accelerate_config)}
     values: dict[str, Any] = {
         "RECIPE": str(Path(recipe_path).resolve()),

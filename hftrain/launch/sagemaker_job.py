@@ -29,8 +29,6 @@ from transformers import TrainerCallback
 
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.recipe.load import recipe_to_dict, validate_recipe
-from hftrain.recipe.schema import Recipe
 
 DEFAULT_CHECKPOINTS = "/opt/ml/checkpoints"
 CHECKPOINTS_VAR = "HFTRAIN_SAGEMAKER_CHECKPOINTS"
@@ -76,21 +74,21 @@ def _sources(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [*(train if isinstance(train, list) else [train]), *([data["validation"]] if data.get("validation") else [])]
 
 
-def adapt(recipe: Recipe, job: Job | None) -> Recipe:
-    """The recipe as it runs in `job`: output_dir in the checkpoint directory, channel: paths resolved.
-    Outside a job a channel: path is an error that says so; anything else is returned unchanged."""
-    raw = recipe_to_dict(recipe, redact=False)
+def in_job(raw: dict[str, Any], job: Job | None) -> dict[str, Any] | None:
+    """The recipe's values (recipe_to_dict, unredacted) as they run in `job`: output_dir in the checkpoint
+    directory, channel: paths resolved; None outside a job, where the recipe runs unchanged and a channel: path is
+    an error that says so. The command that holds the recipe validates the result (cli/train.py)."""
     uses_channels = [s for s in _sources(raw["data"]) for key in ("path", "pretokenized") if str(s.get(key) or "").startswith(CHANNEL)]
     if job is None:
         if uses_channels:
             raise HftrainError("data: a channel:NAME path names a SageMaker input channel; it works only inside a SageMaker training job.")
-        return recipe
+        return None
     for source in _sources(raw["data"]):
         for key in ("path", "pretokenized"):
             if str(source.get(key) or "").startswith(CHANNEL):
                 source[key] = job.channel_path(source[key])
     raw["training"]["output_dir"] = str(job.checkpoints)
-    return validate_recipe(raw, "<recipe in a SageMaker job>")
+    return raw
 
 
 def deliver(run: Any, job: Job) -> list[Path]:

@@ -21,7 +21,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, GPTNeo
 from hftrain.errors import HftrainError
 from hftrain.recipe.presets import PRESETS
 from hftrain.parallel.dims import ParallelDims, Strategy
-from hftrain.recipe.schema import DROPOUT_FIELDS, Recipe
+from hftrain.recipe.parts import ModelPart
+from hftrain.recipe.schema import DROPOUT_FIELDS
 from hftrain.model.remote_code import allow
 from hftrain.recipe.objectives import OBJECTIVES
 
@@ -30,9 +31,9 @@ def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:
     return int(math.ceil(tokenizer_size / multiple) * multiple)
 
 
-def resolve_vocab_size(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> int:
+def resolve_vocab_size(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) -> int:
     """Embedding rows for a model built from a preset (see ModelSection.vocab_size)."""
-    m = recipe.model
+    m = part.model
     if m.vocab_size is not None:
         if m.vocab_size < tokenizer_size:
             raise HftrainError(
@@ -47,16 +48,16 @@ def resolve_vocab_size(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bo
 
 
 def build_config(
-    recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None, pad_token_id: int | None = None
+    part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None, pad_token_id: int | None = None
 ) -> GPTNeoXConfig:
-    m = recipe.model
+    m = part.model
     fields: dict[str, Any] = PRESETS[m.preset].config_fields()
     overrides = m.architecture_overrides()
     fields.update(overrides)
     fields.update({k: v for k in DROPOUT_FIELDS if (v := getattr(m, k)) is not None})
     if "intermediate_size" not in overrides and "hidden_size" in overrides:
         fields["intermediate_size"] = 4 * fields["hidden_size"]
-    fields["vocab_size"] = resolve_vocab_size(recipe, tokenizer_size, tokenizer_is_new)
+    fields["vocab_size"] = resolve_vocab_size(part, tokenizer_size, tokenizer_is_new)
     if fields["hidden_size"] % fields["num_attention_heads"]:
         raise HftrainError(
             f"model: hidden_size {fields['hidden_size']} is not divisible by num_attention_heads "
@@ -77,12 +78,12 @@ def build_config(
     )
 
 
-def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool, dims: ParallelDims | None = None) -> PreTrainedModel:
+def build_model(part: ModelPart, tokenizer: Any, tokenizer_is_new: bool, dims: ParallelDims | None = None) -> PreTrainedModel:
     """The model a run starts from: pretrained weights, or a fresh preset model (seeded by training.seed).
     `dims`: the run's parallel dims (a quantized model is placed per process); None: one process."""
-    m = recipe.model
+    m = part.model
     if m.from_pretrained:
-        model = load_pretrained(recipe, dims)
+        model = load_pretrained(part, dims)
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
             raise HftrainError(
                 f"tokenizer: {len(tokenizer)} tokens but {m.from_pretrained} has only "
@@ -90,15 +91,15 @@ def build_model(recipe: Recipe, tokenizer: Any, tokenizer_is_new: bool, dims: Pa
                 "(tokenizer.path set to the same directory)."
             )
     else:
-        config = build_config(recipe, len(tokenizer), tokenizer_is_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
-        torch.manual_seed(recipe.training.seed)
+        config = build_config(part, len(tokenizer), tokenizer_is_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        torch.manual_seed(part.seed)
         model = GPTNeoXForCausalLM(config)
-    check_context(recipe, model.config)
+    check_context(part, model.config)
     return model
 
 
-def load_pretrained(recipe: Recipe, dims: ParallelDims | None = None) -> PreTrainedModel:
-    m = recipe.model
+def load_pretrained(part: ModelPart, dims: ParallelDims | None = None) -> PreTrainedModel:
+    m = part.model
     if m.architecture_overrides():
         raise HftrainError(
             f"model: {', '.join(m.architecture_overrides())} cannot change the shape of a from_pretrained model; "
@@ -106,7 +107,7 @@ def load_pretrained(recipe: Recipe, dims: ParallelDims | None = None) -> PreTrai
         )
     from hftrain.model.finetune import quantization_config, quantized_device_map
 
-    quantization = quantization_config(recipe, dims.strategy if dims is not None else Strategy.SINGLE)
+    quantization = quantization_config(part.finetuning, dims.strategy if dims is not None else Strategy.SINGLE)
     local_weights(m.from_pretrained)
     try:
         return AutoModelForCausalLM.from_pretrained(
@@ -117,7 +118,7 @@ def load_pretrained(recipe: Recipe, dims: ParallelDims | None = None) -> PreTrai
             # quantized: bf16 keeps the embeddings and head small too (fp32 leftovers otherwise)
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
             quantization_config=quantization,
-            device_map=quantized_device_map(recipe, dims),
+            device_map=quantized_device_map(part.finetuning, dims),
             **{k: v for k in DROPOUT_FIELDS if (v := getattr(m, k)) is not None},  # config overrides
         )
     except (OSError, ValueError) as err:
@@ -144,18 +145,18 @@ def _cannot_load(name: str, err: Exception) -> HftrainError:
     )
 
 
-def check_context(recipe: Recipe, config: Any) -> None:
+def check_context(part: ModelPart, config: Any) -> None:
     limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None and recipe.data.seq_len > limit:
+    if limit is not None and part.seq_len > limit:
         raise HftrainError(
-            f"data.seq_len: {recipe.data.seq_len} is longer than the model's context "
+            f"data.seq_len: {part.seq_len} is longer than the model's context "
             f"(max_position_embeddings = {limit}). Lower data.seq_len, or raise model.max_position_embeddings."
         )
 
 
-def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> PreTrainedModel:
+def meta_model(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) -> PreTrainedModel:
     """The model with no memory allocated (meta device), for sizing and planning."""
-    m = recipe.model
+    m = part.model
     if m.from_pretrained:
         local_weights(m.from_pretrained)  # `hftrain plan` refuses the weights `hftrain train` would refuse
         try:
@@ -164,7 +165,7 @@ def meta_model(recipe: Recipe, tokenizer_size: int, tokenizer_is_new: bool) -> P
         except (OSError, ValueError) as err:
             raise _cannot_load(m.from_pretrained, err) from None
     else:
-        config = build_config(recipe, tokenizer_size, tokenizer_is_new, eos_token_id=0)
+        config = build_config(part, tokenizer_size, tokenizer_is_new, eos_token_id=0)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(
             config, trust_remote_code=allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained)
@@ -188,17 +189,17 @@ def flops_per_token(counts: dict[str, int], config: Any, seq_len: int, objective
     return (6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len) * OBJECTIVES[objective].flops_factor
 
 
-def tokenizer_size_estimate(recipe: Recipe) -> tuple[int, bool]:
+def tokenizer_size_estimate(part: ModelPart) -> tuple[int, bool]:
     """Tokenizer size without training one: (size, is a new tokenizer). A tokenizer to train counts as its
     configured vocab_size; a tokenizer.path that does not load gets the tokenizer's own message."""
-    tok = recipe.tokenizer
+    tok = part.tokenizer
     if tok.train is not None:
         return tok.train.vocab_size, True
     from hftrain.model.tokenizer import check_model_tokenizer, from_path, gpt2_tokenizer
 
-    if recipe.model.from_pretrained:  # `hftrain plan` refuses the tokenizer `hftrain train` would refuse
+    if part.model.from_pretrained:  # `hftrain plan` refuses the tokenizer `hftrain train` would refuse
         loaded = from_path(tok) if tok.path is not None else gpt2_tokenizer()
-        check_model_tokenizer(recipe, loaded)
+        check_model_tokenizer(part.tokenizing, loaded)
         return len(loaded), False
     if tok.path is not None:
         return len(from_path(tok)), False
@@ -222,10 +223,10 @@ class ModelShape:
         return self.counts["total"] - self.counts["embedding"]
 
 
-def measure_model(recipe: Recipe) -> ModelShape:
+def measure_model(part: ModelPart) -> ModelShape:
     """Size and training FLOPs per token of the recipe's model: for the speed defaults, MFU and `hftrain plan`."""
-    size, is_new = tokenizer_size_estimate(recipe)
-    model = meta_model(recipe, size, is_new)
-    check_context(recipe, model.config)  # `hftrain plan` refuses what `hftrain train` refuses
+    size, is_new = tokenizer_size_estimate(part)
+    model = meta_model(part, size, is_new)
+    check_context(part, model.config)  # `hftrain plan` refuses what `hftrain train` refuses
     counts = parameter_counts(model)
-    return ModelShape(model, counts, flops_per_token(counts, model.config, recipe.data.seq_len, recipe.finetune.objective))
+    return ModelShape(model, counts, flops_per_token(counts, model.config, part.seq_len, part.finetune.objective))

@@ -15,14 +15,14 @@ from hftrain import _compat
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims, Strategy
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import FinetunePart
 from hftrain.recipe.objectives import OBJECTIVES
 
 QUANTIZED = ("qlora", "lora_8bit")
 
 
-def quantization_config(recipe: Recipe, strategy: Strategy) -> Any:
-    method, q = recipe.finetune.method, recipe.finetune.quantization
+def quantization_config(part: FinetunePart, strategy: Strategy) -> Any:
+    method, q = part.finetune.method, part.finetune.quantization
     if method not in QUANTIZED:
         return None
     try:
@@ -31,7 +31,7 @@ def quantization_config(recipe: Recipe, strategy: Strategy) -> Any:
         raise HftrainError(f"finetune.method: {method} needs bitsandbytes: pip install 'hftrain[qlora]'") from None
     from transformers import BitsAndBytesConfig
 
-    storage = check_strategy(recipe, strategy)
+    storage = check_strategy(part, strategy)
     if method == "lora_8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
@@ -43,15 +43,15 @@ def quantization_config(recipe: Recipe, strategy: Strategy) -> Any:
     )
 
 
-def check_starting_weights(recipe: Recipe) -> None:
+def check_starting_weights(part: FinetunePart) -> None:
     """Methods that need trained weights to start from, refused on a preset's random ones before training (`hftrain
     plan` still sizes such a recipe: its memory is the pretrained model's of the same shape). A LoRA adapter is
     merged into and loaded with saved weights that no file holds for a preset (its final merge would fail after the
     whole run); DPO moves a policy away from a reference by their preferences, and random weights prefer nothing."""
-    if recipe.model.from_pretrained:
+    if part.from_pretrained:
         return
-    preset = recipe.model.preset
-    goal = OBJECTIVES[recipe.finetune.objective]
+    preset = part.preset
+    goal = OBJECTIVES[part.finetune.objective]
     if goal.trained_weights:
         raise HftrainError(
             f"finetune.objective: {goal.name} {goal.trained_weights}, but this recipe builds model.preset {preset} "
@@ -59,7 +59,7 @@ def check_starting_weights(recipe: Recipe) -> None:
             "against a random reference. Set model.from_pretrained to a checkpoint directory or Hub id (a pretraining "
             "or fine-tuning run's final/ will do), or pretrain with finetune.objective: lm first."
         )
-    if recipe.finetune.method == "lora":
+    if part.finetune.method == "lora":
         raise HftrainError(
             f"finetune.method: lora trains an adapter onto pretrained weights, but this recipe builds model.preset "
             f"{preset} from random weights (no model.from_pretrained). Set model.from_pretrained to a "
@@ -67,11 +67,11 @@ def check_starting_weights(recipe: Recipe) -> None:
         )
 
 
-def check_strategy(recipe: Recipe, strategy: Strategy) -> str:
+def check_strategy(part: FinetunePart, strategy: Strategy) -> str:
     """Refuse quantized methods with backends that cannot shard or partition bitsandbytes weights; returns the
     4-bit storage dtype: under FSDP it must be the compute dtype, or the packed uint8 weights stay unsharded.
     Called before processes are started (launch.py) and again in each process (accelerate launch)."""
-    method, q = recipe.finetune.method, recipe.finetune.quantization
+    method, q = part.finetune.method, part.finetune.quantization
     if method not in QUANTIZED:
         return "uint8"
     where = f"finetune.method={method} with parallelism.strategy={strategy} ({Strategy(strategy).label})"
@@ -96,9 +96,9 @@ def check_strategy(recipe: Recipe, strategy: Strategy) -> str:
     return q.bnb_4bit_compute_dtype
 
 
-def quantized_device_map(recipe: Recipe, dims: ParallelDims | None) -> dict[str, Any] | None:
+def quantized_device_map(part: FinetunePart, dims: ParallelDims | None) -> dict[str, Any] | None:
     """Each DDP/FSDP process loads its own quantized copy onto its own GPU, not all onto GPU 0 (transformers#21736)."""
-    if recipe.finetune.method not in QUANTIZED or not torch.cuda.is_available():
+    if part.finetune.method not in QUANTIZED or not torch.cuda.is_available():
         return None
     if dims is not None and dims.strategy is Strategy.DEVICE_MAP:
         return None
@@ -114,28 +114,28 @@ def linear_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
-def apply_method(model: Any, recipe: Recipe, gradient_checkpointing: bool) -> Any:
+def apply_method(model: Any, part: FinetunePart, gradient_checkpointing: bool) -> Any:
     """Wrap the model for its fine-tuning method (returns it unchanged for full training)."""
-    model, config = prepare_adapter(model, recipe, gradient_checkpointing)
+    model, config = prepare_adapter(model, part, gradient_checkpointing)
     if config is None:
         return model
     from peft import get_peft_model
 
     # the adapter's random init, the same in every run and on every rank (FSDP and ZeRO-3 keep each rank's own part)
-    torch.manual_seed(recipe.training.seed)
+    torch.manual_seed(part.seed)
     return get_peft_model(model, config)
 
 
-def prepare_adapter(model: Any, recipe: Recipe, gradient_checkpointing: bool) -> tuple[Any, Any]:
+def prepare_adapter(model: Any, part: FinetunePart, gradient_checkpointing: bool) -> tuple[Any, Any]:
     """The model ready for its adapter (a quantized base prepared for k-bit training) and the adapter's
     LoraConfig, checked against the model's layers; (model, None) for full training. DPO hands the config to
     TRL, which wraps the model itself and disables the adapter for the reference."""
-    method = recipe.finetune.method
+    method = part.finetune.method
     if method == "full":
         return model, None
     from peft import LoraConfig, prepare_model_for_kbit_training
 
-    options = dict(recipe.finetune.lora)
+    options = dict(part.finetune.lora)
     targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model.config.model_type)
     if not targets:
         raise HftrainError(f"finetune.lora.target_modules: no default for {model.config.model_type}; name the linear layers to adapt.")

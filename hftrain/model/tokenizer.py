@@ -15,7 +15,8 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBa
 
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.recipe.schema import Recipe, TokenizerSection
+from hftrain.recipe.parts import TokenizerPart
+from hftrain.recipe.schema import TokenizerSection
 from hftrain.model.remote_code import allow
 
 EOS = "<|endoftext|>"
@@ -53,21 +54,21 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, special
 
 
 def load_tokenizer(
-    recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
+    part: TokenizerPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
 ) -> tuple[PreTrainedTokenizerBase, bool]:
-    tok, is_new = _load(recipe, output_dir, training_texts)
-    check_model_tokenizer(recipe, tok)
-    if recipe.tokenizer.chat_template:
-        tok.chat_template = recipe.tokenizer.chat_template
+    tok, is_new = _load(part, output_dir, training_texts)
+    check_model_tokenizer(part, tok)
+    if part.tokenizer.chat_template:
+        tok.chat_template = part.tokenizer.chat_template
     return tok, is_new
 
 
-def _load(recipe: Recipe, output_dir: Path, training_texts: Callable[[int], Iterable[str]]) -> tuple[PreTrainedTokenizerBase, bool]:
+def _load(part: TokenizerPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]) -> tuple[PreTrainedTokenizerBase, bool]:
     """The run's tokenizer and whether it is new to this run (trained here: vocabulary sized to fit it).
 
     ``training_texts(n)`` yields the first n training documents; only called when a tokenizer is trained.
     """
-    section = recipe.tokenizer
+    section = part.tokenizer
     if section.train is not None:
         saved = RunLayout(output_dir).tokenizer
         if (saved / "tokenizer.json").is_file():
@@ -103,11 +104,11 @@ def content_hash(tok: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
-def check_model_tokenizer(recipe: Recipe, tok: PreTrainedTokenizerBase) -> None:
+def check_model_tokenizer(part: TokenizerPart, tok: PreTrainedTokenizerBase) -> None:
     """Refuse a tokenizer other than a from_pretrained model's own (compared by content), unless the recipe says
     tokenizer.replace_model_tokenizer: true. A model that ships no tokenizer cannot be compared (the embedding
     size is still checked)."""
-    m, section = recipe.model, recipe.tokenizer
+    m, section = part.model, part.tokenizer
     if not m.from_pretrained or section.replace_model_tokenizer or section.path == m.from_pretrained:
         return
     try:

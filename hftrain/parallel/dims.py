@@ -23,7 +23,8 @@ from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
 from hftrain.parallel.child_errors import ELASTIC_ENV
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import BatchPart
+from hftrain.recipe.schema import DataSection
 
 SHIPPED_CONFIGS = Path(__file__).parents[1] / "accelerate_configs"  # accelerate_configs/ in a checkout links here
 DEEPSPEED_FILE_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # accelerate launch passes the YAML's deepspeed_config_file on as written
@@ -124,38 +125,77 @@ class ParallelDims:
         return self.micro_batch * self.accumulation * self.processes
 
 
-def resolve(recipe: Recipe, recorded: dict[str, Any] | None = None, reader_limit: int | None = None) -> ParallelDims:
-    """The run's dims from the launcher's environment, checked against the recipe. `recorded`: what a continuing
-    run recorded at its start (global batch, readers, shuffle window are kept); `reader_limit`: how many readers
-    the data can split into. A CPU rehearsal's process set-up happens here, once."""
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher set up for this process, read from the environment once (``read``) and passed on."""
+
+    processes: int  # WORLD_SIZE
+    local_processes: int  # LOCAL_WORLD_SIZE: processes on this node
+    rank: int
+    local_rank: int
+    launched: Strategy  # the backend the launcher started
+    rehearsal: Strategy | None  # the backend of a CPU rehearsal (rehearsal.py); None on GPUs and plain launches
+    elastic_most_nodes: int | None  # an elastic launch's MAX nodes (--nnodes MIN:MAX), None otherwise
+    device: str  # cuda | cpu
+
+    @classmethod
+    def read(cls) -> LaunchEnv:
+        processes = world_size()
+        backend = rehearsal.rehearsal_backend()
+        elastic = os.environ.get(ELASTIC_ENV)
+        return cls(
+            processes=processes,
+            local_processes=int(os.environ.get("LOCAL_WORLD_SIZE", processes)),
+            rank=int(os.environ.get("RANK", "0")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            launched=launched_strategy(processes),
+            rehearsal=Strategy(backend) if backend else None,
+            elastic_most_nodes=int(elastic.split(":")[1]) if elastic else None,
+            device="cpu" if rehearsal.on_cpu() else "cuda",
+        )
+
+
+def resolve(
+    launch: LaunchEnv,
+    strategy: Strategy,
+    batch: BatchPart,
+    data: DataSection,
+    recorded: dict[str, Any] | None = None,
+    reader_limit: int | None = None,
+    workers: int = 0,
+) -> ParallelDims:
+    """The run's dims: the launch, the resolved strategy and the batch (after the memory fit). `recorded`: what a
+    continuing run recorded at its start (global batch, readers, shuffle window are kept); `reader_limit`: how many
+    readers the data can split into; `workers`: training.dataloader_num_workers. Pure: the process set-up that
+    follows from the dims is ``prepare_process``."""
     recorded = recorded or {}
-    processes, kwargs = world_size(), recipe.training_kwargs()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", processes))
-    micro = int(kwargs.get("per_device_train_batch_size", 8))
-    rank = int(os.environ.get("RANK", "0"))
-    accumulation = derive_accumulation(recipe, kwargs, processes, recorded.get("global_batch"), announce=rank == 0)
-    workers = max(int(kwargs.get("dataloader_num_workers", 0)), 1)
-    count = decide_readers(recipe.data.readers, recorded.get("readers"), reader_limit, processes, workers)
-    window = decide_window(recipe.data.shuffle_window, recorded.get("shuffle_window"), count, recipe.data.seq_len)
-    backend = rehearsal.rehearsal_backend()
-    dims = ParallelDims(
-        strategy=resolve_strategy(recipe, processes),
+    processes = launch.processes
+    accumulation = derive_accumulation(batch, launch, recorded.get("global_batch"), announce=launch.rank == 0)
+    workers = max(workers, 1)
+    count = decide_readers(data.readers, recorded.get("readers"), reader_limit, processes, workers)
+    window = decide_window(data.shuffle_window, recorded.get("shuffle_window"), count, data.seq_len)
+    return ParallelDims(
+        strategy=strategy,
         processes=processes,
-        nodes=max(1, processes // max(local, 1)),
-        rank=rank,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        rehearsal=Strategy(backend) if backend else None,
-        micro_batch=micro,
+        nodes=max(1, processes // max(launch.local_processes, 1)),
+        rank=launch.rank,
+        local_rank=launch.local_rank,
+        rehearsal=launch.rehearsal,
+        micro_batch=batch.micro_batch,
         accumulation=accumulation,
         readers=ReaderLayout(count, processes, workers, window),
     )
+
+
+def prepare_process(dims: ParallelDims) -> None:
+    """What this process sets up for its dims, once: a CPU rehearsal's backend (rehearsal.py), DeepSpeed's config
+    path, and the collective deprecation warnings of ZeRO-3."""
     if Strategy.ZERO3 in (dims.strategy, dims.rehearsal):
         _compat.quiet_collective_deprecations()
     if dims.rehearsal:
         rehearsal.prepare_process(dims.rehearsal)
     elif dims.strategy is Strategy.ZERO3:
         locate_deepspeed_config()
-    return dims
 
 
 def locate_deepspeed_config(search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> None:
@@ -196,10 +236,9 @@ def launched_strategy(processes: int) -> Strategy:
     return Strategy.DDP if processes > 1 else Strategy.SINGLE
 
 
-def resolve_strategy(recipe: Recipe, processes: int | None = None) -> Strategy:
-    """The run's strategy: the launch's, checked against parallelism.strategy."""
-    processes = world_size() if processes is None else processes
-    wanted, launched = recipe.parallelism.strategy, launched_strategy(processes)
+def resolve_strategy(wanted: str, launch: LaunchEnv) -> Strategy:
+    """The run's strategy: the launch's, checked against parallelism.strategy (`wanted`)."""
+    processes, launched = launch.processes, launch.launched
     if wanted == "device_map":
         if processes > 1:
             raise HftrainError(
@@ -217,23 +256,31 @@ def resolve_strategy(recipe: Recipe, processes: int | None = None) -> Strategy:
     )
 
 
-def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, recorded: int | None = None, announce: bool = True) -> int:
-    """Gradient accumulation from the global batch: parallelism.global_batch_size, else the one `recorded` at a
-    resumed run's start (so that a run continued on another process count keeps its sequences per step), else
-    the recipe's own gradient_accumulation_steps (an elastic launch: as all MAX nodes would run it, whatever number
-    of nodes the first start had). Refuse what does not divide, naming the process counts that would."""
-    given = kwargs.get("gradient_accumulation_steps")
-    micro = kwargs.get("per_device_train_batch_size", 8)
-    total = recipe.parallelism.global_batch_size or recorded or elastic_global_batch(micro * int(given or 1))
-    if total is None:
-        return int(given or 1)
+def global_batch(batch: BatchPart, processes: int, recorded: int | None = None, elastic_nodes: int | None = None, per_node: int = 1) -> int:
+    """Sequences per optimizer step, derived here alone: parallelism.global_batch_size, else the one `recorded` at a
+    continuing run's start (so that a run continued on another process count keeps its sequences per step), else
+    micro-batch x accumulation on every process: of `processes`, or, for an elastic launch, of all its MAX
+    `elastic_nodes` x `per_node` (so that it does not depend on how many nodes the first start happened to have)."""
+    per_process = batch.micro_batch * int(batch.accumulation or 1)
+    if batch.global_batch_size or recorded:
+        return int(batch.global_batch_size or recorded)  # type: ignore[arg-type]
+    return per_process * (elastic_nodes * per_node if elastic_nodes else processes)
+
+
+def derive_accumulation(batch: BatchPart, launch: LaunchEnv, recorded: int | None = None, announce: bool = True) -> int:
+    """Gradient accumulation from the global batch (``global_batch``), refusing what does not divide and naming the
+    process counts that would."""
+    processes, micro, given = launch.processes, batch.micro_batch, batch.accumulation
+    total = global_batch(batch, processes, recorded, launch.elastic_most_nodes, launch.local_processes)
     per_step = micro * processes
     if total % per_step:
         fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
         what = (
             f"{total} sequences"
-            if recipe.parallelism.global_batch_size
+            if batch.global_batch_size
             else f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which"
+            if recorded
+            else f"{total} sequences (micro-batch x accumulation on each process of all {launch.elastic_most_nodes} nodes)"
         )
         raise HftrainError(
             f"parallelism.global_batch_size: {what} cannot be split into micro-batches of {micro} "
@@ -242,44 +289,32 @@ def derive_accumulation(recipe: Recipe, kwargs: dict[str, Any], processes: int, 
             "(Results do not depend on the device count only while the global batch stays the same.)"
         )
     accumulation = total // per_step
-    if given not in (None, accumulation) and "gradient_accumulation_steps" in recipe.training.model_fields_set:
-        if recipe.parallelism.global_batch_size:
+    if given not in (None, accumulation) and batch.accumulation_given:
+        if batch.global_batch_size:
             raise HftrainError(
                 f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
                 f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
             )
         if announce:
+            kept = "recorded at its start" if recorded else f"each process of all {launch.elastic_most_nodes} nodes of this elastic launch"
             print(
-                f"hftrain: keeping this run's global batch of {total} sequences (recorded at its start): "
+                f"hftrain: keeping this run's global batch of {total} sequences ({kept}): "
                 f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)",
                 flush=True,
             )
     return accumulation
 
 
-def elastic_global_batch(per_process: int, most_nodes: int | None = None, per_node: int | None = None) -> int | None:
-    """An elastic launch's global batch when the recipe sets none: `per_process` (micro-batch x accumulation) on
-    every process of MAX nodes, so that it does not depend on how many nodes the first start happened to have.
-    None outside an elastic launch."""
-    if most_nodes is None:
-        if not os.environ.get(ELASTIC_ENV):
-            return None
-        most_nodes = int(os.environ[ELASTIC_ENV].split(":")[1])
-    return per_process * most_nodes * (per_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def check_elastic_batch(recipe: Recipe, least: int, most: int, per_node: int) -> None:
+def check_elastic_batch(batch: BatchPart, least: int, most: int, per_node: int) -> None:
     """Before an elastic launch: the global batch must split over every node count from MIN to MAX."""
-    t = recipe.training
-    total = recipe.parallelism.global_batch_size or elastic_global_batch(
-        t.per_device_train_batch_size * t.gradient_accumulation_steps, most, per_node
-    )
-    bad = [n for n in range(least, most + 1) if total % (t.per_device_train_batch_size * per_node * n)]
+    total = global_batch(batch, 1, None, most, per_node)
+    micro = batch.micro_batch
+    bad = [n for n in range(least, most + 1) if total % (micro * per_node * n)]
     if bad:
-        step = t.per_device_train_batch_size * per_node
+        step = micro * per_node
         raise HftrainError(
             f"parallelism.global_batch_size: {total} sequences per step cannot be split over {', '.join(map(str, bad))} "
-            f"node(s) x {per_node} process(es) with micro-batches of {t.per_device_train_batch_size}, and this elastic "
+            f"node(s) x {per_node} process(es) with micro-batches of {micro}, and this elastic "
             f"launch (--nnodes {least}:{most}) may run on any node count from {least} to {most}. Set "
             f"parallelism.global_batch_size to a multiple of {step} x each of those counts (e.g. {step * _lcm(least, most)}), "
             "or narrow MIN:MAX."
@@ -290,13 +325,6 @@ def _lcm(least: int, most: int) -> int:
     import math
 
     return math.lcm(*range(least, most + 1))
-
-
-def global_batch_of(recipe: Recipe) -> int:
-    """The recipe's global batch as one process would run it (parallelism.global_batch_size, else micro-batch x
-    accumulation): what parity runs keep while they change the process count."""
-    t = recipe.training
-    return recipe.parallelism.global_batch_size or t.per_device_train_batch_size * t.gradient_accumulation_steps
 
 
 def verify(trainer: Any, dims: ParallelDims) -> dict[str, Any]:
@@ -324,11 +352,11 @@ def verify(trainer: Any, dims: ParallelDims) -> dict[str, Any]:
     return real
 
 
-def spread_over_devices(model: Any, recipe: Recipe) -> Any:
-    """device_map strategy: place layers over the visible devices; refuse disk offload (it would not train)."""
+def spread_over_devices(model: Any, max_memory: dict[Any, Any] | None) -> Any:
+    """device_map strategy: place layers over the visible devices within parallelism.max_memory; refuse disk offload
+    (it would not train)."""
     from accelerate import dispatch_model, infer_auto_device_map
 
-    max_memory = recipe.parallelism.max_memory
     device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=["GPTNeoXLayer"])
     offloaded = sorted(name for name, where in device_map.items() if where == "disk")
     if offloaded:

@@ -5,14 +5,15 @@ parallel strategy on N GPUs, with advice. Sizes and FLOPs come from model.measur
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.model.build import ModelShape, measure_model
-from hftrain.parallel.dims import global_batch_of
-from hftrain.recipe.schema import Recipe
+from hftrain.parallel.dims import global_batch
+from hftrain.recipe.parts import PlanPart
 from hftrain.plan.fit import MARGIN, Fit, Machine, step_time
 from hftrain.plan.memory import CUDA_CONTEXT_BYTES
 from hftrain.recipe.objectives import OBJECTIVES
@@ -22,11 +23,11 @@ ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 
 
-def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
-    shape = shape or measure_model(recipe)
+def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
+    shape = shape or measure_model(part.model)
     model, config, counts, per_token = shape.meta, shape.config, shape.counts, shape.flops_per_token
-    rows = OBJECTIVES[recipe.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
-    tokens_per_step = global_batch_of(recipe) * recipe.data.seq_len * rows
+    rows = OBJECTIVES[part.memory.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
+    tokens_per_step = global_batch(part.batch, 1) * part.memory.data.seq_len * rows
     memory = {}
     for dtype, width in BYTES.items():
         weights = counts["total"] * width
@@ -49,9 +50,9 @@ def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
         "tokens_per_step_per_device": tokens_per_step,
         "train_flops_per_step_per_device": per_token * tokens_per_step,
         "memory_bytes": memory,
-        "finetune_bytes": finetune_memory(model, recipe),
-        "finetune_method": recipe.finetune.method,
-        "max_steps": _planned_steps(recipe),
+        "finetune_bytes": finetune_memory(model, part),
+        "finetune_method": part.memory.finetune.method,
+        "max_steps": _planned_steps(part),
     }
 
 
@@ -61,13 +62,13 @@ def _layers(model: Any) -> list[Any]:
     return list(blocks[0]) if blocks else [model]
 
 
-def _planned_steps(recipe: Recipe) -> int | None:
+def _planned_steps(part: PlanPart) -> int | None:
     """max_steps as `train` derives it on one process (run_length.py); None when it needs the data's size."""
     from hftrain.errors import HftrainError
     from hftrain.plan.run_length import resolve
 
     try:
-        return resolve(recipe, recipe.training_kwargs(), 1, None).max_steps
+        return resolve(part.run_length, 1, None).max_steps
     except HftrainError:
         return None
 
@@ -79,18 +80,18 @@ def quant_4bit_bytes(numel: int, double_quant: bool) -> float:
     return numel / 2 + constants
 
 
-def finetune_memory(model: Any, recipe: Recipe) -> dict[str, Any]:
+def finetune_memory(model: Any, part: PlanPart) -> dict[str, Any]:
     """Weights / gradients / AdamW bytes per fine-tuning method, as hftrain trains them: full and LoRA keep fp32
     weights; qlora / lora_8bit quantize every linear layer but the output head, and peft's
     prepare_model_for_kbit_training upcasts the rest (embeddings, head, norms, biases) to fp32."""
-    lora = recipe.finetune.lora
+    lora = part.memory.finetune.lora
     targets = lora.get("target_modules") or DEFAULT_TARGETS.get(model.config.model_type, [])
     targets = [targets] if isinstance(targets, str) else targets
     r = int(lora.get("r", 8))
     head = model.get_output_embeddings()
     total = sum(p.numel() for p in model.parameters())
     quantized, rows, adapter, q4 = 0, 0, 0, 0.0
-    double = recipe.finetune.quantization.bnb_4bit_use_double_quant
+    double = part.memory.finetune.quantization.bnb_4bit_use_double_quant
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is head:
             continue
@@ -199,7 +200,7 @@ PART_NOTES = {
 }
 
 
-def format_peak_table(recipe: Recipe, info: dict[str, Any], machine: Machine, libraries: float | None) -> list[str]:
+def format_peak_table(part: PlanPart, info: dict[str, Any], machine: Machine, libraries: float | None) -> list[str]:
     """Predicted peak per process for each strategy and fine-tuning method, at the recipe's micro-batch."""
     from hftrain.plan.fit import GPU_STRATEGIES
     from hftrain.plan.memory import predict_peak, run_shape
@@ -208,14 +209,14 @@ def format_peak_table(recipe: Recipe, info: dict[str, Any], machine: Machine, li
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")
     usable = machine.memory_per_process * (1 - MARGIN)
     lines = [
-        f"predicted peak per process by strategy and method (micro-batch {recipe.training.per_device_train_batch_size}; "
+        f"predicted peak per process by strategy and method (micro-batch {part.memory.training.per_device_train_batch_size}; "
         f"* = over the {usable / 1e9:,.1f} GB usable):",
         "  " + f"{'strategy':<16}" + "".join(f"{m:>12}" for m in methods),
     ]
     for strategy in strategies:
         cells = []
         for method in methods:
-            variant = recipe.model_copy(update={"finetune": recipe.finetune.model_copy(update={"method": method})})
+            variant = replace(part.memory, finetune=part.memory.finetune.model_copy(update={"method": method}))
             total = predict_peak(variant, info, run_shape(variant, machine.device, machine.processes, strategy), libraries).total
             cells.append(f"{total / 1e9:>10,.2f}{'*' if total > usable else ' '}")
         lines.append("  " + f"{strategy:<16}" + "".join(f"{c:>12}" for c in cells))

@@ -9,10 +9,11 @@ global batch; the evaluation batch is capped at the micro-batch (its logits are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from hftrain.recipe.schema import Recipe
+from hftrain.parallel.dims import global_batch
+from hftrain.recipe.parts import BatchPart, PlanPart
 from hftrain.plan.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
 
 MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and what the prediction leaves out
@@ -64,34 +65,28 @@ def this_machine(processes: int = 1) -> Machine:
     return Machine("cpu", processes, total / processes, what)
 
 
-def global_batch(recipe: Recipe, processes: int, recorded: int | None = None) -> int:
-    """Sequences per optimizer step: parallelism.global_batch_size, else the one a continuing run recorded at its
-    start, else micro-batch x accumulation x processes (as parallel/dims.py derives it)."""
-    t = recipe.training
-    return recipe.parallelism.global_batch_size or recorded or t.per_device_train_batch_size * t.gradient_accumulation_steps * processes
-
-
 def as_configured(
-    recipe: Recipe, info: dict[str, Any], machine: Machine, strategy: str | None = None, libraries: float | None = None
+    part: PlanPart, info: dict[str, Any], machine: Machine, strategy: str | None = None, libraries: float | None = None
 ) -> Fit:
     """The recipe's own micro-batch and checkpointing on `machine`."""
-    shape = run_shape(recipe, machine.device, machine.processes, strategy)
-    share = global_batch(recipe, machine.processes) // machine.processes
-    peak = predict_peak(recipe, info, shape, libraries)
+    shape = run_shape(part.memory, machine.device, machine.processes, strategy)
+    share = global_batch(part.batch, machine.processes) // machine.processes
+    peak = predict_peak(part.memory, info, shape, libraries)
     return Fit(shape, max(share // shape.micro_batch, 1), peak, machine.memory_per_process * (1 - MARGIN), "as the recipe says")
 
 
 def choose(
-    recipe: Recipe,
+    part: PlanPart,
     info: dict[str, Any],
     machine: Machine,
     libraries: float | None = None,
     strategy: str | None = None,
-    recorded_global: int | None = None,
+    total: int | None = None,
 ) -> Fit:
     """The fastest layout that fits with MARGIN to spare (under `strategy` only, when given: a launched run's);
-    if none does, the smallest one, with the reason."""
-    share, rest = divmod(global_batch(recipe, machine.processes, recorded_global), machine.processes)
+    if none does, the smallest one, with the reason. `total`: the run's global batch (parallel/dims.py), else the
+    recipe's on `machine`."""
+    share, rest = divmod(total or global_batch(part.batch, machine.processes), machine.processes)
     share = max(share, 1)
     micro = [m for m in range(share, 0, -1) if share % m == 0]
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp")
@@ -104,15 +99,15 @@ def choose(
         bigger: Fit | None = None
         for m in micro:
             shape = run_shape(
-                recipe,
+                part.memory,
                 machine.device,
                 machine.processes,
                 strategy,
                 micro_batch=m,
                 checkpointing=checkpointing,
-                eval_batch=min(m, recipe.training.per_device_eval_batch_size),
+                eval_batch=min(m, part.batch.eval_batch),
             )
-            fit = Fit(shape, share // m, predict_peak(recipe, info, shape, libraries), limit, "")
+            fit = Fit(shape, share // m, predict_peak(part.memory, info, shape, libraries), limit, "")
             if fit.fits:
                 fit.reason = _reason(fit, machine, bigger, tried, rest)
                 return fit
@@ -159,17 +154,12 @@ def step_time(info: dict[str, Any], fit: Fit, peak_flops: float, mfu: float) -> 
 
 
 def fit_this_run(
-    recipe: Recipe,
-    info: dict[str, Any],
-    processes: int,
-    local_processes: int,
-    strategy: str,
-    device: str,
-    recorded_global: int | None = None,
-) -> tuple[Recipe, str | None]:
-    """What `train` runs: with parallelism.fit_memory, the recipe with plan's micro-batch and gradient checkpointing
-    (global batch kept) and the line that says so; otherwise the recipe as it is, and a warning when its micro-batch
-    will not fit. `strategy`: the launched one (single, ddp, fsdp, zero3)."""
+    part: PlanPart, info: dict[str, Any], processes: int, local_processes: int, strategy: str, device: str, total: int
+) -> tuple[BatchPart, str | None]:
+    """The batch `train` runs: with parallelism.fit_memory, plan's micro-batch and gradient checkpointing at the
+    run's global batch `total` (parallel/dims.py), and the line that says so; otherwise the recipe's own batch, and a
+    warning when its micro-batch will not fit. `strategy`: the launched one (single, ddp, fsdp, zero3)."""
+    batch = part.batch
     if device == "cuda":
         import torch
 
@@ -179,28 +169,28 @@ def fit_this_run(
         here = this_machine(local_processes)
         machine = Machine("cpu", processes, here.memory_per_process, here.description)
     libraries = library_footprint() if device == "cpu" else None
-    configured = as_configured(recipe, info, machine, strategy, libraries)
-    if not recipe.parallelism.fit_memory:
+    configured = as_configured(part, info, machine, strategy, libraries)
+    if not batch.fit_memory:
         if configured.fits:
-            return recipe, None
-        chosen = choose(recipe, info, machine, libraries, strategy)
+            return batch, None
+        chosen = choose(part, info, machine, libraries, strategy)
         advice = f"parallelism.fit_memory: true would take {_describe(chosen)}" if chosen.fits else chosen.reason
-        return recipe, (
+        return batch, (
             f"warning: training.per_device_train_batch_size={configured.shape.micro_batch} with gradient checkpointing "
             f"{'on' if configured.shape.checkpointing else 'off'} needs about {configured.peak.total / GB:,.2f} GB per process "
             f"(predicted peak, at the {configured.peak.phase}), more than the {configured.limit / GB:,.1f} GB usable on "
             f"{machine.description}; `hftrain plan` shows where it goes. {advice}."
         )
-    chosen = choose(recipe, info, machine, libraries, strategy, recorded_global)
+    chosen = choose(part, info, machine, libraries, strategy, total)
     if not chosen.fits:
-        return recipe, f"warning: parallelism.fit_memory: {chosen.reason}; training as the recipe says"
-    training = recipe.training.model_copy(
-        update={
-            "per_device_train_batch_size": chosen.shape.micro_batch,
-            "per_device_eval_batch_size": min(chosen.shape.micro_batch, recipe.training.per_device_eval_batch_size),
-            "gradient_accumulation_steps": chosen.accumulation,
-            "gradient_checkpointing": chosen.shape.checkpointing,
-        }
+        return batch, f"warning: parallelism.fit_memory: {chosen.reason}; training as the recipe says"
+    fitted = replace(
+        batch,
+        global_batch_size=total,
+        micro_batch=chosen.shape.micro_batch,
+        eval_batch=min(chosen.shape.micro_batch, batch.eval_batch),
+        accumulation=chosen.accumulation,
+        accumulation_given=True,
+        gradient_checkpointing=chosen.shape.checkpointing,
     )
-    batch = recipe.parallelism.model_copy(update={"global_batch_size": global_batch(recipe, processes, recorded_global)})
-    return recipe.model_copy(update={"training": training, "parallelism": batch}), f"memory fit (parallelism.fit_memory): {chosen.reason}"
+    return fitted, f"memory fit (parallelism.fit_memory): {chosen.reason}"

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import MemoryPart
 from hftrain.recipe.objectives import OBJECTIVES
 
 GB = 1e9
@@ -74,7 +74,7 @@ class PeakPrediction:
 
 
 def run_shape(
-    recipe: Recipe,
+    part: MemoryPart,
     device: str = "cpu",
     processes: int = 1,
     strategy: str | None = None,
@@ -83,26 +83,23 @@ def run_shape(
     eval_batch: int | None = None,
 ) -> RunShape:
     """The recipe as it would run on `processes` processes of `device`."""
-    t = recipe.training
+    t = part.training
     explicit = {"bf16", "fp16"} & t.model_fields_set
     # unset on a GPU: the speed defaults turn bf16 autocast on (speed/defaults.py); on a CPU they measure first
     bf16 = bool(t.bf16 or t.fp16) if explicit else device == "cuda"
     return RunShape(
         device=device,
         processes=processes,
-        strategy=strategy
-        or (
-            "single" if processes == 1 else recipe.parallelism.strategy if recipe.parallelism.strategy not in ("auto", "single") else "ddp"
-        ),
+        strategy=strategy or ("single" if processes == 1 else part.strategy if part.strategy not in ("auto", "single") else "ddp"),
         micro_batch=micro_batch or t.per_device_train_batch_size,
-        eval_batch=min(eval_batch or t.per_device_eval_batch_size, recipe.data.eval_blocks),
-        document_mask=recipe.data.masks_documents,
-        seq_len=recipe.data.seq_len,
+        eval_batch=min(eval_batch or t.per_device_eval_batch_size, part.data.eval_blocks),
+        document_mask=part.data.masks_documents,
+        seq_len=part.data.seq_len,
         checkpointing=t.gradient_checkpointing if checkpointing is None else checkpointing,
         dtype="bf16" if bf16 else "fp32",
-        attention=recipe.model.attn_implementation or "sdpa",
-        chunked_loss=device == "cpu" and not t.torch_compile and not OBJECTIVES[recipe.finetune.objective].tiled_loss_head,
-        objective=recipe.finetune.objective,
+        attention=part.attention or "sdpa",
+        chunked_loss=device == "cpu" and not t.torch_compile and not OBJECTIVES[part.finetune.objective].tiled_loss_head,
+        objective=part.finetune.objective,
     )
 
 
@@ -138,9 +135,9 @@ def rows_per_sample(shape: RunShape) -> int:
     return OBJECTIVES[shape.objective].rows_per_example
 
 
-def state_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
+def state_bytes(part: MemoryPart, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
     """Weights, gradients and AdamW state per process for the recipe's fine-tuning method and the strategy."""
-    m = info["finetune_bytes"]["methods"][recipe.finetune.method]
+    m = info["finetune_bytes"]["methods"][part.finetune.method]
     weights, grads, optim = float(m["weights"]), float(m["gradients"]), float(m["optimizer"])
     if shape.strategy in ("fsdp", "zero3", "zero3_offload"):
         p = shape.processes
@@ -156,23 +153,23 @@ def state_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> dict[s
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
-def reference_bytes(recipe: Recipe, info: dict[str, Any], shape: RunShape) -> float:
+def reference_bytes(part: MemoryPart, info: dict[str, Any], shape: RunShape) -> float:
     """DPO with full fine-tuning keeps a frozen copy of the starting weights as its reference, built and sharded
     (TRL's prepare_fsdp / prepare_deepspeed) as the policy's weights are; with an adapter the reference is the
     base with the adapter disabled: nothing more."""
-    if not OBJECTIVES[shape.objective].reference_copy or recipe.finetune.method != "full":
+    if not OBJECTIVES[shape.objective].reference_copy or part.finetune.method != "full":
         return 0.0
-    return state_bytes(recipe, info, shape)["weights"]
+    return state_bytes(part, info, shape)["weights"]
 
 
-def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None) -> PeakPrediction:
-    """Peak bytes per process of `recipe` run as `shape` (default: one CPU process as the recipe says); `info`
-    is `estimates.plan(recipe)`."""
-    shape = shape or run_shape(recipe)
+def predict_peak(part: MemoryPart, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None) -> PeakPrediction:
+    """Peak bytes per process of the recipe (its `part`) run as `shape` (default: one CPU process as the recipe says); `info`
+    is `estimates.plan(PlanPart.of(recipe))`."""
+    shape = shape or run_shape(part)
     config = info["config"]
-    state = state_bytes(recipe, info, shape)
+    state = state_bytes(part, info, shape)
     act = activations(config, shape)
-    if recipe.finetune.method != "full" and shape.device == "cpu":
+    if part.finetune.method != "full" and shape.device == "cpu":
         act = act * ADAPTER_ACTIVATIONS + ADAPTER_BASE_COPY * 4 * info["parameters"]["total"]
     loss = "cpu-chunked" if shape.chunked_loss else "cuda-native" if shape.device == "cuda" else "native"
     train_logit, eval_logit = LOGIT_BYTES[(loss, shape.dtype)]
@@ -194,14 +191,14 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         fixed = {
             "libraries": libraries if libraries is not None else library_footprint(),
             "runtime": CPU_RUNTIME_BYTES,
-            "data pipeline": data_pipeline_bytes(recipe, shape.processes),
+            "data pipeline": data_pipeline_bytes(part, shape.processes),
         }
         kept = KEPT_AFTER_TRAINING * state["gradients"]
     else:
         fixed, kept = {}, 0.0
     autocast_cache = 0.0  # autocast keeps a bf16 copy of each fp32 weight it casts until backward is done
-    if shape.dtype == "bf16" and recipe.finetune.method in ("full", "lora"):
-        held = state["weights"] / float(info["finetune_bytes"]["methods"][recipe.finetune.method]["weights"])
+    if shape.dtype == "bf16" and part.finetune.method in ("full", "lora"):
+        held = state["weights"] / float(info["finetune_bytes"]["methods"][part.finetune.method]["weights"])
         autocast_cache = 2 * info["matmul_params"] * min(held, 1.0)  # sharded: only the gathered layers
     # backward frees the activations as it fills the gradients: the step peaks at the larger of the two
     step = {"activations": act, "logits and loss": train_logits}
@@ -209,7 +206,7 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
         step["autocast weight copies"] = autocast_cache
     if state["gradients"] > sum(step.values()):
         step = {"gradients": state["gradients"]}
-    copy = reference_bytes(recipe, info, shape)
+    copy = reference_bytes(part, info, shape)
     reference = {"reference weights": copy} if copy else {}
     train = {**fixed, "weights": state["weights"], **reference, "optimizer": state["optimizer"], **step}
     evaluation = {
@@ -226,15 +223,15 @@ def predict_peak(recipe: Recipe, info: dict[str, Any], shape: RunShape | None = 
     return PeakPrediction(evaluation, "final evaluation", t_total)
 
 
-def data_pipeline_bytes(recipe: Recipe, processes: int) -> float:
+def data_pipeline_bytes(part: MemoryPart, processes: int) -> float:
     """The shuffle windows this process fills (int32 tokens) when it reads in its main process; DataLoader
     workers hold theirs in their own processes. Host memory: on GPUs it is not in the device's peak."""
     from hftrain.parallel.readers import decide_readers, decide_window
 
-    workers = recipe.training.dataloader_num_workers
-    readers = decide_readers(recipe.data.readers, None, None, processes, max(workers, 1))
-    window = decide_window(recipe.data.shuffle_window, None, readers, recipe.data.seq_len)
-    return 0.0 if workers else -(-readers // processes) * window * recipe.data.seq_len * 4
+    workers = part.training.dataloader_num_workers
+    readers = decide_readers(part.data.readers, None, None, processes, max(workers, 1))
+    window = decide_window(part.data.shuffle_window, None, readers, part.data.seq_len)
+    return 0.0 if workers else -(-readers // processes) * window * part.data.seq_len * 4
 
 
 def import_training_libraries() -> None:

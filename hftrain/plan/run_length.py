@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hftrain.errors import HftrainError
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import RunLengthPart
 
 ORDER = ("training.max_steps", "data.train_tokens", "training.num_train_epochs")
 
@@ -38,23 +38,23 @@ class RunLength:
         }
 
 
-def given(recipe: Recipe, kwargs: dict[str, Any]) -> dict[str, Any]:
+def given(part: RunLengthPart) -> dict[str, Any]:
     """The run-length keys this recipe sets, in precedence order."""
     found: dict[str, Any] = {}
-    if (kwargs.get("max_steps") or -1) > 0:
-        found["training.max_steps"] = kwargs["max_steps"]
-    if recipe.data.train_tokens is not None:
-        found["data.train_tokens"] = recipe.data.train_tokens
-    if "num_train_epochs" in recipe.training.model_fields_set:
-        found["training.num_train_epochs"] = kwargs.get("num_train_epochs")
+    if (part.max_steps or -1) > 0:
+        found["training.max_steps"] = part.max_steps
+    if part.train_tokens is not None:
+        found["data.train_tokens"] = part.train_tokens
+    if part.epochs_given:
+        found["training.num_train_epochs"] = part.epochs
     return found
 
 
-def resolve(recipe: Recipe, kwargs: dict[str, Any], global_batch: int, manifest_tokens: int | None) -> RunLength:
+def resolve(part: RunLengthPart, global_batch: int, manifest_tokens: int | None) -> RunLength:
     """max_steps for TrainingArguments, from whichever run-length key wins. `global_batch`: sequences per step
     (ParallelDims.global_batch); `manifest_tokens` is the prepared data's size, if any."""
-    per_step = global_batch * recipe.data.seq_len
-    found = given(recipe, kwargs)
+    per_step = global_batch * part.seq_len
+    found = given(part)
     if not found:
         raise HftrainError(
             "training.max_steps: required. hftrain streams its data, so a run is measured in optimizer steps; set "
@@ -80,7 +80,7 @@ def resolve(recipe: Recipe, kwargs: dict[str, Any], global_batch: int, manifest_
         steps = max(1, math.ceil(value * manifest_tokens / per_step))
         how = f"training.num_train_epochs={value:g} x {manifest_tokens:,} prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
     note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
-    beyond = [s for s in recipe.checkpoints.steps if s > steps]  # given max_steps, the recipe's load refused these
+    beyond = [s for s in part.kept_steps if s > steps]  # given max_steps, the recipe's load refused these
     if beyond:
         raise HftrainError(
             f"checkpoints.steps: {', '.join(map(str, beyond))} after this run's last step ({how}) would never "

@@ -35,7 +35,7 @@ import torch
 
 from hftrain.model.build import ModelShape
 from hftrain.parallel.rehearsal import ZERO3_ON_CPU
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import SpeedPart
 from hftrain.speed.probe import (
     PROBE_BUDGET_S,
     Measurement,
@@ -78,9 +78,9 @@ class SpeedPlan:
         return cls(dict(data["values"]), list(data["reasons"]), dict(data["measured"]))
 
 
-def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.device, strategy: str = "single") -> tuple[str, str]:
+def choose_dtype(part: SpeedPart, measured: Measurement | None, device: torch.device, strategy: str = "single") -> tuple[str, str]:
     """ "fp32" or the autocast dtype to train in, with the reason."""
-    if recipe.finetune.method in ("qlora", "lora_8bit"):
+    if part.method in ("qlora", "lora_8bit"):
         return "fp32", "quantized fine-tuning uses its own compute dtype"
     if device.type == "cpu" and strategy == "zero3":
         return "fp32", ZERO3_ON_CPU
@@ -97,9 +97,9 @@ def choose_dtype(recipe: Recipe, measured: Measurement | None, device: torch.dev
 
 
 def choose_compile(
-    recipe: Recipe, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool, saving_share: float
+    part: SpeedPart, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool, saving_share: float
 ) -> tuple[bool, str]:
-    if recipe.finetune.method != "full":
+    if part.method != "full":
         return False, "adapters: compile rarely pays for the small trainable part"
     if strategy not in ("single", "ddp"):
         return False, f"not with {strategy}"
@@ -116,7 +116,7 @@ def choose_compile(
 
 
 def decide(
-    recipe: Recipe, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device, warm_compile: bool
+    part: SpeedPart, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device, warm_compile: bool
 ) -> SpeedPlan:
     """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets."""
     plan = SpeedPlan(
@@ -128,14 +128,14 @@ def decide(
     )
     dtype = "fp32"
     if not any(key in kwargs for key in PRECISION_KEYS):
-        dtype, why = choose_dtype(recipe, measured, device, strategy)
+        dtype, why = choose_dtype(part, measured, device, strategy)
         plan.values.update({key: dtype == key for key in PRECISION_KEYS if key in dtype_keys(device)})
         plan.reasons.append(f"{dtype if dtype != 'fp32' else 'fp32 (no autocast)'} ({why})")
     if "torch_compile" not in kwargs:
         dtype = next((key for key in ("bf16", "fp16", "tf32") if kwargs.get(key)), dtype)  # the recipe's own, if set
         step = measured.seconds.get(dtype, measured.seconds["fp32"]) if measured else float("inf")
         share = COMPILE_SAVING.get((device.type, dtype), 0.0)
-        on, why = choose_compile(recipe, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share)
+        on, why = choose_compile(part, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share)
         plan.values["torch_compile"] = on
         plan.reasons.append(f"torch_compile={'on' if on else 'off'} ({why})")
     return plan
@@ -155,16 +155,16 @@ def dtype_keys(device: torch.device) -> tuple[str, ...]:
 PROBE_OPTIONS = ("hidden_act", "rotary_pct", "use_parallel_residual", "tie_word_embeddings")  # config keys a layer's work depends on
 
 
-def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:
+def probe_shape(part: SpeedPart, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:
     c = shape.config
     options = [(key, getattr(c, key)) for key in PROBE_OPTIONS if hasattr(c, key)]
     attention = getattr(c, "_attn_implementation", None)
     if attention:
         options.append(("attn_implementation", attention))
-    trained = shape.counts["total"] if recipe.finetune.method == "full" else 0  # adapters: a tiny optimizer step
+    trained = shape.counts["total"] if part.method == "full" else 0  # adapters: a tiny optimizer step
     return ProbeShape(
-        tokens=kwargs["per_device_train_batch_size"] * recipe.data.seq_len,
-        seq=recipe.data.seq_len,
+        tokens=kwargs["per_device_train_batch_size"] * part.seq_len,
+        seq=part.seq_len,
         hidden=c.hidden_size,
         intermediate=c.intermediate_size,
         heads=c.num_attention_heads,
@@ -175,11 +175,11 @@ def probe_shape(recipe: Recipe, kwargs: dict[str, Any], shape: ModelShape) -> Pr
     )
 
 
-def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
+def decide_here(part: SpeedPart, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
     """Measure on `device` (or read this machine's cached measurement) and decide."""
     if device.type == "cpu" and strategy == "zero3":  # fp32 only, compile never: nothing a measurement would decide
-        return decide(recipe, kwargs, strategy, None, device, warm_compile=False)
-    probe = probe_shape(recipe, kwargs, shape)
+        return decide(part, kwargs, strategy, None, device, warm_compile=False)
+    probe = probe_shape(part, kwargs, shape)
     accumulation = kwargs.get("gradient_accumulation_steps", 1)
     if not is_cached(probe, device) and (cost := expected_seconds(probe, device)) > PROBE_BUDGET_S:
         return fallback_without_probe(
@@ -193,7 +193,7 @@ def decide_here(recipe: Recipe, kwargs: dict[str, Any], strategy: str, shape: Mo
     except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
         return fallback_without_probe(kwargs, device)
     per_step = Measurement({k: v * accumulation for k, v in measured.seconds.items()}, measured.device, measured.cached)
-    plan = decide(recipe, kwargs, strategy, per_step, device, compile_is_warm(probe, device))
+    plan = decide(part, kwargs, strategy, per_step, device, compile_is_warm(probe, device))
     if plan.values.get("torch_compile"):
         mark_compiled(probe, device)
     return plan

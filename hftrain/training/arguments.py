@@ -19,15 +19,14 @@ from hftrain import _compat
 from hftrain.parallel import rehearsal
 from hftrain.parallel import launcher_store
 from hftrain.parallel.dims import ParallelDims
-from hftrain.plan import run_length
 from hftrain.speed import defaults as speed
 from hftrain.checkpoint import node_disks
-from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.finetune_section import FinetuneSection
 from hftrain.plan.run_length import RunLength
 from hftrain.speed.defaults import SpeedPlan
+from hftrain.recipe.parts import SpeedPart
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.training import objectives
 
@@ -35,8 +34,6 @@ from hftrain.training import objectives
 @dataclass
 class TrainingSettings:
     args: TrainingArguments
-    resume: ResumeSetting  # training.resume_from_checkpoint, read once
-    push_to_hub: bool
     speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed.py)
     length: RunLength  # max_steps and where it came from (run_length.py)
     dims: ParallelDims  # the run's parallel dims (parallel/dims.py): strategy, batch, readers
@@ -48,33 +45,42 @@ class TrainingSettings:
         return {"speed": levers, "global_batch": self.dims.global_batch, "readers": readers.readers, "shuffle_window": readers.window}
 
 
-def training_arguments(
-    recipe: Recipe, dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None = None, manifest_tokens: int | None = None
-) -> TrainingSettings:
-    """TrainingArguments for this run's dims. `recorded`: what a continuing run recorded at its start (speed
-    levers); `manifest_tokens`: the prepared data's size (epochs need it)."""
-    recorded = recorded or {}
-    kwargs = recipe.training_kwargs()
-    kwargs["gradient_accumulation_steps"] = dims.accumulation
-    resume = ResumeSetting.of(kwargs.pop("resume_from_checkpoint", None))
-    push = bool(kwargs.pop("push_to_hub", False))
-    kwargs.pop("save_total_limit", None)  # the CheckpointManager rotates, once a new checkpoint is complete
-    length = run_length.resolve(recipe, kwargs, dims.global_batch, manifest_tokens)
-    kwargs["max_steps"] = length.max_steps
-    kwargs.setdefault("use_cpu", not torch.cuda.is_available())
+HFTRAIN_KEYS = ("resume_from_checkpoint", "push_to_hub", "save_total_limit")  # read by hftrain (module docstring), not the Trainer
+
+
+def argument_values(recipe_kwargs: dict[str, Any], dims: ParallelDims, length: RunLength, device: str) -> dict[str, Any]:
+    """The TrainingArguments values for this run's dims and length, before the speed levers (``set_up``). Pure:
+    `recipe_kwargs` are the training section's keys; `device` the launch's (cuda | cpu)."""
+    kwargs = {key: value for key, value in recipe_kwargs.items() if key not in HFTRAIN_KEYS}
+    kwargs.update(gradient_accumulation_steps=dims.accumulation, max_steps=length.max_steps)
+    kwargs.setdefault("use_cpu", device == "cpu")
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
-    kwargs = rehearsal.training_kwargs(kwargs, dims.rehearsal)
-    node_disks.storage_settings(kwargs, Path(recipe.training.output_dir), dims)  # several nodes: a shared disk or each its own
-    device = training_device(kwargs, dims)
+    kwargs.setdefault("ddp_find_unused_parameters", False)
+    return rehearsal.training_kwargs(kwargs, dims.rehearsal)
+
+
+def set_up(
+    values: dict[str, Any], dims: ParallelDims, shape: ModelShape, speed_part: SpeedPart, recorded: dict[str, Any], output_dir: Path
+) -> tuple[dict[str, Any], SpeedPlan]:
+    """The side effects that complete the values, in this order: several nodes check whether they share
+    training.output_dir (a collective), freed device memory is kept cached, and the speed levers are measured
+    (the probe) and agreed by every process. Returns the complete values and the speed plan."""
+    values = dict(values)
+    node_disks.storage_settings(values, output_dir, dims)  # several nodes: a shared disk or each its own
+    device = training_device(values, dims)
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
-    plan = speed_defaults(recipe, kwargs, dims, shape, recorded.get("speed"), device)
+    plan = speed_defaults(speed_part, values, dims, shape, recorded.get("speed"), device)
     if memory:
         plan.reasons.append(memory)
+    return values, plan
+
+
+def training_arguments(values: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> TrainingArguments:
+    """The objective's TrainingArguments (DPO: TRL's DPOConfig) from the complete values."""
     try:
-        args = objectives.training_arguments(recipe.finetune, kwargs, recipe.data.seq_len)  # DPO: TRL's DPOConfig
+        return objectives.training_arguments(finetune, values, seq_len)
     except (ValueError, TypeError) as err:
-        raise HftrainError(f"{OBJECTIVES[recipe.finetune.objective].sections}: {err}") from None
-    return TrainingSettings(args, resume, push, plan, length, dims)
+        raise HftrainError(f"{OBJECTIVES[finetune.objective].sections}: {err}") from None
 
 
 def training_device(kwargs: dict[str, Any], dims: ParallelDims) -> torch.device:
@@ -83,11 +89,10 @@ def training_device(kwargs: dict[str, Any], dims: ParallelDims) -> torch.device:
 
 
 def speed_defaults(
-    recipe: Recipe, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, bool] | None, device: torch.device
+    part: SpeedPart, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, bool] | None, device: torch.device
 ) -> SpeedPlan:
     """bf16 / fp16 / tf32 / torch_compile where the recipe leaves them unset: as recorded at the run's start
     (a resumed run), else decided by measurement on this device (speed.py), the same in every process."""
-    kwargs.setdefault("ddp_find_unused_parameters", False)
     unset = [key for key in speed.LEVER_KEYS if key not in kwargs]
     if not speed.undecided(kwargs):  # e.g. bf16 and torch_compile set, tf32 not: nothing a measurement would decide
         return speed.SpeedPlan()
@@ -96,7 +101,7 @@ def speed_defaults(
         kwargs.update(kept)
         reasons = [f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"] if kept else []
         return speed.SpeedPlan(values=kept, reasons=reasons)
-    decide = lambda: speed.decide_here(recipe, kwargs, dims.strategy, shape, device).to_json()  # noqa: E731
+    decide = lambda: speed.decide_here(part, kwargs, dims.strategy, shape, device).to_json()  # noqa: E731
     decided = launcher_store.agree("speed", decide, dims.rank, dims.processes)
     plan = speed.SpeedPlan.from_json(decided)
     kwargs.update(plan.values)

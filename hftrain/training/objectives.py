@@ -12,7 +12,7 @@ from hftrain.data.loader import validation_blocks
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.progress import phase
 from hftrain.recipe.finetune_section import FinetuneSection
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import TrainerPart
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
 
@@ -20,7 +20,7 @@ from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 class TrainerParts:
     """What every objective's Trainer is built from (run.build_trainer gathers them)."""
 
-    recipe: Recipe
+    part: TrainerPart
     options: TrainerOptions
     model: Any
     args: Any
@@ -54,10 +54,10 @@ def _dpo_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: i
 
 def _lm_trainer(parts: TrainerParts) -> HftrainTrainer:
     """Next-token loss on packed blocks (or instruction examples), evaluated on held-out blocks."""
-    recipe, options = parts.recipe, parts.options
-    with phase(f"reading the validation set ({recipe.data.eval_blocks:,} blocks of {recipe.data.seq_len:,} tokens)", after_s=2):
+    part, options = parts.part, parts.options
+    with phase(f"reading the validation set ({part.eval_blocks:,} blocks of {part.seq_len:,} tokens)", after_s=2):
         eval_set = validation_blocks(options.data, parts.tokenizer)
-    options.evaluation = TrainingEvaluation(eval_set, parts.tokenizer, recipe.monitor.eval_tasks)
+    options.evaluation = TrainingEvaluation(eval_set, parts.tokenizer, part.eval_tasks)
     return HftrainTrainer(
         model=parts.model,
         args=parts.args,
@@ -72,8 +72,9 @@ def _lm_trainer(parts: TrainerParts) -> HftrainTrainer:
 def _dpo_trainer(parts: TrainerParts) -> HftrainTrainer:
     from hftrain.training.preference import preference_trainer
 
+    options = parts.options
     return preference_trainer(
-        parts.recipe, parts.options.dims, parts.options, parts.model, parts.args, parts.tokenizer, parts.callbacks, parts.tokenizer_is_new
+        parts.part.model, options.dims, options, parts.model, parts.args, parts.tokenizer, parts.callbacks, parts.tokenizer_is_new
     )
 
 

@@ -23,7 +23,7 @@ from hftrain.eval.preference import PreferenceEvaluation
 from hftrain.model.build import build_model
 from hftrain.model.finetune import prepare_adapter
 from hftrain.parallel.dims import ParallelDims
-from hftrain.recipe.schema import Recipe
+from hftrain.recipe.parts import ModelPart
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
 TRAINING_DEFAULTS = ("learning_rate", "bf16", "gradient_checkpointing", "logging_steps")
@@ -74,7 +74,7 @@ def _trainer_class() -> type:
 
 
 def preference_trainer(
-    recipe: Recipe,
+    part: ModelPart,
     dims: ParallelDims,
     options: TrainerOptions,
     model: Any,
@@ -83,15 +83,15 @@ def preference_trainer(
     callbacks: list[Any],
     tokenizer_is_new: bool = False,
 ) -> HftrainTrainer:
-    """The DPO trainer for the recipe: TRL's reference (adapter disabled, or a frozen copy of the starting
+    """The DPO trainer: TRL's reference (adapter disabled, or a frozen copy of the starting
     weights), TRL's evaluation set and collator, hftrain's stream and held-out preference accuracy."""
     held_out, first = validation_pairs(options.data), first_pairs(options.data, 4)
     if needs_chat_template(tokenizer, first[0]):
         use_chatml(tokenizer)
-    model, adapter = prepare_adapter(model, recipe, args.gradient_checkpointing)
+    model, adapter = prepare_adapter(model, part.finetuning, args.gradient_checkpointing)
     reference = None
     if adapter is None:
-        reference = build_model(recipe, tokenizer, tokenizer_is_new, dims).eval().requires_grad_(False)
+        reference = build_model(part, tokenizer, tokenizer_is_new, dims).eval().requires_grad_(False)
     options.evaluation = PreferenceEvaluation(held_out, tokenizer)
     import datasets
 

@@ -58,11 +58,11 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
 
     def stop_after_deciding(*args, **kwargs):
         decided["said before"] = capsys.readouterr().out  # what the run printed before deciding its speed levers
-        decided["settings"] = settings = real(*args, **kwargs)
-        raise HftrainError(f"stopped by the test; speed defaults: {'; '.join(settings.speed.reasons)}")
+        decided["values"], decided["speed"] = _, speed = real(*args, **kwargs)
+        raise HftrainError(f"stopped by the test; speed defaults: {'; '.join(speed.reasons)}")
 
-    real = training_run.training_arguments
-    monkeypatch.setattr(training_run, "training_arguments", stop_after_deciding)
+    real = training_run.set_up_arguments  # the set-up step that decides the speed levers (the probe)
+    monkeypatch.setattr(training_run, "set_up_arguments", stop_after_deciding)
     raw = yaml.safe_load(recipe_file.read_text())
     for lever in ("bf16", "torch_compile"):  # the test recipes pin them; here the probe would decide them
         raw["training"].pop(lever)
@@ -86,7 +86,7 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
         r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )", decided["said before"], re.M
     ), decided["said before"][-3000:]
     assert "measuring this CPU's step speed" not in decided["said before"] + printed, printed[-3000:]
-    reasons = "; ".join(decided["settings"].speed.reasons)
+    reasons = "; ".join(decided["speed"].reasons)
     assert "the speed probe would take about" in reasons and "set them in the recipe to choose" in reasons, reasons
     assert seconds < 60, seconds
 

@@ -81,6 +81,7 @@ PLANTED = {
 def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, kind):
     from hftrain.integrations.hub import model_card
     from hftrain.recipe.load import load_recipe, save_recipe
+    from hftrain.recipe.parts import PublishPart
 
     where, value = PLANTED[kind]
     secret = next(word for word in str(value).replace("'", " ").replace(":", " ").replace("@", " ").split() if "PLANTED" in word)
@@ -93,7 +94,7 @@ def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, ki
     recipe = load_recipe(None, raw)
     save_recipe(recipe, work / "saved.yaml")
     saved = (work / "saved.yaml").read_text()
-    assert secret not in saved and secret not in model_card(recipe, {}, "me/model", False)
+    assert secret not in saved and secret not in model_card(PublishPart.of(recipe), {}, "me/model", False)
     kept = yaml.safe_load(saved)["data"]["train"][0]["storage_options"]
     assert kept["anon"] is True and kept["config_kwargs"] == {"read_timeout": 7}  # settings stay, to explain the run
     if kind == "data URL with user info":  # the error that names the path keeps its host, not its password

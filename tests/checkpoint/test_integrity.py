@@ -23,6 +23,8 @@ from hftrain.checkpoint import integrity, manager
 from hftrain.checkpoint.layout import COMPLETE_MARKER, TRAINER_STATE_FILE, RunLayout
 from hftrain.cli import main
 from hftrain.errors import HftrainError
+from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import CheckpointPart
 
 from ..support.checks import assert_export_refused, cut_short
 from ..support.data import finetune_recipe
@@ -93,7 +95,9 @@ def test_each_damage_is_named_and_an_explicit_resume_of_it_refused(tmp_path, dam
     harm(checkpoint / name)
     assert integrity.unreadable(checkpoint) == expected
     with pytest.raises(HftrainError) as info:
-        manager.CheckpointManager(RunLayout(tmp_path), None, None).resume_point(manager.ResumeSetting.of(str(checkpoint)))
+        manager.CheckpointManager(
+            RunLayout(tmp_path), CheckpointPart.of(load_recipe(None, {})), manager.ResumeSetting.of(str(checkpoint))
+        ).resume_point()
     assert str(info.value) == f"training.resume_from_checkpoint: {checkpoint} cannot be loaded ({expected})."
 
 

@@ -12,6 +12,7 @@ from transformers import AttentionInterface
 from hftrain.data.packed_batch import FLATTENED, ROWS, PackedCollator
 from hftrain.data.packing_check import check_packing, first_micro_batch, random_model
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import PackingCheckPart
 from tests.support.data import instructions, make_documents, write_examples, write_jsonl
 
 
@@ -55,9 +56,9 @@ def recipes(tmp_path_factory):
     (root / "examples.yaml").write_text(yaml.safe_dump(examples), encoding="utf-8")
     return {
         "examples": root / "examples.yaml",
-        "examples_recipe": load_recipe(None, examples),
-        "text": load_recipe(None, text),
-        "plain_text": load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}}),
+        "examples_part": PackingCheckPart.of(load_recipe(None, examples)),
+        "text": PackingCheckPart.of(load_recipe(None, text)),
+        "plain_text": PackingCheckPart.of(load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}})),
     }
 
 
@@ -83,15 +84,15 @@ def test_document_masked_pretraining_keeps_documents_apart(recipes):
 
 
 def test_the_check_fails_where_documents_see_each_other(recipes):
-    recipe = recipes["examples_recipe"]
-    lines, ok = check_packing(recipe, kernels={"causal_only": ROWS, "varlen_causal": ROWS})  # today's layout, batch 4
+    part = recipes["examples_part"]
+    lines, ok = check_packing(part, kernels={"causal_only": ROWS, "varlen_causal": ROWS})  # today's layout, batch 4
     assert not ok and lines[-1].startswith("check-packing: packed documents are not kept apart on causal_only, varlen_causal:")
     assert "FAILED (above 0.0001: documents see each other)" in lines[1]
-    lines, ok = check_packing(recipe, kernels={"varlen_causal": FLATTENED})  # what hftrain gives flash attention
+    lines, ok = check_packing(part, kernels={"varlen_causal": FLATTENED})  # what hftrain gives flash attention
     assert ok, lines
     # without use_cache=False, a GPT-NeoX config's use_cache: true skips transformers' packed-sequence mask
     leaky = lambda kernel, form: lambda samples: {k: v for k, v in PackedCollator(kernel)(samples).items() if k != "use_cache"}  # noqa: E731
-    lines, ok = check_packing(recipe, kernels={"sdpa": ROWS}, collator=leaky)
+    lines, ok = check_packing(part, kernels={"sdpa": ROWS}, collator=leaky)
     assert not ok, lines
 
 
@@ -100,9 +101,9 @@ def test_packed_loss_is_the_documents_loss_taken_alone(recipes, kernel):
     from hftrain.data.loader import plan_data
     from hftrain.model.tokenizer import gpt2_tokenizer
 
-    recipe, tokenizer = recipes["text"], gpt2_tokenizer()
-    samples = first_micro_batch(recipe, plan_data(recipe.data, 0), tokenizer)
-    model = random_model(recipe, len(tokenizer)).eval()
+    part, tokenizer = recipes["text"], gpt2_tokenizer()
+    samples = first_micro_batch(part.batch_size, plan_data(part.data, 0), tokenizer)
+    model = random_model(part.model, len(tokenizer)).eval()
     model.set_attn_implementation(kernel)
     collate = PackedCollator(kernel, tokenizer.eos_token_id, FLATTENED if kernel == "varlen_causal" else None)
     with torch.no_grad():

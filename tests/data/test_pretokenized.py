@@ -15,6 +15,7 @@ from hftrain.data.loader import train_documents
 from hftrain.data.stream import BlockStream, Worker
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import DataPrepPart
 from hftrain.model.tokenizer import gpt2_tokenizer
 
 from ..support.checks import losses
@@ -31,7 +32,7 @@ def gpt2_recipe(data, out, **training):
 def prepared(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(500))
     raw = gpt2_recipe(data, tmp_path / "unused")
-    manifest = prepare(load_recipe(None, raw), str(tmp_path / "prep"), shard_mb=0.004)
+    manifest = prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), shard_mb=0.004)
     return tmp_path, raw, manifest
 
 
@@ -91,7 +92,7 @@ def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
     bucket = s3.make_bucket()
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
     out = f"s3://{bucket}/tokenized/tiny-32"
-    manifest = prepare(load_recipe(None, gpt2_recipe(data, tmp_path / "u")), out, shard_mb=0.004)
+    manifest = prepare(DataPrepPart.of(load_recipe(None, gpt2_recipe(data, tmp_path / "u"))), out, shard_mb=0.004)
     raw = gpt2_recipe(data, tmp_path / "run", max_steps=4, save_steps=4)
     raw["data"] = {"train": {"pretokenized": out}, "seq_len": 32, "eval_blocks": 4}
     run = hftrain.train(load_recipe(None, raw))
@@ -116,9 +117,9 @@ def test_prepare_on_two_processes_writes_the_same_shards_and_shows_progress(tmp_
     raw = gpt2_recipe(data, tmp_path / "unused")
     raw["data"]["train"] = [{"path": str(data)}, {"path": str(tmp_path / "book.txt")}]
     raw["data"]["validation"] = {"path": str(data)}
-    recipe = load_recipe(None, raw)
-    one = prepare(recipe, str(tmp_path / "one"), shard_mb=0.05, processes=1)
-    two = prepare(recipe, str(tmp_path / "two"), shard_mb=0.05, processes=2)
+    part = DataPrepPart.of(load_recipe(None, raw))
+    one = prepare(part, str(tmp_path / "one"), shard_mb=0.05, processes=1)
+    two = prepare(part, str(tmp_path / "two"), shard_mb=0.05, processes=2)
     assert one["tokens"] > 100_000 and len(one["shards"]) > 3
     assert one["shards"] == two["shards"] and one["tokens"] == two["tokens"]
     for shard in one["shards"]:

@@ -88,9 +88,10 @@ def test_qlora_weights_as_loaded_on_cuda(base, tmp_path):
     from benchmarks.finetune_memory import weight_bytes
     from hftrain.model.build import load_pretrained
     from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import ModelPart
 
     torch.cuda.reset_peak_memory_stats()
-    model = load_pretrained(load_recipe(None, recipe(base, "qlora", tmp_path / "unused")))
+    model = load_pretrained(ModelPart.of(load_recipe(None, recipe(base, "qlora", tmp_path / "unused"))))
     loaded = weight_bytes(model)
     first = next(m for m in model.modules() if type(m).__name__ == "Linear4bit")
     assert first.weight.device.type == "cuda" and first.weight.dtype == torch.uint8

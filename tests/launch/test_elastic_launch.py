@@ -112,19 +112,22 @@ def exit_code(argv: list[str]) -> int:
 def test_the_global_batch_of_an_elastic_run_is_max_nodes_and_must_split_over_min_to_max(monkeypatch):
     """A run whose first start had fewer nodes than MAX (they join within the rendezvous' last call, or not) would
     fix its global batch to that start's; then MAX nodes could not split it (seen: node 1 joined, both refused)."""
-    from hftrain.parallel.dims import check_elastic_batch, derive_accumulation
+    from hftrain.parallel.dims import LaunchEnv, check_elastic_batch, derive_accumulation
+    from hftrain.recipe.parts import BatchPart
 
     recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}, "training": {"per_device_train_batch_size": 8}})
+    batch = BatchPart.of(recipe)
     monkeypatch.setenv(ELASTIC_ENV, "1:2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    kwargs = recipe.training_kwargs()
-    assert derive_accumulation(recipe, kwargs, processes=1, announce=False) == 2  # 16 sequences, one node
-    assert derive_accumulation(recipe, kwargs, processes=2, announce=False) == 1
+    for processes, accumulation in ((1, 2), (2, 1)):  # 16 sequences: one node accumulates twice
+        monkeypatch.setenv("WORLD_SIZE", str(processes))
+        assert derive_accumulation(batch, LaunchEnv.read(), announce=False) == accumulation
     monkeypatch.delenv(ELASTIC_ENV)
-    assert derive_accumulation(recipe, kwargs, processes=1, announce=False) == 1  # not elastic: the recipe's own
-    check_elastic_batch(recipe, 1, 2, 1)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert derive_accumulation(batch, LaunchEnv.read(), announce=False) == 1  # not elastic: the recipe's own
+    check_elastic_batch(batch, 1, 2, 1)
     with pytest.raises(HftrainError, match=r"cannot be split over 3 node\(s\) x 1 process\(es\).*e\.g\. 96"):
-        check_elastic_batch(recipe, 3, 4, 1)
+        check_elastic_batch(batch, 3, 4, 1)
 
 
 def test_node_local_disks_are_refused_for_an_elastic_launch_and_save_on_each_node_false_for_any(monkeypatch, tmp_path):

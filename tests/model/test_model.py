@@ -8,6 +8,7 @@ from hftrain.errors import HftrainError
 from hftrain.model.build import build_config, padded_vocab_size, parameter_counts
 from hftrain.plan.estimates import plan
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import ModelPart, PlanPart
 
 # (total, non-embedding) parameters from the Pythia model cards / paper (Biderman et al. 2023) and NeoX-20B.
 PUBLISHED = {
@@ -27,12 +28,12 @@ PUBLISHED = {
 
 @pytest.mark.parametrize("preset", sorted(PUBLISHED))
 def test_presets_have_the_published_parameter_counts(preset):
-    info = plan(load_recipe(None, {"model": {"preset": preset}}))
+    info = plan(PlanPart.of(load_recipe(None, {"model": {"preset": preset}})))
     assert (info["parameters"]["total"], info["parameters"]["non_embedding"]) == PUBLISHED[preset]
 
 
 def test_pythia_architecture_details():
-    config = build_config(load_recipe(None, {"model": {"preset": "pythia-160m"}}), 50257, False, 0)
+    config = build_config(ModelPart.of(load_recipe(None, {"model": {"preset": "pythia-160m"}})), 50257, False, 0)
     assert config.model_type == "gpt_neox"
     assert config.rope_parameters["partial_rotary_factor"] == 0.25
     assert config.use_parallel_residual and not config.tie_word_embeddings
@@ -54,19 +55,19 @@ def test_every_architecture_field_is_overridable():
             }
         },
     )
-    config = build_config(recipe, 50257, False, 0)
+    config = build_config(ModelPart.of(recipe), 50257, False, 0)
     assert config.rope_parameters["partial_rotary_factor"] == 1.0 and config.rope_parameters["rope_theta"] == 500000.0
     assert not config.use_parallel_residual and config.tie_word_embeddings
     assert config.hidden_size == 256 and config.intermediate_size == 1024  # MLP width follows hidden unless given
-    counts = plan(recipe)["parameters"]
+    counts = plan(PlanPart.of(recipe))["parameters"]
     assert counts["head"] == 0  # tied: the output head shares the embedding
 
 
 def test_new_tokenizer_vocab_is_padded_to_the_multiple():
     recipe = load_recipe(None, {"model": {"preset": "pythia-70m"}})
-    assert build_config(recipe, 4000, True, 0).vocab_size == 4096  # a trained tokenizer: padded, not 50304
-    assert build_config(recipe, 50257, False, 0).vocab_size == 50304  # the published size when it fits
-    assert build_config(recipe, 60000, False, 0).vocab_size == 60032  # a bigger tokenizer: padded, never cut
+    assert build_config(ModelPart.of(recipe), 4000, True, 0).vocab_size == 4096  # a trained tokenizer: padded, not 50304
+    assert build_config(ModelPart.of(recipe), 50257, False, 0).vocab_size == 50304  # the published size when it fits
+    assert build_config(ModelPart.of(recipe), 60000, False, 0).vocab_size == 60032  # a bigger tokenizer: padded, never cut
     assert padded_vocab_size(129, 64) == 192
 
 
@@ -79,12 +80,12 @@ def test_new_tokenizer_vocab_is_padded_to_the_multiple():
 )
 def test_bad_model_sections(model, message):
     with pytest.raises(HftrainError) as info:
-        build_config(load_recipe(None, {"model": model}), 50257, False, 0)
+        build_config(ModelPart.of(load_recipe(None, {"model": model})), 50257, False, 0)
     assert message in str(info.value)
 
 
 def test_plan_reports_flops_and_memory():
-    info = plan(load_recipe(None, {"model": {"preset": "pythia-160m"}, "data": {"seq_len": 2048}}))
+    info = plan(PlanPart.of(load_recipe(None, {"model": {"preset": "pythia-160m"}, "data": {"seq_len": 2048}})))
     n = info["parameters"]["total"] - info["parameters"]["embedding"]
     assert info["train_flops_per_token"] == 6 * n + 12 * 12 * 768 * 2048
     assert info["memory_bytes"]["fp32"]["weights"] == 4 * 162_322_944
@@ -96,7 +97,7 @@ def test_parameter_counts_of_a_real_model():
     from transformers import GPTNeoXForCausalLM
 
     recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}})
-    model = GPTNeoXForCausalLM(build_config(recipe, 300, True, 0))
+    model = GPTNeoXForCausalLM(build_config(ModelPart.of(recipe), 300, True, 0))
     counts = parameter_counts(model)
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts["embedding"] == 384 * 64 and isinstance(model.lm_head, torch.nn.Linear)
@@ -107,10 +108,10 @@ def test_dropout_applies_to_presets_and_to_pretrained_models_alike(pretrained_ru
     from hftrain.model.build import load_pretrained
 
     preset = load_recipe(None, {"model": {"preset": "pythia-70m", "hidden_dropout": 0.1, "attention_dropout": 0.2}})
-    config = build_config(preset, 50257, False, 0)
+    config = build_config(ModelPart.of(preset), 50257, False, 0)
     assert (config.hidden_dropout, config.attention_dropout) == (0.1, 0.2)
     recipe = load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_dropout": 0.1}})
-    model = load_pretrained(recipe)
+    model = load_pretrained(ModelPart.of(recipe))
     assert model.config.hidden_dropout == 0.1 and model.config.attention_dropout == 0.0
     with pytest.raises(HftrainError, match="hidden_size cannot change the shape of a from_pretrained model"):
-        load_pretrained(load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_size": 32}}))
+        load_pretrained(ModelPart.of(load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_size": 32}})))

@@ -21,6 +21,7 @@ import hftrain
 from hftrain.parallel import dims as parallel
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import BatchPart
 
 from ..support.checks import assert_same_steps, steps, train_log
 from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_in_process
@@ -99,33 +100,37 @@ def test_strategy_must_match_the_launch(monkeypatch):
     recipe = load_recipe(None, {"parallelism": {"strategy": "fsdp"}})
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(HftrainError) as info:
-        parallel.resolve_strategy(recipe)
+        parallel.resolve_strategy(recipe.parallelism.strategy, parallel.LaunchEnv.read())
     assert "the recipe asks for FSDP, but this process was launched as DDP (2 process(es))" in str(info.value)
     assert "accelerate_configs/fsdp.yaml" in str(info.value)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    assert parallel.resolve_strategy(recipe) == "fsdp"
+    assert parallel.resolve_strategy(recipe.parallelism.strategy, parallel.LaunchEnv.read()) == "fsdp"
 
 
 def test_device_map_is_single_process_only(monkeypatch):
     recipe = load_recipe(None, {"parallelism": {"strategy": "device_map"}})
-    assert parallel.resolve_strategy(recipe) == "device_map"
+    assert parallel.resolve_strategy(recipe.parallelism.strategy, parallel.LaunchEnv.read()) == "device_map"
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(HftrainError, match="device_map spreads one model over the devices of ONE process, but this run has 2"):
-        parallel.resolve_strategy(recipe)
+        parallel.resolve_strategy(recipe.parallelism.strategy, parallel.LaunchEnv.read())
 
 
-def test_global_batch_must_divide():
+def test_global_batch_must_divide(monkeypatch):
+    def accumulation(recipe, processes, recorded=None):
+        monkeypatch.setenv("WORLD_SIZE", str(processes))
+        return parallel.derive_accumulation(BatchPart.of(recipe), parallel.LaunchEnv.read(), recorded)
+
     recipe = load_recipe(None, {"parallelism": {"global_batch_size": 20}, "training": {"per_device_train_batch_size": 8}})
     with pytest.raises(HftrainError, match="must be a multiple of 16"):
-        parallel.derive_accumulation(recipe, recipe.training_kwargs(), 2)
+        accumulation(recipe, 2)
     plain = load_recipe(None, {"training": {"per_device_train_batch_size": 4}})
     with pytest.raises(HftrainError) as info:  # a run that started with 16 sequences per step, continued on 3 processes
-        parallel.derive_accumulation(plain, plain.training_kwargs(), 3, recorded=16)
+        accumulation(plain, 3, recorded=16)
     assert "this run started with 16 sequences per step (recorded in its hftrain_run.json), which cannot be split" in str(info.value)
     assert "1, 2, 4 process count(s) work" in str(info.value)
-    assert parallel.derive_accumulation(plain, plain.training_kwargs(), 2, recorded=16) == 2
+    assert accumulation(plain, 2, recorded=16) == 2
     ok = load_recipe(None, {"parallelism": {"global_batch_size": 64}, "training": {"per_device_train_batch_size": 8}})
-    assert parallel.derive_accumulation(ok, ok.training_kwargs(), 2) == 4
+    assert accumulation(ok, 2) == 4
 
 
 def test_device_map_trains_and_refuses_disk_offload(tmp_path, corpus):
@@ -235,10 +240,11 @@ def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
         None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}}
     )
     from hftrain.model.build import build_config
+    from hftrain.recipe.parts import ModelPart
 
-    config = build_config(recipe, 320, True, eos_token_id=0)
+    config = build_config(ModelPart.of(recipe), 320, True, eos_token_id=0)
     with pytest.raises(HftrainError, match=r"would be placed on the CPU\. Beside a GPU, accelerate offloads CPU-placed layers"):
-        parallel.spread_over_devices(GPTNeoXForCausalLM(config), recipe)
+        parallel.spread_over_devices(GPTNeoXForCausalLM(config), recipe.parallelism.max_memory)
 
 
 def test_the_shipped_zero3_config_opens_from_any_directory(tmp_path, monkeypatch):

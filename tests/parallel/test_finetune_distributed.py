@@ -11,10 +11,11 @@ import pytest
 import safetensors.torch
 import torch
 
-from hftrain.parallel.dims import resolve as resolve_dims
+from hftrain.parallel.dims import LaunchEnv, resolve as resolve_dims, resolve_strategy
 from hftrain.model import finetune
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import BatchPart, FinetunePart
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import loss_records, read_metrics
@@ -111,26 +112,27 @@ def test_quantized_combinations_bitsandbytes_cannot_run(pretrained_run, tmp_path
     with pytest.raises(
         HftrainError, match=r"finetune.method=lora_8bit with parallelism.strategy=fsdp \(FSDP\): FSDP cannot shard bitsandbytes' int8"
     ):
-        finetune.check_strategy(load_recipe(None, raw), "fsdp")
+        finetune.check_strategy(FinetunePart.of(load_recipe(None, raw)), "fsdp")
     raw["finetune"].update(method="qlora", quantization={"bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "bfloat16"})
     recipe = load_recipe(None, raw)
     with pytest.raises(
         HftrainError, match="bnb_4bit_quant_storage: uint8 with FSDP; FSDP shards the 4-bit weights only when .* set it to bfloat16"
     ):
-        finetune.check_strategy(recipe, "fsdp")
-    assert finetune.check_strategy(recipe, "ddp") == "uint8"
+        finetune.check_strategy(FinetunePart.of(recipe), "fsdp")
+    assert finetune.check_strategy(FinetunePart.of(recipe), "ddp") == "uint8"
     raw["finetune"]["quantization"].pop("bnb_4bit_quant_storage")
-    assert finetune.check_strategy(load_recipe(None, raw), "fsdp") == "bfloat16"  # defaults to the compute dtype
+    assert finetune.check_strategy(FinetunePart.of(load_recipe(None, raw)), "fsdp") == "bfloat16"  # defaults to the compute dtype
 
 
 def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tmp_path, monkeypatch):
     recipe = load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "qlora"))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    dims = resolve_dims(recipe)  # the run's dims, resolved once from the launcher's environment
-    assert finetune.quantized_device_map(recipe, dims) is None  # CPU: nothing to choose
+    launch = LaunchEnv.read()  # the run's dims, resolved once from the launcher's environment
+    dims = resolve_dims(launch, resolve_strategy("auto", launch), BatchPart.of(recipe), recipe.data)
+    assert finetune.quantized_device_map(FinetunePart.of(recipe), dims) is None  # CPU: nothing to choose
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert finetune.quantized_device_map(recipe, dims) == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
+    assert finetune.quantized_device_map(FinetunePart.of(recipe), dims) == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
 
 
 def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run, tmp_path):
@@ -141,7 +143,7 @@ def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run,
     inits = []
     for _ in range(2):
         torch.rand(7)  # whatever ran before (imports, data, launch code) must not matter
-        model = finetune.apply_method(AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir), recipe, False)
+        model = finetune.apply_method(AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir), FinetunePart.of(recipe), False)
         inits.append({k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k})
     assert inits[0] and all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
 

@@ -17,6 +17,7 @@ from hftrain.recipe.load import load_recipe
 from hftrain.plan import fit as fitting
 from hftrain.plan.estimates import plan
 from hftrain.plan.memory import GB, predict_peak, run_shape
+from hftrain.recipe.parts import LaunchPart, MemoryPart, PlanPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -51,31 +52,31 @@ def test_pythia_1b_on_8_gpus_counts_activations_and_logits_and_fits_with_a_margi
 
 def test_a_layout_that_fits_keeps_the_global_batch():
     recipe = load_recipe(PYTHIA_1B, [])
-    info = plan(recipe)
+    info = plan(PlanPart.of(recipe))
     roomy, tight, tiny = fitting.gpus(8, 80), fitting.gpus(8, 40), fitting.gpus(8, 2)
-    assert fitting.choose(recipe, info, roomy).shape.strategy == "ddp"
-    squeezed = fitting.choose(recipe, info, tight)
+    assert fitting.choose(PlanPart.of(recipe), info, roomy).shape.strategy == "ddp"
+    squeezed = fitting.choose(PlanPart.of(recipe), info, tight)
     s = squeezed.shape
     assert squeezed.fits and (s.micro_batch < 8 or s.strategy != "ddp")
     assert s.micro_batch * squeezed.accumulation * 8 == 1024  # the recipe's global batch, accumulation derived
     assert "no faster layout fits" in squeezed.reason or "would need" in squeezed.reason
-    nothing = fitting.choose(recipe, info, tiny)
+    nothing = fitting.choose(PlanPart.of(recipe), info, tiny)
     assert not nothing.fits and nothing.reason.startswith("nothing fits: the smallest layout")
     # the check can fail: the recipe's own layout does not fit 40 GB
-    assert not fitting.as_configured(recipe, info, tight).fits
+    assert not fitting.as_configured(PlanPart.of(recipe), info, tight).fits
 
 
 def test_sharding_and_checkpointing_lower_the_predicted_peak():
     recipe = load_recipe(PYTHIA_1B, [])
-    info = plan(recipe)
-    peak = lambda **kw: predict_peak(recipe, info, run_shape(recipe, "cuda", 8, **kw)).total  # noqa: E731
+    info = plan(PlanPart.of(recipe))
+    peak = lambda **kw: predict_peak(MemoryPart.of(recipe), info, run_shape(MemoryPart.of(recipe), "cuda", 8, **kw)).total  # noqa: E731
     ddp, fsdp, gc = peak(strategy="ddp"), peak(strategy="fsdp"), peak(strategy="ddp", checkpointing=True)
     assert fsdp < ddp - 8 * GB  # weights and AdamW over 8 GPUs (embeddings, head and one layer gathered)
     assert gc < ddp - 15 * GB  # one layer's activations instead of 16
     lora = predict_peak(
-        load_recipe(PYTHIA_1B, ["finetune.method=lora"]),
-        info | plan(load_recipe(PYTHIA_1B, ["finetune.method=lora"])),
-        run_shape(recipe, "cuda", 8, strategy="ddp"),
+        MemoryPart.of(load_recipe(PYTHIA_1B, ["finetune.method=lora"])),
+        info | plan(PlanPart.of(load_recipe(PYTHIA_1B, ["finetune.method=lora"]))),
+        run_shape(MemoryPart.of(recipe), "cuda", 8, strategy="ddp"),
     ).total
     assert lora < ddp - 7 * GB  # no AdamW state (8 GB) for the frozen base
 
@@ -85,18 +86,26 @@ def test_dpo_counts_its_reference_copy_and_both_answers():
     run through the model, so the activations double; TRL's fused head never holds a micro-batch's logits."""
     dpo = ["finetune.objective=dpo", "data.train.format=preference"]
     lm, full = load_recipe(PYTHIA_1B, []), load_recipe(PYTHIA_1B, dpo)
-    info = plan(lm)
+    info = plan(PlanPart.of(lm))
     for strategy, processes in (("ddp", 8), ("fsdp", 8), ("single", 1)):
-        a, b = (predict_peak(r, info, run_shape(r, "cuda", processes, strategy=strategy)) for r in (lm, full))
+        a, b = (predict_peak(MemoryPart.of(r), info, run_shape(MemoryPart.of(r), "cuda", processes, strategy=strategy)) for r in (lm, full))
         assert b.parts["reference weights"] == a.parts["weights"] > 0, strategy
         assert b.parts["activations"] == pytest.approx(2 * a.parts["activations"]), strategy
         assert b.parts["logits and loss"] < a.parts["logits and loss"] / 4, strategy
-    fsdp = predict_peak(full, info, run_shape(full, "cuda", 8, strategy="fsdp")).parts["reference weights"]
-    assert fsdp < predict_peak(full, info, run_shape(full, "cuda", 8, strategy="ddp")).parts["reference weights"] / 2
+    fsdp = predict_peak(MemoryPart.of(full), info, run_shape(MemoryPart.of(full), "cuda", 8, strategy="fsdp")).parts["reference weights"]
+    assert (
+        fsdp
+        < predict_peak(MemoryPart.of(full), info, run_shape(MemoryPart.of(full), "cuda", 8, strategy="ddp")).parts["reference weights"] / 2
+    )
     lora = load_recipe(PYTHIA_1B, [*dpo, "finetune.method=lora"])
-    assert "reference weights" not in predict_peak(lora, info | plan(lora), run_shape(lora, "cuda", 8)).parts  # the adapter disabled
-    assert plan(full)["train_flops_per_token"] == pytest.approx(4 / 3 * info["train_flops_per_token"])  # + the reference's forward
-    assert plan(full)["tokens_per_step_per_device"] == 2 * info["tokens_per_step_per_device"]
+    assert (
+        "reference weights"
+        not in predict_peak(MemoryPart.of(lora), info | plan(PlanPart.of(lora)), run_shape(MemoryPart.of(lora), "cuda", 8)).parts
+    )  # the adapter disabled
+    assert plan(PlanPart.of(full))["train_flops_per_token"] == pytest.approx(
+        4 / 3 * info["train_flops_per_token"]
+    )  # + the reference's forward
+    assert plan(PlanPart.of(full))["tokens_per_step_per_device"] == 2 * info["tokens_per_step_per_device"]
 
 
 def test_plan_refuses_numbers_that_cannot_work(capsys):
@@ -160,10 +169,10 @@ def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(
     """One tiny run each way: the explicit micro-batch is warned about (with the numbers); fit_memory trains with
     plan's micro-batch and checkpointing at the same global batch."""
     as_given = fit_recipe(tmp_path / "a")
-    info = plan(as_given)
+    info = plan(PlanPart.of(as_given))
     machine = fitting.this_machine()
-    assert not fitting.as_configured(as_given, info, machine, libraries=0.6 * GB).fits  # 64 x 128 tokens of logits
-    chosen = fitting.choose(as_given, info, machine, libraries=0.6 * GB)
+    assert not fitting.as_configured(PlanPart.of(as_given), info, machine, libraries=0.6 * GB).fits  # 64 x 128 tokens of logits
+    chosen = fitting.choose(PlanPart.of(as_given), info, machine, libraries=0.6 * GB)
     assert chosen.fits and chosen.shape.micro_batch < 64
 
     hftrain.train(as_given)
@@ -238,9 +247,9 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     started: dict[str, str] = {}
     monkeypatch.setattr(rehearsal, "launch_processes", lambda *args, env=None: started.update(env or {}) or 0)
     huge = load_recipe(str(ROOT / "recipes/quickstart.yaml"), ["training.per_device_train_batch_size=65536"])
-    assert launch.relaunch(["r.yaml"], "ddp", 2, True, huge) == 0
+    assert launch.relaunch(["r.yaml"], "ddp", 2, True, LaunchPart.of(huge)) == 0
     out = capsys.readouterr().out
     assert "hftrain: warning: training.per_device_train_batch_size=65536" in out and "GB per process" in out
     assert started[MEMORY_WARNED_ENV] == "1" and MEMORY_WARNED_ENV not in os.environ
-    launch._warn_memory(load_recipe(str(ROOT / "recipes/quickstart.yaml"), []), Strategy.DDP, 2, cpu=True)
+    launch._warn_memory(LaunchPart.of(load_recipe(str(ROOT / "recipes/quickstart.yaml"), [])), Strategy.DDP, 2, cpu=True)
     assert "warning" not in capsys.readouterr().out  # the check can fail: the shipped micro-batch fits

@@ -139,6 +139,7 @@ def test_fingerprint_ignores_training_settings():
 @pytest.mark.parametrize("path", RECIPES, ids=[str(p.relative_to(ROOT)) for p in RECIPES])
 def test_every_shipped_recipe_validates_and_plans(path, request):
     from hftrain.plan.estimates import plan
+    from hftrain.recipe.parts import PlanPart
 
     recipe = load_recipe(path)
     if recipe.model.from_pretrained and not (ROOT / recipe.model.from_pretrained).exists():
@@ -146,7 +147,7 @@ def test_every_shipped_recipe_validates_and_plans(path, request):
         recipe = load_recipe(path, [f"model.from_pretrained={base}", f"tokenizer.path={base}"])
     for source in recipe.data.train:
         assert source.path is None or "://" in source.path or list(ROOT.glob(source.path)), source.path
-    info = plan(recipe)
+    info = plan(PlanPart.of(recipe))
     assert info["parameters"]["total"] > 0
     assert recipe.training.max_steps and recipe.training.max_steps > 0
 

@@ -15,6 +15,7 @@ from hftrain.speed import defaults as speed
 from hftrain.speed import probe as speed_probe
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.model.build import measure_model
+from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed.probe import Measurement, ProbeShape
 
 from ..support.checks import loss_records
@@ -39,64 +40,68 @@ def recipe_for(**training):
 
 def test_the_dtype_follows_the_measurement_not_the_cpu_flags():
     recipe = recipe_for()
-    assert speed.choose_dtype(recipe, HALF_SPEED_BF16, CPU)[0] == "fp32"
-    assert speed.choose_dtype(recipe, EMULATED, CPU)[0] == "fp32"
-    assert speed.choose_dtype(recipe, EPYC_SMALL, CPU)[0] == "fp32"
-    assert speed.choose_dtype(recipe, THIN_GAIN, CPU)[0] == "fp32"
-    assert speed.choose_dtype(recipe, EPYC_MEDIUM, CPU)[0] == "bf16"
-    dtype, why = speed.choose_dtype(recipe, AMX, CPU)
+    assert speed.choose_dtype(SpeedPart.of(recipe), HALF_SPEED_BF16, CPU)[0] == "fp32"
+    assert speed.choose_dtype(SpeedPart.of(recipe), EMULATED, CPU)[0] == "fp32"
+    assert speed.choose_dtype(SpeedPart.of(recipe), EPYC_SMALL, CPU)[0] == "fp32"
+    assert speed.choose_dtype(SpeedPart.of(recipe), THIN_GAIN, CPU)[0] == "fp32"
+    assert speed.choose_dtype(SpeedPart.of(recipe), EPYC_MEDIUM, CPU)[0] == "bf16"
+    dtype, why = speed.choose_dtype(SpeedPart.of(recipe), AMX, CPU)
     assert dtype == "bf16" and why == "measured step speed vs fp32: bf16 4.00x"
-    assert "bf16 0.50x; none reaches 1.1x" in speed.choose_dtype(recipe, HALF_SPEED_BF16, CPU)[1]
+    assert "bf16 0.50x; none reaches 1.1x" in speed.choose_dtype(SpeedPart.of(recipe), HALF_SPEED_BF16, CPU)[1]
 
 
 def test_gpu_dtypes_bf16_first_then_fp16_then_tf32():
     recipe = recipe_for()
     h100 = Measurement({"fp32": 1.0, "tf32": 0.4, "fp16": 0.12, "bf16": 0.12}, "cuda")
     t4 = Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.2}, "cuda")  # no bf16, no tf32 cores
-    assert speed.choose_dtype(recipe, h100, GPU)[0] == "bf16"
-    assert speed.choose_dtype(recipe, t4, GPU)[0] == "fp16"
-    plan = speed.decide(recipe, {"max_steps": 100}, "single", h100, GPU, warm_compile=False)
+    assert speed.choose_dtype(SpeedPart.of(recipe), h100, GPU)[0] == "bf16"
+    assert speed.choose_dtype(SpeedPart.of(recipe), t4, GPU)[0] == "fp16"
+    plan = speed.decide(SpeedPart.of(recipe), {"max_steps": 100}, "single", h100, GPU, warm_compile=False)
     assert plan.values == {"bf16": True, "fp16": False, "tf32": False, "torch_compile": False}
 
 
 def test_quantized_fine_tuning_keeps_its_compute_dtype():
     recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "qlora"}})
-    assert speed.choose_dtype(recipe, AMX, CPU) == ("fp32", "quantized fine-tuning uses its own compute dtype")
+    assert speed.choose_dtype(SpeedPart.of(recipe), AMX, CPU) == ("fp32", "quantized fine-tuning uses its own compute dtype")
 
 
 def test_compile_when_its_saving_pays_the_warmup_back_twice():
     recipe = recipe_for()
     share = speed.COMPILE_SAVING[("cpu", "bf16")]
     saving_needed = 2 * speed.COMPILE_WARMUP_S["cold"] / share
-    assert speed.choose_compile(recipe, {}, "single", 0.9 * saving_needed, False, share)[0] is False
-    assert speed.choose_compile(recipe, {}, "single", 1.1 * saving_needed, False, share)[0] is True
-    assert speed.choose_compile(recipe, {}, "single", 0.9 * saving_needed, True, share)[0] is True  # a warm cache pays sooner
+    assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, False, share)[0] is False
+    assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 1.1 * saving_needed, False, share)[0] is True
+    assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, True, share)[0] is True  # a warm cache pays sooner
     for strategy in ("fsdp", "zero3", "device_map"):
-        assert speed.choose_compile(recipe, {}, strategy, 10**6, True, share)[0] is False
+        assert speed.choose_compile(SpeedPart.of(recipe), {}, strategy, 10**6, True, share)[0] is False
     lora = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}})
-    assert speed.choose_compile(lora, {}, "single", 10**6, True, share)[0] is False
-    assert speed.choose_compile(recipe, {"gradient_checkpointing": True}, "single", 10**6, True, share)[0] is False
+    assert speed.choose_compile(SpeedPart.of(lora), {}, "single", 10**6, True, share)[0] is False
+    assert speed.choose_compile(SpeedPart.of(recipe), {"gradient_checkpointing": True}, "single", 10**6, True, share)[0] is False
     step = 1.0  # seconds of matmuls per step: a 10-step run stays eager, a 10,000-step one compiles where it saves
-    short = speed.decide(recipe_for(max_steps=10), {"max_steps": 10}, "single", AMX, CPU, False)
-    long = speed.decide(recipe_for(), {"max_steps": 10_000}, "single", Measurement({"fp32": step, "bf16": step / 4}, "cpu"), CPU, False)
+    short = speed.decide(SpeedPart.of(recipe_for(max_steps=10)), {"max_steps": 10}, "single", AMX, CPU, False)
+    long = speed.decide(
+        SpeedPart.of(recipe_for()), {"max_steps": 10_000}, "single", Measurement({"fp32": step, "bf16": step / 4}, "cpu"), CPU, False
+    )
     assert short.values == {"bf16": True, "torch_compile": False} and long.values == {"bf16": True, "torch_compile": True}
 
 
 def test_compile_in_fp32_on_a_cpu_never_pays():
     """Measured 1.06x (AMX Xeon) and 0.86-0.96x (EPYC without AVX-512) with 40-55 s of compile: never chosen."""
-    plan = speed.decide(recipe_for(), {"max_steps": 10**6}, "single", HALF_SPEED_BF16, CPU, warm_compile=True)
+    plan = speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 10**6}, "single", HALF_SPEED_BF16, CPU, warm_compile=True)
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert "torch_compile=off (it was measured to save nothing for this device and precision)" in plan.reasons
     gpu = speed.decide(
-        recipe_for(), {"max_steps": 10**6}, "single", Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.9}, "cuda"), GPU, False
+        SpeedPart.of(recipe_for()), {"max_steps": 10**6}, "single", Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.9}, "cuda"), GPU, False
     )
     assert gpu.values["torch_compile"] is True  # on a GPU a long run compiles in any precision
 
 
 def test_the_recipe_always_wins():
-    plan = speed.decide(recipe_for(bf16=False), {"max_steps": 10**6, "bf16": False, "torch_compile": False}, "single", AMX, CPU, True)
+    plan = speed.decide(
+        SpeedPart.of(recipe_for(bf16=False)), {"max_steps": 10**6, "bf16": False, "torch_compile": False}, "single", AMX, CPU, True
+    )
     assert plan.values == {} and plan.reasons == []
-    plan = speed.decide(recipe_for(bf16=True), {"max_steps": 10, "bf16": True}, "single", HALF_SPEED_BF16, CPU, False)
+    plan = speed.decide(SpeedPart.of(recipe_for(bf16=True)), {"max_steps": 10, "bf16": True}, "single", HALF_SPEED_BF16, CPU, False)
     assert "bf16" not in plan.values and list(plan.values) == ["torch_compile"]
 
 
@@ -105,8 +110,8 @@ def test_a_probe_that_does_not_fit_in_memory_falls_back_without_compile(monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(speed, "measure", out_of_memory)
-    shape = measure_model(recipe_for())
-    plan = speed.decide_here(recipe_for(), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "single", shape, CPU)
+    shape = measure_model(ModelPart.of(recipe_for()))
+    plan = speed.decide_here(SpeedPart.of(recipe_for()), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "single", shape, CPU)
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert plan.reasons == [
         "fp32 (no autocast) (the speed probe did not fit in the device's memory)",
@@ -118,12 +123,14 @@ def test_a_zero3_rehearsal_on_a_cpu_stays_fp32_without_probing(monkeypatch):
     """TrainingArguments refuses bf16 on a CPU without use_cpu, which a ZeRO-3 rehearsal cannot set: a CPU where the
     probe measured bf16 4x faster (AMX) chose bf16 there, and the 2-process run died before its first step."""
     monkeypatch.setattr(speed, "measure", lambda shape, device: pytest.fail("nothing to measure"))
-    shape = measure_model(recipe_for())
-    plan = speed.decide_here(recipe_for(), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "zero3", shape, CPU)
+    shape = measure_model(ModelPart.of(recipe_for()))
+    plan = speed.decide_here(SpeedPart.of(recipe_for()), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "zero3", shape, CPU)
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert plan.reasons[0].startswith("fp32 (no autocast) (a ZeRO-3 rehearsal on CPU trains in fp32"), plan.reasons
-    assert speed.decide(recipe_for(), {"max_steps": 100}, "zero3", AMX, CPU, False).values["bf16"] is False
-    assert speed.decide(recipe_for(), {"max_steps": 100}, "fsdp", AMX, CPU, False).values["bf16"] is True  # FSDP/DDP use_cpu: autocast
+    assert speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "zero3", AMX, CPU, False).values["bf16"] is False
+    assert (
+        speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "fsdp", AMX, CPU, False).values["bf16"] is True
+    )  # FSDP/DDP use_cpu: autocast
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.recipe.load import load_recipe
 from hftrain.plan.run_length import resolve
+from hftrain.recipe.parts import DataPrepPart, RunLengthPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -20,14 +22,10 @@ def recipe(**changes):
     return load_recipe(None, raw)
 
 
-def kwargs_of(r, accumulation=1):
-    return {**r.training_kwargs(), "gradient_accumulation_steps": accumulation}
-
-
 @pytest.mark.parametrize("processes, accumulation, expected", [(1, 1, 782), (2, 1, 391), (2, 3, 131)])
 def test_a_token_budget_becomes_steps_of_the_global_batch(processes, accumulation, expected):
     r = recipe(data={"train_tokens": 100_000})
-    length = resolve(r, kwargs_of(r, accumulation), 4 * accumulation * processes, None)  # the global batch
+    length = resolve(RunLengthPart.of(r), 4 * accumulation * processes, None)  # the global batch
     assert length.max_steps == expected  # ceil(100,000 / (4 x accumulation x processes x 32))
     assert length.max_steps * length.tokens_per_step >= 100_000 > (length.max_steps - 1) * length.tokens_per_step
     assert length.note.startswith("run length: data.train_tokens=100,000 / ")
@@ -35,27 +33,27 @@ def test_a_token_budget_becomes_steps_of_the_global_batch(processes, accumulatio
 
 def test_epochs_need_prepared_data_and_use_its_token_count():
     r = recipe(num_train_epochs=2)
-    assert resolve(r, kwargs_of(r), 4, 64_000).max_steps == 1000  # 2 x 64,000 / 128
+    assert resolve(RunLengthPart.of(r), 4, 64_000).max_steps == 1000  # 2 x 64,000 / 128
     with pytest.raises(HftrainError, match="training.num_train_epochs: epochs need the data's token count"):
-        resolve(r, kwargs_of(r), 4, None)
+        resolve(RunLengthPart.of(r), 4, None)
 
 
 def test_max_steps_wins_and_says_what_it_overrode():
     r = recipe(max_steps=7, num_train_epochs=2, data={"train_tokens": 10**6})
-    length = resolve(r, kwargs_of(r), 4, 64_000)
+    length = resolve(RunLengthPart.of(r), 4, 64_000)
     assert length.max_steps == 7 and length.source == "training.max_steps"
     assert (
         length.note
         == "run length: training.max_steps=7 (data.train_tokens and training.num_train_epochs not used: training.max_steps wins)"
     )
     r = recipe(num_train_epochs=2, data={"train_tokens": 1280})
-    assert resolve(r, kwargs_of(r), 4, 64_000).max_steps == 10  # tokens before epochs
+    assert resolve(RunLengthPart.of(r), 4, 64_000).max_steps == 10  # tokens before epochs
 
 
 def test_nothing_given_is_the_max_steps_message():
     r = recipe()
     with pytest.raises(HftrainError, match=r"^training.max_steps: required\..*data.train_tokens"):
-        resolve(r, {**kwargs_of(r), "max_steps": -1}, 4, None)
+        resolve(dataclasses.replace(RunLengthPart.of(r), max_steps=-1), 4, None)
 
 
 @pytest.mark.slow
@@ -76,7 +74,7 @@ def test_epochs_over_prepared_data(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
     raw = tiny_recipe(data, tmp_path / "run", save_steps=100)
     raw["tokenizer"] = {"builtin": "gpt2"}
-    manifest = prepare(load_recipe(None, raw), str(tmp_path / "prepared"), shard_mb=1)
+    manifest = prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "prepared"), shard_mb=1)
     raw["data"] = {**raw["data"], "train": {"pretokenized": str(tmp_path / "prepared")}}
     raw["tokenizer"] = {"path": str(tmp_path / "prepared" / "tokenizer")}
     del raw["training"]["max_steps"]

@@ -1,0 +1,148 @@
+"""The recipe resolved once: a pure function from (the recipe, the launch read once, what a continuing run
+recorded at its start) to a frozen `RunSpec` of per-component parts.
+
+Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
+(dims.global_batch), the memory fit (plan/fit.py: a batch, never a new recipe), the run length
+(plan/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
+TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the data's manifest,
+the machine's memory) but changes nothing: what a run then sets up, process groups, patches, the speed probe, is
+`training/run.py`'s set-up step. The components get their part (hftrain/recipe/parts.py), never the recipe;
+`hftrain plan` shares the same strategy, global batch and fit functions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hftrain.checkpoint.layout import RunLayout
+from hftrain.checkpoint.manager import CheckpointManager, ResumeSetting
+from hftrain.data.loader import DataPlan, plan_data
+from hftrain.model.build import ModelShape, measure_model
+from hftrain.model.finetune import check_starting_weights
+from hftrain.parallel import dims as parallel
+from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
+from hftrain.plan import run_length
+from hftrain.plan.run_length import RunLength
+from hftrain.recipe.objectives import OBJECTIVES, Objective
+from hftrain.recipe.parts import (
+    BatchPart,
+    CheckpointPart,
+    FinetunePart,
+    ModelPart,
+    PlanPart,
+    PublishPart,
+    RunLengthPart,
+    SpeedPart,
+    TokenizerPart,
+    TrainerPart,
+)
+from hftrain.recipe.schema import DataSection, Recipe
+from hftrain.recipe.sections import FaultsSection, MonitorSection, ProfileSection
+from hftrain.training.arguments import argument_values
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, resolved: each field is one component's part."""
+
+    as_run: Recipe  # the recipe with the batch the fit chose: what the Run record hands back to the caller
+    launch: LaunchEnv
+    output_dir: Path
+    shape: ModelShape  # the model measured on the meta device: parameters, FLOPs per token, config
+    data: DataPlan
+    dims: ParallelDims
+    fit_note: str | None  # parallelism.fit_memory's choice, or the warning that the recipe's batch will not fit
+    length: RunLength
+    resume: ResumeSetting
+    arguments: dict[str, Any]  # TrainingArguments values before the speed levers (training/arguments.py)
+    push_to_hub: bool
+    objective: Objective
+    model: ModelPart
+    finetune: FinetunePart
+    tokenizer: TokenizerPart
+    speed: SpeedPart
+    checkpoints: CheckpointPart
+    publish: PublishPart
+    trainer: TrainerPart
+    data_section: DataSection
+    monitor: MonitorSection
+    faults: FaultsSection
+    profile: ProfileSection
+    max_memory: dict[Any, Any] | None  # parallelism.max_memory (device_map)
+    recorded: dict[str, Any]  # what a continuing run recorded at its start (its speed levers are kept)
+
+
+def recorded_start(recipe: Recipe) -> dict[str, Any]:
+    """What a continuing run in the recipe's output_dir recorded at its start (empty for a new run)."""
+    resume = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
+    return CheckpointManager(RunLayout(Path(recipe.training.output_dir)), CheckpointPart.of(recipe), resume).recorded_start()
+
+
+def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunSpec:
+    """The run's spec; `recorded` keeps a continuing run's global batch, readers and speed levers."""
+    check_starting_weights(FinetunePart.of(recipe))
+    shape = measure_model(ModelPart.of(recipe))
+    data = plan_data(recipe.data, recipe.training.seed)
+    strategy = parallel.resolve_strategy(recipe.parallelism.strategy, launch)
+    batch, fit_note = fit_batch(recipe, launch, strategy, shape, recorded.get("global_batch"))
+    recipe = batch.applied_to(recipe)  # from here on, the recipe as this run runs it
+    kwargs = recipe.training_kwargs()
+    dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, int(kwargs.get("dataloader_num_workers", 0)))
+    length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.manifest_tokens)
+    return RunSpec(
+        as_run=recipe,
+        launch=launch,
+        output_dir=Path(recipe.training.output_dir),
+        shape=shape,
+        data=data,
+        dims=dims,
+        fit_note=fit_note,
+        length=length,
+        resume=ResumeSetting.of(kwargs.get("resume_from_checkpoint")),
+        arguments=argument_values(kwargs, dims, length, launch.device),
+        push_to_hub=bool(kwargs.get("push_to_hub", False)),
+        objective=OBJECTIVES[recipe.finetune.objective],
+        model=ModelPart.of(recipe),
+        finetune=FinetunePart.of(recipe),
+        tokenizer=TokenizerPart.of(recipe),
+        speed=SpeedPart.of(recipe),
+        checkpoints=CheckpointPart.of(recipe),
+        publish=PublishPart.of(recipe),
+        trainer=TrainerPart.of(recipe),
+        data_section=recipe.data,
+        monitor=recipe.monitor,
+        faults=recipe.faults,
+        profile=recipe.profile,
+        max_memory=recipe.parallelism.max_memory,
+        recorded=recorded,
+    )
+
+
+def fit_batch(
+    recipe: Recipe, launch: LaunchEnv, strategy: Strategy, shape: ModelShape, recorded: int | None
+) -> tuple[BatchPart, str | None]:
+    """parallelism.fit_memory's micro-batch and checkpointing, or a warning when the recipe's will not fit (fit.py),
+    at the run's global batch (a continuing run keeps the one it recorded at its start)."""
+    batch = BatchPart.of(recipe)
+    if strategy is Strategy.DEVICE_MAP:
+        return batch, None
+    from hftrain.plan.estimates import plan
+    from hftrain.plan.fit import MEMORY_WARNED_ENV, fit_this_run
+
+    part = PlanPart.of(recipe)
+    total = parallel.global_batch(batch, launch.processes, recorded, launch.elastic_most_nodes, launch.local_processes)
+    name = "single" if strategy is Strategy.SINGLE else strategy.value
+    fitted, note = fit_this_run(part, plan(part, shape), launch.processes, launch.local_processes, name, launch.device, total)
+    if note and not batch.fit_memory and os.environ.get(MEMORY_WARNED_ENV):
+        note = None  # `hftrain train --accelerate-config` said it once before starting the processes
+    return fitted, note
+
+
+def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
+    """`hftrain.plan(recipe)`: the recipe's model, FLOPs and memory on paper (plan/estimates.py), from its plan part."""
+    from hftrain.plan.estimates import plan as estimate
+
+    return estimate(PlanPart.of(recipe), shape)
