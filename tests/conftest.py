@@ -42,13 +42,31 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return cores()
 
 
+FAST_TEST_S, SLOW_TEST_S = 1.0, 30.0  # a test's rough seconds on 2 cores, for the order only
+
+
+def expected_seconds(item: pytest.Item) -> float:
+    """A test's rough duration: a slow test far longer than most says so, `@pytest.mark.slow(seconds=300)`."""
+    slow = item.get_closest_marker("slow")
+    return FAST_TEST_S if slow is None else float(slow.kwargs.get("seconds", SLOW_TEST_S))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist 3.7+ sorts the files by their number of tests unless told not to (--loadscope-reorder is its
+    default), which scheduled the few-test, several-minute files (the quickstart, the wheelhouse) last: one worker
+    then ran them alone at the end. The suite keeps its own order (below); older xdist has no such option."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the most slow tests first, each file's tests in their own order (module fixtures built once):
-    the workers start on the long tests and finish on short ones instead of one worker ending alone."""
-    slow: dict[Path, int] = {}
+    """The longest files first (their tests' expected seconds summed), each file's tests in their own order (module
+    fixtures built once): the workers start on the long tests and finish on short ones instead of one worker
+    ending alone."""
+    total: dict[Path, float] = {}
     for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.path])
+        total[item.path] = total.get(item.path, 0.0) + expected_seconds(item)
+    items.sort(key=lambda item: -total[item.path])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -203,7 +203,7 @@ def _scratch(tmp_path):
     return tmp_path
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_readme_training_commands_run_in_order(tmp_path, capsys):
     """In the README's order, in one scratch directory, each line a few steps long."""
     cwd = _scratch(tmp_path)

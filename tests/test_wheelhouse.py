@@ -90,7 +90,7 @@ def offline_env() -> dict[str, str]:
     return {**env, "PIP_CONFIG_FILE": os.devnull}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=200)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path, newer_torch_plan):
     """About 3-4 minutes: download (~230 MB without torch), a fresh venv with the local CPU torch, the offline install."""
     wh = tmp_path / "wh"

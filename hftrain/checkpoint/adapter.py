@@ -17,6 +17,7 @@ import torch
 from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import BASE_FILE, RECIPE_FILE
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import FinetunePart
 
 # Linear layers LoRA adapts by default, per architecture (all attention and MLP projections).
 DEFAULT_TARGETS = {"gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]}
@@ -73,18 +74,18 @@ def fsdp_adapter(checkpoint: Path, shards: Path, out: Path) -> Path | None:
     (config from the checkpoint's recipe), or None when the checkpoint is not a LoRA run's."""
     if not (checkpoint / RECIPE_FILE).is_file():
         return None
-    recipe = load_recipe(str(checkpoint / RECIPE_FILE), [])
-    if recipe.finetune.method == "full":
+    part = FinetunePart.of(load_recipe(str(checkpoint / RECIPE_FILE), []))  # how the checkpoint's run fine-tuned
+    if part.finetune.method == "full":
         return None
     from accelerate.utils import merge_fsdp_weights
     from peft import LoraConfig
 
     merge_fsdp_weights(str(shards), str(out), safe_serialization=True)
     (out / "model.safetensors").rename(out / "adapter_model.safetensors")
-    options = dict(recipe.finetune.lora)
+    options = dict(part.finetune.lora)
     model_type = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))["model_type"]
     targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model_type)
-    base = recipe.model.from_pretrained or ""
+    base = part.from_pretrained or ""
     LoraConfig(task_type="CAUSAL_LM", target_modules=targets, base_model_name_or_path=base, **options).save_pretrained(out)
     if (checkpoint / BASE_FILE).is_file():
         shutil.copy2(checkpoint / BASE_FILE, out / BASE_FILE)

@@ -71,7 +71,7 @@ def relaunch(
         if nodes.elastic:
             check_elastic_batch(checks.plan.batch, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
         said = _warn_memory(checks, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
-    from hftrain.plan.fit import MEMORY_WARNED_ENV
+    from hftrain.parallel.child_errors import MEMORY_WARNED_ENV
 
     warned = {MEMORY_WARNED_ENV: "1"} if said else {}  # the processes do not say it again
     if cpu or rehearsal.on_cpu():

@@ -30,6 +30,7 @@ from hftrain import _compat
 
 ERROR_DIR_ENV = "HFTRAIN_ERROR_DIR"
 ELASTIC_ENV = "HFTRAIN_ELASTIC_NODES"  # MIN:MAX nodes, set for the processes of an elastic launch (launch/multinode.py)
+MEMORY_WARNED_ENV = "HFTRAIN_MEMORY_WARNED"  # set by `hftrain train --accelerate-config` for its processes: the fit warned once
 USER_ERROR = 2  # cli/__init__.py: "hftrain: error: MESSAGE"
 UNREACHABLE = 69  # EX_UNAVAILABLE: the other nodes did not join, or the head node cannot be reached (a restart may)
 # torch elastic's own lines about a failed worker and the workers it then stops; report() says it in one line

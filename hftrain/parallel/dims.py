@@ -22,7 +22,7 @@ from hftrain import _compat
 from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
-from hftrain.parallel.child_errors import ELASTIC_ENV
+from hftrain.parallel.child_errors import ELASTIC_ENV, MEMORY_WARNED_ENV
 from hftrain.recipe.parts import BatchPart
 from hftrain.recipe.schema import DataSection
 
@@ -137,6 +137,7 @@ class LaunchEnv:
     rehearsal: Strategy | None  # the backend of a CPU rehearsal (rehearsal.py); None on GPUs and plain launches
     elastic_most_nodes: int | None  # an elastic launch's MAX nodes (--nnodes MIN:MAX), None otherwise
     device: str  # cuda | cpu
+    memory_warned: bool = False  # `hftrain train --accelerate-config` said the memory fit's warning before starting it
 
     @classmethod
     def read(cls) -> LaunchEnv:
@@ -152,6 +153,7 @@ class LaunchEnv:
             rehearsal=Strategy(backend) if backend else None,
             elastic_most_nodes=int(elastic.split(":")[1]) if elastic else None,
             device="cpu" if rehearsal.on_cpu() else "cuda",
+            memory_warned=bool(os.environ.get(MEMORY_WARNED_ENV)),
         )
 
 

@@ -20,7 +20,6 @@ MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and
 GPU_MFU = 0.35  # assumed when nothing was measured: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3)
 CPU_MFU = 0.50  # assumed on a CPU before a run of the recipe measured it (pythia-160m steps here: 0.39-0.65 of the measured matmul peak, docs/planning.md)
 GPU_STRATEGIES = ("ddp", "fsdp", "zero3", "zero3_offload")
-MEMORY_WARNED_ENV = "HFTRAIN_MEMORY_WARNED"  # set by `hftrain train --accelerate-config` for its processes: warned once
 
 
 @dataclass(frozen=True)

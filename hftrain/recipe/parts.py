@@ -11,13 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hftrain.recipe.schema import Recipe
-    from hftrain.recipe.sections import CheckpointsSection
-
-
-if TYPE_CHECKING:
     from hftrain.recipe.finetune_section import FinetuneSection
-    from hftrain.recipe.schema import ModelSection, TokenizerSection
+    from hftrain.recipe.schema import DataSection, ModelSection, Recipe, Source, TokenizerSection
+    from hftrain.recipe.sections import CheckpointsSection, EvalTask, HubSection
+    from hftrain.recipe.training_section import TrainingSection
 
 
 @dataclass(frozen=True)
@@ -172,11 +169,6 @@ class CheckpointPart:
         )
 
 
-if TYPE_CHECKING:
-    from hftrain.recipe.schema import DataSection, Source
-    from hftrain.recipe.sections import EvalTask, HubSection
-
-
 @dataclass(frozen=True)
 class PublishPart:
     """What sharing a model reads (integrations/hub.py, revisions.py): where it goes (the hub section: s3_uri,
@@ -278,11 +270,6 @@ class SageMakerPart:
             resume_from_checkpoint=training.get("resume_from_checkpoint"),
             deepspeed=training.get("deepspeed"),
         )
-
-
-if TYPE_CHECKING:
-    from hftrain.recipe.schema import DataSection
-    from hftrain.recipe.training_section import TrainingSection
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ the machine's memory) but changes nothing: what a run then sets up, process grou
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,13 +129,13 @@ def fit_batch(
     if strategy is Strategy.DEVICE_MAP:
         return batch, None
     from hftrain.plan.estimates import plan
-    from hftrain.plan.fit import MEMORY_WARNED_ENV, fit_this_run
+    from hftrain.plan.fit import fit_this_run
 
     part = PlanPart.of(recipe)
     total = parallel.global_batch(batch, launch.processes, recorded, launch.elastic_most_nodes, launch.local_processes)
     name = "single" if strategy is Strategy.SINGLE else strategy.value
     fitted, note = fit_this_run(part, plan(part, shape), launch.processes, launch.local_processes, name, launch.device, total)
-    if note and not batch.fit_memory and os.environ.get(MEMORY_WARNED_ENV):
+    if note and not batch.fit_memory and launch.memory_warned:
         note = None  # `hftrain train --accelerate-config` said it once before starting the processes
     return fitted, note
 

@@ -1,10 +1,12 @@
 """One training run, start to finish, as named steps:
 
-    resolve (training/resolve.py) -> set up -> build (arguments, output dir + tokenizer, model, Trainer)
-        -> fit (train, resuming where a checkpoint is) -> finish (final model, results, summary) -> share
+    resolve (training/resolve.py: reads, changes nothing) -> set up (every side effect: network bound, process
+    set-up, speed probe) -> prepare the output directory -> build (model, Trainer) -> fit (train, resuming where a
+    checkpoint is) -> finish (final model, results, summary) -> share
 
-`train()` is the single code path behind `hftrain train`, `accelerate launch -m hftrain train` and the
-Python API. It resumes an interrupted run in the same output_dir on its own.
+`train()` is the single code path behind `hftrain train`, `accelerate launch -m hftrain train` and the Python
+API. It resumes an interrupted run in the same output_dir on its own. Each step gets its part of the resolved
+RunSpec, never the recipe.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
     progress.start()  # a line at least every few seconds until the first step ends (StartupOverCallback)
     try:
+        _compat.quiet_optional_warnings()  # before resolving imports the libraries (a logger level and an import check)
+        _compat.skip_unneeded_imports()
         spec = resolve(recipe, LaunchEnv.read(), recorded_start(recipe))  # reads only; refuses before output_dir is touched
         with owning(str(spec.output_dir), "training.output_dir"):
             return run(spec, callbacks)
@@ -77,52 +81,15 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         progress.stop()
 
 
-def set_up(spec: RunSpec) -> None:
-    """What the run changes in this process, in one place: network time-outs, quieter libraries, the process set-up
-    of its dims (a CPU rehearsal's backend, DeepSpeed's config path). The TrainingArguments' own side effects (the
-    speed probe, the processes' agreement) follow in training/arguments.py's set_up."""
-    network.configure(spec.faults.network_timeout_s)  # every network client from here on answers within this bound
-    _compat.quiet_optional_warnings()
-    _compat.skip_unneeded_imports()
-    parallel.prepare_process(spec.dims)
-
-
 def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
-    """Set up, build, fit, finish, share: the run of a resolved spec."""
+    """A resolved run: set up -> build -> fit -> finish -> share."""
     if spec.fit_note and spec.launch.rank == 0:  # said at once: before the speed probe measures anything
         print(f"hftrain: {spec.fit_note}", flush=True)
-    set_up(spec)
-    layout, dims, shape, data = RunLayout(spec.output_dir), spec.dims, spec.shape, spec.data
-    checkpoints = CheckpointManager(layout, spec.checkpoints, spec.resume)
-    values, speed = set_up_arguments(spec.arguments, dims, shape, spec.speed, spec.recorded, spec.output_dir)
-    settings = TrainingSettings(training_arguments(values, spec.finetune.finetune, spec.data_section.seq_len), speed, spec.length, dims)
-    args = settings.args
-    chunked_loss = (
-        fused_loss.applies(args.device, args.torch_compile) and not spec.objective.tiled_loss_head
-    )  # TRL's DPO: its own fused head
-    if chunked_loss:
-        settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
-    # The main process prepares the shared output directory (and trains a tokenizer) before the others read it.
-    with args.main_process_first(desc="preparing the output directory"):
-        checkpoints.claim(args.should_save, settings.start_record())  # should_save: each node's first process on node-local disks
-        tokenizer, tokenizer_is_new = load_tokenizer(spec.tokenizer, layout.root, lambda n: first_documents(data, n))
-        resume = common_resume(checkpoints.resume_point(args.should_save), checkpoints.complete(), dims, unreadable)
-    if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
-        elastic.check_backend(resume, dims.strategy, dims.processes)
-    if args.process_index == 0:
+    settings = set_up(spec)
+    checkpoints, tokenizer, tokenizer_is_new, resume = prepare_output(spec, settings)
+    if settings.args.process_index == 0:
         announce(settings, resume)
-    if data.pretokenized is not None:
-        check_compatible(data.manifest, data.pretokenized.pretokenized, spec.data_section.seq_len, tokenizer)
-    model = build_model(spec.model, tokenizer, tokenizer_is_new, dims)
-    collate = collator_for(spec.data_section, model.config._attn_implementation, tokenizer.eos_token_id)
-    if args.process_index == 0 and spec.data_section.packs_documents:
-        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, spec.data_section.seq_len)}", flush=True)
-    if chunked_loss:
-        fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
-    if not spec.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/preference.py)
-        model = apply_method(model, spec.finetune, args.gradient_checkpointing)
-    if dims.strategy is Strategy.DEVICE_MAP:
-        model = parallel.spread_over_devices(model, spec.max_memory)
+    model, collate = build_model_for(spec, settings, tokenizer, tokenizer_is_new)
     trainer = build_trainer(spec, settings, checkpoints, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
     pusher, reporters = outside_services(spec, trainer)
     checkpoints.on_publish.append(pusher.on_checkpoint)
@@ -130,18 +97,71 @@ def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
         initial = checkpoints.save_initial(trainer)
         if initial is not None:
             pusher.on_initial(initial)
-    known = {"parameters": shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
-    with reporters.session(args):  # the trackers' last reports are sent (or kept as failures) before sharing
-        if resume is not None and step_of(resume) >= args.max_steps:
+    known = {"parameters": spec.shape.counts, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}  # results.json
+    with reporters.session(settings.args):  # the trackers' last reports are sent (or kept as failures) before sharing
+        if resume is not None and step_of(resume) >= settings.args.max_steps:
             result = already_finished(trainer, spec, resume, known)
         else:
             if resume is not None:
                 elastic.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
             fit(trainer, resume)
             result = finish(trainer, spec, known)
-    if trainer.args.should_save and layout.final.is_dir():  # the process that saves, once the final model is there
-        result.not_shared = share(pusher, layout)
+    if trainer.args.should_save and checkpoints.layout.final.is_dir():  # the process that saves, once the final model is there
+        result.not_shared = share(pusher, checkpoints.layout)
     return result
+
+
+def set_up(spec: RunSpec) -> TrainingSettings:
+    """Every side effect of starting the run, in this order: network time-outs, the process set-up of its dims (a
+    CPU rehearsal's backend, DeepSpeed's config path), then the TrainingArguments' own (several nodes compare their
+    disks, the speed probe, the processes' agreement; training/arguments.py)."""
+    network.configure(spec.faults.network_timeout_s)  # every network client from here on answers within this bound
+    parallel.prepare_process(spec.dims)
+    values, speed = set_up_arguments(spec.arguments, spec.dims, spec.shape, spec.speed, spec.recorded, spec.output_dir)
+    settings = TrainingSettings(
+        training_arguments(values, spec.finetune.finetune, spec.data_section.seq_len), speed, spec.length, spec.dims
+    )
+    if chunked_loss(spec, settings):
+        settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
+    return settings
+
+
+def chunked_loss(spec: RunSpec, settings: TrainingSettings) -> bool:
+    """hftrain's chunked cross-entropy: eager training on a CPU, unless the objective has its own fused head (DPO)."""
+    args = settings.args
+    return fused_loss.applies(args.device, args.torch_compile) and not spec.objective.tiled_loss_head
+
+
+def prepare_output(spec: RunSpec, settings: TrainingSettings) -> tuple[CheckpointManager, Any, bool, Path | None]:
+    """The output directory claimed, the tokenizer, and where the run resumes. The main process prepares the shared
+    directory (and trains a tokenizer) before the others read it."""
+    args, dims, data = settings.args, spec.dims, spec.data
+    checkpoints = CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume)
+    with args.main_process_first(desc="preparing the output directory"):
+        checkpoints.claim(args.should_save, settings.start_record())  # should_save: each node's first process on node-local disks
+        tokenizer, is_new = load_tokenizer(spec.tokenizer, checkpoints.layout.root, lambda n: first_documents(data, n))
+        resume = common_resume(checkpoints.resume_point(args.should_save), checkpoints.complete(), dims, unreadable)
+    if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
+        elastic.check_backend(resume, dims.strategy, dims.processes)
+    if data.pretokenized is not None:
+        check_compatible(data.manifest, data.pretokenized.pretokenized, spec.data_section.seq_len, tokenizer)
+    return checkpoints, tokenizer, is_new, resume
+
+
+def build_model_for(spec: RunSpec, settings: TrainingSettings, tokenizer: Any, tokenizer_is_new: bool) -> tuple[Any, PackedCollator]:
+    """The model as this run trains it (its loss, its fine-tuning method, its placement) and the batches' collator."""
+    args, dims, section = settings.args, spec.dims, spec.data_section
+    model = build_model(spec.model, tokenizer, tokenizer_is_new, dims)
+    collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
+    if args.process_index == 0 and section.packs_documents:
+        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}", flush=True)
+    if chunked_loss(spec, settings):
+        fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
+    if not spec.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/preference.py)
+        model = apply_method(model, spec.finetune, args.gradient_checkpointing)
+    if dims.strategy is Strategy.DEVICE_MAP:
+        model = parallel.spread_over_devices(model, spec.max_memory)
+    return model, collate
 
 
 def announce(settings: TrainingSettings, resume: Path | None) -> None:

@@ -163,7 +163,7 @@ def written_by_two(tiny_yaml, tmp_path_factory):
     return get
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=80)  # the suite's order: the longest files start first (tests/conftest.py)
 @pytest.mark.parametrize(("many", "one"), [("ddp", "single"), ("fsdp", "fsdp"), ("zero3", "zero3")])
 def test_state_loads_on_another_process_count(tiny_yaml, written_by_two, tmp_path, many, one):
     """2 processes write checkpoint-2; 1 process resumes it (and writes checkpoint-4); 2 processes resume that.

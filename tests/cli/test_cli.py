@@ -85,7 +85,7 @@ def test_console_script_is_installed_and_exits_without_collecting_the_heap(capsy
     assert "pythia-160m" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=300)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_quickstart_as_shipped(tmp_path):
     """The README's quickstart, unchanged, on a machine new to hftrain (no speed probe, no parsed corpus cached):
     its start-up (imports, speed probe, tokenizer, corpus, first shuffle window) never goes 10 s without a line

@@ -164,7 +164,7 @@ def fit_recipe(tmp_path: Path, **extra) -> hftrain.Recipe:
     return load_recipe(None, raw)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=75)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(small_machine, tmp_path, capsys):
     """One tiny run each way: the explicit micro-batch is warned about (with the numbers); fit_memory trains with
     plan's micro-batch and checkpointing at the same global batch."""
@@ -240,7 +240,7 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     from hftrain.parallel import rehearsal
     from hftrain.launch import processes as launch
     from hftrain.parallel.dims import Strategy
-    from hftrain.plan.fit import MEMORY_WARNED_ENV
+    from hftrain.parallel.child_errors import MEMORY_WARNED_ENV
 
     monkeypatch.delenv(MEMORY_WARNED_ENV, raising=False)
     monkeypatch.setattr(fitting, "library_footprint", lambda: 0.6 * GB)

@@ -238,7 +238,7 @@ def test_max_restarts_resumes_after_a_crash(tmp_path):
     assert json.loads(RunLayout(run_dir).results.read_text())["step"] == 60
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     import gzip
     import os
