@@ -78,8 +78,8 @@ def test_mlflow_run_id_resumes_that_run_with_the_final_evaluation(tmp_path, make
     mlflow = pytest.importorskip("mlflow")
     uri = f"file:{tmp_path / 'mlruns'}"
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # not mlflow.set_tracking_uri: that one outlives the test and
+    # overrides the variable for later tests in this process (transformers 5.17's callback then keeps it)
     with mlflow.start_run(run_name="earlier") as earlier:  # the job that ran before
         pass
     monkeypatch.setenv("MLFLOW_RUN_ID", earlier.info.run_id)
