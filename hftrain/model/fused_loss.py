@@ -12,8 +12,12 @@ GPUs); the backward only scales that gradient. The value is transformers' ``ForC
 ignore_index -100, a sum over ``num_items_in_batch`` or a mean), equal to fp32 rounding; bf16 logits are upcast
 a chunk at a time, and their gradient is bf16 as before. Without autograd (evaluation) transformers' own loss runs.
 
-Used when training eagerly on a CPU (``applies``): torch.compile fuses the loss itself, and on GPUs the native
-kernels are already fused.
+Compiled (torch.compile traces the model's loss with it), the same value is computed a slice of rows at a time
+with plain ops (``CHUNK_BYTES_COMPILED`` of fp32 logits per slice, a handful of slices): the compiler fuses
+each slice's upcast into its cross-entropy, and no fp32 copy of all the logits exists at once.
+
+Which runs train with it is ``speed.loss`` (``auto``: eager training on a CPU, where it was measured faster,
+``applies``); on GPUs the choice is measured by benchmarks/gpu_fast_path.py, not guessed.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from typing import Any
 import torch
 
 CHUNK_BYTES = 2 << 20  # fp32 logits per chunk: 2 MiB (10 rows at a 50k vocabulary; measured best among 2-128 rows)
+CHUNK_BYTES_COMPILED = 256 << 20  # per slice when compiled: 1,334 rows at 50k (13 slices at 8 x 2,048 tokens)
 
 
-def applies(device: torch.device, compiled: bool) -> bool:
-    """Whether training uses this loss: eager training on a CPU."""
+def applies(device: torch.device, compiled: bool, choice: str = "auto") -> bool:
+    """Whether training uses this loss: as ``speed.loss`` says; ``auto``: eager training on a CPU."""
+    if choice != "auto":
+        return choice == "chunked"
     return device.type == "cpu" and not compiled
 
 
@@ -52,7 +59,22 @@ def causal_lm_loss(
     if shift_labels is None:
         shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     target = shift_labels.reshape(-1).to(logits.device)
+    if torch.compiler.is_compiling():
+        return _sliced_cross_entropy(logits.reshape(-1, vocab_size), target, num_items_in_batch, ignore_index)
     return _ChunkedCrossEntropy.apply(logits.reshape(-1, vocab_size), target, num_items_in_batch, ignore_index)
+
+
+def _sliced_cross_entropy(logits: torch.Tensor, target: torch.Tensor, num_items_in_batch: Any, ignore_index: int) -> torch.Tensor:
+    """The compiled form: transformers' sum (or mean) of fp32 cross-entropies, a slice of rows at a time."""
+    rows, vocab = logits.shape
+    step = max(1, CHUNK_BYTES_COMPILED // (4 * vocab))
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    for start in range(0, rows, step):
+        piece = logits[start : start + step].float()
+        total = total + torch.nn.functional.cross_entropy(piece, target[start : start + step], ignore_index=ignore_index, reduction="sum")
+    if num_items_in_batch is None:
+        return total / (target != ignore_index).sum()
+    return total / torch.as_tensor(num_items_in_batch, device=logits.device)
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):

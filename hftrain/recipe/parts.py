@@ -7,8 +7,10 @@ what it can depend on is written in one place and a newcomer reads a component w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from hftrain.recipe.sections import SpeedSection
 
 if TYPE_CHECKING:
     from hftrain.recipe.finetune_section import FinetuneSection
@@ -310,14 +312,15 @@ class PlanPart:
 @dataclass(frozen=True)
 class SpeedPart:
     """What the speed defaults read (speed/defaults.py): finetune.method (quantized and adapter runs keep fp32 and
-    eager) and data.seq_len (the speed probe's shape)."""
+    eager), data.seq_len (the speed probe's shape) and the recipe's speed section (the loss, FP8)."""
 
     method: str
     seq_len: int
+    section: SpeedSection = field(default_factory=SpeedSection)
 
     @classmethod
     def of(cls, recipe: Recipe) -> SpeedPart:
-        return cls(method=recipe.finetune.method, seq_len=recipe.data.seq_len)
+        return cls(method=recipe.finetune.method, seq_len=recipe.data.seq_len, section=recipe.speed)
 
 
 @dataclass(frozen=True)

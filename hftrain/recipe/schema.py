@@ -21,6 +21,7 @@ from hftrain.recipe.sections import (
     MonitorSection,
     ParallelismSection,
     ProfileSection,
+    SpeedSection,
     Section,
 )
 from hftrain.recipe.finetune_section import DPO_KEYS_HFTRAIN_SETS, FinetuneSection, QuantizationSection  # noqa: F401 (re-exported)
@@ -328,6 +329,8 @@ class Recipe(Section):
     """Throughput, MFU, cost and end-of-run reporting."""
     profile: ProfileSection = ProfileSection()
     """torch.profiler over chosen training steps."""
+    speed: SpeedSection = SpeedSection()
+    """Speed levers beyond TrainingArguments' own: the loss's kernel, FP8."""
 
     @model_validator(mode="after")
     def _the_model_brings_its_tokenizer(self) -> Recipe:

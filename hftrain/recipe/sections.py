@@ -114,6 +114,22 @@ class FaultsSection(Section):
     this many seconds, retries included: every network client gets connect and read timeouts from it."""
 
 
+# ----------------------------------------------------------------------------------------------- speed
+class SpeedSection(Section):
+    """Speed levers hftrain adds to TrainingArguments' own (bf16, tf32, torch_compile, optim, which stay in
+    `training`): how the loss is computed, and FP8 matmuls."""
+
+    loss: Literal["auto", "chunked", "transformers"] = "auto"
+    """The causal-LM loss. chunked: cross-entropy over the logits a slice of rows at a time, never a full fp32 copy
+    of them (model/fused_loss.py; equal to transformers' loss); transformers: the model's own loss, which upcasts
+    all the logits to fp32 at once; auto: chunked where it was measured faster (eager training on a CPU), else
+    transformers' (docs/performance.md has the measurements)."""
+    fp8: Literal["tensorwise", "rowwise"] | None = None
+    """FP8 training of the linear layers through torchao (its `convert_to_float8_training`), on GPUs with FP8
+    (Hopper, Ada and newer), with training.torch_compile: true. tensorwise: one scale per tensor (fastest);
+    rowwise: one per row (closer to bf16). Checkpoints stay plain bf16/fp32 safetensors. Off by default."""
+
+
 # --------------------------------------------------------------------------------------------- monitor
 class EvalTask(Section):
     """An extra metric computed at every evaluation during training (as `hftrain eval` computes it)."""

@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from hftrain import progress
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.training.step_flags import StepFlags
 from hftrain.training.step_metrics import StepMetrics
 
 
@@ -72,40 +73,45 @@ class ThroughputClockCallback(TrainerCallback):
 
 
 class PreemptionCallback(TrainerCallback):
-    """SIGTERM / SIGUSR1 (SLURM, spot instances): save a checkpoint at the next step boundary, then stop.
+    """SIGTERM / SIGUSR1 (SLURM, spot instances): save a checkpoint at a step boundary, then stop.
 
-    With several processes the flag is agreed on by all of them at every step (one tiny all-reduce), so every
-    rank saves and stops at the same step even if only one was signalled.
+    One process acts at the end of the step in which the signal arrived. Several processes agree on it through
+    the steps' flags on the device (training/step_flags.py: one all-reduce, no host wait) and act at most two steps
+    later, every rank at the same step even if only one was signalled.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self) -> None:
+    def __init__(self, flags: StepFlags | None = None) -> None:
         self.received: str | None = None
         self.step: int | None = None
+        self.flags = flags
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = signal.Signals(signum).name
+        if self.flags is not None:
+            self.flags.signal = True  # into the next step's flags
 
-    def _agreed(self, args: Any) -> bool:
-        import torch.distributed as dist
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.flags is None:
+            self.flags = StepFlags(args.device, args.world_size)
 
-        flag = self.received is not None
-        if args.world_size > 1 and dist.is_available() and dist.is_initialized():
-            import torch
-
-            tensor = torch.tensor([1.0 if flag else 0.0], device=args.device)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-            if tensor.item() and not flag:
-                self.received = "a signal to another rank"
-            return bool(tensor.item())
-        return flag
+    def _agreed(self, step: int) -> bool:
+        flags = self.flags
+        if flags is None or not flags.agrees:
+            return self.received is not None
+        agreed = flags.staged_signal()  # the previous step's agreement, read without draining the queue
+        flags.signal = self.received is not None
+        flags.stage_signal(step)
+        if agreed and self.received is None:
+            self.received = "a signal to another rank"
+        return agreed
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._agreed(args):
+        if self._agreed(state.global_step):
             self.step = state.global_step
             control.should_save = True
             control.should_training_stop = True

@@ -1,12 +1,18 @@
 """The non-finite guard: a NaN/inf loss or gradient norm stops the run (keeping the last good checkpoint) or
-skips that optimizer step, as ``faults.on_nonfinite`` says.
+skips that optimizer step, as ``faults.on_nonfinite`` says, on every process at the same step.
 
 hftrain's Trainer reports what it sees (``saw_loss``, ``saw_grad_norm``: the norm the Trainer computed anyway).
 Attached to any other Trainer (a subclass hftrain did not write, such as TRL's), nothing feeds it, so at the public
-``on_pre_optimizer_step`` event it checks the gradients itself: non-finite anywhere in this process's gradients,
-agreed over all processes (one all-reduce of a flag, so every rank stops or skips at the same step, also when FSDP
-or ZeRO-3 hold gradient shards). Skipping also happens at that event: the gradients are dropped (set to None), and
-torch's optimizers leave a parameter without a gradient, and its state, exactly as they were.
+``on_pre_optimizer_step`` event it checks the gradients itself.
+
+None of this reads a device value back on the host at each step (training/step_flags.py says why and gives the
+worst-case delays): the step's flag stays on the device, agreed by every process (the gradient norm already is:
+the Trainer computes the global norm). A fused optimizer (AdamW's default on CUDA and CPU) skips a flagged step on
+the device (``found_inf``): parameters and optimizer state stay exactly as they were. The host reads the flags at
+the Trainer's next log line, checkpoint or evaluation (or READ_EVERY steps), before any checkpoint is written, and
+then stops, or records the skipped steps. Any other optimizer needs the answer before its step: there the flag is
+read at once (one wait per step), and a skip drops the gradients (set to None): torch's optimizers leave a
+parameter without a gradient, and its state, exactly as they were.
 """
 
 from __future__ import annotations
@@ -21,29 +27,72 @@ from transformers import TrainerCallback
 
 from hftrain.errors import HftrainError
 from hftrain.recipe.sections import FaultsSection
+from hftrain.training.step_flags import NONFINITE, NORM, StepFlags
 
 
 class NonFiniteGuard(TrainerCallback):
-    def __init__(self, policy: FaultsSection, latest_checkpoint: Callable[[], Path | None]):
-        self.policy, self.latest_checkpoint = policy, latest_checkpoint
+    def __init__(self, policy: FaultsSection, latest_checkpoint: Callable[[], Path | None], flags: StepFlags | None = None):
+        self.policy, self.latest_checkpoint, self.flags = policy, latest_checkpoint, flags
         self.skipped_steps: list[int] = []
-        self._seen = False  # a non-finite loss in this optimizer step's micro-batches
-        self._skip = False
+        self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this optimizer step's micro-batches (device)
+        self._grad_norm: Any = None
         self._fed = False  # saw_grad_norm ran for this optimizer step (hftrain's Trainer)
+        self._skip_now = False  # read at once (an optimizer that cannot skip on the device): drop the gradients
 
     def saw_loss(self, loss: torch.Tensor) -> None:
-        if not torch.isfinite(loss).all():
-            self._seen = True
+        bad = torch.logical_not(torch.isfinite(loss.detach()).all())
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
 
     def saw_grad_norm(self, grad_norm: Any, step: int) -> None:
-        """Called once per optimizer step, before it: decide whether it runs."""
-        self._fed = True
-        if grad_norm is not None and not math.isfinite(float(grad_norm)):
-            self._seen = True
-        if self._seen:
-            self._on_nonfinite(float(grad_norm) if grad_norm is not None else float("nan"), step)
+        """Called once per optimizer step, before it, with the norm the Trainer computed."""
+        self._fed, self._grad_norm = True, grad_norm
 
-    def _on_nonfinite(self, grad_norm: float, step: int) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.flags is None:
+            self.flags = StepFlags(args.device, args.world_size)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None, **kwargs: Any) -> None:
+        step = state.global_step + 1
+        bad, norm = self._step_flag(model), self._grad_norm
+        self._loss_bad, self._grad_norm, self._fed = None, None, False
+        agreed = self.flags.of_step(step, bad, norm)[NONFINITE]
+        inner = on_device_skip(optimizer)
+        if inner is not None:
+            inner.found_inf = agreed  # the fused step skips itself where the flag is 1, on every process alike
+            return
+        if bool(agreed):  # read at once: this optimizer steps whatever its gradients are
+            _, values = self.flags.pending.pop()  # acted on here, not at the next read
+            self._on_nonfinite(step, float(values[NORM]))
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)  # parameters and optimizer state stay as they were
+        else:
+            self.flags.pending.pop()
+
+    def _step_flag(self, model: Any) -> torch.Tensor | None:
+        """This process's verdict on the step, on the device: the losses and the norm the Trainer reported, else
+        the gradients themselves (a Trainer that does not feed the guard)."""
+        if not self._fed:
+            return None if model is None else gradients_nonfinite(model)
+        bad = self._loss_bad
+        norm = self._grad_norm
+        if isinstance(norm, torch.Tensor):
+            norm_bad = torch.logical_not(torch.isfinite(norm.detach()).all())
+            bad = norm_bad if bad is None else bad | norm_bad.to(bad.device)
+        elif norm is not None and not math.isfinite(norm):  # a float already (DeepSpeed's norm)
+            bad = torch.ones((), dtype=torch.bool) if bad is None else torch.ones_like(bad)
+        return bad
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Where the Trainer reads anyway (or READ_EVERY steps): act on the steps flagged since the last read, before
+        this step's checkpoint is written."""
+        reads = control.should_log or control.should_save or control.should_evaluate or control.should_training_stop
+        if self.flags is None or not self.flags.due(state.global_step, reads or state.global_step >= state.max_steps):
+            return
+        for step, values in self.flags.read(state.global_step):
+            if values[NONFINITE]:
+                self._on_nonfinite(step, values[NORM])
+
+    def _on_nonfinite(self, step: int, grad_norm: float) -> None:
         latest = self.latest_checkpoint()
         kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
         if self.policy.on_nonfinite == "stop" or len(self.skipped_steps) >= self.policy.max_skipped_steps:
@@ -57,24 +106,21 @@ class NonFiniteGuard(TrainerCallback):
                 "Lower training.learning_rate, check the data, or set faults.on_nonfinite=skip."
             )
         self.skipped_steps.append(step)
-        self._skip = True
         print(f"hftrain: non-finite loss or gradient norm at step {step}: step skipped ({len(self.skipped_steps)} so far)", flush=True)
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None, **kwargs: Any) -> None:
-        if not self._fed and model is not None and not gradients_finite(model, args):
-            self._on_nonfinite(float("nan"), state.global_step + 1)
-        if self._skip and optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)  # parameters and optimizer state stay as they were
-        self._skip = self._seen = self._fed = False
+
+def on_device_skip(optimizer: Any) -> Any:
+    """The torch optimizer under `optimizer` (accelerate wraps it) when it can skip a step on the device: a fused
+    one (it takes ``found_inf``, as GradScaler uses it) outside fp16's own scaler; else None."""
+    inner = optimizer
+    while hasattr(inner, "optimizer"):  # accelerate's AcceleratedOptimizer (itself an Optimizer) holds torch's
+        inner = inner.optimizer
+    scaled = getattr(optimizer, "scaler", None) is not None  # fp16: the GradScaler sets found_inf itself
+    fused = isinstance(inner, torch.optim.Optimizer) and inner.defaults.get("fused") and getattr(inner, "_step_supports_amp_scaling", False)
+    return inner if fused and not scaled else None
 
 
-def gradients_finite(model: Any, args: Any) -> bool:
-    """Every gradient of every process finite (the check of a guard that no Trainer override feeds)."""
-    import torch.distributed as dist
-
-    bad = any(p.grad is not None and not torch.isfinite(p.grad).all() for p in model.parameters())
-    if args.world_size > 1 and dist.is_available() and dist.is_initialized():
-        flag = torch.tensor([1.0 if bad else 0.0], device=args.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        bad = bool(flag.item())
-    return not bad
+def gradients_nonfinite(model: Any) -> torch.Tensor | None:
+    """Whether any gradient of this process is non-finite, as a tensor on the device (nothing read back)."""
+    checks = [torch.logical_not(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None]
+    return torch.stack(checks).any() if checks else None

@@ -20,7 +20,7 @@ import torch
 
 from hftrain import _compat
 from hftrain.checkpoint import elastic
-from hftrain.model import fused_loss
+from hftrain.model import attention, fused_loss
 from hftrain.parallel import dims as parallel
 from hftrain import network
 from hftrain.integrations import revisions, trackers
@@ -53,6 +53,7 @@ from hftrain.integrations.outbox import Failure, Outbox
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
 from hftrain.model.build import build_model
 from hftrain.training.nonfinite import NonFiniteGuard
+from hftrain.training.step_flags import StepFlags
 from hftrain.parallel.dims import LaunchEnv, Strategy
 from hftrain.training.plot import plot_curves
 from hftrain.speed.profiling import ProfilerCallback
@@ -122,14 +123,16 @@ def set_up(spec: RunSpec) -> TrainingSettings:
         training_arguments(values, spec.finetune.finetune, spec.data_section.seq_len), speed, spec.length, spec.dims
     )
     if chunked_loss(spec, settings):
-        settings.speed.reasons.append("loss: cross-entropy in cache-sized chunks (eager training on a CPU)")
+        why = "eager training on a CPU" if spec.speed.section.loss == "auto" else "speed.loss=chunked"
+        settings.speed.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why})")
     return settings
 
 
 def chunked_loss(spec: RunSpec, settings: TrainingSettings) -> bool:
-    """hftrain's chunked cross-entropy: eager training on a CPU, unless the objective has its own fused head (DPO)."""
+    """hftrain's chunked cross-entropy where speed.loss says (auto: eager training on a CPU), unless the objective
+    computes its own loss head (DPO)."""
     args = settings.args
-    return fused_loss.applies(args.device, args.torch_compile) and not spec.objective.tiled_loss_head
+    return fused_loss.applies(args.device, args.torch_compile, spec.speed.section.loss) and not spec.objective.tiled_loss_head
 
 
 def prepare_output(spec: RunSpec, settings: TrainingSettings) -> tuple[CheckpointManager, Any, bool, Path | None]:
@@ -155,6 +158,9 @@ def build_model_for(spec: RunSpec, settings: TrainingSettings, tokenizer: Any, t
     collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
     if args.process_index == 0 and section.packs_documents:
         print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}", flush=True)
+    plain_blocks = not (section.masks_documents or section.preference_data)  # no position ids, no padding
+    if attention.applies(model.config._attn_implementation, model.config.model_type, not plain_blocks):
+        attention.use(model)  # SDPA with is_causal and no mask (model/attention.py)
     if chunked_loss(spec, settings):
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
     if not spec.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/preference.py)
@@ -204,7 +210,7 @@ def build_trainer(
         data=spec.data,
         checkpoints=checkpoints,
         metrics=metrics,
-        guard=NonFiniteGuard(spec.faults, checkpoints.latest),
+        guard=NonFiniteGuard(spec.faults, checkpoints.latest, StepFlags(args.device, args.world_size)),
         resume_from=resume,
     )
     callbacks = [
@@ -239,7 +245,7 @@ def metrics_options(spec: RunSpec, settings: TrainingSettings) -> MetricsOptions
 
 def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
     """Train to max_steps; a SIGTERM / SIGUSR1 saves a checkpoint at the next step and stops (Preempted)."""
-    preemption, dims = PreemptionCallback(), trainer.options.dims
+    preemption, dims = PreemptionCallback(trainer.options.guard.flags), trainer.options.dims  # one agreement per step
     trainer.add_callback(preemption)
     latest = trainer.options.checkpoints.latest
     where = lambda: f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"  # noqa: E731

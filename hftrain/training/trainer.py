@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import Trainer
 
 from hftrain.parallel import rehearsal
@@ -71,6 +72,10 @@ class HftrainTrainer(Trainer):
     def __init__(self, *args: Any, options: TrainerOptions, **kwargs: Any):
         self.options = options  # before super().__init__: create_accelerator_and_postprocess reads the dims
         super().__init__(*args, **kwargs)
+        # logging_nan_inf_filter, done on the device (_finite_for_log): the Trainer's own reads every micro-batch's
+        # loss back on the host (two syncs each)
+        self._nan_filter, self.args.logging_nan_inf_filter = self.args.logging_nan_inf_filter, False
+        self._finite_losses: torch.Tensor | None = None  # (sum, count) of the finite losses since the last log line
         self.timer = options.metrics.timer
         self.train_loader: ResumableLoader | None = None
         self.add_callback(options.guard)
@@ -119,7 +124,19 @@ class HftrainTrainer(Trainer):
         with self.timer.phase("backward", label="training_step"):  # its forward is timed apart (compute_loss)
             loss = super().training_step(model, inputs, num_items_in_batch)
         self.options.guard.saw_loss(loss)
-        return loss
+        return self._finite_for_log(loss) if self._nan_filter else loss
+
+    def _finite_for_log(self, loss: torch.Tensor) -> torch.Tensor:
+        """TrainingArguments.logging_nan_inf_filter without reading the loss on the host: a non-finite micro-batch
+        loss is logged as the mean of the finite ones since the last log line (0 before any); the non-finite
+        guard sees the real one."""
+        finite = torch.isfinite(loss)
+        if self._finite_losses is None:
+            self._finite_losses = torch.zeros(2, device=loss.device, dtype=torch.float32)
+        total, count = self._finite_losses[0], self._finite_losses[1]
+        logged = torch.where(finite, loss, (total / count.clamp(min=1)).to(loss.dtype))
+        self._finite_losses += torch.stack([torch.where(finite, loss.float(), 0.0), finite.float()])
+        return logged
 
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -138,6 +155,7 @@ class HftrainTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             logs.update(self.options.metrics.for_log_line(self.state.global_step))
+            self._finite_losses = None
         super().log(logs, start_time)
 
     # ----------------------------------------------- overrides of Trainer private methods (pinned)

@@ -80,17 +80,46 @@ def test_a_second_backward_is_refused_not_wrong():
         loss.backward()
 
 
-def test_it_applies_to_eager_cpu_training_only():
-    assert fused_loss.applies(torch.device("cpu"), compiled=False)
-    assert not fused_loss.applies(torch.device("cpu"), compiled=True)  # torch.compile fuses the loss itself
-    assert not fused_loss.applies(torch.device("cuda", 0), compiled=False)
+def test_auto_applies_to_eager_cpu_training_only_and_speed_loss_decides_otherwise():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert fused_loss.applies(cpu, compiled=False)
+    assert not fused_loss.applies(cpu, compiled=True)  # measured: torch.compile fuses the loss itself there
+    assert not fused_loss.applies(cuda, compiled=False)
+    for device, compiled in [(cpu, False), (cpu, True), (cuda, True)]:
+        assert fused_loss.applies(device, compiled, "chunked") and not fused_loss.applies(device, compiled, "transformers")
 
 
-def _train(tmp_path, name, steps=12):
+@pytest.mark.parametrize("num_items_in_batch", [None, 111])
+def test_compiled_it_is_transformers_loss_and_gradient_in_fp32(monkeypatch, num_items_in_batch):
+    """Traced by torch.compile, the loss takes its sliced form (no fp32 copy of all the logits): transformers' value
+    and gradient within 1e-6, masked labels included. aot_eager traces forward and backward as inductor would."""
+    monkeypatch.setattr(fused_loss, "CHUNK_BYTES_COMPILED", 16 * 4 * VOCAB)  # 16-row slices: 150 rows end in a partial one
+    logits, labels = _batch(3)
+    calls = {"sliced": 0}
+    real = fused_loss._sliced_cross_entropy
+
+    def counted(*args, **kwargs):
+        calls["sliced"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_loss, "_sliced_cross_entropy", counted)
+    torch._dynamo.reset()
+    compiled = torch.compile(fused_loss.causal_lm_loss, backend="aot_eager", fullgraph=True)
+    ref, ref_grad = _loss_and_grad(ForCausalLMLoss, logits, labels, torch.float32, num_items_in_batch=num_items_in_batch)
+    loss, grad = _loss_and_grad(compiled, logits, labels, torch.float32, num_items_in_batch=num_items_in_batch)
+    assert calls["sliced"] >= 1  # the compiled form ran (traced), not the eager autograd.Function
+    assert abs(loss.item() - ref.item()) <= 1e-6 * abs(ref.item())
+    assert torch.allclose(grad, ref_grad, rtol=1e-6, atol=1e-9)
+    unmasked, _ = _loss_and_grad(compiled, logits, labels.clamp(min=0), torch.float32, num_items_in_batch=num_items_in_batch)
+    assert abs(unmasked.item() - ref.item()) > 1e-5 * abs(ref.item())  # the comparison sees a mask that is not applied
+
+
+def _train(tmp_path, name, steps=12, loss="auto"):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
     raw = tiny_recipe(data, tmp_path / name, max_steps=steps, save_steps=100, bf16=False, torch_compile=False)
     raw["model"].update(hidden_dropout=0, attention_dropout=0)
     raw["monitor"]["sample_max_new_tokens"] = 0
+    raw["speed"] = {"loss": loss}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return hftrain.train(hftrain.load_recipe(path))
@@ -100,9 +129,8 @@ def test_cpu_training_uses_it_and_learns_as_with_transformers_loss(tmp_path, mon
     run = _train(tmp_path, "chunked")
     assert run.model.loss_function is fused_loss.causal_lm_loss
     reasons = json.loads(RunLayout(run.output_dir).results.read_text())["speed"]["reasons"]
-    assert "loss: cross-entropy in cache-sized chunks (eager training on a CPU)" in reasons
-    monkeypatch.setattr(fused_loss, "applies", lambda device, compiled: False)
-    plain = _train(tmp_path, "plain")
+    assert "loss: cross-entropy in chunks, no fp32 copy of all the logits (eager training on a CPU)" in reasons
+    plain = _train(tmp_path, "plain", loss="transformers")
     assert plain.model.loss_function is not fused_loss.causal_lm_loss
     chunked, reference = losses(run), losses(plain)
     assert sorted(chunked) == sorted(reference) == list(range(1, 13))
