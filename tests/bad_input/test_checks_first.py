@@ -5,7 +5,6 @@ own entry point."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import yaml
@@ -52,8 +51,12 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
     that none does on a smaller machine) is said before the speed levers are decided, and the speed probe (minutes
     at this shape: before, killed at 120 s with nothing said) is skipped, saying why. The
     run is stopped once its speed levers are decided (the test has no use for a 1B-parameter CPU step)."""
+    from hftrain.speed import probe
     from hftrain.training import run as training_run
 
+    # The probe's cost is estimated from this machine's matmul speed: given here (this AMX Xeon's 256^3 fp32
+    # matmul, 300 GFLOP/s), so that the test states the rule and not how fast the machine running it is.
+    monkeypatch.setattr(probe, "_small_matmul_seconds", lambda device, dtype: 2 * 256**3 / 300e9)
     decided = {}
 
     def stop_after_deciding(*args, **kwargs):
@@ -68,7 +71,6 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
         raw["training"].pop(lever)
     unpinned = recipe_file.with_name("unpinned.yaml")
     unpinned.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    started = time.monotonic()
     code, printed = in_process(
         capsys,
         "train",
@@ -80,7 +82,6 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
         "training.per_device_train_batch_size=64",
         "parallelism.fit_memory=true",
     )
-    seconds = time.monotonic() - started
     assert code == 2 and "stopped by the test" in printed, printed[-3000:]
     assert re.search(
         r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )", decided["said before"], re.M
@@ -88,15 +89,23 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
     assert "measuring this CPU's step speed" not in decided["said before"] + printed, printed[-3000:]
     reasons = "; ".join(decided["speed"].reasons)
     assert "the speed probe would take about" in reasons and "set them in the recipe to choose" in reasons, reasons
-    assert seconds < 60, seconds
 
 
-def test_the_probe_budget_keeps_the_shapes_it_pays_for():
-    """The estimate that skips pythia-1b's probe leaves the quickstart's and pythia-160m's CPU probes (2-24 s)."""
+# A 256^3 fp32 matmul's speed, as measured on two 2-core machines (GFLOP/s): the probe's estimate scales with it.
+MATMUL_GFLOPS = {"AMX Xeon": 300.0, "AVX2-only EPYC": 57.0}
+
+
+@pytest.mark.parametrize("machine", MATMUL_GFLOPS)
+def test_the_probe_budget_keeps_the_shapes_it_pays_for(monkeypatch, machine):
+    """The estimate that skips pythia-1b's probe leaves the quickstart's probe, and pythia-160m's where the machine
+    runs it within the budget (13 s on the Xeon; the EPYC's 68 s is over it: skipped there, saying so). The speed
+    is given, never read off the machine running the test (it estimated 68 s on an EPYC, 13 s here)."""
     import torch
 
+    from hftrain.speed import probe
     from hftrain.speed.probe import PROBE_BUDGET_S, ProbeShape, expected_seconds
 
+    monkeypatch.setattr(probe, "_small_matmul_seconds", lambda device, dtype: 2 * 256**3 / (MATMUL_GFLOPS[machine] * 1e9))
     cpu = torch.device("cpu")
 
     def shape(tokens, seq, hidden, layers, vocab):
@@ -105,5 +114,6 @@ def test_the_probe_budget_keeps_the_shapes_it_pays_for():
         )
 
     assert expected_seconds(shape(16 * 128, 128, 128, 4, 4096), cpu) < PROBE_BUDGET_S / 20  # the quickstart
-    assert expected_seconds(shape(8 * 512, 512, 768, 12, 50304), cpu) < PROBE_BUDGET_S  # pythia-160m at 8 x 512
+    pythia_160m = expected_seconds(shape(8 * 512, 512, 768, 12, 50304), cpu)  # at 8 x 512
+    assert (pythia_160m < PROBE_BUDGET_S) is (machine == "AMX Xeon"), pythia_160m
     assert expected_seconds(shape(64 * 2048, 2048, 2048, 16, 50304), cpu) > PROBE_BUDGET_S  # pythia-1b at 64 x 2,048
