@@ -76,7 +76,7 @@ class NonFiniteGuard(TrainerCallback):
         bad = self._loss_bad
         norm = self._grad_norm
         if isinstance(norm, torch.Tensor):
-            norm_bad = torch.logical_not(torch.isfinite(norm.detach()).all())
+            norm_bad = torch.logical_not(torch.isfinite(local(norm.detach())).all())
             bad = norm_bad if bad is None else bad | norm_bad.to(bad.device)
         elif norm is not None and not math.isfinite(norm):  # a float already (DeepSpeed's norm)
             bad = torch.ones((), dtype=torch.bool) if bad is None else torch.ones_like(bad)
@@ -122,5 +122,15 @@ def on_device_skip(optimizer: Any) -> Any:
 
 def gradients_nonfinite(model: Any) -> torch.Tensor | None:
     """Whether any gradient of this process is non-finite, as a tensor on the device (nothing read back)."""
-    checks = [torch.logical_not(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None]
+    checks = [torch.logical_not(torch.isfinite(shard(p.grad)).all()) for p in model.parameters() if p.grad is not None]
     return torch.stack(checks).any() if checks else None
+
+
+def local(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of `value`'s whole value (FSDP2 hands a DTensor norm; the guard's flags are plain tensors)."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def shard(grad: torch.Tensor) -> torch.Tensor:
+    """This process's part of a gradient (FSDP2: a DTensor's local shard; the flags' all-reduce covers the rest)."""
+    return grad.to_local() if hasattr(grad, "to_local") else grad

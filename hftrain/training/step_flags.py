@@ -57,7 +57,7 @@ class StepFlags:
         if nonfinite is not None:
             flags[NONFINITE] = nonfinite.to(device=self.device)
         if isinstance(norm, torch.Tensor):
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor (replicated)
             flags[NORM] = norm.detach().reshape(()).to(device=self.device, dtype=flags.dtype)
         elif norm is not None:
             flags[NORM] = float(norm)
