@@ -11,6 +11,17 @@ Ends with one line per path:  PATH: data X tok/s, training Y tok/s, ratio Z
 Then `hftrain data prepare` on a generated corpus of --prepare-mb (default 100) MB of plain JSONL, on 1 and on 2
 processes, side by side (the shards are identical; only the time differs):
     prepare: 1 process X tok/s, 2 processes Y tok/s, ratio Z
+
+First, the input beside a GPU (issue 51 part 5): tokens/s per DataLoader worker count (--workers; default 0, 1, 2,
+4, ... up to the cores) from raw text (the built-in corpus as .jsonl.gz shards, tokenized as it is read) and from
+prepared shards (`hftrain data prepare`), at --recipe's seq_len without a shuffle window, beside the tokens/s one GPU
+consumes for that recipe as `hftrain plan --gpus N --gpu-mem-gb M --gpu-type T` times its step (at --mfu, default
+hftrain plan's). Per row: the median rate, per worker, its ratio to the GPU's consumption, and the share of each
+step the GPU would wait for data (hftrain/data/input_rate.py: what `train` warns about before step 1):
+    workers W: raw text X tok/s (Y per worker, Zx the GPU, wait S%) | shards ...
+
+    python benchmarks/data_throughput.py --sections workers --gpus 1 --gpu-type H200 --recipe recipes/pretrain/pythia-160m.yaml
+    python benchmarks/data_throughput.py --dry-run     # seconds: the workers section at a tiny size, 0 and 1 workers
 """
 
 from __future__ import annotations
@@ -51,6 +62,68 @@ def write_shards(root: Path, shards: int = 8) -> list[Path]:
             f.writelines(json.dumps({"text": d}) + "\n" for d in docs[i::shards])
         paths.append(path)
     return paths
+
+
+def gpu_consumption(a: argparse.Namespace) -> tuple[float, str]:
+    """Tokens/s one GPU trains --recipe at, as `hftrain plan --gpus N --gpu-mem-gb M --gpu-type T` times its step."""
+    from hftrain.plan import fit as fitting
+    from hftrain.plan.estimates import plan
+    from hftrain.recipe.parts import PlanPart
+    from hftrain.speed.hardware import spec_bf16_tflops
+
+    part = PlanPart.of(load_recipe(a.recipe, []))
+    info = plan(part)
+    machine = fitting.gpus(a.gpus, a.gpu_mem_gb)
+    chosen = fitting.choose(part, info, machine, None)
+    tflops, card = spec_bf16_tflops(a.gpu_type)
+    if not tflops:
+        sys.exit(f"--gpu-type {a.gpu_type!r}: no data-sheet peak known")
+    seconds = fitting.step_time(info, chosen, tflops * 1e12, a.mfu)
+    tokens = chosen.shape.micro_batch * chosen.accumulation * chosen.shape.seq_len
+    about = (
+        f"{Path(a.recipe).stem} on {machine.description} ({card}): micro-batch {chosen.shape.micro_batch} x {chosen.shape.seq_len}, "
+        f"{seconds:,.3f} s per step of {tokens:,} tokens at MFU {a.mfu:.2f} of {tflops:,.0f} TFLOP/s"
+    )
+    return tokens / seconds, about
+
+
+def worker_counts(cores: int) -> list[int]:
+    """0, 1, 2, 4, ... and the core count itself."""
+    counts = [0] + [2**i for i in range(cores.bit_length()) if 2**i <= cores]
+    return sorted(set(counts + [cores]))
+
+
+def workers_vs_gpu(a: argparse.Namespace, tmp: Path) -> list[str]:
+    """The per-worker table: raw text and prepared shards at each worker count, medians over the repeats (taken in
+    turn, so that each count sees the same noise), beside the GPU's consumption."""
+    from hftrain.data.input_rate import wait_share
+
+    consumed, about = gpu_consumption(a)
+    data = load_recipe(a.recipe, []).data
+    # no shuffle window: the same work per token without its bursts (a window fill stalls the first batch, then the
+    # window's blocks come at once); over a run the rate is the same, and it is what `train` measures (input_rate.py)
+    shape = {"seq_len": a.seq or data.seq_len, "eval_blocks": 2, "holdout_every": 10, "shuffle_window": 1}
+    raw = {"train": {"path": str(tmp / "local" / ("part-00.jsonl.gz" if a.dry_run else "*.jsonl.gz"))}, **shape}
+    part = DataPrepPart.of(load_recipe(None, {"data": raw, "tokenizer": {"builtin": "gpt2"}}))
+    prepare(part, str(tmp / "workers-prepared"), shard_mb=64, processes=1 if a.dry_run else None)
+    paths = {"raw text": raw, "shards": {"train": {"pretokenized": str(tmp / "workers-prepared")}, **shape}}
+    counts = a.workers or worker_counts(os.cpu_count() or 1)
+    rates: dict[tuple[str, int], list[float]] = {}
+    for _ in range(a.repeats):
+        for w in counts:
+            for name, section in paths.items():
+                rates.setdefault((name, w), []).append(data_rate(section, a.tokens, w))
+    lines = [f"GPU: {consumed:,.0f} tokens/s ({about})"]
+    for w in counts:
+        cells = []
+        for name in paths:
+            rate = statistics.median(rates[(name, w)])
+            per = rate / max(w, 1)
+            cells.append(
+                f"{name} {rate:,.0f} tok/s ({per:,.0f} per worker, {rate / consumed:,.2f}x the GPU, wait {100 * wait_share(consumed, per, w):.0f}%)"
+            )
+        lines.append(f"workers {w}: " + " | ".join(cells))
+    return lines
 
 
 def data_rate(section_raw: dict, tokens: int, workers: int) -> float:
@@ -117,62 +190,92 @@ def training_rate(data: Path, out: Path) -> float:
     return statistics.median(rates)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[str]:
+    from hftrain.plan.fit import GPU_MFU
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=1_000_000, help="tokens read per data measurement")
     parser.add_argument("--prepare-mb", type=int, default=100, help="size of the corpus `data prepare` is timed on")
     parser.add_argument("--prepare-repeats", type=int, default=1)
-    args = parser.parse_args()
-    workers = 0  # TrainingArguments' default dataloader_num_workers, hftrain's too
+    parser.add_argument("--sections", default="workers,paths,prepare", help="which to run: workers, paths, prepare")
+    parser.add_argument(
+        "--workers", type=lambda v: [int(w) for w in v.split(",")], help="worker counts (default 0, 1, 2, 4, ... the cores)"
+    )
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "pretrain" / "pythia-160m.yaml"), help="the GPU's recipe")
+    parser.add_argument("--seq", type=int, help="data seq_len (default: the recipe's)")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs, as `hftrain plan --gpus N` takes them")
+    parser.add_argument("--gpu-mem-gb", type=float, default=80.0)
+    parser.add_argument("--gpu-type", default="H100 SXM", help="the card whose data-sheet bf16 peak times the step")
+    parser.add_argument("--mfu", type=float, default=GPU_MFU)
+    parser.add_argument("--dry-run", action="store_true", help="the workers section at a tiny size: the plumbing only")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.sections, args.repeats, args.tokens, args.seq, args.workers = "workers", 1, 4096, 128, args.workers or [0, 1]
+    sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         write_shards(tmp / "local")
-        paths = {"local-stream": {"train": {"path": str(tmp / "local" / "*.jsonl.gz")}}}
-        server = None
-        try:
-            from moto.server import ThreadedMotoServer
+        lines = workers_vs_gpu(args, tmp) if "workers" in sections else []
+        print("\n".join(lines), flush=True)
+        if "paths" in sections:
+            lines += streaming_vs_training(args, tmp)
+    if "prepare" in sections:
+        with tempfile.TemporaryDirectory() as tmp:
+            prep = prepare_rates(write_corpus(Path(tmp) / "corpus", args.prepare_mb), Path(tmp) / "prep", args.prepare_repeats)
+        lines.append(f"prepare: 1 process {prep[1]:,.0f} tok/s, 2 processes {prep[2]:,.0f} tok/s, ratio {prep[2] / prep[1]:.2f}")
+        print(lines[-1])
+    return lines
 
-            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-            server.start()
-            host, port = server.get_host_and_port()
-            os.environ.update(
-                AWS_ENDPOINT_URL=f"http://{host}:{port}",
-                AWS_ACCESS_KEY_ID="bench",
-                AWS_SECRET_ACCESS_KEY="bench",
-                AWS_DEFAULT_REGION="us-east-1",
-            )
-            import boto3
 
-            s3 = boto3.client("s3")
-            s3.create_bucket(Bucket="bench")
-            for p in (tmp / "local").iterdir():
-                s3.upload_file(str(p), "bench", f"corpus/{p.name}")
-            paths["s3-stream"] = {"train": {"path": "s3://bench/corpus/*.jsonl.gz"}}
-        except ImportError:
-            print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
-        prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
-        prepare(DataPrepPart.of(prep_recipe), str(tmp / "prepared"), shard_mb=64)
-        paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
-        results: dict[str, list[float]] = {name: [] for name in paths}
-        training: list[float] = []
-        for r in range(args.repeats):
-            for name, section in paths.items():
-                results[name].append(data_rate({**section, "seq_len": SEQ}, args.tokens, workers))
-            training.append(training_rate(tmp / "local" / "part-00.jsonl.gz", tmp / f"train-{r}"))
-            print(
-                f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s",
-                flush=True,
-            )
-        if server is not None:
-            server.stop()
-        prep = prepare_rates(write_corpus(tmp / "corpus", args.prepare_mb), tmp / "prep", args.prepare_repeats)
+def streaming_vs_training(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Each data path at the default worker count on a CPU beside a CPU run's training tokens/s."""
+    workers = 0  # hftrain's default dataloader_num_workers on a CPU
+    paths = {"local-stream": {"train": {"path": str(tmp / "local" / "*.jsonl.gz")}}}
+    server = None
+    try:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        os.environ.update(
+            AWS_ENDPOINT_URL=f"http://{host}:{port}",
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        import boto3
+
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="bench")
+        for p in (tmp / "local").iterdir():
+            s3.upload_file(str(p), "bench", f"corpus/{p.name}")
+        paths["s3-stream"] = {"train": {"path": "s3://bench/corpus/*.jsonl.gz"}}
+    except ImportError:
+        print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
+    prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
+    prepare(DataPrepPart.of(prep_recipe), str(tmp / "prepared"), shard_mb=64)
+    paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
+    results: dict[str, list[float]] = {name: [] for name in paths}
+    training: list[float] = []
+    for r in range(args.repeats):
+        for name, section in paths.items():
+            results[name].append(data_rate({**section, "seq_len": SEQ}, args.tokens, workers))
+        training.append(training_rate(tmp / "local" / "part-00.jsonl.gz", tmp / f"train-{r}"))
+        print(
+            f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s",
+            flush=True,
+        )
+    if server is not None:
+        server.stop()
     train_rate = statistics.median(training)
-    print()
+    lines = []
     for name, values in results.items():
         rate = statistics.median(values)
-        print(f"{name}: data {rate:,.0f} tok/s, training {train_rate:,.0f} tok/s, ratio {rate / train_rate:,.1f}")
-    print(f"prepare: 1 process {prep[1]:,.0f} tok/s, 2 processes {prep[2]:,.0f} tok/s, ratio {prep[2] / prep[1]:.2f}")
+        lines.append(f"{name}: data {rate:,.0f} tok/s, training {train_rate:,.0f} tok/s, ratio {rate / train_rate:,.1f}")
+    print("\n" + "\n".join(lines), flush=True)
+    return lines
 
 
 if __name__ == "__main__":

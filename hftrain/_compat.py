@@ -20,6 +20,7 @@ what hftrain does differently on a machine without a GPU.
 | bnb_4bit_trainable_on_cpu   | bitsandbytes 0.48-0.50           | CPU: a 4-bit (QLoRA) model                   | none filed (since bitsandbytes#1804) |
 | keep_freed_memory           | glibc malloc                     | CPU: a process that trains on the CPU (Linux/glibc) | none filed (pytorch#55675) |
 | universal_load_fixes        | DeepSpeed 0.19                   | ZeRO-3 resumed on another process count      | DeepSpeed#7585 (param groups) |
+| exact_compiled_casts        | torch 2.13 Inductor, torchao 0.18 | a run with speed.fp8: rowwise               | pytorch#150859 (torchtitan#1056) |
 
 The Trainer's private methods hftrain overrides are not patches (a subclass of its own); they are listed with
 their reasons in training/trainer.py.
@@ -230,6 +231,16 @@ def _on_cpu() -> bool:
     import torch
 
     return not torch.cuda.is_available()
+
+
+def exact_compiled_casts() -> None:
+    """Inductor fuses away the low-precision casts eager mode rounds at, so an intermediate recomputed in the
+    backward can differ from the forward's; with torchao's rowwise FP8 scales that gave NaNs in torchtitan
+    (torchtitan#1056). torchtitan's short-term fix, taken here for speed.fp8: rowwise (speed/fp8.py): Inductor's
+    ``emulate_precision_casts`` on, process-wide (a little slower). Upstream: pytorch#150859."""
+    import torch._inductor.config
+
+    torch._inductor.config.emulate_precision_casts = True
 
 
 # ------------------------------------------------------------------------------------------ DeepSpeed

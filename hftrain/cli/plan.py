@@ -33,7 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.recipe.load import load_recipe
     from hftrain.plan import fit as fitting
-    from hftrain.plan.estimates import format_fit, format_peak, format_peak_table, format_plan, format_time, plan
+    from hftrain.plan.estimates import format_fit, format_fp8, format_peak, format_peak_table, format_plan, format_time, plan
     from hftrain.plan.memory import library_footprint
     from hftrain.recipe.parts import PlanPart
 
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     info = plan(part)
     print(format_plan(info, str(recipe.model.from_pretrained or recipe.model.preset)))
     machine = fitting.gpus(args.gpus, args.gpu_mem_gb) if args.gpus else fitting.this_machine()
+    for line in format_fp8(info, recipe.speed.fp8, _has_fp8(card, machine)):
+        print(line)
     libraries = library_footprint(measure=True) if machine.device == "cpu" else None  # this process: imports only
     configured = fitting.as_configured(part, info, machine, libraries=libraries)
     print("\n".join(format_peak(configured, machine)))
@@ -73,6 +75,20 @@ def _card(args: argparse.Namespace) -> tuple[float, str] | None:
         known = ", ".join(c for _, t, c in SPEC_BF16_TFLOPS if t)
         raise HftrainError(f"--gpu-type {args.gpu_type!r}: no data-sheet peak known; give one of {known}")
     return tflops, card
+
+
+def _has_fp8(card: tuple[float, str] | None, machine: Any) -> bool:
+    """Whether the planned GPU has FP8 tensor cores: --gpu-type's card (H100, H200, L4; not A100), else this machine's
+    first GPU by its compute capability (8.9 or newer)."""
+    if card:
+        return card[1].startswith(("H100", "H200", "L4"))
+    if machine.device != "cuda":
+        return False
+    import torch
+
+    from hftrain.speed.fp8 import FP8_CAPABILITY
+
+    return tuple(torch.cuda.get_device_capability(0)) >= FP8_CAPABILITY
 
 
 def _peak_flops(card: tuple[float, str] | None, machine: Any, chosen: Any) -> tuple[float, str]:

@@ -180,6 +180,40 @@ def _as_is(item: Any) -> Any:
     return item
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the loader leaves its batches. On CUDA, in pinned host memory (TrainingArguments' dataloader_pin_memory)
+    and, with accelerator_config.non_blocking, already on the device by a copy the host does not wait for (accelerate
+    does the same for the loaders it prepares; this one it does not prepare): the Trainer's own copy of a batch
+    waits for every kernel queued before it. Elsewhere the batch is left as it is."""
+
+    device: torch.device | None = None
+    pin_memory: bool = False
+    non_blocking: bool = False
+
+    @classmethod
+    def of(cls, args: Any) -> Placement:
+        """From TrainingArguments: its device, dataloader_pin_memory and accelerator_config.non_blocking."""
+        config = args.accelerator_config
+        non_blocking = config.get("non_blocking") if isinstance(config, dict) else getattr(config, "non_blocking", False)
+        return cls(args.device, bool(args.dataloader_pin_memory), bool(non_blocking))
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.device is None or self.device.type != "cuda":
+            return batch
+        if self.pin_memory:
+            batch = {k: pinned(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        if not self.non_blocking:
+            return batch
+        from accelerate.utils import send_to_device
+
+        return send_to_device(batch, self.device, non_blocking=True)
+
+
+def pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory()
+
+
 class ResumableLoader:
     """The rank's samples, batched in the main process; keeps each reader's latest position for checkpoints."""
 
@@ -191,8 +225,10 @@ class ResumableLoader:
         prefetch_factor: int | None = None,
         collate: Any = None,
         pad: int = 0,
+        placement: Placement = Placement(),
     ):
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        self.placement = placement
         self.prefetch_factor = prefetch_factor
         self.collate = collate or PackedCollator()
         self.samples = dataset.consumed
@@ -231,7 +267,7 @@ class ResumableLoader:
                 batch = self.collate(batch)
                 if "completion_mask" in batch:  # pairs: the positions the policy reads, padding included
                     self.tokens["block"] += batch["input_ids"].numel()
-                yield batch
+                yield self.placement(batch)
                 batch = []
 
     def state_dict(self) -> dict[str, Any]:

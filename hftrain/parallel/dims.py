@@ -138,6 +138,7 @@ class LaunchEnv:
     elastic_most_nodes: int | None  # an elastic launch's MAX nodes (--nnodes MIN:MAX), None otherwise
     device: str  # cuda | cpu
     memory_warned: bool = False  # `hftrain train --accelerate-config` said the memory fit's warning before starting it
+    cpus: int = 1  # CPU cores this process may run on, shared by the node's processes (DataLoader workers come from them)
 
     @classmethod
     def read(cls) -> LaunchEnv:
@@ -154,6 +155,7 @@ class LaunchEnv:
             elastic_most_nodes=int(elastic.split(":")[1]) if elastic else None,
             device="cpu" if rehearsal.on_cpu() else "cuda",
             memory_warned=bool(os.environ.get(MEMORY_WARNED_ENV)),
+            cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         )
 
 

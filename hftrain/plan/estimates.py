@@ -17,6 +17,7 @@ from hftrain.recipe.parts import PlanPart
 from hftrain.plan.fit import MARGIN, Fit, Machine, step_time
 from hftrain.plan.memory import CUDA_CONTEXT_BYTES
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.speed import fp8
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
@@ -53,6 +54,7 @@ def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
         "finetune_bytes": finetune_memory(model, part),
         "finetune_method": part.memory.finetune.method,
         "max_steps": _planned_steps(part),
+        "fp8_layers": fp8.summary(model),  # which linear layers speed.fp8 would convert (speed/fp8.py)
     }
 
 
@@ -146,6 +148,20 @@ def format_plan(info: dict[str, Any], name: str) -> str:
             f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs"
         )
     return "\n".join(lines)
+
+
+def format_fp8(info: dict[str, Any], setting: str | None, card_has_fp8: bool) -> list[str]:
+    """speed.fp8's layers and what to expect at this width; with it off, a hint where FP8 should pay (a wide model on
+    a card with FP8). `card_has_fp8`: the planned GPU has FP8 tensor cores (compute capability 8.9 or newer)."""
+    hidden = info["shape"]["hidden"]
+    if setting:
+        lines = [fp8.describe(info["fp8_layers"], setting), f"  expect: {fp8.expectation(hidden)}"]
+        if not card_has_fp8:
+            lines.append("  `hftrain train` refuses speed.fp8 here (no GPU with FP8); plan for one with --gpus N --gpu-type H100")
+        return lines
+    if card_has_fp8 and hidden >= fp8.PAYS_FROM_HIDDEN:
+        return [f"fp8: off; at hidden {hidden:,} speed.fp8: tensorwise may train faster ({fp8.PUBLISHED}; pip install 'hftrain[fp8]')"]
+    return []
 
 
 def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:

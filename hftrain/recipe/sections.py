@@ -125,9 +125,12 @@ class SpeedSection(Section):
     all the logits to fp32 at once; auto: chunked where it was measured faster (eager training on a CPU), else
     transformers' (docs/performance.md has the measurements)."""
     fp8: Literal["tensorwise", "rowwise"] | None = None
-    """FP8 training of the linear layers through torchao (its `convert_to_float8_training`), on GPUs with FP8
-    (Hopper, Ada and newer), with training.torch_compile: true. tensorwise: one scale per tensor (fastest);
-    rowwise: one per row (closer to bf16). Checkpoints stay plain bf16/fp32 safetensors. Off by default."""
+    """FP8 matmuls in the linear layers through torchao (its `convert_to_float8_training`; pip install
+    'hftrain[fp8]'), on GPUs with FP8 (compute capability 8.9+: Ada, Hopper, Blackwell), full training only, not
+    under ZeRO-3. The output head, the first and last block and dims not multiples of 16 stay in high precision.
+    Needs torch.compile: turned on where training.torch_compile is unset (false is refused). tensorwise: one scale
+    per tensor (fastest); rowwise: one per row (closer to bf16). Pays on large matmuls (Llama-3-8B +25%); below
+    ~2,048 hidden it may be slower (`hftrain plan` says). Checkpoints stay plain safetensors. Off by default."""
 
 
 # --------------------------------------------------------------------------------------------- monitor

@@ -1,6 +1,6 @@
 """Speed defaults: autocast dtype (bf16 / fp16 / tf32) and torch.compile, decided per run by measurement on the
 device the run uses, where the recipe leaves them unset. A recipe that sets ``training.bf16``, ``training.fp16``,
-``training.tf32`` or ``training.torch_compile`` keeps its choice; a resumed run keeps the choices recorded at
+``training.tf32``, ``training.torch_compile`` or ``training.optim`` keeps its choice; a resumed run keeps the choices recorded at
 its start (the CheckpointManager records them), so its losses continue exactly.
 
 How each lever is decided (probe.py measures, this module decides; the decision is pure, so tests feed
@@ -20,7 +20,12 @@ it the measurements of any machine):
   from the benchmark) pays the warm-up back at least twice, and only where it is routinely used: full
   training, one process or DDP, no gradient checkpointing. On CPUs in fp32 it saves nothing: 1.06x on an AMX
   Xeon, 0.86-0.96x on an EPYC without AVX-512 (benchmarks/throughput.py, medium and large shapes); with bf16
-  it fuses the casts around the matmuls (bf16 eager 0.88x, bf16 + compile 1.35x on the AMX Xeon).
+  it fuses the casts around the matmuls (bf16 eager 0.88x, bf16 + compile 1.35x on the AMX Xeon). On a GPU the
+  compile costs seconds to a minute, not the 2-core CPU's 90 s (compile_warmup_s), and it saved 21% of a bf16 step.
+* On CUDA, beside the measured levers (device_levers, from the device's compute capability, no measurement): TF32
+  for the fp32 matmuls that remain beside bf16 autocast (Ampere and newer), and fused AdamW (one kernel for all
+  parameters; transformers' default only from torch 2.8, and the non-finite guard skips a flagged step inside it
+  without a host read, training/nonfinite.py).
 * DDP without ``find_unused_parameters``: the Trainer turns it on for any model without gradient
   checkpointing, which costs an extra pass over the autograd graph every step (and a warning). Every
   GPT-NeoX parameter that requires a gradient gets one at every step, full training or adapters alike.
@@ -48,25 +53,58 @@ from hftrain.speed.probe import (
 )
 
 DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
-# share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring
+# share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring. CUDA bf16: hftrain
+# at pythia-160m, 8 x 2,048 tokens on an H200 (2026-11-27, ../shared/notes/gpu-peers.md) ran 210,865 tokens/s eager and
+# 266,764 compiled: the compiled step takes 0.79 of the eager one. fp16 fuses the same casts (taken as bf16's); fp32
+# and tf32 on a GPU were not measured (the matmuls, which compile leaves alone, are a larger share of the step).
 COMPILE_SAVING = {
     ("cpu", "fp32"): 0.0,
     ("cpu", "bf16"): 0.3,
     ("cuda", "fp32"): 0.15,
     ("cuda", "tf32"): 0.15,
-    ("cuda", "bf16"): 0.15,
-    ("cuda", "fp16"): 0.15,
+    ("cuda", "bf16"): 0.21,
+    ("cuda", "fp16"): 0.21,
 }
-COMPILE_WARMUP_S = {"cold": 90.0, "warm": 20.0}  # compile time at start (CPU, 2 cores; GPUs are faster)
+COMPILE_WARMUP_S = {"cold": 90.0, "warm": 20.0}  # compile time at start on a CPU (2 cores), any model
+# On a GPU: a fixed part (Triton kernels, each compiled once however many layers use it) and a part per layer (Dynamo
+# traces every layer, AOTAutograd and Inductor lower each one). Calibrated on the one measurement: pythia-160m (12
+# layers) on an H200 took 91 s compiled against 28 s eager for the same 50 steps (about 3-4 s of them training), so
+# ~63 s of compile, cold; 30 + 2.75 x 12 = 63. Warm (Inductor's caches hold this shape) is not measured on a GPU:
+# the CPU's ratio (20 / 90) is taken.
+GPU_COMPILE_S = {"base": 30.0, "per_layer": 2.75, "warm_share": COMPILE_WARMUP_S["warm"] / COMPILE_WARMUP_S["cold"]}
+FUSED_ADAMW = "adamw_torch_fused"
 PRECISION_KEYS = ("bf16", "fp16", "tf32")
-LEVER_KEYS = (*PRECISION_KEYS, "torch_compile")
+LEVER_KEYS = (*PRECISION_KEYS, "torch_compile", "optim")  # recorded at a run's start, kept when it continues
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the speed defaults read off the training device beyond its type: a CUDA card's compute capability."""
+
+    type: str  # cuda | cpu
+    capability: tuple[int, int] | None = None  # (major, minor) on CUDA: 9.0 H100/H200, 8.0 A100, 7.5 T4
+
+    @classmethod
+    def of(cls, device: torch.device) -> DeviceFacts:
+        if device.type != "cuda":
+            return cls(device.type)
+        return cls("cuda", tuple(torch.cuda.get_device_capability(device)))  # type: ignore[arg-type]
+
+    @property
+    def tf32(self) -> bool:
+        """TF32 tensor cores: Ampere (8.0) and newer (TrainingArguments refuses tf32=True below)."""
+        return self.type == "cuda" and self.capability is not None and self.capability >= (8, 0)
+
+    @property
+    def label(self) -> str:
+        return f"compute capability {self.capability[0]}.{self.capability[1]}" if self.capability else self.type
 
 
 @dataclass
 class SpeedPlan:
     """The levers chosen for a run, each with its reason (for the log, results.json and the report)."""
 
-    values: dict[str, bool] = field(default_factory=dict)  # TrainingArguments keys hftrain set
+    values: dict[str, Any] = field(default_factory=dict)  # TrainingArguments keys hftrain set
     reasons: list[str] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
 
@@ -96,8 +134,23 @@ def choose_dtype(part: SpeedPart, measured: Measurement | None, device: torch.de
     return best, f"measured step speed vs fp32: {speeds}"
 
 
+def compile_warmup_s(device_type: str, layers: int, warm: bool) -> float:
+    """Seconds torch.compile adds at the start of a run (see COMPILE_WARMUP_S and GPU_COMPILE_S)."""
+    if device_type != "cuda":
+        return COMPILE_WARMUP_S["warm" if warm else "cold"]
+    cold = GPU_COMPILE_S["base"] + GPU_COMPILE_S["per_layer"] * layers
+    return cold * GPU_COMPILE_S["warm_share"] if warm else cold
+
+
 def choose_compile(
-    part: SpeedPart, kwargs: dict[str, Any], strategy: str, eager_seconds: float, warm: bool, saving_share: float
+    part: SpeedPart,
+    kwargs: dict[str, Any],
+    strategy: str,
+    eager_seconds: float,
+    warm: bool,
+    saving_share: float,
+    device_type: str = "cpu",
+    layers: int = 0,
 ) -> tuple[bool, str]:
     if part.method != "full":
         return False, "adapters: compile rarely pays for the small trainable part"
@@ -107,7 +160,7 @@ def choose_compile(
         return False, "not with gradient checkpointing"
     if saving_share <= 0:
         return False, "it was measured to save nothing for this device and precision"
-    warmup = COMPILE_WARMUP_S["warm" if warm else "cold"]
+    warmup = compile_warmup_s(device_type, layers, warm)
     saving = eager_seconds * saving_share
     about = f"~{eager_seconds / 60:.0f} min eager, saves ~{saving:.0f} s against a ~{warmup:.0f} s {'warm' if warm else 'cold'} compile"
     if saving < 2 * warmup:
@@ -116,9 +169,16 @@ def choose_compile(
 
 
 def decide(
-    part: SpeedPart, kwargs: dict[str, Any], strategy: str, measured: Measurement | None, device: torch.device, warm_compile: bool
+    part: SpeedPart,
+    kwargs: dict[str, Any],
+    strategy: str,
+    measured: Measurement | None,
+    device: torch.device,
+    warm_compile: bool,
+    layers: int = 0,
 ) -> SpeedPlan:
-    """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets."""
+    """The levers the recipe leaves unset; `kwargs` are the TrainingArguments keys it sets, `layers` the model's
+    (a GPU's compile time grows with them)."""
     plan = SpeedPlan(
         measured={
             "device": str(device),
@@ -135,7 +195,7 @@ def decide(
         dtype = next((key for key in ("bf16", "fp16", "tf32") if kwargs.get(key)), dtype)  # the recipe's own, if set
         step = measured.seconds.get(dtype, measured.seconds["fp32"]) if measured else float("inf")
         share = COMPILE_SAVING.get((device.type, dtype), 0.0)
-        on, why = choose_compile(part, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share)
+        on, why = choose_compile(part, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share, device.type, layers)
         plan.values["torch_compile"] = on
         plan.reasons.append(f"torch_compile={'on' if on else 'off'} ({why})")
     return plan
@@ -145,6 +205,30 @@ def undecided(kwargs: dict[str, Any]) -> list[str]:
     """What `decide` would choose for these TrainingArguments keys: the autocast dtype unless the recipe sets any
     precision key, torch.compile unless it sets torch_compile. Empty: the speed probe has nothing to decide."""
     return ([] if any(key in kwargs for key in PRECISION_KEYS) else ["dtype"]) + ([] if "torch_compile" in kwargs else ["torch_compile"])
+
+
+def device_levers(chosen: set[str], values: dict[str, Any], device: DeviceFacts) -> tuple[dict[str, Any], list[str]]:
+    """The levers a CUDA device decides without a measurement, where neither the recipe nor the run's start
+    (`chosen`: the keys they set) chose them; `values` are the run's TrainingArguments values so far. TF32 for the
+    fp32 matmuls that remain beside bf16 autocast (the loss, anything autocast leaves in fp32) on cards that have it;
+    the dtype decision's own tf32 (no autocast, TF32 matmuls) is kept. Fused AdamW on CUDA."""
+    out: dict[str, Any] = {}
+    reasons = []
+    if "tf32" not in chosen and device.tf32 and values.get("bf16") and not values.get("tf32"):
+        out["tf32"] = True
+        reasons.append(f"tf32 for the fp32 matmuls beside bf16 ({device.label})")
+    if "optim" not in chosen and device.type == "cuda":
+        out["optim"] = FUSED_ADAMW
+        reasons.append(f"optim={FUSED_ADAMW} (fused AdamW on CUDA: one kernel for all parameters, a non-finite step skipped on the device)")
+    return out, reasons
+
+
+def kept_here(kept: dict[str, Any], device: DeviceFacts) -> tuple[dict[str, Any], list[str]]:
+    """What a continuing run keeps from its start, less what this device cannot do: tf32 recorded on an Ampere card
+    is left unset on one without TF32 (TrainingArguments refuses tf32=True there)."""
+    if kept.get("tf32") and not device.tf32:
+        return {k: v for k, v in kept.items() if k != "tf32"}, [f"tf32 from the run's start left unset: no TF32 on {device.label}"]
+    return kept, []
 
 
 def dtype_keys(device: torch.device) -> tuple[str, ...]:
@@ -193,7 +277,7 @@ def decide_here(part: SpeedPart, kwargs: dict[str, Any], strategy: str, shape: M
     except torch.OutOfMemoryError:  # not even one sequence of one layer fits beside what the device holds
         return fallback_without_probe(kwargs, device)
     per_step = Measurement({k: v * accumulation for k, v in measured.seconds.items()}, measured.device, measured.cached)
-    plan = decide(part, kwargs, strategy, per_step, device, compile_is_warm(probe, device))
+    plan = decide(part, kwargs, strategy, per_step, device, compile_is_warm(probe, device), probe.layers)
     if plan.values.get("torch_compile"):
         mark_compiled(probe, device)
     return plan

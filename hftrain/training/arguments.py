@@ -20,6 +20,7 @@ from hftrain.parallel import rehearsal
 from hftrain.parallel import launcher_store
 from hftrain.parallel.dims import ParallelDims
 from hftrain.speed import defaults as speed
+from hftrain.speed import fp8
 from hftrain.checkpoint import node_disks
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
@@ -56,7 +57,20 @@ def argument_values(recipe_kwargs: dict[str, Any], dims: ParallelDims, length: R
     kwargs.setdefault("use_cpu", device == "cpu")
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs.setdefault("ddp_find_unused_parameters", False)
+    if device == "cuda" and not kwargs["use_cpu"]:
+        kwargs.update(non_blocking_copies(kwargs))
     return rehearsal.training_kwargs(kwargs, dims.rehearsal)
+
+
+def non_blocking_copies(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """On CUDA, batches are copied to the device without the host waiting (accelerator_config.non_blocking, which
+    hftrain's loader honours as accelerate's does), from pinned memory (dataloader_pin_memory, True by default):
+    a blocking copy waits for every kernel queued before it, so the host could not queue the next step ahead. A
+    recipe that sets non_blocking, turns pinning off or gives accelerator_config as a file keeps its own."""
+    config = kwargs.get("accelerator_config")
+    if kwargs.get("dataloader_pin_memory") is False or not (config is None or isinstance(config, dict)) or "non_blocking" in (config or {}):
+        return {}
+    return {"accelerator_config": {**(config or {}), "non_blocking": True}}
 
 
 def set_up(
@@ -69,7 +83,11 @@ def set_up(
     node_disks.storage_settings(values, output_dir, dims)  # several nodes: a shared disk or each its own
     device = training_device(values, dims)
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
+    compiled, why = fp8.compile_for(speed_part.section.fp8, values)  # speed.fp8 with torch_compile unset: on
+    values.update(compiled)
     plan = speed_defaults(speed_part, values, dims, shape, recorded.get("speed"), device)
+    plan.values.update(compiled)
+    plan.reasons[:0] = why
     if memory:
         plan.reasons.append(memory)
     return values, plan
@@ -89,18 +107,39 @@ def training_device(kwargs: dict[str, Any], dims: ParallelDims) -> torch.device:
 
 
 def speed_defaults(
-    part: SpeedPart, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, bool] | None, device: torch.device
+    part: SpeedPart, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None, device: torch.device
 ) -> SpeedPlan:
-    """bf16 / fp16 / tf32 / torch_compile where the recipe leaves them unset: as recorded at the run's start
-    (a resumed run), else decided by measurement on this device (speed.py), the same in every process."""
+    """bf16 / fp16 / tf32 / torch_compile / optim where the recipe leaves them unset: as recorded at the run's start
+    (a resumed run), else decided by measurement on this device (speed.py), the same in every process; then what the
+    device decides without a measurement (speed.device_levers: TF32 beside bf16, fused AdamW on CUDA)."""
+    facts = speed.DeviceFacts.of(device)
+    chosen = set(kwargs)  # the recipe's own keys
+    plan = measured_levers(part, kwargs, dims, shape, recorded, device, facts)
+    values, reasons = speed.device_levers(chosen | set(plan.values if recorded is not None else ()), kwargs, facts)
+    kwargs.update(values)
+    plan.values.update(values)
+    plan.reasons.extend(reasons)
+    return plan
+
+
+def measured_levers(
+    part: SpeedPart,
+    kwargs: dict[str, Any],
+    dims: ParallelDims,
+    shape: ModelShape,
+    recorded: dict[str, Any] | None,
+    device: torch.device,
+    facts: speed.DeviceFacts,
+) -> SpeedPlan:
+    """The levers the speed probe decides (dtype, compile), or those a continuing run recorded at its start."""
     unset = [key for key in speed.LEVER_KEYS if key not in kwargs]
     if not speed.undecided(kwargs):  # e.g. bf16 and torch_compile set, tf32 not: nothing a measurement would decide
         return speed.SpeedPlan()
     if recorded is not None:  # a continuing run: what it started with, never a new measurement
-        kept = {key: value for key, value in recorded.items() if key in unset}
+        kept, notes = speed.kept_here({key: value for key, value in recorded.items() if key in unset}, facts)
         kwargs.update(kept)
         reasons = [f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"] if kept else []
-        return speed.SpeedPlan(values=kept, reasons=reasons)
+        return speed.SpeedPlan(values=kept, reasons=reasons + notes)
     decide = lambda: speed.decide_here(part, kwargs, dims.strategy, shape, device).to_json()  # noqa: E731
     decided = launcher_store.agree("speed", decide, dims.rank, dims.processes)
     plan = speed.SpeedPlan.from_json(decided)

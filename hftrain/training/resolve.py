@@ -23,6 +23,7 @@ from hftrain.model.build import ModelShape, measure_model
 from hftrain.model.finetune import check_starting_weights
 from hftrain.parallel import dims as parallel
 from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
+from hftrain.parallel.readers import default_readers, default_workers
 from hftrain.plan import run_length
 from hftrain.plan.run_length import RunLength
 from hftrain.recipe.objectives import OBJECTIVES, Objective
@@ -89,7 +90,10 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
     batch, fit_note = fit_batch(recipe, launch, strategy, shape, recorded.get("global_batch"))
     recipe = batch.applied_to(recipe)  # from here on, the recipe as this run runs it
     kwargs = recipe.training_kwargs()
-    dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, int(kwargs.get("dataloader_num_workers", 0)))
+    workers = loader_workers(kwargs, launch, recipe.data, recorded, data.reader_limit)
+    if "dataloader_num_workers" not in kwargs and workers:
+        kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
+    dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
     length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.manifest_tokens)
     return RunSpec(
         as_run=recipe,
@@ -118,6 +122,19 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         max_memory=recipe.parallelism.max_memory,
         recorded=recorded,
     )
+
+
+def loader_workers(kwargs: dict[str, Any], launch: LaunchEnv, data: DataSection, recorded: dict[str, Any], reader_limit: int | None) -> int:
+    """training.dataloader_num_workers; unset, 0 on a CPU (a worker would take a core from the matmuls) and on CUDA
+    readers.default_workers: a divisor of the readers the run has without workers (recorded by a resumed run,
+    data.readers, else the default), so the dims, the loader and the arguments agree and the data order is the same."""
+    if "dataloader_num_workers" in kwargs:
+        return int(kwargs["dataloader_num_workers"] or 0)
+    if launch.device != "cuda" or kwargs.get("use_cpu"):
+        return 0
+    processes = launch.processes
+    readers = recorded.get("readers") or data.readers or default_readers(reader_limit, processes, 1)
+    return default_workers(readers, processes, launch.cpus // max(launch.local_processes, 1))
 
 
 def fit_batch(

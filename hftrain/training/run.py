@@ -26,7 +26,7 @@ from hftrain import network
 from hftrain.integrations import revisions, trackers
 from hftrain.training import objectives
 from hftrain.training.objectives import TrainerParts
-from hftrain.training.arguments import TrainingSettings, set_up as set_up_arguments, training_arguments
+from hftrain.training.arguments import TrainingSettings, set_up as set_up_arguments, training_arguments, training_device
 from hftrain.training.callbacks import (
     KeptCheckpointsCallback,
     MetricsFileCallback,
@@ -47,12 +47,14 @@ from hftrain.errors import Preempted
 from hftrain.checkpoint.files import read_json
 from hftrain.model.finetune import apply_method
 from hftrain.model.generation import sample
+from hftrain.speed import fp8
 from hftrain.speed.hardware import measure_peak_flops
 from hftrain.integrations.hub import CheckpointPusher
 from hftrain.integrations.outbox import Failure, Outbox
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
 from hftrain.model.build import build_model
 from hftrain.training.nonfinite import NonFiniteGuard
+from hftrain.training.input_check import InputCheckCallback
 from hftrain.training.step_flags import StepFlags
 from hftrain.parallel.dims import LaunchEnv, Strategy
 from hftrain.training.plot import plot_curves
@@ -114,10 +116,13 @@ def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
 
 def set_up(spec: RunSpec) -> TrainingSettings:
     """Every side effect of starting the run, in this order: network time-outs, the process set-up of its dims (a
-    CPU rehearsal's backend, DeepSpeed's config path), then the TrainingArguments' own (several nodes compare their
-    disks, the speed probe, the processes' agreement; training/arguments.py)."""
+    CPU rehearsal's backend, DeepSpeed's config path), FP8's refusals (speed/fp8.py, before the probe measures), then
+    the TrainingArguments' own (several nodes compare their disks, the speed probe, the processes' agreement;
+    training/arguments.py)."""
     network.configure(spec.faults.network_timeout_s)  # every network client from here on answers within this bound
     parallel.prepare_process(spec.dims)
+    fp8_setting, device = spec.speed.section.fp8, training_device(spec.arguments, spec.dims)
+    fp8.check_here(fp8_setting, device, spec.arguments, spec.finetune.finetune.method, spec.dims.strategy, spec.shape.meta)
     values, speed = set_up_arguments(spec.arguments, spec.dims, spec.shape, spec.speed, spec.recorded, spec.output_dir)
     settings = TrainingSettings(
         training_arguments(values, spec.finetune.finetune, spec.data_section.seq_len), speed, spec.length, spec.dims
@@ -125,6 +130,8 @@ def set_up(spec: RunSpec) -> TrainingSettings:
     if chunked_loss(spec, settings):
         why = "eager training on a CPU" if spec.speed.section.loss == "auto" else "speed.loss=chunked"
         settings.speed.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why})")
+    if fp8_setting:
+        settings.speed.reasons.append(fp8.note(spec.shape.meta, fp8_setting))
     return settings
 
 
@@ -155,6 +162,8 @@ def build_model_for(spec: RunSpec, settings: TrainingSettings, tokenizer: Any, t
     """The model as this run trains it (its loss, its fine-tuning method, its placement) and the batches' collator."""
     args, dims, section = settings.args, spec.dims, spec.data_section
     model = build_model(spec.model, tokenizer, tokenizer_is_new, dims)
+    if spec.speed.section.fp8:
+        fp8.apply(model, spec.speed.section.fp8)  # torchao's Float8Linear in the chosen layers (speed/fp8.py)
     collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
     if args.process_index == 0 and section.packs_documents:
         print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}", flush=True)
@@ -216,6 +225,7 @@ def build_trainer(
     callbacks = [
         MetricsFileCallback(),
         *callbacks,
+        InputCheckCallback(metrics.options),  # before step 1 on a GPU, before the clock starts: does the input keep up?
         ThroughputClockCallback(metrics),
         StartupOverCallback(),
         KeptCheckpointsCallback(spec.checkpoints.kept.keeps),

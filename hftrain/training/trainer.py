@@ -31,7 +31,7 @@ from hftrain.checkpoint import elastic
 from hftrain.parallel import dims as parallel
 from hftrain.checkpoint.adapter import is_adapter_dir
 from hftrain.checkpoint.manager import CheckpointManager
-from hftrain.data.loader import DataPlan, PackedDataset, ResumableLoader
+from hftrain.data.loader import DataPlan, PackedDataset, Placement, ResumableLoader
 from hftrain.parallel.readers import merge_positions
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.training.nonfinite import NonFiniteGuard
@@ -105,6 +105,7 @@ class HftrainTrainer(Trainer):
             args.dataloader_prefetch_factor,
             collate=self.data_collator,
             pad=pad,
+            placement=Placement.of(args),  # pinned, copied without a wait on CUDA
         )
         if options.data.section.preference_data:  # pairs differ in length: tokens/s counts the batches' positions
             loader, world = self.train_loader, args.world_size

@@ -60,3 +60,22 @@ def test_the_fit_answers_with_a_batch_at_the_global_batch_the_dims_use(tmp_path)
     plain = resolve(recipe, launch(1, elastic_nodes=2), {})  # no fit: the recipe's micro-batch, accumulated
     assert (plain.dims.micro_batch, plain.dims.accumulation, plain.fit_note) == (8, 2, None)
     assert plain.as_run is recipe
+
+
+def test_a_cuda_launch_reads_with_loader_workers_that_the_dims_and_arguments_agree_on(tmp_path, monkeypatch):
+    """The CUDA default of dataloader_num_workers is decided once, here: the readers split over it, the arguments
+    carry it (the loader is built from them), and a recipe's own value or a CPU launch keep theirs."""
+    from dataclasses import replace
+
+    from hftrain.recipe.parts import BatchPart
+    from hftrain.training import resolve as resolving
+
+    monkeypatch.setattr(resolving, "fit_batch", lambda recipe, *a: (BatchPart.of(recipe), None))  # the fit reads the GPU's memory
+    gpu = replace(launch(1), device="cuda", cpus=16)
+    spec = resolve(tiny(tmp_path), gpu, {})
+    assert spec.dims.readers.workers == spec.arguments["dataloader_num_workers"] == 4 and spec.dims.readers.readers == 8
+    assert spec.arguments["accelerator_config"] == {"non_blocking": True}
+    own = resolve(tiny(tmp_path, dataloader_num_workers=2), gpu, {})
+    assert own.dims.readers.workers == own.arguments["dataloader_num_workers"] == 2
+    cpu = resolve(tiny(tmp_path), replace(launch(1), cpus=16), {})
+    assert "dataloader_num_workers" not in cpu.arguments and cpu.dims.readers.workers == 1  # in the training process
