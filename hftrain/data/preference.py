@@ -15,6 +15,7 @@ from typing import Any
 from collections.abc import Iterator
 
 from hftrain.data.instructions import CHATML
+from hftrain.errors import HftrainError
 from hftrain.data.stream import BlockStream, DocumentStream, source_epochs
 
 IDS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -59,6 +60,29 @@ def needs_chat_template(tokenizer: Any, record: dict[str, Any]) -> bool:
 
 def use_chatml(tokenizer: Any) -> None:
     tokenizer.chat_template = CHATML
+
+
+SAME_ANSWERS_SAMPLE = 200  # the first training pairs read at the start to count those whose two answers are one
+
+
+def same_answers(first: list[dict[str, Any]], tokenizer: Any, where: str) -> str | None:
+    """A pair whose chosen answer is its rejected one teaches DPO nothing (the two log-probabilities cancel, its loss
+    stays at log 2 and its gradient at 0). Among the `first` records (as tokenized for training): none, None; some,
+    the line that says how many; most, refused naming `where` (the data.train source)."""
+    if first and needs_chat_template(tokenizer, first[0]):
+        tokenizer = copy.deepcopy(tokenizer)  # as training will tokenize them (the run's own tokenizer is not touched here)
+        use_chatml(tokenizer)
+    pairs = [encode_pair(tokenizer, record) for record in first]
+    same = sum(pair["chosen_ids"] == pair["rejected_ids"] for pair in pairs)
+    if not same:
+        return None
+    what = (
+        f"{where}: {same} of the first {len(pairs)} preference pairs have the same chosen and rejected answer, from which "
+        "DPO learns nothing"
+    )
+    if 2 * same > len(pairs):
+        raise HftrainError(f"{what}; most pairs are like that: check the records' chosen and rejected fields.")
+    return what
 
 
 def pair_tokens(pair: dict[str, Any]) -> int:

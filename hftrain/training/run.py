@@ -40,7 +40,8 @@ from hftrain.checkpoint.node_disks import common_resume
 from hftrain.parallel import liveness
 from hftrain.checkpoint.output_lock import owning
 from hftrain import progress
-from hftrain.data.loader import collator_for, first_documents
+from hftrain.data.loader import collator_for, first_documents, first_pairs
+from hftrain.data.preference import SAME_ANSWERS_SAMPLE, same_answers
 from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.pretokenized import check_compatible
 from hftrain.errors import Preempted
@@ -155,6 +156,11 @@ def prepare_output(spec: RunSpec, settings: TrainingSettings) -> tuple[Checkpoin
         elastic.check_backend(resume, dims.strategy, dims.processes)
     if data.pretokenized is not None:
         check_compatible(data.manifest, data.pretokenized.pretokenized, spec.data_section.seq_len, tokenizer)
+    if spec.data_section.preference_data:  # before the model loads: pairs DPO cannot learn from
+        source = spec.data_section.train[0]
+        said = same_answers(first_pairs(data, SAME_ANSWERS_SAMPLE), tokenizer, f"data.train ({source.path or source.dataset})")
+        if said and args.process_index == 0:
+            print(f"hftrain: warning: {said}", flush=True)
     return checkpoints, tokenizer, is_new, resume
 
 

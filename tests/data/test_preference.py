@@ -226,3 +226,63 @@ def test_pairs_read_the_same_from_a_local_file_s3_and_a_hugging_face_dataset(tmp
     assert len(local) == 12 and all(p["chosen_ids"] != p["rejected_ids"] for p in local)
     assert first_pairs({"path": f"s3://{bucket}/pairs.jsonl.gz"}) == local
     assert first_pairs({"dataset": str(tmp_path / "ds"), "split": "train"}) == local
+
+
+@pytest.mark.parametrize(
+    ("same", "of", "expected"),
+    [
+        (0, 10, None),  # every pair teaches something: nothing said
+        (3, 10, "data.train (pairs.jsonl): 3 of the first 10 preference pairs have the same chosen and rejected answer"),
+        (6, 10, "most pairs are like that"),  # refused
+    ],
+)
+def test_pairs_whose_answers_are_one_are_counted_and_refused_when_most_are(same, of, expected):
+    """DPO learns nothing from a pair whose chosen answer is its rejected one: said, and refused when most are (before:
+    such data trained to exit 0, nothing said). Conversations are compared as training tokenizes them."""
+    from hftrain.data.preference import same_answers
+
+    shipped = [json.loads(line) for line in (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:of]]
+    records = [{**r, "rejected": r["chosen"]} if i < same else r for i, r in enumerate(shipped)]
+    tokenizer = gpt2()
+    if expected == "most pairs are like that":
+        with pytest.raises(HftrainError, match=expected) as refused:
+            same_answers(records, tokenizer, "data.train (pairs.jsonl)")
+        assert "\n" not in str(refused.value) and "data.train (pairs.jsonl): 6 of the first 10" in str(refused.value)
+    else:
+        said = same_answers(records, tokenizer, "data.train (pairs.jsonl)")
+        assert said == expected or said.startswith(expected)
+    chats = [{**CHATS[0], "rejected": CHATS[0]["chosen"]}, CHATS[1]]
+    assert same_answers(chats, tokenizer, "chats").startswith("chats: 1 of the first 2")  # the run's tokenizer untouched:
+    assert tokenizer.chat_template is None
+
+
+def test_a_dpo_run_on_pairs_with_one_answer_is_refused_before_its_model_loads(tmp_path, capsys, monkeypatch):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from hftrain.training import run
+    from tests.support.cli import in_process
+
+    base = tmp_path / "base"  # DPO starts from pretrained weights: a tiny model with the GPT-2 vocabulary
+    config = GPTNeoXConfig(vocab_size=50304, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    GPTNeoXForCausalLM(config).save_pretrained(base)
+    gpt2().save_pretrained(base)
+
+    pairs = [json.loads(line) for line in (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:40]]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({**r, "rejected": r["chosen"]}) + "\n" for r in pairs))
+    recipe = tmp_path / "dpo.yaml"
+    recipe.write_text(
+        json.dumps(
+            {
+                "model": {"from_pretrained": str(base)},
+                "tokenizer": {"path": str(base)},
+                "data": {"train": {"path": str(data), "format": "preference"}, "seq_len": 64, "eval_blocks": 4},
+                "finetune": {"objective": "dpo", "method": "full"},
+                "training": {"output_dir": str(tmp_path / "run"), "max_steps": 2, "bf16": False, "torch_compile": False},
+            }
+        )
+    )
+    monkeypatch.setattr(run, "build_model", lambda *a, **k: pytest.fail("the model was built before the refusal"))
+    code, printed = in_process(capsys, "train", str(recipe))
+    assert code == 2 and "Traceback" not in printed, printed[-2000:]
+    assert f"data.train ({data}): 40 of the first 40 preference pairs have the same chosen and rejected answer" in printed, printed[-2000:]
