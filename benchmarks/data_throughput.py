@@ -66,8 +66,8 @@ def write_shards(root: Path, shards: int = 8) -> list[Path]:
 
 def gpu_consumption(a: argparse.Namespace) -> tuple[float, str]:
     """Tokens/s one GPU trains --recipe at, as `hftrain plan --gpus N --gpu-mem-gb M --gpu-type T` times its step."""
-    from hftrain.plan import fit as fitting
-    from hftrain.plan.estimates import plan
+    from hftrain.planning import fit as fitting
+    from hftrain.planning.estimates import plan
     from hftrain.recipe.parts import PlanPart
     from hftrain.speed.hardware import spec_bf16_tflops
 
@@ -191,7 +191,7 @@ def training_rate(data: Path, out: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    from hftrain.plan.fit import GPU_MFU
+    from hftrain.planning.fit import GPU_MFU
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)

@@ -137,7 +137,7 @@ def main() -> None:
         return child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.steps)
 
     from hftrain.model.build import load_pretrained
-    from hftrain.plan.estimates import plan
+    from hftrain.planning.estimates import plan
     from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import ModelPart, PlanPart
 

@@ -4,7 +4,7 @@
 
 Each configuration is a real `hftrain train` (3 steps, then the final evaluation and save) in a fresh process,
 watched from outside: the RSS high-water mark (VmHWM) of every process of the run, read every 20 ms; for 2
-processes, the largest training process. The prediction is `hftrain.plan.memory.predict_peak` for the same recipe,
+processes, the largest training process. The prediction is `hftrain.planning.memory.predict_peak` for the same recipe,
 computed on paper. "above libs" subtracts the libraries' own footprint (a process that imported them and did
 nothing), so that a good total cannot hide a wrong model part. Models are presets with random weights and the
 built-in GPT-2 tokenizer (50,304-row embeddings, as Pythia), saved once for the fine-tuning rows.
@@ -133,7 +133,7 @@ def largest_peak(cmd: list[str], env: dict[str, str] | None = None, timeout: flo
 
 def library_peak(env: dict[str, str]) -> int:
     """The footprint of the libraries alone, as `hftrain train` imports them, measured the way the runs are."""
-    code = "from hftrain.plan.memory import import_training_libraries as f; f()"
+    code = "from hftrain.planning.memory import import_training_libraries as f; f()"
     rc, peak, tail = largest_peak([sys.executable, "-c", code], env)
     if rc:
         sys.exit(f"measuring the libraries' footprint failed:\n{tail}")
@@ -142,7 +142,7 @@ def library_peak(env: dict[str, str]) -> int:
 
 def predicted_libraries(env: dict[str, str]) -> float:
     """The libraries' figure `hftrain plan` uses (memory.library_footprint, measured in a fresh process, cached)."""
-    code = "from hftrain.plan.memory import library_footprint; print('BYTES', library_footprint(measure=True))"
+    code = "from hftrain.planning.memory import library_footprint; print('BYTES', library_footprint(measure=True))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     line = next((x for x in done.stdout.splitlines() if x.startswith("BYTES ")), None)
     if done.returncode or line is None:
@@ -170,8 +170,8 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     import yaml
 
     from hftrain.recipe.load import load_recipe
-    from hftrain.plan.estimates import plan
-    from hftrain.plan.memory import predict_peak, run_shape
+    from hftrain.planning.estimates import plan
+    from hftrain.planning.memory import predict_peak, run_shape
     from hftrain.recipe.parts import MemoryPart, PlanPart
 
     raw = recipe_for(config, bases, work / config.name)
@@ -217,8 +217,8 @@ def print_table(rows: list[dict[str, Any]], libs_measured: int) -> None:
 def replay(path: Path) -> None:
     """The stored measurements against the current prediction (the same recipes, the stored libraries figure)."""
     from hftrain.recipe.load import load_recipe
-    from hftrain.plan.estimates import plan
-    from hftrain.plan.memory import predict_peak, run_shape
+    from hftrain.planning.estimates import plan
+    from hftrain.planning.memory import predict_peak, run_shape
     from hftrain.recipe.parts import MemoryPart, PlanPart
 
     stored = json.loads(path.read_text())
@@ -242,7 +242,7 @@ def main() -> None:
     parser.add_argument(
         "--replay",
         type=Path,
-        help="predict again for the measurements stored by --json (after a change of the model in hftrain/plan/memory.py); runs nothing",
+        help="predict again for the measurements stored by --json (after a change of the model in hftrain/planning/memory.py); runs nothing",
     )
     args = parser.parse_args()
     if args.replay:

@@ -110,7 +110,7 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_between_packages():
-    """The packages form layers: recipe, parallel, checkpoint, model, speed, data, eval, plan, export, launch,
+    """The packages form layers: recipe, parallel, checkpoint, model, speed, data, eval, planning, export, launch,
     integrations, training, cli (each imports only packages before it)."""
     cycle = find_cycle(package_graph(import_graph()))
     assert cycle is None, "package import cycle: " + " -> ".join(cycle or [])
@@ -242,6 +242,25 @@ def test_import_hftrain_changes_nothing_global():
         "logger_levels": {"bitsandbytes.backends.cpu.ops": 0, "transformers": 0},
         "heavy": [],
     }, seen
+
+
+API_PROBE = """
+import hftrain, hftrain.planning.fit, hftrain.training.run  # what hftrain.train() imports
+recipe = hftrain.load_recipe("recipes/quickstart.yaml")
+print(type(hftrain.plan).__name__, sorted(hftrain.plan(recipe))[:3], callable(hftrain.train))
+"""
+
+
+def test_the_api_functions_stay_functions_after_their_packages_load():
+    """`hftrain.plan(recipe)` after the packages hftrain.train() imports: before, the subpackage hftrain/plan/ took the
+    name (`module object is not callable`); it is hftrain/planning/ now."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", API_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == "function ['config', 'finetune_bytes', 'finetune_method'] True", done.stdout[-500:]
 
 
 # Settings the libraries document for users to assign (not patches): fsspec's default options per protocol, torch's

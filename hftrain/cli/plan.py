@@ -32,9 +32,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.recipe.load import load_recipe
-    from hftrain.plan import fit as fitting
-    from hftrain.plan.estimates import format_fit, format_fp8, format_peak, format_peak_table, format_plan, format_time, plan
-    from hftrain.plan.memory import library_footprint
+    from hftrain.planning import fit as fitting
+    from hftrain.planning.estimates import format_fit, format_fp8, format_peak, format_peak_table, format_plan, format_time, plan
+    from hftrain.planning.memory import library_footprint
     from hftrain.recipe.parts import PlanPart
 
     card = _card(args)  # the options first: a refusal before any work is printed
@@ -109,7 +109,7 @@ def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, st
     from hftrain.checkpoint.layout import RunLayout
     from hftrain.checkpoint.files import read_json
     from hftrain.errors import HftrainError
-    from hftrain.plan import fit as fitting
+    from hftrain.planning import fit as fitting
 
     if args.mfu:
         return args.mfu, "--mfu"

@@ -16,7 +16,7 @@ from hftrain.data.preference import encode_pair
 
 LOGIT_BUDGET_BYTES = 256e6
 """Logits per forward (fp32, with their log-probabilities): rows are batched up to this, one row at least, so
-the memory depends on seq_len and the vocabulary, not on how many held-out pairs there are (plan/memory.py)."""
+the memory depends on seq_len and the vocabulary, not on how many held-out pairs there are (planning/memory.py)."""
 
 
 def _batches(rows: list[tuple[list[int], list[int]]], vocab: int, batch_size: int) -> list[list[tuple[list[int], list[int]]]]:

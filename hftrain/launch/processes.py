@@ -117,8 +117,8 @@ def _warn_memory(checks: LaunchPart, backend: Any, processes: int | None, cpu: b
     if processes is None or checks.plan.batch.fit_memory or backend.value == "device_map":
         return False
     from hftrain.parallel.dims import global_batch
-    from hftrain.plan.estimates import plan
-    from hftrain.plan.fit import fit_this_run
+    from hftrain.planning.estimates import plan
+    from hftrain.planning.fit import fit_this_run
 
     part = checks.plan
     total = global_batch(part.batch, processes)

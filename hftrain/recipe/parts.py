@@ -79,7 +79,7 @@ class ModelPart:
 class BatchPart:
     """The batch keys, from which parallel/dims.py alone derives the global batch: parallelism.global_batch_size and
     the training section's micro-batch, evaluation batch, accumulation and gradient checkpointing. The memory fit
-    (plan/fit.py) answers with another BatchPart, never a new recipe."""
+    (planning/fit.py) answers with another BatchPart, never a new recipe."""
 
     global_batch_size: int | None
     micro_batch: int
@@ -120,7 +120,7 @@ class BatchPart:
 
 @dataclass(frozen=True)
 class RunLengthPart:
-    """What the run's length is derived from (plan/run_length.py): training.max_steps, data.train_tokens,
+    """What the run's length is derived from (planning/run_length.py): training.max_steps, data.train_tokens,
     training.num_train_epochs (when written), data.seq_len, and checkpoints.steps (each must be reached)."""
 
     max_steps: int | None
@@ -276,7 +276,7 @@ class SageMakerPart:
 
 @dataclass(frozen=True)
 class MemoryPart:
-    """What the peak-memory prediction reads (plan/memory.py): the finetune section (method, objective), the data
+    """What the peak-memory prediction reads (planning/memory.py): the finetune section (method, objective), the data
     section (seq_len, eval_blocks, documents kept apart, readers, shuffle window), the training section (batches,
     precision, gradient checkpointing, torch_compile, DataLoader workers), parallelism.strategy and
     model.attn_implementation."""
@@ -295,7 +295,7 @@ class MemoryPart:
 
 @dataclass(frozen=True)
 class PlanPart:
-    """What `hftrain plan`'s estimates read (plan/estimates.py): the memory prediction's part (the finetune section,
+    """What `hftrain plan`'s estimates read (planning/estimates.py): the memory prediction's part (the finetune section,
     data.seq_len, the micro-batch), the model's part (measured on the meta device), the batch (the global batch,
     for the tokens per step) and the run length (the planned steps)."""
 

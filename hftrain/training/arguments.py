@@ -25,7 +25,7 @@ from hftrain.checkpoint import node_disks
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
 from hftrain.recipe.finetune_section import FinetuneSection
-from hftrain.plan.run_length import RunLength
+from hftrain.planning.run_length import RunLength
 from hftrain.speed.defaults import SpeedPlan
 from hftrain.recipe.parts import SpeedPart
 from hftrain.recipe.objectives import OBJECTIVES

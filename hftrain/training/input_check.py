@@ -12,12 +12,12 @@ from transformers import TrainerCallback
 
 from hftrain.data.input_rate import MEASURE_S, input_warning, tokens_per_s
 from hftrain.data.loader import ResumableLoader
-from hftrain.plan.fit import GPU_MFU
+from hftrain.planning.fit import GPU_MFU
 from hftrain.training.step_metrics import MetricsOptions
 
 
 def consumed_tokens_per_s(flops_per_token: float, peak_flops: float, mfu: float, checkpointing: bool) -> float:
-    """Tokens/s one device trains at `mfu` of `peak_flops` (plan/fit.step_time, per token: gradient checkpointing
+    """Tokens/s one device trains at `mfu` of `peak_flops` (planning/fit.step_time, per token: gradient checkpointing
     recomputes the forward, 8/6 of the work)."""
     return peak_flops * mfu / (flops_per_token * (8 / 6 if checkpointing else 1.0))
 

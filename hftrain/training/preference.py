@@ -8,7 +8,7 @@ into the Trainer's: the loss, the reference log-probabilities and the rewards ar
 
 The reference: with an adapter (lora, qlora) TRL disables the adapter (hftrain hands it the LoraConfig, so no
 second copy of the weights exists); with full fine-tuning it is a frozen copy of the starting weights, built
-the way the policy was (plan/memory.py counts it).
+the way the policy was (planning/memory.py counts it).
 """
 
 from __future__ import annotations

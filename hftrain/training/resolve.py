@@ -2,8 +2,8 @@
 recorded at its start) to a frozen `RunSpec` of per-component parts.
 
 Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
-(dims.global_batch), the memory fit (plan/fit.py: a batch, never a new recipe), the run length
-(plan/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
+(dims.global_batch), the memory fit (planning/fit.py: a batch, never a new recipe), the run length
+(planning/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
 TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the data's manifest,
 the machine's memory) but changes nothing: what a run then sets up, process groups, patches, the speed probe, is
 `training/run.py`'s set-up step. The components get their part (hftrain/recipe/parts.py), never the recipe;
@@ -24,8 +24,8 @@ from hftrain.model.finetune import check_starting_weights
 from hftrain.parallel import dims as parallel
 from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
 from hftrain.parallel.readers import default_readers, default_workers
-from hftrain.plan import run_length
-from hftrain.plan.run_length import RunLength
+from hftrain.planning import run_length
+from hftrain.planning.run_length import RunLength
 from hftrain.recipe.objectives import OBJECTIVES, Objective
 from hftrain.recipe.parts import (
     BatchPart,
@@ -145,8 +145,8 @@ def fit_batch(
     batch = BatchPart.of(recipe)
     if strategy is Strategy.DEVICE_MAP:
         return batch, None
-    from hftrain.plan.estimates import plan
-    from hftrain.plan.fit import fit_this_run
+    from hftrain.planning.estimates import plan
+    from hftrain.planning.fit import fit_this_run
 
     part = PlanPart.of(recipe)
     total = parallel.global_batch(batch, launch.processes, recorded, launch.elastic_most_nodes, launch.local_processes)
@@ -158,7 +158,7 @@ def fit_batch(
 
 
 def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
-    """`hftrain.plan(recipe)`: the recipe's model, FLOPs and memory on paper (plan/estimates.py), from its plan part."""
-    from hftrain.plan.estimates import plan as estimate
+    """`hftrain.plan(recipe)`: the recipe's model, FLOPs and memory on paper (planning/estimates.py), from its plan part."""
+    from hftrain.planning.estimates import plan as estimate
 
     return estimate(PlanPart.of(recipe), shape)

@@ -25,8 +25,8 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
 
     import hftrain
     from hftrain.recipe.load import load_recipe
-    from hftrain.plan.estimates import plan
-    from hftrain.plan.memory import predict_peak, run_shape
+    from hftrain.planning.estimates import plan
+    from hftrain.planning.memory import predict_peak, run_shape
     from hftrain.recipe.parts import MemoryPart, PlanPart
 
     raw = {

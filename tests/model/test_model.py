@@ -6,7 +6,7 @@ import pytest
 
 from hftrain.errors import HftrainError
 from hftrain.model.build import build_config, padded_vocab_size, parameter_counts
-from hftrain.plan.estimates import plan
+from hftrain.planning.estimates import plan
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import ModelPart, PlanPart
 

@@ -138,7 +138,7 @@ def test_fingerprint_ignores_training_settings():
 
 @pytest.mark.parametrize("path", RECIPES, ids=[str(p.relative_to(ROOT)) for p in RECIPES])
 def test_every_shipped_recipe_validates_and_plans(path, request):
-    from hftrain.plan.estimates import plan
+    from hftrain.planning.estimates import plan
     from hftrain.recipe.parts import PlanPart
 
     recipe = load_recipe(path)

@@ -13,7 +13,7 @@ import yaml
 import hftrain
 from hftrain.errors import HftrainError
 from hftrain.model.build import measure_model
-from hftrain.plan.estimates import format_fp8
+from hftrain.planning.estimates import format_fp8
 from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
 from hftrain.speed import fp8

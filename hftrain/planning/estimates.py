@@ -14,8 +14,8 @@ from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.model.build import ModelShape, measure_model
 from hftrain.parallel.dims import global_batch
 from hftrain.recipe.parts import PlanPart
-from hftrain.plan.fit import MARGIN, Fit, Machine, step_time
-from hftrain.plan.memory import CUDA_CONTEXT_BYTES
+from hftrain.planning.fit import MARGIN, Fit, Machine, step_time
+from hftrain.planning.memory import CUDA_CONTEXT_BYTES
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.speed import fp8
 
@@ -67,7 +67,7 @@ def _layers(model: Any) -> list[Any]:
 def _planned_steps(part: PlanPart) -> int | None:
     """max_steps as `train` derives it on one process (run_length.py); None when it needs the data's size."""
     from hftrain.errors import HftrainError
-    from hftrain.plan.run_length import resolve
+    from hftrain.planning.run_length import resolve
 
     try:
         return resolve(part.run_length, 1, None).max_steps
@@ -218,8 +218,8 @@ PART_NOTES = {
 
 def format_peak_table(part: PlanPart, info: dict[str, Any], machine: Machine, libraries: float | None) -> list[str]:
     """Predicted peak per process for each strategy and fine-tuning method, at the recipe's micro-batch."""
-    from hftrain.plan.fit import GPU_STRATEGIES
-    from hftrain.plan.memory import predict_peak, run_shape
+    from hftrain.planning.fit import GPU_STRATEGIES
+    from hftrain.planning.memory import predict_peak, run_shape
 
     methods = ("full", "lora", "qlora")
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")

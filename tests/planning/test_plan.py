@@ -14,9 +14,9 @@ import pytest
 import hftrain
 from hftrain.cli import main
 from hftrain.recipe.load import load_recipe
-from hftrain.plan import fit as fitting
-from hftrain.plan.estimates import plan
-from hftrain.plan.memory import GB, predict_peak, run_shape
+from hftrain.planning import fit as fitting
+from hftrain.planning.estimates import plan
+from hftrain.planning.memory import GB, predict_peak, run_shape
 from hftrain.recipe.parts import LaunchPart, MemoryPart, PlanPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl

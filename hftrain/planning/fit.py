@@ -14,7 +14,7 @@ from typing import Any
 
 from hftrain.parallel.dims import global_batch
 from hftrain.recipe.parts import BatchPart, PlanPart
-from hftrain.plan.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
+from hftrain.planning.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
 
 MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and what the prediction leaves out
 GPU_MFU = 0.35  # assumed when nothing was measured: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3)

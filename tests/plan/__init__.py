@@ -1,1 +1,0 @@
-"""Tests of hftrain/plan/ (tests mirror the package)."""

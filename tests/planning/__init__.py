@@ -1,0 +1,1 @@
+"""Tests of hftrain/planning/ (tests mirror the package)."""
