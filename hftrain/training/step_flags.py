@@ -48,10 +48,10 @@ class StepFlags:
 
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
-    def of_step(self, step: int, nonfinite: torch.Tensor | None = None, norm: Any = None) -> torch.Tensor:
+    def of_step(self, step: int, nonfinite: torch.Tensor | None = None, norm: Any = None, keep: bool = True) -> torch.Tensor:
         """Optimizer step `step`'s flags, agreed by every process (on the device; nothing is read back here).
         `nonfinite`: this process saw a non-finite value in the step (a boolean tensor on the device); `norm`: the
-        step's gradient norm (a tensor or a float), for the message."""
+        step's gradient norm (a tensor or a float), for the message; `keep`: pending until the host reads them."""
         flags = torch.zeros(3, device=self.device)  # kernels set every value: no copy from the host
         flags[NORM] = math.nan
         if nonfinite is not None:
@@ -67,7 +67,8 @@ class StepFlags:
             import torch.distributed as dist
 
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        self.pending.append((step, flags))
+        if keep:
+            self.pending.append((step, flags))
         return flags
 
     def due(self, step: int, trainer_reads: bool) -> bool:
@@ -86,9 +87,10 @@ class StepFlags:
 
     def stage_signal(self, step: int) -> None:
         """Start copying step `step`'s agreed flags to the host, without waiting (read at the next step's end)."""
-        if not self.pending or self.pending[-1][0] != step:
-            self.of_step(step)  # a Trainer that feeds no guard: the signal flag alone
-        flags = self.pending[-1][1]
+        if self.pending and self.pending[-1][0] == step:
+            flags = self.pending[-1][1]  # the guard's flags of this step carry the signal too
+        else:  # no guard's flags for this step (read already, or a Trainer that feeds none): the signal alone
+            flags = self.of_step(step, keep=False)
         if flags.device.type == "cuda":
             copy = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
             copy.copy_(flags, non_blocking=True)
