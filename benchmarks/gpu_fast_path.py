@@ -108,18 +108,17 @@ def trainer_callback(window: Window) -> Any:
     return Timed()
 
 
-def timed_fetch(trainer_class: type, window: Window) -> type:
-    """`trainer_class` with its batch fetch timed (host side): the data wait."""
+def timed_fetch(fetch: Any, window: Window) -> Any:
+    """A Trainer's get_batch_samples, its time counted as the data wait (host side)."""
 
-    class Fetching(trainer_class):  # type: ignore[misc, valid-type]
-        def get_batch_samples(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return super().get_batch_samples(*args, **kwargs)
-            finally:
-                window.fetched(time.perf_counter() - start)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fetch(self, *args, **kwargs)
+        finally:
+            window.fetched(time.perf_counter() - start)
 
-    return Fetching
+    return timed
 
 
 def model_config(model: str, a: argparse.Namespace) -> Any:
@@ -139,15 +138,7 @@ def side_hftrain(model: str, side: str, a: argparse.Namespace, out: Path) -> dic
     window = Window(a.warm, a.steps, a.device)
     cls = trainer_module.HftrainTrainer
     original = cls.get_batch_samples
-
-    def fetch(self: Any, *args: Any, **kwargs: Any) -> Any:  # timed as timed_fetch does (no subclass: super() inside stays)
-        start = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            window.fetched(time.perf_counter() - start)
-
-    cls.get_batch_samples = fetch
+    cls.get_batch_samples = timed_fetch(original, window)  # on the class: run() builds its own instance
     try:
         run = hftrain.train(hftrain.load_recipe(None, recipe(model, a, out, side)), callbacks=[trainer_callback(window)])
     finally:
@@ -185,7 +176,8 @@ def side_trainer(model: str, side: str, a: argparse.Namespace, out: Path) -> dic
         dataloader_num_workers=2 if a.device == "cuda" else 0,
         disable_tqdm=True,
     )
-    trainer = timed_fetch(Trainer, window)(model=net, args=args, train_dataset=data, callbacks=[trainer_callback(window)])
+    fetching = type("Fetching", (Trainer,), {"get_batch_samples": timed_fetch(Trainer.get_batch_samples, window)})
+    trainer = fetching(model=net, args=args, train_dataset=data, callbacks=[trainer_callback(window)])
     trainer.train()
     return {"window": window, "model": net, "loss": last_loss(trainer.state.log_history)}
 
@@ -240,6 +232,7 @@ def measure(model: str, side: str, a: argparse.Namespace, out: Path) -> dict[str
     """One side, in this process: its numbers as one JSON-able dict."""
     import torch
     from torch._dynamo.utils import counters
+    from transformers import GPTNeoXForCausalLM
 
     from hftrain.model.build import flops_per_token, parameter_counts
 
@@ -250,10 +243,8 @@ def measure(model: str, side: str, a: argparse.Namespace, out: Path) -> dict[str
     run = {"trainer": side_trainer, "litgpt": side_litgpt}.get(side, side_hftrain)(model, side, a, out)
     window = run["window"]
     config = model_config(model, a)
-    counts = parameter_counts(__import__("transformers").GPTNeoXForCausalLM(config)) if a.device != "cuda" else None
-    if counts is None:
-        with torch.device("meta"):
-            counts = parameter_counts(__import__("transformers").GPTNeoXForCausalLM(config))
+    with torch.device("meta"):  # the same config every side trains, sized without memory
+        counts = parameter_counts(GPTNeoXForCausalLM(config))
     tokens_per_s = (a.steps - a.warm) * a.batch * a.seq / window.seconds
     flops = flops_per_token(counts, config, a.seq)
     return {

@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 
 from hftrain.errors import HftrainError
 from hftrain.recipe.sections import FaultsSection
-from hftrain.training.step_flags import NONFINITE, NORM, StepFlags
+from hftrain.training.step_flags import NONFINITE, NORM, StepFlags, host
 
 
 class NonFiniteGuard(TrainerCallback):
@@ -53,30 +53,28 @@ class NonFiniteGuard(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None, **kwargs: Any) -> None:
         step = state.global_step + 1
-        bad, norm = self._step_flag(model), self._grad_norm
+        norm = local(self._grad_norm.detach()) if isinstance(self._grad_norm, torch.Tensor) else self._grad_norm
+        bad = self._step_flag(model, norm)
         self._loss_bad, self._grad_norm, self._fed = None, None, False
         agreed = self.flags.of_step(step, bad, norm)[NONFINITE]
         inner = on_device_skip(optimizer)
         if inner is not None:
             inner.found_inf = agreed  # the fused step skips itself where the flag is 1, on every process alike
             return
-        if bool(agreed):  # read at once: this optimizer steps whatever its gradients are
-            _, values = self.flags.pending.pop()  # acted on here, not at the next read
+        values = host(self.flags.pending.pop()[1])  # read at once (acted on here, not at the next read): this
+        if values[NONFINITE]:  # optimizer steps whatever its gradients are
             self._on_nonfinite(step, float(values[NORM]))
             if optimizer is not None:
                 optimizer.zero_grad(set_to_none=True)  # parameters and optimizer state stay as they were
-        else:
-            self.flags.pending.pop()
 
-    def _step_flag(self, model: Any) -> torch.Tensor | None:
-        """This process's verdict on the step, on the device: the losses and the norm the Trainer reported, else
-        the gradients themselves (a Trainer that does not feed the guard)."""
+    def _step_flag(self, model: Any, norm: Any) -> torch.Tensor | None:
+        """This process's verdict on the step, on the device: the losses and the norm the Trainer reported (`norm`,
+        a plain tensor or a float), else the gradients themselves (a Trainer that does not feed the guard)."""
         if not self._fed:
             return None if model is None else gradients_nonfinite(model)
         bad = self._loss_bad
-        norm = self._grad_norm
         if isinstance(norm, torch.Tensor):
-            norm_bad = torch.logical_not(torch.isfinite(local(norm.detach())).all())
+            norm_bad = torch.logical_not(torch.isfinite(norm).all())
             bad = norm_bad if bad is None else bad | norm_bad.to(bad.device)
         elif norm is not None and not math.isfinite(norm):  # a float already (DeepSpeed's norm)
             bad = torch.ones((), dtype=torch.bool) if bad is None else torch.ones_like(bad)

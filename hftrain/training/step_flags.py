@@ -56,8 +56,7 @@ class StepFlags:
         flags[NORM] = math.nan
         if nonfinite is not None:
             flags[NONFINITE] = nonfinite.to(device=self.device)
-        if isinstance(norm, torch.Tensor):
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor (replicated)
+        if isinstance(norm, torch.Tensor):  # a plain tensor (the guard reads FSDP2's DTensor norm whole)
             flags[NORM] = norm.detach().reshape(()).to(device=self.device, dtype=flags.dtype)
         elif norm is not None:
             flags[NORM] = float(norm)
