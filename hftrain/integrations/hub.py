@@ -257,20 +257,26 @@ class CheckpointPusher:
                 checkpoint, {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy]
             )
 
-    def _copy_checkpoint(self, checkpoint: Path, url: str) -> None:
-        staged = self.outbox.stage(checkpoint)  # rotation may delete the checkpoint before its turn
-        options = self.part.hub.storage_options
+    def _copy_checkpoint(self, checkpoint: Path, url: str, staged: Path | None = None, record: dict[str, Any] | None = None) -> None:
+        staged = staged or self.outbox.stage(checkpoint)  # rotation may delete the checkpoint before its turn
+        options = self.part.hub.storage_options  # never journaled: it may hold keys
         self.outbox.submit(
             "S3",
             f"copying {checkpoint.name} to {url}",
             lambda: copy_to_fsspec(staged, url, options, name=checkpoint),
             later=send_later(f"hftrain push {checkpoint} --to {url}"),
             staged=staged,
+            record=record or {"kind": "s3", "checkpoint": checkpoint.name, "url": url},
+            lane=url,
+            source=checkpoint,
         )
 
-    def _push_checkpoint(self, checkpoint: Path, path_in_repo: str | None) -> None:
-        repo, revision = self.repo_id(), self.args.hub_revision
-        staged = bundle(Path(self.args.output_dir), checkpoint, self.part, repo, into=self.outbox.folder)
+    def _push_checkpoint(
+        self, checkpoint: Path, path_in_repo: str | None, staged: Path | None = None, record: dict[str, Any] | None = None
+    ) -> None:
+        repo = (record or {}).get("repo") or self.repo_id()
+        revision = (record or {}).get("revision", self.args.hub_revision)
+        staged = staged or bundle(Path(self.args.output_dir), checkpoint, self.part, repo, into=self.outbox.folder)
 
         def send() -> str:
             return push_folder(
@@ -283,7 +289,53 @@ class CheckpointPusher:
             )
 
         later = send_later(f"hftrain push {checkpoint} --repo-id {repo}" + (f" --revision {revision}" if revision else ""))
-        self.outbox.submit("the Hub", f"pushing {checkpoint.name} to {repo}", send, later=later, staged=staged)
+        self.outbox.submit(
+            "the Hub",
+            f"pushing {checkpoint.name} to {repo}",
+            send,
+            later=later,
+            staged=staged,
+            # every_save and checkpoint rewrite one place: a newer push there replaces a waiting one
+            target=None if path_in_repo == checkpoint.name else f"{repo}@{revision or 'main'}:{path_in_repo or '/'}",
+            lane=f"{repo}@{revision or 'main'}",
+            record=record
+            or {"kind": "hub", "checkpoint": checkpoint.name, "repo": repo, "revision": revision, "path_in_repo": path_in_repo},
+            source=checkpoint,
+        )
+
+    def recover(self) -> None:
+        """What an earlier launch of this run queued and did not send (it was killed before): queued again, from
+        its staged copy or its checkpoint; kept as a failure, with its command, where the folder is gone or this
+        launch's recipe no longer shares with that service."""
+        earlier = list(self.outbox.earlier)
+        if not earlier:
+            return
+        print(f"hftrain: an earlier launch of this run queued {len(earlier)} upload(s) it did not send: sending them now", flush=True)
+        run_dir = Path(self.args.output_dir)
+        for entry in earlier:
+            kind, checkpoint = entry.get("kind"), run_dir / str(entry.get("checkpoint", ""))
+            staged = self.outbox.folder / entry["staged"] if entry.get("staged") else None
+            staged = staged if staged is not None and staged.is_dir() else None
+            shares = {"hub": self.push_to_hub, "revision": self.revisions is not None, "s3": bool(self.part.hub.s3_uri)}
+            why = "queued by an earlier launch of this run, stopped before it was sent"
+            if not shares.get(str(kind)):
+                self.outbox.fail(
+                    Failure(
+                        entry["service"], entry["what"], f"{why}; this launch's recipe does not send it", entry["later"], str(checkpoint)
+                    ),
+                    training=True,
+                    record=entry,
+                )
+            elif staged is None and not checkpoint.is_dir():
+                self.outbox.fail(
+                    Failure(entry["service"], entry["what"], f"{why}; {checkpoint.name} is gone", "", str(checkpoint)), record=entry
+                )
+            elif kind == "s3":
+                self._copy_checkpoint(checkpoint, entry["url"], staged, entry)
+            elif kind == "hub":
+                self._push_checkpoint(checkpoint, entry.get("path_in_repo"), staged, entry)
+            else:
+                self.revisions.submit(run_dir, checkpoint, int(entry["step"]), record=entry)
 
     def on_end(self, run_dir: Path, final_dir: Path) -> tuple[list[str], list[Failure]]:
         """Send the final model after what the outbox still holds; (where it went, every failure of the run)."""
@@ -314,8 +366,7 @@ class CheckpointPusher:
                 self.outbox.fail(Failure("the Hub", f"pushing the final model to {repo}", reason(err), later), training=False)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-        self.outbox.finish()  # removes its folder, now empty
-        return done, list(self.outbox.failures)
+        return done, self.outbox.finish()
 
 
 def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None) -> str:

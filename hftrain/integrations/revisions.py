@@ -46,26 +46,32 @@ class RevisionPublisher:
         step = checkpoint_step(checkpoint)
         return step is not None and self.part.checkpoints.keeps(step)
 
-    def submit(self, run_dir: Path, checkpoint: Path, step: int) -> None:
-        """Queue the push of `checkpoint` (a checkpoint, or initial/ for step 0) as branch stepN."""
-        branch = branch_of(step)
-        later = f"send it later: `hftrain export {checkpoint} --merge --out DIR` then `hftrain push DIR --repo-id {self.repo_id} --revision {branch}`"
+    def submit(self, run_dir: Path, checkpoint: Path, step: int, record: dict[str, Any] | None = None) -> None:
+        """Queue the push of `checkpoint` (a checkpoint, or initial/ for step 0) as branch stepN (`record`: an
+        earlier launch's journal entry, sent again to the repo it names)."""
+        branch, repo = branch_of(step), (record or {}).get("repo") or self.repo_id
+        later = (
+            f"send it later: `hftrain export {checkpoint} --merge --out DIR` then `hftrain push DIR --repo-id {repo} --revision {branch}`"
+        )
         self.outbox.submit(
             "the Hub",
-            f"pushing {checkpoint.name} as revision {branch} of {self.repo_id}",
-            lambda: self._push(run_dir, checkpoint, branch),
+            f"pushing {checkpoint.name} as revision {branch} of {repo}",
+            lambda: self._push(run_dir, checkpoint, branch, repo),
             later=later,
-            done=lambda _: print(f"hftrain: pushed {checkpoint.name} to {self.repo_id} as revision {branch}", flush=True),
+            done=lambda _: print(f"hftrain: pushed {checkpoint.name} to {repo} as revision {branch}", flush=True),
+            record=record or {"kind": "revision", "checkpoint": checkpoint.name, "step": step, "repo": repo},
+            lane=f"{repo}@{branch}",
+            source=checkpoint,
         )
 
-    def _push(self, run_dir: Path, checkpoint: Path, branch: str) -> str:
+    def _push(self, run_dir: Path, checkpoint: Path, branch: str, repo: str) -> str:
         from hftrain.export.model_dir import export
 
         with tempfile.TemporaryDirectory(prefix="hftrain-revision-") as tmp:
             model = export(checkpoint, Path(tmp) / "model", merge=True)  # a standard model, whatever the backend
-            folder = bundle(run_dir, model, self.part, self.repo_id, into=Path(tmp))  # links to the export
+            folder = bundle(run_dir, model, self.part, repo, into=Path(tmp))  # links to the export
             try:
-                push_folder(folder, self.repo_id, private=self.private, revision=branch, message=f"hftrain: {checkpoint.name} as {branch}")
+                push_folder(folder, repo, private=self.private, revision=branch, message=f"hftrain: {checkpoint.name} as {branch}")
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
         return branch

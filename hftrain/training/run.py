@@ -96,6 +96,7 @@ def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
     model, collate = build_model_for(spec, settings, tokenizer, tokenizer_is_new)
     trainer = build_trainer(spec, settings, checkpoints, model, tokenizer, collate, resume, callbacks, tokenizer_is_new)
     pusher, reporters = outside_services(spec, trainer)
+    pusher.recover()  # what a killed launch of this run queued and did not send
     checkpoints.on_publish.append(pusher.on_checkpoint)
     if resume is None and spec.checkpoints.kept.keeps(0):  # Pythia's step0: the weights before the first step
         initial = checkpoints.save_initial(trainer)
@@ -351,4 +352,5 @@ def share(pusher: CheckpointPusher, layout: RunLayout) -> list[Failure]:
     if failures and layout.results.is_file():
         results = read_json(layout.results, "the run's results")
         layout.results.write_text(json.dumps({**results, "not_shared": [f.to_json() for f in failures]}, indent=2), encoding="utf-8")
+    pusher.outbox.settle()  # what was owed is sent or written down: the journal goes
     return failures

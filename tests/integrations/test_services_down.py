@@ -5,6 +5,7 @@ each saying how to send it later. Through the CLI's own entry point, in this pro
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -83,7 +84,8 @@ def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_ever
     assert ".hftrain-outbox" not in printed  # messages name the checkpoint, not its staged copy
     # every failure was said when it happened, with training going on
     assert "hftrain: warning: copying checkpoint-2 to s3://bucket/models/checkpoint-2 failed (" in printed, printed[-4000:]
-    assert "hftrain: warning: pushing checkpoint-2 to tester/down failed (" in printed
+    # the Hub's every_save pushes land in one place: a waiting one is replaced by the newer one, not reported
+    assert re.search(r"hftrain: warning: pushing checkpoint-\d to tester/down failed \(.*training goes on", printed), printed[-4000:]
     assert "training goes on" in printed and "hftrain: warning: starting the mlflow run failed" in printed
     assert (
         "hftrain: warning: starting the mlflow run failed (MlflowException: API request to" in printed and "trying again in 30 s" in printed
@@ -127,6 +129,7 @@ def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, c
     release.set()
     assert [f.what for f in outbox.finish()] == [f"copying checkpoint-{s}" for s in range(1, 6 - STAGED_LIMIT)]
     assert sent == ["first", *[f"checkpoint-{s}" for s in range(6 - STAGED_LIMIT, 6)]]
+    outbox.settle()  # the run's end is written
     assert not (tmp_path / ".hftrain-outbox").exists()
     assert all((c / "model.safetensors").read_bytes() == b"w" * 10 for c in checkpoints)  # staging never moves the originals
 
