@@ -21,6 +21,7 @@ what hftrain does differently on a machine without a GPU.
 | keep_freed_memory           | glibc malloc                     | CPU: a process that trains on the CPU (Linux/glibc) | none filed (pytorch#55675) |
 | universal_load_fixes        | DeepSpeed 0.19                   | ZeRO-3 resumed on another process count      | DeepSpeed#7585 (param groups) |
 | exact_compiled_casts        | torch 2.13 Inductor, torchao 0.18 | a run with speed.fp8: rowwise               | pytorch#150859 (torchtitan#1056) |
+| flex_kernel_per_shape       | transformers 5.x, torch 2.13 Inductor | CPU: flex_attention (a run, check-packing) | none filed (AVX2-only CPUs) |
 
 The Trainer's private methods hftrain overrides are not patches (a subclass of its own); they are listed with
 their reasons in training/trainer.py.
@@ -241,6 +242,33 @@ def exact_compiled_casts() -> None:
     import torch._inductor.config
 
     torch._inductor.config.emulate_precision_casts = True
+
+
+def flex_kernel_per_shape() -> None:
+    """CPU. transformers compiles flex_attention once per process (integrations/flex_attention.py,
+    WrappedFlexAttention) with torch.compile's automatic dynamic shapes: from the second shape on, one kernel with
+    symbolic sizes serves every later shape. On a 2-core AVX2-only EPYC that kernel let the documents of a packed
+    batch see each other (check-packing: max |diff| 2.6e-01) once other shapes had compiled in the process, where
+    the same batch alone was right; Inductor's CPU code differs by instruction set, and AVX-512 machines were right
+    (issue 55). Here each shape gets its own kernel: flex_attention compiled with dynamic=False (past torch's
+    recompile limit, flex runs uncompiled: slower, still exact), so what ran before in a process (another test,
+    another recipe in a notebook) never decides the mask kernel. CUDA keeps transformers' own. Idempotent."""
+    import torch
+    import transformers.integrations.flex_attention as flex
+
+    if getattr(flex.compile_friendly_flex_attention, "hftrain_per_shape", False):
+        return
+    upstream, compiled = flex.compile_friendly_flex_attention, {}
+
+    def per_shape(query: Any, key: Any, value: Any, training: bool = False, **kwargs: Any) -> Any:
+        if query.is_cuda or torch.compiler.is_dynamo_compiling():
+            return upstream(query, key, value, training=training, **kwargs)
+        if "fn" not in compiled:
+            compiled["fn"] = torch.compile(flex.flex_attention, dynamic=False)
+        return compiled["fn"](query, key, value, **kwargs)
+
+    per_shape.hftrain_per_shape = True  # type: ignore[attr-defined]
+    flex.compile_friendly_flex_attention = per_shape
 
 
 # ------------------------------------------------------------------------------------------ DeepSpeed

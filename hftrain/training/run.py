@@ -172,6 +172,8 @@ def build_model_for(spec: RunSpec, settings: TrainingSettings, tokenizer: Any, t
     if spec.speed.section.fp8:
         fp8.apply(model, spec.speed.section.fp8)  # torchao's Float8Linear in the chosen layers (speed/fp8.py)
     collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
+    if model.config._attn_implementation == "flex_attention":
+        _compat.flex_kernel_per_shape()  # CPU: each shape its own compiled kernel (_compat.py)
     if args.process_index == 0 and section.packs_documents:
         print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}", flush=True)
     plain_blocks = not (section.masks_documents or section.preference_data)  # no position ids, no padding

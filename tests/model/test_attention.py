@@ -124,3 +124,29 @@ def test_plain_puts_the_model_back_on_sdpa():
     model = attention.plain(attention.use(pythia_shaped()))
     assert model.config._attn_implementation == "sdpa"
     assert sdpa_masks_of_a_compiled_step(model, plain_blocks())[0] is not None
+
+
+@pytest.mark.slow
+def test_a_compiled_flex_kernel_serves_only_its_own_shape_on_a_cpu():
+    """Issue 55: transformers' flex_attention is compiled once per process with automatic dynamic shapes, so from
+    the second shape on one kernel with symbolic sizes served every later shape (what ran before in the process,
+    another test or another recipe in a notebook, chose the mask kernel; on an AVX2-only CPU it let packed
+    documents see each other). With hftrain's patch each shape compiles its own kernel, and each is exact."""
+    import transformers.integrations.flex_attention as flex
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from hftrain import _compat
+
+    _compat.flex_kernel_per_shape()
+    _compat.flex_kernel_per_shape()  # idempotent: one wrapper
+    assert flex.compile_friendly_flex_attention.hftrain_per_shape
+    torch.manual_seed(0)
+    for length in (24, 40, 56):  # before: the third reused the second's dynamic kernel (no new graph)
+        before = counters["stats"]["unique_graphs"]
+        q, k, v = (torch.randn(1, 2, length, 16) for _ in range(3))
+        docs = torch.arange(length) // 10  # documents of 10 tokens, packed
+        mask = create_block_mask(lambda b, h, i, j: (i >= j) & (docs[i] == docs[j]), 1, 1, length, length, device="cpu")
+        out = flex.compile_friendly_flex_attention(q, k, v, block_mask=mask)
+        assert counters["stats"]["unique_graphs"] > before, length  # a kernel of its own
+        torch.testing.assert_close(out, flex_attention(q, k, v, block_mask=mask), rtol=0, atol=1e-5)
