@@ -20,9 +20,12 @@ hftrain's own retries of a push (hub.py) stop once the bound is spent.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hftrain import _compat
+
+T = TypeVar("T")
 
 DEFAULT_BOUND_S = 60.0
 S3FS_ATTEMPTS = 5  # s3fs.S3FileSystem.retries: its own loop re-sends a request that timed out reading
@@ -124,6 +127,34 @@ def configure(bound_s: float | None = None) -> None:
         if key not in os.environ or key in _set_here:
             os.environ[key] = value
             _set_here.add(key)
+
+
+def within_bound(action: Callable[[], T], what: str) -> T:
+    """`action()` as a whole within the bound, for an operation made of several requests: the clients bound each
+    request (retries included), not an operation of many; s3fs's makedirs alone is 3-4 requests, so a silent
+    endpoint held it about 4 bounds. Past the bound, an HftrainError naming `what`; the action ends in the
+    background (a daemon thread; each of its requests bounded). For a first contact: a large upload that goes on
+    answering is not cut short."""
+    import threading
+
+    from hftrain.errors import HftrainError
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = action()
+        except BaseException as err:  # handed to the caller
+            box["error"] = err
+
+    worker = threading.Thread(target=run, name="hftrain-bounded", daemon=True)
+    worker.start()
+    worker.join(_bound)
+    if worker.is_alive():
+        raise HftrainError(f"{what}: no answer within {_bound:g} s (faults.network_timeout_s)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 # URL schemes whose fsspec backend is an optional extra: scheme -> (module, store, extra)

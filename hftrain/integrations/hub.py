@@ -200,13 +200,14 @@ def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | Non
     returns the URL. `name`: the folder a message names (the checkpoint a staged copy was made from)."""
     import fsspec
 
-    from hftrain.network import require_backend
+    from hftrain import network
 
-    require_backend(url, "the copy's URL")
+    network.require_backend(url, "the copy's URL")
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
 
     def put() -> None:
-        fs.makedirs(root, exist_ok=True)
+        # the first contact bounded as a whole (a silent endpoint held s3fs's makedirs about 4 network bounds)
+        network.within_bound(lambda: fs.makedirs(root, exist_ok=True), f"reaching {url}")
         for item in sorted(folder.rglob("*")):
             target = root.rstrip("/") + "/" + item.relative_to(folder).as_posix()
             if item.is_dir():

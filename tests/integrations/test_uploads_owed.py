@@ -301,3 +301,22 @@ def test_revisions_queued_before_a_kill_are_pushed_by_the_resumed_run(tmp_path, 
     assert {"step1", "step2", "step3", "main"} <= set(repo.branches)
     assert json.loads((run_dir / "results.json").read_text()).get("not_shared", []) == []
     assert not (run_dir / OUTBOX_DIR).exists()
+
+
+def test_a_silent_s3_endpoint_costs_one_bound_per_copy(tmp_path, silent_server):
+    """faults.network_timeout_s bounds a copy's first contact as a whole: s3fs bounds each request, and its makedirs
+    alone is several (a silent endpoint held a copy about 4 bounds; with the end's final copy, a run waited 197 s
+    after its last step at a bound of 20 s)."""
+    from hftrain.errors import HftrainError
+    from hftrain.integrations.hub import copy_to_fsspec
+
+    folder = _checkpoints(tmp_path, "checkpoint-1")["checkpoint-1"]
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": silent_server.url}}
+    network.configure(2.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(HftrainError, match=r"reaching s3://bucket/m/checkpoint-1: no answer within 2 s \(faults.network_timeout_s\)"):
+            copy_to_fsspec(folder, "s3://bucket/m/checkpoint-1", options)
+        assert time.monotonic() - started < 2 * 2.0  # one bound, and the thread's start (before: about 4 bounds)
+    finally:
+        network.configure()
