@@ -59,14 +59,43 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--test-order",
+        default="longest",
+        help="longest (the default: the longest files first), reversed (files and each file's tests in the reverse "
+        "of that), or shuffle:SEED (both shuffled): the suite must pass in any order (no test depends on another's "
+        "state in the same process)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files first (their tests' expected seconds summed), each file's tests in their own order (module
     fixtures built once): the workers start on the long tests and finish on short ones instead of one worker
-    ending alone."""
+    ending alone. `--test-order` runs the same tests in another order, to show none depends on what ran before."""
     total: dict[Path, float] = {}
     for item in items:
         total[item.path] = total.get(item.path, 0.0) + expected_seconds(item)
     items.sort(key=lambda item: -total[item.path])
+    order = config.getoption("--test-order")
+    if order == "longest":
+        return
+    files: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    groups = list(files.values())
+    if order == "reversed":
+        groups = [group[::-1] for group in groups[::-1]]
+    elif order.startswith("shuffle:"):
+        import random
+
+        rng = random.Random(order.split(":", 1)[1])
+        rng.shuffle(groups)
+        for group in groups:
+            rng.shuffle(group)
+    else:
+        raise pytest.UsageError(f"--test-order: {order!r} is not longest, reversed or shuffle:SEED")
+    items[:] = [item for group in groups for item in group]
 
 
 @pytest.fixture(scope="session", autouse=True)
