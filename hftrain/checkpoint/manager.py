@@ -174,16 +174,7 @@ class CheckpointManager:
             )
         if is_main and self._starts_over() and (self.complete() or final.is_dir()):
             print(f"hftrain: training.resume_from_checkpoint=false: moved the earlier run to {self._move_aside()}", flush=True)
-        if run_file.is_file():
-            theirs = self._run_record().get("fingerprint", {})
-            differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != mine[part]]
-            if differ and (self.complete() or self.layout.final.is_dir()):
-                root = self.layout.root
-                raise HftrainError(
-                    f"training.output_dir: {root} holds a run whose {' and '.join(differ)} differ from this recipe's. "
-                    f"Continuing it would mix two runs. Set training.output_dir to a new directory, or delete {root} "
-                    "to start fresh. (Changing training settings such as max_steps or learning_rate continues a run.)"
-                )
+        self.check_same_run()
         if not is_main:
             return
         writable_directory(self.layout.root)
@@ -194,6 +185,22 @@ class CheckpointManager:
             for leftover in sorted(self.layout.staging.iterdir()):
                 print(f"hftrain: removed {leftover} (an interrupted save)")
             shutil.rmtree(self.layout.staging, ignore_errors=True)
+
+    def check_same_run(self) -> None:
+        """Refuse an output_dir whose run (checkpoints or final model) has another model, tokenizer or data: when the
+        run is resolved (training/resolve.py), before its speed probe, tokenizer and model, and again when the
+        directory is claimed."""
+        if not self.layout.run_file.is_file():
+            return
+        theirs = self._run_record().get("fingerprint", {})
+        differ = [part for part in ("model", "tokenizer", "data") if theirs.get(part) != self.part.identity[part]]
+        if differ and (self.complete() or self.layout.final.is_dir()):
+            root = self.layout.root
+            raise HftrainError(
+                f"training.output_dir: {root} holds a run whose {' and '.join(differ)} differ from this recipe's. "
+                f"Continuing it would mix two runs. Set training.output_dir to a new directory, or delete {root} "
+                "to start fresh. (Changing training settings such as max_steps or learning_rate continues a run.)"
+            )
 
     def _starts_over(self) -> bool:
         return self.resume.mode == "never"

@@ -59,12 +59,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
-    from hftrain.recipe.load import load_recipe
+def _sagemaker(args: argparse.Namespace, overrides: list[str], recipe: Any) -> str:
     from hftrain.launch.sagemaker import JobOptions, parse_channels, render
     from hftrain.recipe.parts import SageMakerPart
 
-    recipe = load_recipe(args.recipe, overrides)
     config = None if args.accelerate_config.lower() in ("none", "ddp") else args.accelerate_config
     options = JobOptions(
         instance_type=args.instance_type,
@@ -85,8 +83,16 @@ def _sagemaker(args: argparse.Namespace, overrides: list[str]) -> str:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    if args.kind == "sagemaker":
-        script = _sagemaker(args, overrides)
+    from hftrain.launch.script_checks import ScriptLaunch, check_script
+    from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import LaunchPart
+
+    sagemaker = args.kind == "sagemaker"
+    nodes, per_node = (args.instance_count, None) if sagemaker else (args.nodes, args.gpus_per_node)
+    recipe = load_recipe(args.recipe, overrides)  # every kind: refused here (and below), before any file is written
+    check_script(LaunchPart.of(recipe), ScriptLaunch(args.kind, args.accelerate_config, nodes, per_node, args.min_nodes or 0))
+    if sagemaker:
+        script = _sagemaker(args, overrides, recipe)
     else:
         from hftrain.launch.multinode import render
 

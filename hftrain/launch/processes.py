@@ -113,8 +113,10 @@ def deepspeed_file(config: Path) -> list[str]:
 def _warn_memory(checks: LaunchPart, backend: Any, processes: int | None, cpu: bool) -> bool:
     """An explicit micro-batch that will not fit is said once, before any process starts (fit.py); the launch
     environment then tells the processes it was said (relaunch), never this process's own: a notebook or test that
-    launches goes on warning in its own runs. True once the fit was judged here (said or not needed)."""
-    if processes is None or checks.plan.batch.fit_memory or backend.value == "device_map":
+    launches goes on warning in its own runs. True once the fit was judged here (said or not needed). A layout that
+    would certainly run out of memory (with parallelism.fit_memory, the smallest) is refused here, before any
+    process starts (fit_this_run's HftrainError); fit_memory's choice is said by the processes that take it."""
+    if processes is None or backend.value == "device_map":
         return False
     from hftrain.parallel.dims import global_batch
     from hftrain.planning.estimates import plan
@@ -123,6 +125,8 @@ def _warn_memory(checks: LaunchPart, backend: Any, processes: int | None, cpu: b
     part = checks.plan
     total = global_batch(part.batch, processes)
     _, note = fit_this_run(part, plan(part), processes, processes, backend.value, "cpu" if cpu else "cuda", total)
+    if part.batch.fit_memory:
+        return False
     if note:
         print(f"hftrain: {note}", flush=True)
     return True

@@ -29,6 +29,7 @@ from typing import Any
 from hftrain.launch import processes as launch
 from hftrain.errors import HftrainError
 from hftrain.recipe.parts import SageMakerPart
+from hftrain.launch.script_checks import found_here
 from hftrain.launch.sagemaker_job import CHANNEL, CHECKPOINTS_VAR, DEFAULT_CHECKPOINTS, METRICS_PREFIX
 
 ENTRY_SCRIPT = "hftrain_sagemaker_entry.py"
@@ -137,10 +138,7 @@ def backend_environment(config_name: str | None) -> dict[str, str]:
     processes that SageMaker's torchrun starts run the same backend. None: plain DDP over all GPUs."""
     if not config_name:
         return {}
-    try:
-        config = launch.find_config(config_name)
-    except HftrainError:
-        config = launch.find_config(Path(config_name).stem)  # accelerate_configs/fsdp.yaml from any directory
+    config = found_here(config_name)  # a file, or the shipped config a path names (script_checks.py)
     backend = launch.backend_of(config)
     if backend == "zero3":
         raise HftrainError(f"{config}: DeepSpeed configs are not translated for SageMaker jobs; use an FSDP or DDP config.")

@@ -264,8 +264,15 @@ def global_batch(batch: BatchPart, processes: int, recorded: int | None = None, 
     """Sequences per optimizer step, derived here alone: parallelism.global_batch_size, else the one `recorded` at a
     continuing run's start (so that a run continued on another process count keeps its sequences per step), else
     micro-batch x accumulation on every process: of `processes`, or, for an elastic launch, of all its MAX
-    `elastic_nodes` x `per_node` (so that it does not depend on how many nodes the first start happened to have)."""
+    `elastic_nodes` x `per_node` (so that it does not depend on how many nodes the first start happened to have).
+    A global_batch_size other than the recorded one is refused: each step would mean other tokens (tokens_seen jumps)."""
     per_process = batch.micro_batch * int(batch.accumulation or 1)
+    if batch.global_batch_size and recorded and int(batch.global_batch_size) != int(recorded):
+        raise HftrainError(
+            f"parallelism.global_batch_size: {batch.global_batch_size} sequences per step, but this run started with {recorded} "
+            "(recorded in its hftrain_run.json): each step would train on another number of tokens (tokens_seen would jump). "
+            f"Remove parallelism.global_batch_size to keep {recorded}, or set training.output_dir to a new directory to start a new run."
+        )
     if batch.global_batch_size or recorded:
         return int(batch.global_batch_size or recorded)  # type: ignore[arg-type]
     return per_process * (elastic_nodes * per_node if elastic_nodes else processes)

@@ -58,6 +58,51 @@ DPO_BOUNDS: dict[str, tuple[float | None, float | None, tuple[bool, bool], str]]
 }
 
 
+# TRL 1.16's DPOConfig loss types: used only where a TRL's DPOConfig help no longer lists them (dpo_loss_types).
+DPO_LOSS_TYPES_TRL_1_16 = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+)
+
+
+def dpo_loss_types() -> tuple[str, ...]:
+    """The loss types TRL's DPOTrainer computes, as its DPOConfig's loss_type help lists them: TRL itself refuses
+    an unknown one only in the first step's loss, after the model loaded."""
+    import dataclasses
+    import re
+
+    from trl import DPOConfig
+
+    field = next((f for f in dataclasses.fields(DPOConfig) if f.name == "loss_type"), None)
+    listed = str(field.metadata.get("help", "") if field else "").partition("Possible values are:")[2].partition(". ")[0]
+    return tuple(re.findall(r"`'(\w+)'`", listed)) or DPO_LOSS_TYPES_TRL_1_16
+
+
+def check_loss_types(value: list[str]) -> None:
+    """Each finetune.dpo.loss_type is one TRL computes."""
+    known = dpo_loss_types()
+    for name in value:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(
+                f"dpo: loss_type: {name!r} is not a loss type TRL's DPOTrainer knows; {hint}give one or a list of: {', '.join(known)}"
+            )
+
+
 def check_dpo_values(dpo: dict[str, Any]) -> None:
     """Each DPOConfig value of the recipe against its type in TRL's DPOConfig and the bounds above."""
     import typing
@@ -67,12 +112,16 @@ def check_dpo_values(dpo: dict[str, Any]) -> None:
 
     hints = typing.get_type_hints(DPOConfig)
     for key, value in dpo.items():
+        if key == "loss_type" and isinstance(value, str):
+            value = [value]  # one loss type: DPOConfig takes the string (its __post_init__ makes it a list)
         if isinstance(value, bool) and hints.get(key) is not bool and "bool" not in str(hints.get(key)):
             raise ValueError(f"dpo: {key}: {str(value).lower()} is not a {_type_name(hints.get(key))}")
         try:
             value = TypeAdapter(hints.get(key, Any)).validate_python(value)
         except ValidationError:
             raise ValueError(f"dpo: {key}: {value!r} is not a {_type_name(hints.get(key))}") from None
+        if key == "loss_type":
+            check_loss_types(value)
         low, high, (low_ok, high_ok), why = DPO_BOUNDS.get(key, (None, None, (True, True), ""))
         for v in value if isinstance(value, list) else [value]:
             if v is None or not isinstance(v, (int, float)):

@@ -88,6 +88,7 @@ class BatchPart:
     accumulation_given: bool  # written in the recipe (not only a default)
     gradient_checkpointing: bool
     fit_memory: bool  # parallelism.fit_memory: the fit may change the four above
+    memory_check: str = "refuse"  # parallelism.memory_check: a certain out-of-memory is refused, or warned (planning/fit.py)
 
     @classmethod
     def of(cls, recipe: Recipe) -> BatchPart:
@@ -100,6 +101,7 @@ class BatchPart:
             accumulation_given="gradient_accumulation_steps" in t.model_fields_set,
             gradient_checkpointing=bool(t.gradient_checkpointing),
             fit_memory=recipe.parallelism.fit_memory,
+            memory_check=recipe.parallelism.memory_check,
         )
 
     def applied_to(self, recipe: Recipe) -> Recipe:

@@ -210,3 +210,9 @@ class ParallelismSection(Section):
     strategy, keeping the global batch (accumulation derived), and prints the choice. Unlike TrainingArguments'
     auto_find_batch_size, which halves the micro-batch after a CUDA out-of-memory error at run time and changes the
     global batch with it, this is decided on paper before step 1 and keeps the global batch (and so the run's losses)."""
+    memory_check: Literal["refuse", "warn"] = "refuse"
+    """What `train` does with a layout that would certainly run out of memory: its predicted peak (`hftrain plan`) over
+    each process's whole memory by more than the prediction's measured error (12%, docs/planning.md), whether the
+    recipe's own micro-batch or, with fit_memory, the smallest layout. refuse: stop before anything is loaded (or any
+    process started), with the numbers and what would fit; warn: say so and train anyway (the memory may be more
+    than the machine reports, e.g. swap). A near miss (within the error) is a warning either way."""

@@ -51,6 +51,7 @@ def _training_section() -> type[BaseModel]:
         __doc__="Hugging Face TrainingArguments, with their own names and meanings.",
         __validators__={
             "_no_token": field_validator("hub_token")(_no_token_in_recipes),
+            "_known_trackers": field_validator("report_to")(_known_trackers),
             "_no_bool_for_number": field_validator("*", mode="before")(bool_is_not_a_number),
         },
         **fields,
@@ -63,6 +64,13 @@ def _no_token_in_recipes(value: Any) -> Any:
             "tokens never go in a recipe (it is saved with every checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
         )
     return value
+
+
+def _known_trackers(value: Any) -> Any:
+    """An unknown tracker name fails only when the Trainer is built; refused with the recipe (recipe/report_to.py)."""
+    from hftrain.recipe.report_to import check_names
+
+    return check_names(value)
 
 
 def _admits(annotation: Any, kind: type) -> bool:

@@ -39,6 +39,7 @@ from hftrain.recipe.parts import (
     TokenizerPart,
     TrainerPart,
 )
+from hftrain.recipe.report_to import check_installed
 from hftrain.recipe.schema import DataSection, Recipe
 from hftrain.recipe.sections import FaultsSection, MonitorSection, ProfileSection
 from hftrain.training.arguments import argument_values
@@ -83,11 +84,13 @@ def recorded_start(recipe: Recipe) -> dict[str, Any]:
 
 def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunSpec:
     """The run's spec; `recorded` keeps a continuing run's global batch, readers and speed levers."""
+    check_installed(recipe.training.report_to)  # a tracker's library, before anything is measured or written
     check_starting_weights(FinetunePart.of(recipe))
-    shape = measure_model(ModelPart.of(recipe))
-    data = plan_data(recipe.data, recipe.training.seed)
+    shape = measure_model(ModelPart.of(recipe))  # on the meta device: nothing is loaded
     strategy = parallel.resolve_strategy(recipe.parallelism.strategy, launch)
+    # the memory fit on paper, before the data's shards are listed: a certain out-of-memory is refused first (fit.py)
     batch, fit_note = fit_batch(recipe, launch, strategy, shape, recorded.get("global_batch"))
+    data = plan_data(recipe.data, recipe.training.seed)
     recipe = batch.applied_to(recipe)  # from here on, the recipe as this run runs it
     kwargs = recipe.training_kwargs()
     workers = loader_workers(kwargs, launch, recipe.data, recorded, data.reader_limit)
@@ -95,7 +98,7 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
     dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
     length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.manifest_tokens)
-    return RunSpec(
+    spec = RunSpec(
         as_run=recipe,
         launch=launch,
         output_dir=Path(recipe.training.output_dir),
@@ -122,6 +125,8 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         max_memory=recipe.parallelism.max_memory,
         recorded=recorded,
     )
+    CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume).check_same_run()  # before the probe and the model
+    return spec
 
 
 def loader_workers(kwargs: dict[str, Any], launch: LaunchEnv, data: DataSection, recorded: dict[str, Any], reader_limit: int | None) -> int:
@@ -141,7 +146,8 @@ def fit_batch(
     recipe: Recipe, launch: LaunchEnv, strategy: Strategy, shape: ModelShape, recorded: int | None
 ) -> tuple[BatchPart, str | None]:
     """parallelism.fit_memory's micro-batch and checkpointing, or a warning when the recipe's will not fit (fit.py),
-    at the run's global batch (a continuing run keeps the one it recorded at its start)."""
+    at the run's global batch (a continuing run keeps the one it recorded at its start). A layout that would certainly
+    run out of memory is an HftrainError here, before any tokenizer, model or data is loaded (parallelism.memory_check)."""
     batch = BatchPart.of(recipe)
     if strategy is Strategy.DEVICE_MAP:
         return batch, None

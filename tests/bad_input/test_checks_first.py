@@ -48,8 +48,9 @@ def test_a_refusal_comes_before_any_work(capsys, work, name, argv, expected, wor
 
 def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, monkeypatch, recipe_file):
     """pythia-1b at 64 x 2,048 with parallelism.fit_memory on a CPU: the fit's verdict (a micro-batch that fits, or
-    that none does on a smaller machine) is said before the speed levers are decided, and the speed probe (minutes
-    at this shape: before, killed at 120 s with nothing said) is skipped, saying why. The
+    that none does on a smaller machine: parallelism.memory_check: warn goes on, where it would be refused) is said
+    before the speed levers are decided, and the speed probe (minutes at this shape: before, killed at 120 s with
+    nothing said) is skipped, saying why. The
     run is stopped once its speed levers are decided (the test has no use for a 1B-parameter CPU step)."""
     from hftrain.speed import probe
     from hftrain.training import run as training_run
@@ -81,6 +82,7 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
         "data.seq_len=2048",
         "training.per_device_train_batch_size=64",
         "parallelism.fit_memory=true",
+        "parallelism.memory_check=warn",
     )
     assert code == 2 and "stopped by the test" in printed, printed[-3000:]
     assert re.search(

@@ -166,9 +166,10 @@ def fit_recipe(tmp_path: Path, **extra) -> hftrain.Recipe:
 
 @pytest.mark.slow(seconds=75)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(small_machine, tmp_path, capsys):
-    """One tiny run each way: the explicit micro-batch is warned about (with the numbers); fit_memory trains with
+    """One tiny run each way: the explicit micro-batch is warned about (with the numbers; it is far over the memory,
+    so only parallelism.memory_check: warn trains it: test_certain_oom.py has the refusal); fit_memory trains with
     plan's micro-batch and checkpointing at the same global batch."""
-    as_given = fit_recipe(tmp_path / "a")
+    as_given = fit_recipe(tmp_path / "a", **{"parallelism.memory_check": "warn"})
     info = plan(PlanPart.of(as_given))
     machine = fitting.this_machine()
     assert not fitting.as_configured(PlanPart.of(as_given), info, machine, libraries=0.6 * GB).fits  # 64 x 128 tokens of logits
@@ -246,7 +247,10 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     monkeypatch.setattr(fitting, "library_footprint", lambda: 0.6 * GB)
     started: dict[str, str] = {}
     monkeypatch.setattr(rehearsal, "launch_processes", lambda *args, env=None: started.update(env or {}) or 0)
-    huge = load_recipe(str(ROOT / "recipes/quickstart.yaml"), ["training.per_device_train_batch_size=65536"])
+    # far over any machine's memory: refused unless parallelism.memory_check: warn (test_certain_oom.py)
+    huge = load_recipe(
+        str(ROOT / "recipes/quickstart.yaml"), ["training.per_device_train_batch_size=65536", "parallelism.memory_check=warn"]
+    )
     assert launch.relaunch(["r.yaml"], "ddp", 2, True, LaunchPart.of(huge)) == 0
     out = capsys.readouterr().out
     assert "hftrain: warning: training.per_device_train_batch_size=65536" in out and "GB per process" in out
