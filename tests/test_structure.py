@@ -263,6 +263,42 @@ def test_the_api_functions_stay_functions_after_their_packages_load():
     assert last == "function ['config', 'finetune_bytes', 'finetune_method'] True", done.stdout[-500:]
 
 
+CHEAP_COMMANDS_PROBE = """
+import contextlib, io, json, sys
+from hftrain.cli import main
+said = {}
+for argv in (["--help"], ["presets"], ["train", "no/such/recipe.yaml"], ["plan", "README.md"]):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    said[argv[-1]] = [code, err.getvalue().strip().splitlines()[-1:]]
+print(json.dumps({"said": said, "heavy": sorted(m for m in ("torch", "transformers", "peft", "bitsandbytes") if m in sys.modules)}))
+"""
+
+
+def test_cheap_commands_answer_without_the_trainer_stack():
+    """Issue 54 part 7: `hftrain --help`, `presets` and a recipe file wrong on its face (missing, not a mapping of
+    sections) answer without importing torch, transformers, peft or bitsandbytes (before: every command imported
+    the whole Trainer stack first, 4.4x the time of `import torch`; benchmarks/cli_start.py measures it)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CHEAP_COMMANDS_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["heavy"] == [], seen
+    assert seen["said"]["--help"][0] == 0 and seen["said"]["presets"][0] == 0, seen
+    assert seen["said"]["no/such/recipe.yaml"] == [
+        2,
+        ["hftrain: error: no/such/recipe.yaml: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml)."],
+    ]
+    assert seen["said"]["README.md"][0] == 2 and "README.md: " in seen["said"]["README.md"][1][0], seen
+
+
 # Settings the libraries document for users to assign (not patches): fsspec's default options per protocol, torch's
 # backend switches (the speed probe sets TF32 while it times it, and restores it).
 PUBLIC_SETTINGS = ("fsspec.config.conf", "torch.backends.")

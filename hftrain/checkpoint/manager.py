@@ -29,6 +29,7 @@ from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import RECORD, loadable, record, unreadable
 from hftrain.checkpoint.node_disks import checkpoint_listing
+from hftrain.checkpoint.output_lock import writable_directory
 from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, RunLayout, checkpoint_step, data_state_file
 from hftrain.recipe.parts import CheckpointPart
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
@@ -104,22 +105,6 @@ def publish(staged: Path, target: Path, info: dict[str, Any], files: dict[str, A
         pass
 
 
-def writable_directory(root: Path) -> None:
-    """training.output_dir exists (created here) as a directory this process can write, or the message saying why not."""
-    if root.exists() and not root.is_dir():
-        raise HftrainError(f"training.output_dir: {root} is a file, not a directory. Set training.output_dir to a directory path.")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".hftrain-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise HftrainError(
-            f"training.output_dir: cannot write to {root} ({err.strerror or err}). "
-            "Give a directory on a writable file system where you have write permission."
-        ) from None
-
-
 FULL_DISK_SIGNS = ("No space left", "file write failed", "StorageFull", "unexpected pos", "Disk quota exceeded")
 """How writers that raise no OSError report a full disk: torch.save's RuntimeError (PytorchStreamWriter "file write
 failed", "unexpected pos"), safetensors' SafetensorError (IoError ... StorageFull)."""
@@ -139,8 +124,9 @@ def write_failure(err: BaseException) -> str | None:
 class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
-    def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting):
+    def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting, dims: Any = None):
         self.layout, self.part, self.resume = layout, part, resume  # resume: training.resume_from_checkpoint, parsed once
+        self.dims = dims  # the run's parallel dims (parallel/dims.py): its strategy and nodes, for what a save writes
         self.keep = part.save_total_limit
         self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
 
@@ -301,11 +287,11 @@ class CheckpointManager:
         except Exception as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
             raise self._write_error(err, staged, str(self.layout.root / name)) from None
         trainer.accelerator.wait_for_everyone()
-        files, where = checkpoint_listing(staged, trainer)  # node-local disks: every process takes part (node_disks.py)
+        files, where = checkpoint_listing(staged, trainer.args, self.dims)  # node-local disks: every process takes part (node_disks.py)
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
             # the writer's backend and process count: how a resume judges the checkpoint (elastic.py)
-            info = {"step": step, "world_size": trainer.args.world_size, "strategy": trainer.options.dims.strategy.value, **where}
+            info = {"step": step, "world_size": trainer.args.world_size, "strategy": self.dims.strategy.value, **where}
             publish(staged, self.layout.checkpoint(step), info, files)
             self._rotate()
             for notify in self.on_publish:

@@ -92,19 +92,19 @@ def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> None:
         )
 
 
-def node_local(trainer: Any) -> bool:
-    return bool(trainer.args.save_on_each_node) and trainer.options.dims.nodes > 1
+def node_local(args: Any, dims: Any) -> bool:
+    return bool(args.save_on_each_node) and dims.nodes > 1
 
 
-def checkpoint_listing(staged: Path, trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(record, marker extras) for the checkpoint staged in `staged`, once every process has written its part.
-    One shared directory: the main process lists it. Node-local: see the module docstring (every process joins)."""
-    if not node_local(trainer):
-        return (record(staged, trainer.args.process_index) if trainer.args.should_save else {}), {}
+def checkpoint_listing(staged: Path, args: Any, dims: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(record, marker extras) for the checkpoint staged in `staged`, once every process has written its part
+    (`args`: the run's TrainingArguments, `dims`: its parallel dims). One shared directory: the main process lists
+    it. Node-local: see the module docstring (every process joins)."""
+    if not node_local(args, dims):
+        return (record(staged, args.process_index) if args.should_save else {}), {}
     import torch.distributed as dist
 
-    dims = trainer.options.dims
-    node, main = node_of(dims), trainer.args.should_save
+    node, main = node_of(dims), args.should_save
     listings: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(listings, (node, dist.get_rank(), list_files(staged) if main else None))
     by_node = {n: files for n, _, files in listings if files is not None}

@@ -19,8 +19,8 @@ from hftrain import _compat, progress
 _compat.quiet_optional_warnings()  # the CLI is a program: before its commands import transformers (and bitsandbytes)
 _compat.quiet_launcher_cpp_logs(sys.argv[1:])  # before torch is imported: a launcher's c10d backtraces
 
-with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
-    from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
+# the command modules import nothing heavy: torch and transformers load when a command needs them (its run)
+from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
 from hftrain.errors import NotShared, Stopped, as_user_error  # noqa: E402
 from hftrain import network  # noqa: E402
 from hftrain.parallel import child_errors  # noqa: E402
@@ -67,11 +67,20 @@ def run(argv: list[str]) -> int:
     words, overrides = split_overrides(argv)
     args = build_parser().parse_args(words)
     args.argv = argv  # as typed: `train --max-restarts` re-runs it
+    if isinstance(getattr(args, "recipe", None), str):  # a recipe file wrong on its face, said before any import
+        from pathlib import Path
+
+        from hftrain.recipe.yaml_io import read_recipe_file
+
+        read_recipe_file(Path(args.recipe))
+    if COMMANDS[args.command] is not presets:
+        with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
+            import hftrain.recipe.schema  # noqa: F401  # the recipe's schema: TrainingArguments, so transformers and torch
     return COMMANDS[args.command].run(args, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; hftrain's errors, and the exceptions a user can fix (user_errors.py), become one line and
+    """Run a command; hftrain's errors, and the exceptions a user can fix (errors.as_user_error), become one line and
     exit status 2. Anything else is a bug in hftrain and keeps its traceback. In a process that hftrain's launcher
     started, the line goes to the launcher, which says it once for all processes (parallel/child_errors.py)."""
     error_dir = child_errors.take_error_dir()
@@ -86,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         known = as_user_error(err, network.bound())
         if known is None:
             raise
-        from hftrain.recipe.load import redact_value
+        from hftrain.recipe.redaction import redact_value
 
         return child_errors.say(2, redact_value("", str(known)), error_dir)  # no URL's user:password@
 

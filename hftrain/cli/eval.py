@@ -10,7 +10,7 @@ from typing import Any
 
 from hftrain.cli.numbers import positive_int
 from hftrain.errors import HftrainError
-from hftrain.eval.text_metrics import METRICS, evaluate_texts, load_model, load_texts, run_lm_eval
+from hftrain.eval import METRICS
 
 TAKES_OVERRIDES = False  # a `key=value` word (e.g. s3://b/year=2024/x.jsonl) is a value here
 
@@ -52,6 +52,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     """`hftrain eval`: print the results table, and write JSON with --json."""
+    from hftrain.eval.text_metrics import evaluate_texts, load_model, load_texts, run_lm_eval
+
     if bool(args.data) == bool(args.lm_eval):
         raise HftrainError("eval: give either --data PATH_OR_URL (with --metric) or --lm-eval TASKS")
     if args.lm_eval:

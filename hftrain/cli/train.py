@@ -7,7 +7,14 @@ import os
 from typing import Any
 
 from hftrain.cli.numbers import node_count, non_negative_int, positive_int
-from hftrain.recipe.docs import explain
+
+
+def _with_recipe_keys(parser: argparse.ArgumentParser) -> str:
+    """`train --help` ends with every recipe key, generated from the schema (which imports transformers)."""
+    from hftrain.recipe.docs import explain
+
+    parser.epilog = "Recipe keys:\n\n" + explain()
+    return argparse.ArgumentParser.format_help(parser)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -15,9 +22,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "train",
         help="train a recipe (resumes an interrupted run in the same output_dir)",
         description="Train RECIPE. Overrides: section.key=value anywhere after the command, e.g. training.max_steps=50.",
-        epilog="Recipe keys:\n\n" + explain(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.format_help = lambda: _with_recipe_keys(p)  # type: ignore[method-assign]  # the schema loads only for `train --help`
     p.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
     p.add_argument(
         "--accelerate-config",

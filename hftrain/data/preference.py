@@ -18,8 +18,6 @@ from hftrain.data.instructions import CHATML
 from hftrain.errors import HftrainError
 from hftrain.data.stream import BlockStream, DocumentStream, source_epochs
 
-IDS = ("prompt_ids", "chosen_ids", "rejected_ids")
-
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 
 from hftrain.data.sources import BadRecords, list_shards, read_shard, shard_problem
 from hftrain.errors import HftrainError
+from hftrain.eval import METRICS
 from hftrain.recipe.schema import Source
 
-METRICS = ("perplexity", "bits_per_byte", "last_word_accuracy")
 DEFAULT_MAX_CONTEXT = 1024
 TASKS_DIR = Path(__file__).parent / "tasks"
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")

@@ -24,7 +24,7 @@ from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
-from hftrain.recipe.load import redact_value
+from hftrain.recipe.redaction import redact_value
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.parts import PublishPart
 

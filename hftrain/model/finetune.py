@@ -70,7 +70,7 @@ def check_starting_weights(part: FinetunePart) -> None:
 def check_strategy(part: FinetunePart, strategy: Strategy) -> str:
     """Refuse quantized methods with backends that cannot shard or partition bitsandbytes weights; returns the
     4-bit storage dtype: under FSDP it must be the compute dtype, or the packed uint8 weights stay unsharded.
-    Called before processes are started (launch.py) and again in each process (accelerate launch)."""
+    Called before processes are started (launch/processes.py) and again in each process (accelerate launch)."""
     method, q = part.finetune.method, part.finetune.quantization
     if method not in QUANTIZED:
         return "uint8"

@@ -120,7 +120,7 @@ def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, An
 
 def deepspeed_file_of(config_path: Path) -> Path | None:
     """The DeepSpeed JSON an accelerate YAML names (deepspeed_config.deepspeed_config_file), read relative to the
-    YAML's own folder as the shipped configs write it (also what hftrain's GPU launcher gives accelerate, launch.py); None when it names none."""
+    YAML's own folder as the shipped configs write it (also what hftrain's GPU launcher gives accelerate, launch/processes.py); None when it names none."""
     import yaml
 
     data = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}

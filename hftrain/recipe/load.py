@@ -10,7 +10,6 @@ import copy
 import difflib
 import hashlib
 import json
-import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ from pydantic import BaseModel, ValidationError
 
 from hftrain.errors import HftrainError
 from hftrain.recipe.schema import Recipe
-from hftrain.recipe.yaml_io import dump_yaml, load_yaml
+from hftrain.recipe.redaction import redact_value, redacted
+from hftrain.recipe.yaml_io import dump_yaml, load_yaml, read_recipe_file
 
 # hftrain's own training defaults: the lowest layer, below the YAML file. Chosen for small-to-medium
 # pretraining; every one is a plain TrainingArguments key that a recipe may change.
@@ -42,9 +42,6 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "disable_tqdm": False,
 }
 
-# Keys whose values never leave the process: redacted in saved recipes, logs and error messages.
-SECRET_KEY = re.compile(r"(?:^|_)(token|secret|password|passwd|api_key|secret_key|secret_access_key|private_key|credentials?)$", re.I)
-
 
 # ------------------------------------------------------------------------------------------- loading
 def load_recipe(path: str | Path | None = None, overrides: list[str] | Mapping[str, Any] | None = None, **sections: Any) -> Recipe:
@@ -64,32 +61,6 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | Mapping[s
     stem = Path(path).stem if path else "run"
     raw: dict[str, Any] = {"training": {**TRAINING_DEFAULTS, "output_dir": f"runs/{stem}"}}
     return validate_recipe(_deep_merge(raw, user), source)
-
-
-def read_recipe_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise HftrainError(f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml).")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise HftrainError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8.") from None
-    try:
-        data = load_yaml(text, strict=True)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise HftrainError(f"{path}:{where}: not valid YAML ({problem}). Fix the syntax there.") from None
-    if data is None:
-        raise HftrainError(
-            f"{path}: the recipe is empty. A recipe is a mapping of sections, e.g.\n"
-            "  model: {preset: pythia-14m}\n  training: {max_steps: 100}\n(see recipes/quickstart.yaml)"
-        )
-    if not isinstance(data, dict):
-        raise HftrainError(
-            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a {type(data).__name__}."
-        )
-    return data
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -212,67 +183,6 @@ def inner_model(annotation: Any) -> type[BaseModel] | None:
 
 
 # ------------------------------------------------------------------------------------- saving, hashing
-STORAGE_SETTINGS = frozenset(
-    {
-        "anon",
-        "endpoint_url",
-        "region_name",
-        "requester_pays",
-        "use_ssl",
-        "version_aware",
-        "default_block_size",
-        "default_fill_cache",
-        "default_cache_type",
-        "cache_regions",
-        "config_kwargs",
-        "client_kwargs",
-        "s3",
-        "retries",
-        "connect_timeout",
-        "read_timeout",
-        "max_attempts",
-        "total_max_attempts",
-        "mode",
-        "addressing_style",
-        "signature_version",
-        "max_pool_connections",
-        "project",
-        "requests_timeout",
-        "timeout",
-        "consistency",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "skip_instance_cache",
-        "block_size",
-        "cache_timeout",
-    }
-)
-"""storage_options keys that are settings, not credentials: saved as given. Every other storage option (keys,
-headers, tokens under any name, a provider's own credential fields) is saved as ***: what may be saved is decided
-by what the field is, not by whether its name looks secret."""
-USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")  # scheme://user:password@host
-
-
-def redact_value(key: str, value: Any) -> Any:
-    if SECRET_KEY.search(key) and value not in (None, "", False):
-        return "***"
-    return USERINFO.sub(r"\1***@", value) if isinstance(value, str) else value
-
-
-def redacted(data: Any, key: str = "", in_storage: bool = False) -> Any:
-    """A copy of a nested structure with every secret removed: a secret-looking key's value replaced by *** (whole,
-    when it is a mapping or list: e.g. a service-account `token: {client_email, private_key_id, ...}`), every
-    storage option that is not a known setting (STORAGE_SETTINGS), and the user info of any URL."""
-    if key and (SECRET_KEY.search(key) or (in_storage and key not in STORAGE_SETTINGS)) and data not in (None, "", False, {}, []):
-        return "***"
-    if isinstance(data, Mapping):
-        inside = in_storage or key == "storage_options"
-        return {k: redacted(v, str(k), inside) for k, v in data.items()}
-    if isinstance(data, list):
-        return [redacted(v, key, in_storage) for v in data]
-    return redact_value(key, data)
-
-
 def recipe_to_dict(recipe: Recipe, redact: bool = True) -> dict[str, Any]:
     """The resolved recipe as plain data (training: only the keys set), secrets removed unless redact=False."""
     data = recipe.model_dump(mode="json", exclude={"training"})

@@ -65,7 +65,3 @@ OBJECTIVES: dict[str, Objective] = {
         describe="DPO (Direct Preference Optimization, TRL's DPOTrainer, beta {beta}) on preference pairs, {weights}",
     ),
 }
-
-
-def objective(name: str) -> Objective:
-    return OBJECTIVES[name]

@@ -5,14 +5,19 @@ are booleans. Recipes are full of learning rates written ``3e-4`` and of Trainin
 ``save_strategy: no``, so the loader reads ``3e-4`` as a float and only ``true``/``false`` as booleans.
 A recipe file may not repeat a key (PyYAML keeps the last one silently), and aliases may not expand it past
 MAX_EXPANDED_VALUES values (a "billion laughs" file is a few lines that expand to gigabytes).
+`read_recipe_file` refuses a file that is wrong on its face (missing, not UTF-8, not YAML, not a mapping) without
+the schema, so the command line says so before it imports torch and transformers.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from hftrain.errors import HftrainError
 
 
 class RecipeLoader(yaml.SafeLoader):
@@ -78,3 +83,29 @@ def expanded_size(data: Any, memo: dict[int, int]) -> int:
 
 def dump_yaml(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def read_recipe_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise HftrainError(f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml).")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise HftrainError(f"{path}: not UTF-8 text (byte {err.start}); save the recipe as UTF-8.") from None
+    try:
+        data = load_yaml(text, strict=True)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise HftrainError(f"{path}:{where}: not valid YAML ({problem}). Fix the syntax there.") from None
+    if data is None:
+        raise HftrainError(
+            f"{path}: the recipe is empty. A recipe is a mapping of sections, e.g.\n"
+            "  model: {preset: pythia-14m}\n  training: {max_steps: 100}\n(see recipes/quickstart.yaml)"
+        )
+    if not isinstance(data, dict):
+        raise HftrainError(
+            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a {type(data).__name__}."
+        )
+    return data

@@ -2,7 +2,7 @@
 
 hftrain handles four TrainingArguments keys itself: ``resume_from_checkpoint`` (the CheckpointManager finds
 the checkpoint), ``push_to_hub`` (the Trainer's own push would upload output_dir's root; hub.py pushes the
-final model), ``save_total_limit`` (rotation happens after a checkpoint is complete, checkpoint.py), and the
+final model), ``save_total_limit`` (rotation happens after a checkpoint is complete, checkpoint/manager.py), and the
 data skip on resume (hftrain restores its data position instead of replaying batches).
 """
 
@@ -35,7 +35,7 @@ from hftrain.training import objectives
 @dataclass
 class TrainingSettings:
     args: TrainingArguments
-    speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed.py)
+    speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed/defaults.py)
     length: RunLength  # max_steps and where it came from (run_length.py)
     dims: ParallelDims  # the run's parallel dims (parallel/dims.py): strategy, batch, readers
 
@@ -110,7 +110,7 @@ def speed_defaults(
     part: SpeedPart, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None, device: torch.device
 ) -> SpeedPlan:
     """bf16 / fp16 / tf32 / torch_compile / optim where the recipe leaves them unset: as recorded at the run's start
-    (a resumed run), else decided by measurement on this device (speed.py), the same in every process; then what the
+    (a resumed run), else decided by measurement on this device (speed/defaults.py), the same in every process; then what the
     device decides without a measurement (speed.device_levers: TF32 beside bf16, fused AdamW on CUDA)."""
     facts = speed.DeviceFacts.of(device)
     chosen = set(kwargs)  # the recipe's own keys

@@ -148,7 +148,7 @@ def prepare_output(spec: RunSpec, settings: TrainingSettings) -> tuple[Checkpoin
     """The output directory claimed, the tokenizer, and where the run resumes. The main process prepares the shared
     directory (and trains a tokenizer) before the others read it."""
     args, dims, data = settings.args, spec.dims, spec.data
-    checkpoints = CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume)
+    checkpoints = CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume, spec.dims)
     with args.main_process_first(desc="preparing the output directory"):
         checkpoints.claim(args.should_save, settings.start_record())  # should_save: each node's first process on node-local disks
         tokenizer, is_new = load_tokenizer(spec.tokenizer, checkpoints.layout.root, lambda n: first_documents(data, n))
