@@ -21,10 +21,10 @@ import os
 import select
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 TURNS_PER_RUN = 12  # turns each side takes over its measured steps, by default
 ENV = "HFTRAIN_BENCH_TURNS"  # "<fifo dir>:<index>:<steps per turn>", set by run_in_turns for each side

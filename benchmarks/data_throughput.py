@@ -42,12 +42,12 @@ sys.path.insert(0, str(ROOT))
 
 import hftrain  # noqa: E402
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
-from hftrain.data.prepare import prepare  # noqa: E402
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
+from hftrain.data.prepare import prepare  # noqa: E402
+from hftrain.model.tokenizer import gpt2_tokenizer  # noqa: E402
 from hftrain.parallel.readers import ReaderLayout, default_window  # noqa: E402
 from hftrain.recipe.load import load_recipe  # noqa: E402
 from hftrain.recipe.parts import DataPrepPart  # noqa: E402
-from hftrain.model.tokenizer import gpt2_tokenizer  # noqa: E402
 
 SEQ, BATCH = 256, 8
 

@@ -134,8 +134,8 @@ def child_main(args: argparse.Namespace) -> None:
 
 def launch(config: str, args: argparse.Namespace, tmp: Path, tag: str) -> dict[str, Any]:
     """Start one run of `config` in fresh processes and return rank 0's result."""
-    from hftrain.parallel import rehearsal
     from hftrain.launch.processes import find_config
+    from hftrain.parallel import rehearsal
 
     script = str(Path(__file__).resolve())
     child = [

@@ -115,8 +115,8 @@ def weight_bytes(model) -> dict[str, float]:
 def build_base(root: Path) -> Path:
     """pythia-160m from random weights, saved like a pretrained model (hftrain's own model and tokenizer code)."""
     from hftrain.model.build import build_model
-    from hftrain.recipe.load import load_recipe
     from hftrain.model.tokenizer import gpt2_tokenizer
+    from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import ModelPart
 
     tok = gpt2_tokenizer()

@@ -169,9 +169,9 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     """Run one configuration for real; return its measured and predicted peaks (bytes)."""
     import yaml
 
-    from hftrain.recipe.load import load_recipe
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
+    from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import MemoryPart, PlanPart
 
     raw = recipe_for(config, bases, work / config.name)
@@ -216,9 +216,9 @@ def print_table(rows: list[dict[str, Any]], libs_measured: int) -> None:
 
 def replay(path: Path) -> None:
     """The stored measurements against the current prediction (the same recipes, the stored libraries figure)."""
-    from hftrain.recipe.load import load_recipe
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
+    from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import MemoryPart, PlanPart
 
     stored = json.loads(path.read_text())

@@ -133,8 +133,7 @@ class ProbingClock(StepClock):
 def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
     import torch
 
-    from hftrain.model.build import parameter_counts
-    from hftrain.model.build import flops_per_token
+    from hftrain.model.build import flops_per_token, parameter_counts
 
     counts = parameter_counts(model)
     return {
@@ -198,8 +197,9 @@ def run_hftrain(
     tokenizer_dir: str | None = None,
     seed: int = SEED,
 ) -> dict[str, Any]:
-    import hftrain
     import yaml
+
+    import hftrain
 
     overrides = hftrain_recipe(shape, out, run_steps, log_steps, docs_dir, tokenizer_dir, seed)
     if device == "cpu" and _cuda():

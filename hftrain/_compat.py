@@ -39,7 +39,6 @@ from typing import Any
 
 from hftrain.errors import HftrainError
 
-
 CPP_LOG_LEVEL_ENV = "TORCH_CPP_LOG_LEVEL"
 _CHILD_CPP_LOG_LEVEL_ENV = "HFTRAIN_CHILD_CPP_LOG_LEVEL"  # what the launched processes get back ("" : torch's default)
 

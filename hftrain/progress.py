@@ -20,8 +20,8 @@ import re
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 STILL_EVERY_S = 6.0
 _TICK_S = 0.25

@@ -8,9 +8,9 @@ Helpers that tests import (data, recipes, running the CLI, shared checks) live i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import pytest
 

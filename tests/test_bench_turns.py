@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._common import step_durations, steady_state
+from benchmarks._common import steady_state, step_durations
 from benchmarks._turns import run_in_turns
 
 from .support.cli import ROOT

@@ -234,6 +234,7 @@ def test_readme_training_commands_run_in_order(tmp_path, capsys):
 def test_readme_s3_example(tmp_path, s3, capsys):
     import gzip
     import json
+
     from .support.data import make_documents
 
     s3.make_bucket("corpus")

@@ -158,8 +158,8 @@ def test_no_module_over_400_lines_and_no_function_over_60():
 
 def test_sections_of_explain_come_from_the_schema(capsys):
     from hftrain.cli import main
-    from hftrain.recipe.load import inner_model
     from hftrain.recipe.docs import recipe_sections
+    from hftrain.recipe.load import inner_model
     from hftrain.recipe.schema import Recipe
 
     sections = recipe_sections()
@@ -374,7 +374,6 @@ def test_version_bounds_are_floors_unless_a_break_is_recorded():
     """No upper bound without the break it avoids written next to it; torch 2.15 (what GPU images ship now) and the
     lent GPU image's torch 2.11 / transformers 5.17 satisfy the requirements, so pip never replaces them."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import BASE_FILE, RECIPE_FILE
+from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import FinetunePart
 

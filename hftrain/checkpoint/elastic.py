@@ -31,9 +31,9 @@ from typing import Any
 
 from hftrain import _compat
 from hftrain.checkpoint.integrity import loadable
+from hftrain.checkpoint.layout import COMPLETE_MARKER
 from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.errors import HftrainError
-from hftrain.checkpoint.layout import COMPLETE_MARKER
 from hftrain.parallel.dims import Strategy
 
 HOW = {  # how to launch a run that continues a checkpoint of each state format (any process count)

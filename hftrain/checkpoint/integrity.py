@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
 
 from hftrain.checkpoint.files import CorruptFile, read_json
 from hftrain.checkpoint.layout import COMPLETE_MARKER, DATA_STATE_GLOB, TRAINER_STATE_FILE

@@ -19,20 +19,20 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import RECORD, loadable, record, unreadable
+from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, RunLayout, checkpoint_step, data_state_file
 from hftrain.checkpoint.node_disks import checkpoint_listing
 from hftrain.checkpoint.output_lock import writable_directory
-from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, RunLayout, checkpoint_step, data_state_file
-from hftrain.recipe.parts import CheckpointPart
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
+from hftrain.errors import HftrainError
+from hftrain.recipe.parts import CheckpointPart
 
 
 # --------------------------------------------------------------------------------------- discovery

@@ -25,10 +25,10 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 from hftrain.errors import HftrainError
 

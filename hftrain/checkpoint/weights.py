@@ -10,9 +10,9 @@ import safetensors.torch
 import torch
 
 from hftrain.checkpoint.adapter import is_adapter_dir, merge_adapter, save_adapter
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import check_safetensors
 from hftrain.checkpoint.layout import ADAPTER_DIR
+from hftrain.errors import HftrainError
 
 
 def load_checkpoint_weights(model: Any, checkpoint: Path) -> None:

@@ -35,8 +35,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain.data.prepare import inspect, prepare
     from hftrain import network
+    from hftrain.data.prepare import inspect, prepare
     from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import DataPrepPart, PackingCheckPart
 

@@ -31,10 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain.recipe.load import load_recipe
     from hftrain.planning import fit as fitting
     from hftrain.planning.estimates import format_fit, format_fp8, format_peak, format_peak_table, format_plan, format_time, plan
     from hftrain.planning.memory import library_footprint
+    from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import PlanPart
 
     card = _card(args)  # the options first: a refusal before any work is printed
@@ -106,8 +106,8 @@ def _peak_flops(card: tuple[float, str] | None, machine: Any, chosen: Any) -> tu
 
 def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, str]:
     """--mfu, else the MFU the recipe's last run measured (its results.json), else the stated assumption."""
-    from hftrain.checkpoint.layout import RunLayout
     from hftrain.checkpoint.files import read_json
+    from hftrain.checkpoint.layout import RunLayout
     from hftrain.errors import HftrainError
     from hftrain.planning import fit as fitting
 

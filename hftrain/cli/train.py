@@ -103,8 +103,7 @@ def _without_option(argv: list[str], option: str) -> list[str]:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain import progress
-    from hftrain import network
+    from hftrain import network, progress
     from hftrain.launch.sagemaker_job import current_job
     from hftrain.recipe.load import load_recipe
 

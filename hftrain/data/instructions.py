@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 import copy
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

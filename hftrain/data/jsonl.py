@@ -9,8 +9,8 @@ message is shown.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 

@@ -10,22 +10,22 @@ micro-batch, and a resumed loader rotates the worker numbering to continue it ex
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from hftrain.errors import HftrainError
-from hftrain.recipe.schema import DataSection, Source
 from hftrain.data.instructions import ExampleStream
-from hftrain.data.preference import PreferenceStream, pair_tokens, records
 from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
+from hftrain.data.preference import PreferenceStream, pair_tokens, records
 from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
-from hftrain.parallel.readers import ReaderLayout, rank_state
 from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
+from hftrain.errors import HftrainError
+from hftrain.parallel.readers import ReaderLayout, rank_state
+from hftrain.recipe.schema import DataSection, Source
 
 
 @dataclass

@@ -9,15 +9,15 @@ as a difference far above rounding: the check fails and names it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 import torch
 
 from hftrain.data.loader import as_sample, collator_for, plan_data, train_blocks
-from hftrain.data.prepare import scratch_tokenizer
 from hftrain.data.packed_batch import KERNEL_FORMS
+from hftrain.data.prepare import scratch_tokenizer
 from hftrain.data.stream import Worker
 from hftrain.recipe.parts import ModelPart, PackingCheckPart
 

@@ -11,12 +11,12 @@ Pairs are read in shuffle windows with resumable positions (BlockStream) and are
 from __future__ import annotations
 
 import copy
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 from hftrain.data.instructions import CHATML
-from hftrain.errors import HftrainError
 from hftrain.data.stream import BlockStream, DocumentStream, source_epochs
+from hftrain.errors import HftrainError
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

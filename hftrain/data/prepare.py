@@ -12,18 +12,18 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from hftrain.model.tokenizer import load_tokenizer
-from hftrain.recipe.parts import DataPrepPart, TokenizerPart
-from hftrain.errors import HftrainError
 from hftrain import network
+from hftrain.checkpoint.output_lock import LOCK_FILE, owning
+from hftrain.data.chunking import TokenRun
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
 from hftrain.data.prepare_pool import PrepareJob, run_units
-from hftrain.checkpoint.output_lock import LOCK_FILE, owning
 from hftrain.data.pretokenized import MANIFEST, PREPARED_NAME, ShardWriter
-from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
 from hftrain.data.sources import COMPRESSION
-from hftrain.data.chunking import TokenRun
 from hftrain.data.stream import SourcePlan, Worker
+from hftrain.errors import HftrainError
+from hftrain.model.tokenizer import load_tokenizer
+from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
+from hftrain.recipe.parts import DataPrepPart, TokenizerPart
 
 
 def prepare(

@@ -17,19 +17,18 @@ import multiprocessing
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from hftrain.errors import HftrainError
-from hftrain.data.chunking import SafeCut
-from hftrain.data.pretokenized import ShardWriter
+from hftrain.data.chunking import SafeCut, TokenRun, text_batches
 from hftrain.data.loader import train_documents
-from hftrain.data.chunking import TokenRun, text_batches
+from hftrain.data.pretokenized import ShardWriter
+from hftrain.errors import HftrainError
 
 Unit = tuple[int, int]  # (source, shard)
 REPORT_EVERY_S = 1.0

@@ -14,16 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
 
-from hftrain.errors import HftrainError
-from hftrain.network import require_backend
 from hftrain.data.shares import share_of, span
 from hftrain.data.stream import BlockStream, Worker, _mix
+from hftrain.errors import HftrainError
+from hftrain.network import require_backend
 
 MANIFEST = "manifest.json"
 PREPARED_NAME = re.compile(r"^(manifest\.json|validation\.bin|train-[\w-]+\.bin|tokenizer)$")  # what a prepare writes

@@ -22,9 +22,9 @@ often as its share, and held-out loss was worse than run_clm's global shuffle at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
-from collections.abc import Sequence
 
 BALANCE = 0.02  # whole shards only when the most loaded reader has at most 2% more bytes than the least loaded
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 
 from hftrain import network
-from hftrain.errors import HftrainError, as_user_error
-from hftrain.recipe.schema import Source, data_kind
 from hftrain.data import jsonl
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
 from hftrain.data.shares import Part, span
 from hftrain.data.text_pieces import Record, record_pieces, text_pieces
+from hftrain.errors import HftrainError, as_user_error
+from hftrain.recipe.schema import Source, data_kind
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")

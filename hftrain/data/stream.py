@@ -18,20 +18,20 @@ import copy
 import random
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from collections.abc import Iterator
 
 import numpy as np
 
-from hftrain.errors import HftrainError
-from hftrain.progress import phase
-from hftrain.recipe.schema import Source
 from hftrain.data.chunking import MAX_BATCH_CHARS, MIN_BATCH_CHARS, SafeCut, TokenRun, next_batch
 from hftrain.data.shares import Part, Share, share_of
 from hftrain.data.sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
 from hftrain.data.text_pieces import Record
+from hftrain.errors import HftrainError
+from hftrain.progress import phase
+from hftrain.recipe.schema import Source
 
 Split = Literal["train", "holdout", "all"]
 READ_RETRIES = 6  # transient read errors per shard position before giving up (backoff 0.5 s .. 30 s)

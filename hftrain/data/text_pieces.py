@@ -13,9 +13,9 @@ or a file of nothing but whitespace is a bad shard (an error naming it, or skipp
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Iterator
 
 PIECE_BYTES = 1 << 14  # bytes read per step from a text file
 PIECE_CHARS = 1 << 14  # a record's text is cut into pieces of at most this many characters

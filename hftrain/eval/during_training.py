@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hftrain.eval import text_metrics
 from hftrain.errors import HftrainError
+from hftrain.eval import text_metrics
 from hftrain.recipe.sections import EvalTask
 
 HEADLINE = {"perplexity": "perplexity", "bits_per_byte": "bits_per_byte", "last_word_accuracy": "accuracy"}

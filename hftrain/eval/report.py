@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import RECIPE_FILE, RunLayout, checkpoint_step
+from hftrain.errors import HftrainError
 
 MAX_EVAL_ROWS = 200
 

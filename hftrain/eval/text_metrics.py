@@ -16,10 +16,10 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 from hftrain.data.sources import BadRecords, list_shards, read_shard, shard_problem
 from hftrain.errors import HftrainError

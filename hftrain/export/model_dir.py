@@ -15,13 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import check_weights
 from hftrain.checkpoint.integrity import check_files
+from hftrain.errors import HftrainError
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")

@@ -14,19 +14,19 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import yaml
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
-from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
-from hftrain.recipe.redaction import redact_value
+from hftrain.errors import HftrainError
+from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.parts import PublishPart
+from hftrain.recipe.redaction import redact_value
 
 CARD = "README.md"
 PUSH_RETRIES = 3

@@ -34,12 +34,12 @@ def show_errors_plainly() -> None:
 
 def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") -> Path:
     """Train `recipe` in `num_processes` processes from a notebook; returns the final model directory."""
-    from hftrain.parallel import rehearsal
-    from hftrain.launch.processes import relaunch
     from hftrain.checkpoint.layout import RunLayout
+    from hftrain.launch.processes import relaunch
+    from hftrain.parallel import rehearsal
     from hftrain.recipe.load import recipe_to_dict
-    from hftrain.recipe.yaml_io import dump_yaml
     from hftrain.recipe.parts import LaunchPart
+    from hftrain.recipe.yaml_io import dump_yaml
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "recipe.yaml"

@@ -30,10 +30,10 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from hftrain import network
 

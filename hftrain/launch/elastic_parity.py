@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hftrain.data.loader import plan_data
-from hftrain.parallel.readers import default_readers
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.data.loader import plan_data
+from hftrain.errors import HftrainError
 from hftrain.launch.parity import FORCED, read_run, step_differences
 from hftrain.parallel.dims import Strategy, global_batch
-from hftrain.recipe.parts import BatchPart
+from hftrain.parallel.readers import default_readers
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import BatchPart
 
 BACKENDS = {s.label: s.value for s in (Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: DDP, FSDP, ZeRO-3
 

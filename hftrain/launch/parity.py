@@ -12,16 +12,16 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.errors import HftrainError
 from hftrain.parallel.dims import Strategy, global_batch
-from hftrain.recipe.parts import BatchPart
 from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import BatchPart
 
 BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: single, DDP, ...
 FORCED = [

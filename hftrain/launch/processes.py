@@ -14,13 +14,11 @@ from typing import Any
 
 import yaml
 
-from hftrain.parallel import rehearsal
-
-from hftrain.parallel import child_errors
 from hftrain.errors import HftrainError, NotShared
+from hftrain.launch.multinode import NodeGroup
+from hftrain.parallel import child_errors, rehearsal
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
 from hftrain.recipe.parts import LaunchPart
-from hftrain.launch.multinode import NodeGroup
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
 

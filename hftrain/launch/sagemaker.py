@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hftrain.launch import processes as launch
 from hftrain.errors import HftrainError
-from hftrain.recipe.parts import SageMakerPart
-from hftrain.launch.script_checks import found_here
+from hftrain.launch import processes as launch
 from hftrain.launch.sagemaker_job import CHANNEL, CHECKPOINTS_VAR, DEFAULT_CHECKPOINTS, METRICS_PREFIX
+from hftrain.launch.script_checks import found_here
+from hftrain.recipe.parts import SageMakerPart
 
 ENTRY_SCRIPT = "hftrain_sagemaker_entry.py"
 PYTORCH_IMAGE = ("2.10", "py313")  # the newest AWS PyTorch training image the SDK lists (image_uris, offline)

@@ -27,8 +27,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.errors import HftrainError
 
 DEFAULT_CHECKPOINTS = "/opt/ml/checkpoints"
 CHECKPOINTS_VAR = "HFTRAIN_SAGEMAKER_CHECKPOINTS"

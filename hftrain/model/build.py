@@ -19,12 +19,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
 
 from hftrain.errors import HftrainError
-from hftrain.recipe.presets import PRESETS
-from hftrain.parallel.dims import ParallelDims, Strategy
-from hftrain.recipe.parts import ModelPart
-from hftrain.recipe.schema import DROPOUT_FIELDS
 from hftrain.model.remote_code import allow
+from hftrain.parallel.dims import ParallelDims, Strategy
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.recipe.parts import ModelPart
+from hftrain.recipe.presets import PRESETS
+from hftrain.recipe.schema import DROPOUT_FIELDS
 
 
 def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:

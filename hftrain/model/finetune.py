@@ -15,8 +15,8 @@ from hftrain import _compat
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims, Strategy
-from hftrain.recipe.parts import FinetunePart
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.recipe.parts import FinetunePart
 
 QUANTIZED = ("qlora", "lora_8bit")
 

@@ -7,17 +7,17 @@ A trained tokenizer is saved in the run's output directory and reused from there
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
-from collections.abc import Callable, Iterable
 
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.errors import HftrainError
+from hftrain.model.remote_code import allow
 from hftrain.recipe.parts import TokenizerPart
 from hftrain.recipe.schema import TokenizerSection
-from hftrain.model.remote_code import allow
 
 EOS = "<|endoftext|>"
 

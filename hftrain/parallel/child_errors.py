@@ -21,10 +21,10 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from hftrain import _compat
 

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from hftrain import _compat
-from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
 from hftrain.parallel.child_errors import ELASTIC_ENV, MEMORY_WARNED_ENV
+from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.recipe.parts import BatchPart
 from hftrain.recipe.schema import DataSection
 

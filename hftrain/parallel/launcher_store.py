@@ -17,8 +17,8 @@ import json
 import os
 import time
 import uuid
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from hftrain.errors import HftrainError
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from hftrain.errors import PeerLost
 

@@ -13,10 +13,10 @@ import torch
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.model.build import ModelShape, measure_model
 from hftrain.parallel.dims import global_batch
-from hftrain.recipe.parts import PlanPart
 from hftrain.planning.fit import MARGIN, Fit, Machine, step_time
 from hftrain.planning.memory import CUDA_CONTEXT_BYTES
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.recipe.parts import PlanPart
 from hftrain.speed import fp8
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from hftrain.recipe.parts import MemoryPart
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.recipe.parts import MemoryPart
 
 GB = 1e9
 LIBRARIES_FALLBACK_BYTES = 0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)

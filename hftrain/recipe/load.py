@@ -11,16 +11,16 @@ import difflib
 import hashlib
 import json
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from hftrain.errors import HftrainError
-from hftrain.recipe.schema import Recipe
 from hftrain.recipe.redaction import redact_value, redacted
+from hftrain.recipe.schema import Recipe
 from hftrain.recipe.yaml_io import dump_yaml, load_yaml, read_recipe_file
 
 # hftrain's own training defaults: the lowest layer, below the YAML file. Chosen for small-to-medium

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from hftrain.recipe.finetune_section import DPO_KEYS_HFTRAIN_SETS, FinetuneSection, QuantizationSection  # noqa: F401 (re-exported)
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.presets import PRESETS
 from hftrain.recipe.sections import (
@@ -21,12 +22,10 @@ from hftrain.recipe.sections import (
     MonitorSection,
     ParallelismSection,
     ProfileSection,
-    SpeedSection,
     Section,
+    SpeedSection,
 )
-from hftrain.recipe.finetune_section import DPO_KEYS_HFTRAIN_SETS, FinetuneSection, QuantizationSection  # noqa: F401 (re-exported)
 from hftrain.recipe.training_section import TrainingSection
-
 
 # ----------------------------------------------------------------------------------------------- model
 DROPOUT_FIELDS = ("hidden_dropout", "attention_dropout")

@@ -9,7 +9,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-
 # Numbers TrainingArguments takes unchecked that fail later with a raw exception (a negative learning rate in the
 # optimizer, a batch of 0 as a division by zero): refused when the recipe is read, naming the key.
 BOUNDS: dict[str, dict[str, float]] = {

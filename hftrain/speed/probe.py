@@ -22,11 +22,11 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
 
 import torch
 

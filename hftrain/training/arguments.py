@@ -16,19 +16,18 @@ import torch
 from transformers import TrainingArguments
 
 from hftrain import _compat
-from hftrain.parallel import rehearsal
-from hftrain.parallel import launcher_store
-from hftrain.parallel.dims import ParallelDims
-from hftrain.speed import defaults as speed
-from hftrain.speed import fp8
 from hftrain.checkpoint import node_disks
 from hftrain.errors import HftrainError
 from hftrain.model.build import ModelShape
-from hftrain.recipe.finetune_section import FinetuneSection
+from hftrain.parallel import launcher_store, rehearsal
+from hftrain.parallel.dims import ParallelDims
 from hftrain.planning.run_length import RunLength
-from hftrain.speed.defaults import SpeedPlan
-from hftrain.recipe.parts import SpeedPart
+from hftrain.recipe.finetune_section import FinetuneSection
 from hftrain.recipe.objectives import OBJECTIVES
+from hftrain.recipe.parts import SpeedPart
+from hftrain.speed import defaults as speed
+from hftrain.speed import fp8
+from hftrain.speed.defaults import SpeedPlan
 from hftrain.training import objectives
 
 

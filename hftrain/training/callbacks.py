@@ -7,10 +7,10 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from transformers import TrainerCallback
 

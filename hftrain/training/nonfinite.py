@@ -18,9 +18,9 @@ parameter without a gradient, and its state, exactly as they were.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import torch
 from transformers import TrainerCallback

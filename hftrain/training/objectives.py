@@ -4,9 +4,9 @@ line per table; tests/training/test_objectives.py checks every objective has bot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 from hftrain.data.loader import validation_blocks
 from hftrain.eval.during_training import TrainingEvaluation

@@ -12,21 +12,42 @@ RunSpec, never the recipe.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Sequence
 
 import torch
 
-from hftrain import _compat
+from hftrain import _compat, network, progress
 from hftrain.checkpoint import elastic
-from hftrain.model import attention, fused_loss
-from hftrain.parallel import dims as parallel
-from hftrain import network
+from hftrain.checkpoint.files import read_json
+from hftrain.checkpoint.integrity import step_of, unreadable
+from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
+from hftrain.checkpoint.manager import CheckpointManager
+from hftrain.checkpoint.node_disks import common_resume
+from hftrain.checkpoint.output_lock import owning
+from hftrain.data.loader import collator_for, first_documents, first_pairs
+from hftrain.data.packed_batch import PackedCollator, mask_note
+from hftrain.data.preference import SAME_ANSWERS_SAMPLE, same_answers
+from hftrain.data.pretokenized import check_compatible
+from hftrain.errors import Preempted
 from hftrain.integrations import revisions, trackers
+from hftrain.integrations.hub import CheckpointPusher
+from hftrain.integrations.outbox import Failure, Outbox
+from hftrain.model import attention, fused_loss
+from hftrain.model.build import build_model
+from hftrain.model.finetune import apply_method
+from hftrain.model.generation import sample
+from hftrain.model.tokenizer import load_tokenizer
+from hftrain.parallel import dims as parallel
+from hftrain.parallel import liveness
+from hftrain.parallel.dims import LaunchEnv, Strategy
+from hftrain.speed import fp8
+from hftrain.speed.hardware import measure_peak_flops
+from hftrain.speed.profiling import ProfilerCallback
 from hftrain.training import objectives
-from hftrain.training.objectives import TrainerParts
-from hftrain.training.arguments import TrainingSettings, set_up as set_up_arguments, training_arguments, training_device
+from hftrain.training.arguments import TrainingSettings, training_arguments, training_device
+from hftrain.training.arguments import set_up as set_up_arguments
 from hftrain.training.callbacks import (
     KeptCheckpointsCallback,
     MetricsFileCallback,
@@ -34,37 +55,15 @@ from hftrain.training.callbacks import (
     StartupOverCallback,
     ThroughputClockCallback,
 )
-from hftrain.checkpoint.integrity import step_of, unreadable
-from hftrain.checkpoint.manager import CheckpointManager
-from hftrain.checkpoint.node_disks import common_resume
-from hftrain.parallel import liveness
-from hftrain.checkpoint.output_lock import owning
-from hftrain import progress
-from hftrain.data.loader import collator_for, first_documents, first_pairs
-from hftrain.data.preference import SAME_ANSWERS_SAMPLE, same_answers
-from hftrain.data.packed_batch import PackedCollator, mask_note
-from hftrain.data.pretokenized import check_compatible
-from hftrain.errors import Preempted
-from hftrain.checkpoint.files import read_json
-from hftrain.model.finetune import apply_method
-from hftrain.model.generation import sample
-from hftrain.speed import fp8
-from hftrain.speed.hardware import measure_peak_flops
-from hftrain.integrations.hub import CheckpointPusher
-from hftrain.integrations.outbox import Failure, Outbox
-from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
-from hftrain.model.build import build_model
-from hftrain.training.nonfinite import NonFiniteGuard
 from hftrain.training.input_check import InputCheckCallback
-from hftrain.training.step_flags import StepFlags
-from hftrain.parallel.dims import LaunchEnv, Strategy
+from hftrain.training.nonfinite import NonFiniteGuard
+from hftrain.training.objectives import TrainerParts
 from hftrain.training.plot import plot_curves
-from hftrain.speed.profiling import ProfilerCallback
 from hftrain.training.resolve import RunSpec, recorded_start, resolve
 from hftrain.training.results import build_results, summary
 from hftrain.training.run_record import Run
+from hftrain.training.step_flags import StepFlags
 from hftrain.training.step_metrics import MetricsOptions, StepMetrics
-from hftrain.model.tokenizer import load_tokenizer
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
 if TYPE_CHECKING:

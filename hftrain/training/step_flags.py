@@ -23,9 +23,8 @@ later, never after a checkpoint is written.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import numpy as np
 import torch

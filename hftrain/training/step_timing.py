@@ -17,8 +17,8 @@ import resource
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 

@@ -26,16 +26,16 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from hftrain.parallel import rehearsal
 from hftrain.checkpoint import elastic
-from hftrain.parallel import dims as parallel
 from hftrain.checkpoint.adapter import is_adapter_dir
 from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.data.loader import DataPlan, PackedDataset, Placement, ResumableLoader
-from hftrain.parallel.readers import merge_positions
 from hftrain.eval.during_training import TrainingEvaluation
-from hftrain.training.nonfinite import NonFiniteGuard
+from hftrain.parallel import dims as parallel
+from hftrain.parallel import rehearsal
 from hftrain.parallel.dims import ParallelDims
+from hftrain.parallel.readers import merge_positions
+from hftrain.training.nonfinite import NonFiniteGuard
 from hftrain.training.step_metrics import StepMetrics
 from hftrain.training.step_timing import EXCLUDED
 

@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from hftrain.checkpoint import elastic
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RunLayout
+from hftrain.errors import HftrainError
 
 from ..support.cli import in_process, messages
 from ..support.data import make_documents, tiny_recipe, write_jsonl

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from hftrain.checkpoint.layout import RunLayout
+
 from ..support.checks import loss_records
 from ..support.cli import ROOT, in_process
 from ..support.data import tiny_recipe

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
-from hftrain.parallel.readers import STATE_VERSION, ReaderLayout, default_window, merge_positions
 from hftrain.data.stream import BlockStream, DocumentStream, Worker
 from hftrain.errors import HftrainError
-from hftrain.recipe.load import load_recipe
 from hftrain.model.tokenizer import gpt2_tokenizer
+from hftrain.parallel.readers import STATE_VERSION, ReaderLayout, default_window, merge_positions
+from hftrain.recipe.load import load_recipe
 
 from ..support.data import make_documents, write_jsonl
 

@@ -15,16 +15,15 @@ import numpy as np
 import pytest
 import yaml
 
-from hftrain.data import chunking
-from hftrain.data import text_pieces
+from hftrain.checkpoint.layout import RunLayout, data_state_file
+from hftrain.data import chunking, text_pieces
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
 from hftrain.data.loader import plan_data
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import BlockStream, DocumentStream
 from hftrain.errors import HftrainError
-from hftrain.checkpoint.layout import RunLayout, data_state_file
-from hftrain.recipe.load import load_recipe
 from hftrain.model.tokenizer import gpt2_tokenizer, train_bpe
+from hftrain.recipe.load import load_recipe
 
 from ..support.checks import assert_resumed_matches, checkpoint_losses
 from ..support.data import make_documents, tiny_recipe

@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 
 import hftrain
+from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks, train_documents
 from hftrain.data.prepare import prepare
-from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks
-from hftrain.parallel.readers import ReaderLayout, default_window, merge_positions
-from hftrain.data.loader import train_documents
 from hftrain.data.stream import BlockStream, Worker
 from hftrain.errors import HftrainError
+from hftrain.model.tokenizer import gpt2_tokenizer
+from hftrain.parallel.readers import ReaderLayout, default_window, merge_positions
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import DataPrepPart
-from hftrain.model.tokenizer import gpt2_tokenizer
 
 from ..support.checks import losses
 from ..support.data import make_documents, tiny_recipe, write_jsonl

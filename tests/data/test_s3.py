@@ -11,11 +11,11 @@ import yaml
 
 import hftrain
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
-from hftrain.parallel.readers import ReaderLayout, merge_positions
 from hftrain.data.stream import DocumentStream
 from hftrain.errors import HftrainError
-from hftrain.recipe.load import load_recipe, recipe_to_dict
 from hftrain.model.tokenizer import gpt2_tokenizer
+from hftrain.parallel.readers import ReaderLayout, merge_positions
+from hftrain.recipe.load import load_recipe, recipe_to_dict
 
 from ..support.checks import assert_resumed_matches, copy_checkpoint, losses
 from ..support.data import make_documents, tiny_recipe

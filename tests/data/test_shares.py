@@ -13,15 +13,15 @@ import pytest
 
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
 from hftrain.data.pretokenized import PretokenizedStream
-from hftrain.parallel.readers import ReaderLayout, default_readers
 from hftrain.data.shares import BALANCE, Part, Share, deal, share_of
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import DocumentStream, SourcePlan, Worker
 from hftrain.data.text_pieces import PIECE_CHARS
 from hftrain.errors import HftrainError
+from hftrain.model.tokenizer import gpt2_tokenizer
+from hftrain.parallel.readers import ReaderLayout, default_readers
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import DataPrepPart
-from hftrain.model.tokenizer import gpt2_tokenizer
 
 from ..support.data import make_documents, write_jsonl
 

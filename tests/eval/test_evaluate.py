@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from hftrain.eval import text_metrics as ev
 from hftrain.cli import eval as eval_command
 from hftrain.errors import HftrainError
+from hftrain.eval import text_metrics as ev
 
 from ..support.data import make_documents, write_jsonl
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hftrain.errors import HftrainError
-from hftrain.cli.report import add_parser, run
-from hftrain.eval.report import write_report
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.cli.report import add_parser, run
+from hftrain.errors import HftrainError
+from hftrain.eval.report import write_report
 
 from ..support.checks import read_metrics
 

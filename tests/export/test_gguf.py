@@ -21,7 +21,6 @@ import pytest
 import torch
 import yaml
 
-
 from ..support.checks import tree_digest
 from ..support.cli import in_process as cli
 from ..support.data import finetune_recipe, make_documents, tiny_recipe, write_jsonl

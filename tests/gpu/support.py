@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from hftrain.checkpoint.layout import RunLayout
+
 from ..support.cli import ROOT
 
 REPORT_ENV = "GPU_REPORT_DIR"

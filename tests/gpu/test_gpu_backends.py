@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-
 from ..support.backend_checks import check_fsdp, check_fsdp_checkpoint, check_zero3, check_zero3_checkpoint
 from ..support.backend_probe import load_observations, run_probe
 from ..support.checks import copy_checkpoint

@@ -29,8 +29,9 @@ def _recipes(tmp_path):
 
 @pytest.mark.parametrize("kind", ["examples", "documents"])
 def test_flash_kernels_keep_packed_documents_apart(tmp_path, kind):
-    from hftrain.data.packing_check import available_kernels, check_packing
     import torch
+
+    from hftrain.data.packing_check import available_kernels, check_packing
 
     kernels = available_kernels(torch.device("cuda"))
     if not any(k.startswith("flash") for k in kernels):
@@ -42,9 +43,10 @@ def test_flash_kernels_keep_packed_documents_apart(tmp_path, kind):
 
 
 def test_flash_attention_on_rows_is_caught(tmp_path):
+    import torch
+
     from hftrain.data.packed_batch import ROWS
     from hftrain.data.packing_check import available_kernels, check_packing
-    import torch
 
     kernels = available_kernels(torch.device("cuda"))
     flash = [k for k in kernels if k.startswith("flash")]

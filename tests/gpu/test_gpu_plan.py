@@ -24,9 +24,9 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
     from transformers import TrainerCallback
 
     import hftrain
-    from hftrain.recipe.load import load_recipe
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
+    from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import MemoryPart, PlanPart
 
     raw = {

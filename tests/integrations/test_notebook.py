@@ -11,6 +11,7 @@ import pytest
 from nbclient import NotebookClient
 
 from hftrain.checkpoint.layout import RunLayout
+
 from ..support.cli import ROOT
 from ..support.data import tiny_recipe
 

@@ -12,7 +12,6 @@ import time
 
 import pytest
 import yaml
-
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from hftrain.integrations import trackers

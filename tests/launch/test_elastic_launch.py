@@ -15,13 +15,11 @@ import pytest
 
 from hftrain.cli import main
 from hftrain.errors import HftrainError
-from hftrain.parallel import rehearsal
-from hftrain.launch import processes as launch
 from hftrain.launch import multinode
-from hftrain.parallel import child_errors
-from hftrain.parallel.child_errors import ChildError
+from hftrain.launch import processes as launch
 from hftrain.launch.multinode import NodeGroup
-from hftrain.parallel.child_errors import ELASTIC_ENV
+from hftrain.parallel import child_errors, rehearsal
+from hftrain.parallel.child_errors import ELASTIC_ENV, ChildError
 from hftrain.recipe.load import load_recipe
 
 ROOT = Path(__file__).parents[2]

@@ -10,8 +10,8 @@ import yaml
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 import hftrain
-from hftrain.model import fused_loss
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.model import fused_loss
 
 from ..support.checks import losses
 from ..support.data import make_documents, tiny_recipe, write_jsonl

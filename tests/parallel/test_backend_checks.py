@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 import hftrain
-
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.backend_checks import (
@@ -32,8 +31,7 @@ from ..support.backend_checks import (
     shard_rows,
 )
 from ..support.backend_probe import Inspector, load_observations, run_probe
-from ..support.data import make_documents, tiny_recipe, write_jsonl
-from ..support.data import finetune_recipe
+from ..support.data import finetune_recipe, make_documents, tiny_recipe, write_jsonl
 
 STEPS = 2
 

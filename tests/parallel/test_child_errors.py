@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hftrain.parallel import rehearsal
-
-from hftrain.parallel import child_errors
+from hftrain.parallel import child_errors, rehearsal
 from hftrain.parallel.child_errors import ChildError
 
 from ..support.checks import tree_digest

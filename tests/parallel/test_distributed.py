@@ -18,15 +18,15 @@ import torch
 import yaml
 
 import hftrain
-from hftrain.parallel import dims as parallel
 from hftrain.errors import HftrainError
+from hftrain.parallel import dims as parallel
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import BatchPart
 
 from ..support.checks import assert_same_steps, steps, train_log
 from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_in_process
-from ..support.reference_runs import STEPS
 from ..support.data import make_documents, tiny_recipe, write_jsonl
+from ..support.reference_runs import STEPS
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +214,11 @@ def test_plan_recommends_a_strategy():
 @pytest.mark.slow
 def test_cpu_rehearsal_hides_the_gpus_from_its_processes(monkeypatch, tmp_path):
     """`--cpu` on a machine with CUDA: the children must not see the GPUs (else accelerate runs DDP on them)."""
-    from hftrain.parallel import rehearsal
-
     import os
 
     import torch.distributed.run as torchrun
+
+    from hftrain.parallel import rehearsal
 
     seen, environ = {}, dict(os.environ)
     monkeypatch.setattr(torchrun, "run", lambda args: seen.update(os.environ))  # what torch elastic gives the processes
@@ -254,8 +254,8 @@ def test_the_shipped_zero3_config_opens_from_any_directory(tmp_path, monkeypatch
     that exists nowhere is one message naming the key; hftrain's own launcher passes the file absolute."""
     from transformers.integrations import HfDeepSpeedConfig
 
-    from hftrain.parallel import dims
     from hftrain.launch.processes import deepspeed_file, find_config
+    from hftrain.parallel import dims
 
     monkeypatch.chdir(tmp_path)
     written = yaml.safe_load(find_config("zero3").read_text())["deepspeed_config"]["deepspeed_config_file"]

@@ -13,10 +13,10 @@ import pytest
 
 import hftrain
 from hftrain.cli import main
-from hftrain.recipe.load import load_recipe
 from hftrain.planning import fit as fitting
 from hftrain.planning.estimates import plan
 from hftrain.planning.memory import GB, predict_peak, run_shape
+from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import LaunchPart, MemoryPart, PlanPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
@@ -238,10 +238,10 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     """`hftrain train --accelerate-config` says it before any process starts, and tells the processes it did: in
     their environment, never this process's own (a launcher in a notebook or a test kept every later run of that
     process from warning)."""
-    from hftrain.parallel import rehearsal
     from hftrain.launch import processes as launch
-    from hftrain.parallel.dims import Strategy
+    from hftrain.parallel import rehearsal
     from hftrain.parallel.child_errors import MEMORY_WARNED_ENV
+    from hftrain.parallel.dims import Strategy
 
     monkeypatch.delenv(MEMORY_WARNED_ENV, raising=False)
     monkeypatch.setattr(fitting, "library_footprint", lambda: 0.6 * GB)

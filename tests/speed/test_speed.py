@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import hftrain
-from hftrain.speed import defaults as speed
-from hftrain.speed import probe as speed_probe
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.model.build import measure_model
 from hftrain.recipe.parts import ModelPart, SpeedPart
+from hftrain.speed import defaults as speed
+from hftrain.speed import probe as speed_probe
 from hftrain.speed.probe import Measurement, ProbeShape
 
 from ..support.checks import loss_records

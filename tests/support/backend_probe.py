@@ -144,8 +144,8 @@ def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc
     with the shipped config of BACKEND; without, hftrain's CPU rehearsal (torchrun, gloo, cpu_launch's environment)."""
     import torch
 
-    from hftrain.parallel import rehearsal
     from hftrain.launch.processes import find_config
+    from hftrain.parallel import rehearsal
 
     script = [__file__, str(recipe_file), str(probe_dir)]
     if backend is None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
-from collections.abc import Callable
 
 T = TypeVar("T")
 
@@ -30,8 +30,8 @@ def in_process(capsys, *argv: str) -> tuple[int, str]:
     """`hftrain ARGV` through `hftrain.cli.main` in this process: (exit status, what it printed, stderr first).
     An exception other than hftrain's one-line error escapes `main` and fails the test, as a traceback would in a
     terminal; argparse's own refusals (SystemExit) give their status."""
-    from hftrain.cli import main
     from hftrain import network
+    from hftrain.cli import main
 
     try:
         code = main(list(argv))
@@ -52,8 +52,8 @@ def run_in_process(
     import contextlib
     import io
 
-    from hftrain.cli import main
     from hftrain import network
+    from hftrain.cli import main
 
     out, err, before, here = io.StringIO(), io.StringIO(), dict(os.environ), os.getcwd()
     if exact_env:

@@ -96,8 +96,8 @@ def run_dumping(
 ) -> subprocess.CompletedProcess:
     """Train `recipe` into `out` on `backend` (single | ddp | fsdp | zero3) with `nproc` processes, dumping the
     state at `events` (see DumpState)."""
-    from hftrain.parallel import rehearsal
     from hftrain.launch.processes import backend_of, find_config
+    from hftrain.parallel import rehearsal
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     args = ["-m", "tests.support.elastic", str(recipe), str(prefix), events, f"training.output_dir={out}", *overrides]

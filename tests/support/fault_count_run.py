@@ -14,10 +14,11 @@ from pathlib import Path
 ROOT, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, str(ROOT))
 
+from transformers import TrainerCallback  # noqa: E402
+
 import hftrain  # noqa: E402
 from hftrain import _compat  # noqa: E402
 from tests.support.data import make_documents, tiny_recipe, write_jsonl  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 
 if mode == "without":
     _compat.keep_freed_memory = lambda device: None

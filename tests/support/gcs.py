@@ -11,11 +11,11 @@ import base64
 import hashlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest

@@ -70,10 +70,10 @@ import secrets
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator, Mapping
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator, Mapping
 
 import pytest
 

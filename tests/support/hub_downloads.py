@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import parse_qs
 
 from .hub_http import HubError, Request, Response, json_response

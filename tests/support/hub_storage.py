@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from collections.abc import Mapping
 
 REPO_TYPES = ("model", "dataset")
 URL_PREFIX = {"model": "", "dataset": "datasets/"}

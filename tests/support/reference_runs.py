@@ -18,8 +18,8 @@ Before, each of those tests trained its own copy of the same reference (about 20
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import yaml

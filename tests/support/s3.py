@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Iterator
 
 import pytest
 

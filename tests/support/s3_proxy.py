@@ -30,9 +30,9 @@ import struct
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 FAULTS = ("reset", "midbody", "500", "503")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import requests
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from collections.abc import Callable
 
 import pytest
 

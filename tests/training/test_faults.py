@@ -182,13 +182,13 @@ def test_disk_full_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_loss_is_caught_at_once(tmp_path, monkeypatch, corpus, policy):
+    import functools
+
     import torch
     from transformers import GPTNeoXForCausalLM
 
     import hftrain
     from hftrain.errors import HftrainError
-
-    import functools
 
     real, calls = GPTNeoXForCausalLM.forward, {"n": 0}
 

@@ -10,8 +10,8 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 import hftrain
-from hftrain.errors import HftrainError
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.errors import HftrainError
 
 from ..support.checks import read_metrics, train_log
 from ..support.cli import ROOT

@@ -6,12 +6,13 @@ import dataclasses
 import json
 
 import pytest
+
 import hftrain
+from hftrain.checkpoint.layout import RunLayout
 from hftrain.data.prepare import prepare
 from hftrain.errors import HftrainError
-from hftrain.checkpoint.layout import RunLayout
-from hftrain.recipe.load import load_recipe
 from hftrain.planning.run_length import resolve
+from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import DataPrepPart, RunLengthPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import hftrain
-from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint import layout
+from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 
