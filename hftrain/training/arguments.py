@@ -37,6 +37,7 @@ class TrainingSettings:
     speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed/defaults.py)
     length: RunLength  # max_steps and where it came from (run_length.py)
     dims: ParallelDims  # the run's parallel dims (parallel/dims.py): strategy, batch, readers
+    chunked_loss: bool = False  # hftrain's chunked cross-entropy (model/fused_loss.py), decided once in run.set_up
 
     def start_record(self) -> dict[str, Any]:
         """What a run records at its start and keeps when it continues (CheckpointManager.recorded_start)."""

@@ -128,7 +128,8 @@ def set_up(spec: RunSpec) -> TrainingSettings:
     settings = TrainingSettings(
         training_arguments(values, spec.finetune.finetune, spec.data_section.seq_len), speed, spec.length, spec.dims
     )
-    if chunked_loss(spec, settings):
+    settings.chunked_loss = chunked_loss(spec, settings)
+    if settings.chunked_loss:
         why = "eager training on a CPU" if spec.speed.section.loss == "auto" else "speed.loss=chunked"
         settings.speed.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why})")
     if fp8_setting:
@@ -178,7 +179,7 @@ def build_model_for(spec: RunSpec, settings: TrainingSettings, tokenizer: Any, t
     plain_blocks = not (section.masks_documents or section.preference_data)  # no position ids, no padding
     if attention.applies(model.config._attn_implementation, model.config.model_type, not plain_blocks):
         attention.use(model)  # SDPA with is_causal and no mask (model/attention.py)
-    if chunked_loss(spec, settings):
+    if settings.chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
     if not spec.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/preference.py)
         model = apply_method(model, spec.finetune, args.gradient_checkpointing)
