@@ -45,6 +45,8 @@ class _Narrator:
             time.sleep(_TICK_S)
             now = time.monotonic()
             with self.lock:
+                if not self.running.is_set() or self.thread is not threading.current_thread():
+                    return  # stopped while asleep: not one line after stop() (a loaded machine wakes late)
                 what, since, after, quiet = self.what, self.since, self.announce_after, now - self.last
             if after is not None and now - since >= after:
                 self.announce_after = None

@@ -17,11 +17,15 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from .support.cli import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import step_view  # noqa: E402
 
 PACKAGE = ROOT / "hftrain"
 MAX_MODULE_LINES = 400
@@ -267,7 +271,14 @@ CHEAP_COMMANDS_PROBE = """
 import contextlib, io, json, sys
 from hftrain.cli import main
 said = {}
-for argv in (["--help"], ["presets"], ["train", "no/such/recipe.yaml"], ["plan", "README.md"]):
+for argv in (
+    ["--help"],
+    ["presets"],
+    ["train", "no/such/recipe.yaml"],
+    ["plan", "README.md"],
+    ["explain", "training"],
+    ["train", "recipes/quickstart.yaml", "training.max_step=5"],
+):
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         try:
@@ -279,15 +290,22 @@ print(json.dumps({"said": said, "heavy": sorted(m for m in ("torch", "transforme
 """
 
 
-def test_cheap_commands_answer_without_the_trainer_stack():
-    """Issue 54 part 7: `hftrain --help`, `presets` and a recipe file wrong on its face (missing, not a mapping of
-    sections) answer without importing torch, transformers, peft or bitsandbytes (before: every command imported
-    the whole Trainer stack first, 4.4x the time of `import torch`; benchmarks/cli_start.py measures it)."""
+def test_cheap_commands_answer_without_the_trainer_stack(tmp_path):
+    """Issue 54 part 7: `hftrain --help`, `presets`, `explain`, a recipe file wrong on its face (missing, not a mapping
+    of sections) and a recipe key wrong on its face answer without importing torch, transformers, peft or
+    bitsandbytes (before: every command imported the whole Trainer stack first, 4.4x the time of `import torch`;
+    benchmarks/cli_start.py measures it). The recipe schema reads TrainingArguments' fields from the table the
+    first recipe read on this machine kept (recipe/transformers_table.py): made here first, as a first run does."""
     import json
+    import os
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", CHEAP_COMMANDS_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path)}
+    make = "import sys; from hftrain.recipe.transformers_table import table; table(); print('transformers' in sys.modules)"
+    first = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert first.stdout.split()[-1:] == ["True"], first.stderr[-2000:]  # the first read imports transformers, once
+    done = subprocess.run([sys.executable, "-c", CHEAP_COMMANDS_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["heavy"] == [], seen
@@ -297,6 +315,8 @@ def test_cheap_commands_answer_without_the_trainer_stack():
         ["hftrain: error: no/such/recipe.yaml: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml)."],
     ]
     assert seen["said"]["README.md"][0] == 2 and "README.md: " in seen["said"]["README.md"][1][0], seen
+    assert seen["said"]["training"][0] == 0, seen  # explain training: every TrainingArguments key, from the table
+    assert seen["said"]["training.max_step=5"] == [2, ["  - training.max_step: unknown key; did you mean training.max_steps?"]], seen
 
 
 # Settings the libraries document for users to assign (not patches): fsspec's default options per protocol, torch's
@@ -417,29 +437,15 @@ def test_ruff_formats_and_lints_the_tree():
     assert not skipped, skipped
 
 
-# Issue 43 part 2: components take their part of the recipe (hftrain/recipe/parts.py), never the whole Recipe.
+# Issue 43 part 2, issue 54 part 5: components take their part of the recipe (hftrain/recipe/parts.py), never the
+# whole Recipe: not by its type, and not by loading one (a checkpoint's saved recipe is read through recipe.load.read_part).
 RECIPE_HOLDERS = re.compile(r"^hftrain\.(recipe(\..*)?|cli(\..*)?|training\.resolve|__main__)$")
-RECIPE_ENTRIES = {
-    "hftrain.training.run": "train(recipe), the Python API's entry, hands the recipe to resolve() and reads none of it",
-    "hftrain.training.run_record": "the Python API's result gives the caller the recipe it passed",
-}
+RECIPE_ENTRIES = {"hftrain.training.run": "train(recipe), the Python API's entry, hands the recipe to resolve() and reads none of it"}
 
 
-def names_the_recipe_type(path: Path) -> bool:
-    """Whether the module names the Recipe type anywhere: an import, an annotation (quoted or not, under
-    TYPE_CHECKING too), an attribute such as schema.Recipe."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and any(alias.name == "Recipe" for alias in node.names):
-            return True
-        if isinstance(node, ast.Attribute) and node.attr == "Recipe":
-            return True
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and re.fullmatch(r"[\w.\[\] |]*\bRecipe\b[\w.\[\] |]*", node.value)
-        ):
-            return True
-    return False
+def receives_the_recipe(path: Path) -> bool:
+    """scripts/step_view.py's check (its part 3), on a file."""
+    return step_view.receives_the_recipe(path.read_text(encoding="utf-8"))
 
 
 def sections_read(path: Path, name: str = "recipe") -> list[str]:
@@ -449,18 +455,37 @@ def sections_read(path: Path, name: str = "recipe") -> list[str]:
 
 
 def test_components_take_their_part_of_the_recipe_never_the_whole():
-    holders = {name for name, path in module_names().items() if names_the_recipe_type(path)}
+    holders = {name for name, path in module_names().items() if receives_the_recipe(path)}
     allowed = {name for name in holders if RECIPE_HOLDERS.match(name)} | set(RECIPE_ENTRIES)
     assert sorted(holders - allowed) == [], "take a part (hftrain/recipe/parts.py), not the Recipe"
     assert "hftrain.model.build" not in allowed and "hftrain.training.run" in holders  # the check sees what it checks
+
+
+def test_each_step_of_a_run_receives_its_part_not_the_resolved_run():
+    """Issue 54 part 1 (scripts/step_view.py, part 1): no step of training/run.py takes the whole RunSpec, and none
+    takes more than its part, the settings and what the steps before it built."""
+    rows = step_view.step_inputs(step_view.package_sources(None))
+    assert [name for name, _, _ in rows] == list(step_view.STEPS)
+    assert not [(name, shown) for name, shown, _ in rows if any("RunSpec" in s for s in shown)]
+    assert max(total for _, _, total in rows) <= 22, rows  # was 39 (build_trainer, with the 25-field RunSpec)
     assert sections_read(PACKAGE / "training" / "run.py") == [], "train() resolves the recipe; the run reads its spec"
 
 
 def test_the_recipe_check_can_fail(tmp_path):
-    for source in ("from hftrain.recipe.schema import Recipe\n", "def f(r: 'Recipe'): ...\n", "x = schema.Recipe\n"):
+    for source in (
+        "from hftrain.recipe.schema import Recipe\n",
+        "def f(r: 'Recipe'): ...\n",
+        "x = schema.Recipe\n",
+        "from hftrain.recipe.load import load_recipe\n",  # how checkpoint/adapter.py read a checkpoint's recipe
+        "import hftrain\nr = hftrain.load_recipe(path)\n",
+    ):
         (tmp_path / "m.py").write_text(source)
-        assert names_the_recipe_type(tmp_path / "m.py"), source
-    (tmp_path / "m.py").write_text("def f(part: ModelPart):\n    return part.model  # not a Recipe\n")
-    assert not names_the_recipe_type(tmp_path / "m.py")
+        assert receives_the_recipe(tmp_path / "m.py"), source
+    for source in (
+        "def f(part: ModelPart):\n    return part.model  # not a Recipe\n",
+        "from hftrain.recipe.load import read_part\npart = read_part(FinetunePart.of, path)\n",
+    ):
+        (tmp_path / "m.py").write_text(source)
+        assert not receives_the_recipe(tmp_path / "m.py"), source
     (tmp_path / "m.py").write_text("def f(recipe):\n    return recipe.data.seq_len\n")
     assert sections_read(tmp_path / "m.py") == ["data"]

@@ -16,7 +16,7 @@ import torch
 
 from hftrain.checkpoint.layout import BASE_FILE, RECIPE_FILE
 from hftrain.errors import HftrainError
-from hftrain.recipe.load import load_recipe
+from hftrain.recipe.load import read_part
 from hftrain.recipe.parts import FinetunePart
 
 # Linear layers LoRA adapts by default, per architecture (all attention and MLP projections).
@@ -74,7 +74,7 @@ def fsdp_adapter(checkpoint: Path, shards: Path, out: Path) -> Path | None:
     (config from the checkpoint's recipe), or None when the checkpoint is not a LoRA run's."""
     if not (checkpoint / RECIPE_FILE).is_file():
         return None
-    part = FinetunePart.of(load_recipe(str(checkpoint / RECIPE_FILE), []))  # how the checkpoint's run fine-tuned
+    part = read_part(FinetunePart.of, checkpoint / RECIPE_FILE)  # how the checkpoint's run fine-tuned
     if part.finetune.method == "full":
         return None
     from accelerate.utils import merge_fsdp_weights

@@ -27,10 +27,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import ParityPart
+
+    part = ParityPart.of(load_recipe(args.recipe, overrides))  # a bad recipe or key is refused before any run starts
     if args.elastic:
         from hftrain.launch.elastic_parity import elastic_parity
 
-        return elastic_parity(args.recipe, overrides, args.steps, (args.backends or "DDP,FSDP,ZeRO-3").split(","), args.tolerance)
+        return elastic_parity(args.recipe, overrides, part, args.steps, (args.backends or "DDP,FSDP,ZeRO-3").split(","), args.tolerance)
     from hftrain.launch.parity import parity
 
-    return parity(args.recipe, overrides, args.steps, (args.backends or "single,DDP,FSDP,ZeRO-3").split(","), args.tolerance)
+    return parity(args.recipe, overrides, part, args.steps, (args.backends or "single,DDP,FSDP,ZeRO-3").split(","), args.tolerance)

@@ -151,9 +151,9 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
     if job is None:
         run = train(recipe)
     else:
-        from hftrain.launch.sagemaker_job import MetricLinesCallback, deliver
+        from hftrain.launch.sagemaker_job import deliver, metric_lines_callback
 
-        run = train(recipe, callbacks=[MetricLinesCallback()])
+        run = train(recipe, callbacks=[metric_lines_callback()])
         deliver(run, job)
     shutdown()
     if run.not_shared:

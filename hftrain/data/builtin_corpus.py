@@ -40,26 +40,19 @@ def corpus_copy() -> dict[str, str]:
     (HFTRAIN_CACHE_DIR, else ~/.cache/hftrain): parsing the whole standard library takes seconds, and a run reads
     the corpus three times before its first step (tokenizer, validation set, first shuffle window), in every
     process. A changed standard library (new files, sizes or times) gets a new copy."""
-    from hftrain.speed.probe import cache_file
+    from hftrain import _cache
 
     files = python_docs_files()
     stamp = json.dumps([sys.version, *((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)])
-    path = cache_file().with_name(f"python-docs-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.json")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
+    name = f"python-docs-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.json"
+    cached = _cache.read_json(name)
+    if isinstance(cached, dict):
+        return cached
     from hftrain.progress import phase
 
-    with phase(f"reading the docstrings of {len(files)} standard-library modules (once per machine, kept in {path.parent})"):
+    with phase(f"reading the docstrings of {len(files)} standard-library modules (once per machine, kept in {_cache.cache_dir()})"):
         corpus = dict(zip(files, _parse_all(files)))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(corpus), encoding="utf-8")
-        os.replace(partial, path)  # a concurrent run never reads half a file
-    except OSError:
-        pass  # a read-only home: parse again next time
+    _cache.write_json(name, corpus)
     return corpus
 
 

@@ -372,7 +372,7 @@ class CheckpointPusher:
 
 def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None) -> str:
     """`hftrain push`: a run directory (its final model) or a model directory, to the hub or an fsspec URL."""
-    from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.load import read_part
 
     path = Path(path)
     final = RunLayout(path).final
@@ -382,8 +382,8 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
         raise HftrainError(f"{path}: neither a run directory with final/ nor a model directory (no config.json).")
     run_dir = path if model_dir != path else path.parent
     recipe_file = model_dir / RECIPE_FILE
-    recipe = load_recipe(recipe_file) if recipe_file.is_file() else load_recipe(None, {"model": {"from_pretrained": str(model_dir)}})
-    part = PublishPart.of(recipe)
+    saved = recipe_file.is_file()  # a run's model; else a model directory of its own, published with the defaults
+    part = read_part(PublishPart.of, recipe_file) if saved else read_part(PublishPart.of, model={"from_pretrained": str(model_dir)})
     from hftrain import network
 
     network.configure(part.network_timeout_s)  # the run's own bound for its push

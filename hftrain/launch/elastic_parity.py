@@ -20,16 +20,13 @@ from hftrain.errors import HftrainError
 from hftrain.launch.parity import FORCED, read_run, step_differences
 from hftrain.parallel.dims import Strategy, global_batch
 from hftrain.parallel.readers import default_readers
-from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import BatchPart
+from hftrain.recipe.parts import ParityPart
 
 BACKENDS = {s.label: s.value for s in (Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: DDP, FSDP, ZeRO-3
 
 
-def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends: list[str], tolerance: float) -> int:
-    recipe = load_recipe(recipe_path, overrides)
-    t = recipe.training
-    total = global_batch(BatchPart.of(recipe), 1)  # as one process runs it
+def elastic_parity(recipe_path: str, overrides: list[str], part: ParityPart, steps: int, backends: list[str], tolerance: float) -> int:
+    total = global_batch(part.batch, 1)  # as one process runs it
     if total % 2 or steps < 2:
         raise HftrainError(
             f"parity --elastic: needs an even global batch (it is {total}) and --steps of at least 2 (a checkpoint half-way)."
@@ -37,7 +34,7 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise HftrainError(f"parity --elastic --backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    readers = recipe.data.readers or default_readers(plan_data(recipe.data, t.seed).reader_limit, 2, 1)
+    readers = part.data.readers or default_readers(plan_data(part.data, part.seed).reader_limit, 2, 1)
     half = steps // 2
     common = [
         *overrides,
@@ -51,7 +48,7 @@ def elastic_parity(recipe_path: str, overrides: list[str], steps: int, backends:
         f"data.readers={readers}",
     ]
     common.remove("parallelism.global_batch_size=null")
-    root = Path(t.output_dir) / "parity-elastic"
+    root = Path(part.output_dir) / "parity-elastic"
     rows, loss_diff, norm_diff = [], 0.0, 0.0
     for label in backends:
         backend, out = BACKENDS[label], root / BACKENDS[label]

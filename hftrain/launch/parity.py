@@ -20,8 +20,7 @@ from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import Strategy, global_batch
-from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import BatchPart
+from hftrain.recipe.parts import ParityPart
 
 BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: single, DDP, ...
 FORCED = [
@@ -41,16 +40,14 @@ FORCED = [
 ]
 
 
-def parity(recipe_path: str, overrides: list[str], steps: int, backends: list[str], tolerance: float) -> int:
-    recipe = load_recipe(recipe_path, overrides)
-    t = recipe.training
-    total = global_batch(BatchPart.of(recipe), 1)  # as one process runs it
+def parity(recipe_path: str, overrides: list[str], part: ParityPart, steps: int, backends: list[str], tolerance: float) -> int:
+    total = global_batch(part.batch, 1)  # as one process runs it
     if total % 2:
         raise HftrainError(f"parity: the global batch ({total} sequences) must be even to split it over 2 processes.")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise HftrainError(f"parity --backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    root = Path(t.output_dir) / "parity"
+    root = Path(part.output_dir) / "parity"
     runs: dict[str, dict[str, Any]] = {}
     for label in backends:
         out = root / label.lower().replace("-", "")

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 
@@ -119,13 +117,19 @@ def metrics_line(step: int, logs: dict[str, Any]) -> str | None:
     return f"{METRICS_PREFIX} step={step} {' '.join(pairs)}" if pairs else None
 
 
-class MetricLinesCallback(TrainerCallback):
-    """Prints each log line as a metrics line on the main process, for SageMaker's metric definitions."""
+def metric_lines_callback() -> Any:
+    """A TrainerCallback that prints each log line as a metrics line on the main process, for SageMaker's metric
+    definitions. Made here, not at import: `hftrain train` reads this module before the recipe is checked, and a
+    recipe wrong on its face is refused without importing transformers (issue 54 part 7)."""
+    from transformers import TrainerCallback
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        line = metrics_line(state.global_step, logs or {}) if state.is_world_process_zero else None
-        if line:
-            print(line, flush=True)
+    class MetricLinesCallback(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+            line = metrics_line(state.global_step, logs or {}) if state.is_world_process_zero else None
+            if line:
+                print(line, flush=True)
+
+    return MetricLinesCallback()
 
 
 def hyperparameter_overrides(environ: Any = None) -> list[str]:

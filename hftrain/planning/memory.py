@@ -14,8 +14,6 @@ torch's allocator hands out (`torch.cuda.max_memory_allocated`); the CUDA contex
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,29 +249,19 @@ def library_footprint(measure: bool = False) -> float:
     LIBRARIES_FALLBACK_BYTES and nothing is cached."""
     from importlib import metadata
 
-    from hftrain.speed.probe import cache_file
+    from hftrain import _cache
 
     versions = ",".join(
         f"{p}={_version(metadata, p)}" for p in ("torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "deepspeed")
     )
-    path = cache_file().with_name("library_footprint.json")
-    try:
-        cached = json.loads(path.read_text())
-        if cached.get("versions") == versions:
-            return float(cached["bytes"])
-    except (OSError, ValueError, KeyError):
-        pass
+    cached = _cache.read_json("library_footprint.json")
+    if isinstance(cached, dict) and cached.get("versions") == versions and isinstance(cached.get("bytes"), (int, float)):
+        return float(cached["bytes"])
     if not measure:
         return LIBRARIES_FALLBACK_BYTES
     import_training_libraries()
     measured = _current_rss()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"versions": versions, "bytes": measured}))
-        tmp.replace(path)
-    except OSError:
-        pass
+    _cache.write_json("library_footprint.json", {"versions": versions, "bytes": measured})
     return measured
 
 

@@ -11,9 +11,9 @@ import difflib
 import hashlib
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -22,6 +22,8 @@ from hftrain.errors import HftrainError
 from hftrain.recipe.redaction import redact_value, redacted
 from hftrain.recipe.schema import Recipe
 from hftrain.recipe.yaml_io import dump_yaml, load_yaml, read_recipe_file
+
+P = TypeVar("P")
 
 # hftrain's own training defaults: the lowest layer, below the YAML file. Chosen for small-to-medium
 # pretraining; every one is a plain TrainingArguments key that a recipe may change.
@@ -61,6 +63,12 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | Mapping[s
     stem = Path(path).stem if path else "run"
     raw: dict[str, Any] = {"training": {**TRAINING_DEFAULTS, "output_dir": f"runs/{stem}"}}
     return validate_recipe(_deep_merge(raw, user), source)
+
+
+def read_part(part: Callable[[Recipe], P], path: str | Path | None = None, **sections: Any) -> P:
+    """One part of a saved recipe (a checkpoint's hftrain_recipe.yaml), or of the defaults with `sections`: what a
+    component needs to read a checkpoint back, so that the whole recipe never reaches it (`part` is a Part's `of`)."""
+    return part(load_recipe(path, None, **sections))
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

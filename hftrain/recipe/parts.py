@@ -339,3 +339,18 @@ class LaunchPart:
     @classmethod
     def of(cls, recipe: Recipe) -> LaunchPart:
         return cls(FinetunePart.of(recipe), recipe.training_kwargs(), recipe.training.output_dir, PlanPart.of(recipe))
+
+
+@dataclass(frozen=True)
+class ParityPart:
+    """What `hftrain parity` reads of its recipe (launch/parity.py, elastic_parity.py): the batch it splits over 2
+    processes, where its runs go, and the data section with the seed (the readers every run of --elastic shares)."""
+
+    batch: BatchPart
+    output_dir: str
+    data: DataSection
+    seed: int
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> ParityPart:
+        return cls(BatchPart.of(recipe), recipe.training.output_dir, recipe.data, recipe.training.seed)

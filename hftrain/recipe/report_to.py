@@ -51,19 +51,18 @@ def named(report_to: Any) -> list[str]:
 
 def check_names(report_to: Any) -> Any:
     """Every name is one transformers knows (a recipe field check: the message gets the key in front)."""
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    from hftrain.recipe.transformers_table import tracker_names
 
+    known = tracker_names()  # transformers' INTEGRATION_TO_CALLBACK, from the table kept per version
     names = named(report_to)
     for name in names:
         if name in ALONE:
             meaning = "no tracker" if name == "none" else "every tracker installed here"
             raise ValueError(f"{name!r} means {meaning} and stands alone; give it alone, or a list of tracker names")
-        if name not in INTEGRATION_TO_CALLBACK:
-            close = difflib.get_close_matches(name, INTEGRATION_TO_CALLBACK, n=1)
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise ValueError(
-                f"{name!r} is not a tracker transformers knows; {hint}give none, all, or some of: {', '.join(INTEGRATION_TO_CALLBACK)}"
-            )
+            raise ValueError(f"{name!r} is not a tracker transformers knows; {hint}give none, all, or some of: {', '.join(known)}")
     return report_to
 
 

@@ -1,13 +1,15 @@
 """The recipe's ``training`` section: generated from transformers' ``TrainingArguments``, so its keys, types
-and help texts are exactly Hugging Face's (no hand-kept copy to drift)."""
+and help texts are exactly Hugging Face's (no hand-kept copy to drift), read through the table kept per installed
+transformers (recipe/transformers_table.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from hftrain.recipe.transformers_table import training_fields
 
 # Numbers TrainingArguments takes unchecked that fail later with a raw exception (a negative learning rate in the
 # optimizer, a batch of 0 as a division by zero): refused when the recipe is read, naming the key.
@@ -25,25 +27,15 @@ BOUNDS: dict[str, dict[str, float]] = {
 
 
 def _training_section() -> type[BaseModel]:
-    """A pydantic model with exactly TrainingArguments' fields, types and help texts."""
-    from transformers import TrainingArguments
-
-    hints = typing.get_type_hints(TrainingArguments)
+    """A pydantic model with exactly TrainingArguments' fields, types and help texts (from the installed
+    transformers' table, recipe/transformers_table.py: reading a recipe does not import the Trainer stack)."""
     fields: dict[str, Any] = {}
-    for f in dataclasses.fields(TrainingArguments):
-        if not f.init or f.name.startswith("_"):
-            continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        annotation = hints.get(f.name, Any)
+    for f in training_fields():
+        annotation = f.annotation
         if f.name == "resume_from_checkpoint":
             annotation = bool | str  # hftrain: true = latest complete checkpoint, false = never, or a path
         bounds = BOUNDS.get(f.name, {})
-        fields[f.name] = (annotation | None, Field(default=default, description=f.metadata.get("help"), **bounds))
+        fields[f.name] = (annotation | None, Field(default=f.default, description=f.help, **bounds))
     return create_model(
         "TrainingSection",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=False),

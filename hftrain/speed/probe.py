@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from hftrain import _cache
 from hftrain.model import fused_loss
 
 CACHE_VERSION = 5  # 5: dtypes timed in alternating rounds (a busy moment had flipped a cached choice); 4: glibc malloc thresholds pinned on CPUs (_compat.keep_freed_memory); 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
@@ -94,9 +94,11 @@ def candidates(device: torch.device) -> list[str]:
     return ["fp32", "bf16"]
 
 
+CACHE_NAME = "speed.json"  # in hftrain's cache (hftrain/_cache.py)
+
+
 def cache_file() -> Path:
-    root = os.environ.get("HFTRAIN_CACHE_DIR") or Path.home() / ".cache" / "hftrain"
-    return Path(root) / "speed.json"
+    return _cache.cache_dir() / CACHE_NAME
 
 
 def _key(shape: ProbeShape, device: torch.device) -> str:
@@ -154,22 +156,12 @@ def mark_compiled(shape: ProbeShape, device: torch.device) -> None:
 
 
 def _read_cache() -> dict[str, Any]:
-    try:
-        data = json.loads(cache_file().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    data = _cache.read_json(CACHE_NAME)
+    return data if isinstance(data, dict) else {}
 
 
 def _write_cache(cache: dict[str, Any]) -> None:
-    path = cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(cache, indent=1), encoding="utf-8")
-        os.replace(partial, path)  # concurrent runs never read half a file
-    except OSError:
-        pass  # a read-only home: measure again next time
+    _cache.write_json(CACHE_NAME, cache, indent=1)
 
 
 # at most this many tokens (whole sequences) per probe pass, scaled linearly to the run's micro-batch: on a CPU

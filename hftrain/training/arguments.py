@@ -8,6 +8,7 @@ data skip on resume (hftrain restores its data position instead of replaying bat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,19 @@ def non_blocking_copies(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def set_up(
-    values: dict[str, Any], dims: ParallelDims, shape: ModelShape, speed_part: SpeedPart, recorded: dict[str, Any], output_dir: Path
-) -> tuple[dict[str, Any], SpeedPlan]:
-    """The side effects that complete the values, in this order: several nodes check whether they share
-    training.output_dir (a collective), freed device memory is kept cached, and the speed levers are measured
-    (the probe) and agreed by every process. Returns the complete values and the speed plan."""
-    values = dict(values)
+    resolved: Mapping[str, Any],
+    dims: ParallelDims,
+    shape: ModelShape,
+    speed_part: SpeedPart,
+    recorded: Mapping[str, Any],
+    output_dir: Path,
+    finetune: FinetuneSection,
+) -> tuple[TrainingArguments, SpeedPlan]:
+    """The run's TrainingArguments, made once: the values the resolver derived (`resolved`, read-only) completed by
+    the side effects of the set-up, in this order: several nodes check whether they share training.output_dir (a
+    collective), freed device memory is kept cached, and the speed levers are measured (the probe) and agreed by
+    every process. Returns them with the speed plan (the levers' reasons and measurements)."""
+    values = dict(resolved)
     node_disks.storage_settings(values, output_dir, dims)  # several nodes: a shared disk or each its own
     device = training_device(values, dims)
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
@@ -90,7 +98,7 @@ def set_up(
     plan.reasons[:0] = why
     if memory:
         plan.reasons.append(memory)
-    return values, plan
+    return training_arguments(values, finetune, speed_part.seq_len), plan
 
 
 def training_arguments(values: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> TrainingArguments:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.checkpoint.manager import CheckpointManager, ResumeSetting
-from hftrain.data.loader import DataPlan, plan_data
+from hftrain.data.loader import plan_data
 from hftrain.model.build import ModelShape, measure_model
 from hftrain.model.finetune import check_starting_weights
 from hftrain.parallel import dims as parallel
@@ -26,7 +27,7 @@ from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
 from hftrain.parallel.readers import default_readers, default_workers
 from hftrain.planning import run_length
 from hftrain.planning.run_length import RunLength
-from hftrain.recipe.objectives import OBJECTIVES, Objective
+from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.parts import (
     BatchPart,
     CheckpointPart,
@@ -41,39 +42,25 @@ from hftrain.recipe.parts import (
 )
 from hftrain.recipe.report_to import check_installed
 from hftrain.recipe.schema import DataSection, Recipe
-from hftrain.recipe.sections import FaultsSection, MonitorSection, ProfileSection
 from hftrain.training.arguments import argument_values
+from hftrain.training.run_parts import FinishPart, ModelBuildPart, OutputPart, ServicesPart, SetUpPart, TrainerBuildPart
+from hftrain.training.run_record import AsRun
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run, resolved: each field is one component's part."""
+    """One run, resolved: the launch, what the run became (for the caller) and one part per step of
+    training/run.py (training/run_parts.py)."""
 
-    as_run: Recipe  # the recipe with the batch the fit chose: what the Run record hands back to the caller
     launch: LaunchEnv
-    output_dir: Path
-    shape: ModelShape  # the model measured on the meta device: parameters, FLOPs per token, config
-    data: DataPlan
-    dims: ParallelDims
     fit_note: str | None  # parallelism.fit_memory's choice, or the warning that the recipe's batch will not fit
-    length: RunLength
-    resume: ResumeSetting
-    arguments: dict[str, Any]  # TrainingArguments values before the speed levers (training/arguments.py)
-    push_to_hub: bool
-    objective: Objective
-    model: ModelPart
-    finetune: FinetunePart
-    tokenizer: TokenizerPart
-    speed: SpeedPart
-    checkpoints: CheckpointPart
-    publish: PublishPart
-    trainer: TrainerPart
-    data_section: DataSection
-    monitor: MonitorSection
-    faults: FaultsSection
-    profile: ProfileSection
-    max_memory: dict[Any, Any] | None  # parallelism.max_memory (device_map)
-    recorded: dict[str, Any]  # what a continuing run recorded at its start (its speed levers are kept)
+    as_run: AsRun  # what the run became: the layout the resolver chose, its length, the recipe as run
+    set_up: SetUpPart
+    output: OutputPart
+    model: ModelBuildPart
+    trainer: TrainerBuildPart
+    services: ServicesPart
+    finish: FinishPart
 
 
 def recorded_start(recipe: Recipe) -> dict[str, Any]:
@@ -98,35 +85,57 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
     dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
     length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.manifest_tokens)
+    checkpoints, objective, output_dir = CheckpointPart.of(recipe), OBJECTIVES[recipe.finetune.objective], Path(recipe.training.output_dir)
+    resume = ResumeSetting.of(kwargs.get("resume_from_checkpoint"))
     spec = RunSpec(
-        as_run=recipe,
         launch=launch,
-        output_dir=Path(recipe.training.output_dir),
-        shape=shape,
-        data=data,
-        dims=dims,
         fit_note=fit_note,
-        length=length,
-        resume=ResumeSetting.of(kwargs.get("resume_from_checkpoint")),
-        arguments=argument_values(kwargs, dims, length, launch.device),
-        push_to_hub=bool(kwargs.get("push_to_hub", False)),
-        objective=OBJECTIVES[recipe.finetune.objective],
-        model=ModelPart.of(recipe),
-        finetune=FinetunePart.of(recipe),
-        tokenizer=TokenizerPart.of(recipe),
-        speed=SpeedPart.of(recipe),
-        checkpoints=CheckpointPart.of(recipe),
-        publish=PublishPart.of(recipe),
-        trainer=TrainerPart.of(recipe),
-        data_section=recipe.data,
-        monitor=recipe.monitor,
-        faults=recipe.faults,
-        profile=recipe.profile,
-        max_memory=recipe.parallelism.max_memory,
-        recorded=recorded,
+        as_run=became(dims, batch, length, checkpoints.recipe_yaml),
+        set_up=SetUpPart(
+            arguments=MappingProxyType(argument_values(kwargs, dims, length, launch.device)),
+            dims=dims,
+            shape=shape,
+            speed=SpeedPart.of(recipe),
+            finetune=recipe.finetune,
+            objective=objective,
+            length=length,
+            recorded=MappingProxyType(recorded),
+            output_dir=output_dir,
+            network_timeout_s=recipe.faults.network_timeout_s,
+        ),
+        output=OutputPart(output_dir, checkpoints, resume, TokenizerPart.of(recipe), data),
+        model=ModelBuildPart(
+            ModelPart.of(recipe), FinetunePart.of(recipe), objective, data, recipe.speed.fp8, recipe.parallelism.max_memory
+        ),
+        trainer=TrainerBuildPart(
+            trainer=TrainerPart.of(recipe),
+            objective=objective,
+            data=data,
+            faults=recipe.faults,
+            kept=recipe.checkpoints,
+            profile=recipe.profile,
+            monitor=recipe.monitor,
+            flops_per_token=shape.flops_per_token,
+        ),
+        services=ServicesPart(PublishPart.of(recipe), bool(kwargs.get("push_to_hub", False)), recipe.faults.network_timeout_s),
+        finish=FinishPart(recipe.monitor, shape.counts),
     )
-    CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume).check_same_run()  # before the probe and the model
+    CheckpointManager(RunLayout(output_dir), checkpoints, resume).check_same_run()  # before the probe and the model
     return spec
+
+
+def became(dims: ParallelDims, batch: BatchPart, length: RunLength, recipe_yaml: str) -> AsRun:
+    """What the recipe became in this run, for the caller (the Run record)."""
+    return AsRun(
+        strategy=dims.strategy.value,
+        processes=dims.processes,
+        micro_batch=dims.micro_batch,
+        gradient_accumulation_steps=dims.accumulation,
+        global_batch=dims.global_batch,
+        gradient_checkpointing=batch.gradient_checkpointing,
+        max_steps=length.max_steps,
+        recipe_yaml=recipe_yaml,
+    )
 
 
 def loader_workers(kwargs: dict[str, Any], launch: LaunchEnv, data: DataSection, recorded: dict[str, Any], reader_limit: int | None) -> int:

@@ -1,7 +1,9 @@
 """`Run`: what a finished run leaves behind, returned by `hftrain.train` for the CLI summary and notebooks.
 
-A record (recipe, directories, metrics, sample, the Trainer); its methods are one-line conveniences over
-weights.py (the trained model), plot.py, hub.py and generation.py.
+A record (what the run became, directories, metrics, sample, the Trainer); its methods are one-line conveniences
+over weights.py (the trained model), plot.py, hub.py and generation.py. What the run became is `AsRun`, a small
+record of the choices the resolver made, never the recipe itself (the recipe as run is in `recipe_yaml`, and
+`hftrain.load_recipe(run.recipe_file)` reads it back).
 """
 
 from __future__ import annotations
@@ -10,13 +12,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hftrain.checkpoint.layout import RunLayout
-from hftrain.recipe.schema import Recipe
+from hftrain.checkpoint.layout import RECIPE_FILE, RunLayout
+
+
+@dataclass(frozen=True)
+class AsRun:
+    """What the recipe became in this run: the layout the resolver chose (the memory fit may change the batch keys)
+    and the run's length, and the recipe as run, secrets redacted (each checkpoint's hftrain_recipe.yaml)."""
+
+    strategy: str  # single | ddp | fsdp | zero3 | device_map
+    processes: int
+    micro_batch: int
+    gradient_accumulation_steps: int
+    global_batch: int  # sequences per optimizer step
+    gradient_checkpointing: bool
+    max_steps: int
+    recipe_yaml: str
 
 
 @dataclass
 class Run:
-    recipe: Recipe
+    as_run: AsRun
     output_dir: Path
     final_dir: Path
     trainer: Any  # the HftrainTrainer that ran
@@ -25,6 +41,11 @@ class Run:
     plot_path: Path | None = None
     not_shared: list[Any] = field(default_factory=list)  # outbox.Failure: what was not sent (Hub, S3, trackers)
     _model: Any = None
+
+    @property
+    def recipe_file(self) -> Path:
+        """The recipe as run, saved with the final model (`hftrain.load_recipe` reads it)."""
+        return self.final_dir / RECIPE_FILE
 
     @property
     def log_history(self) -> list[dict[str, Any]]:

@@ -198,7 +198,7 @@ def test_a_single_process_checkpoint_with_a_state_file_changed_is_set_aside(pret
     at = re.search(r'"loss": \d+\.(\d)', text).start(1)  # a digit of the first logged loss
     state.write_text(text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :])
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(pretrained_run.recipe.model_dump(exclude_unset=True)), encoding="utf-8")
+    recipe.write_text(pretrained_run.as_run.recipe_yaml, encoding="utf-8")  # the recipe as the run ran it
     step = integrity.step_of(older) + 1
     code, printed = cli(capsys, "train", str(recipe), f"training.output_dir={run_dir}", f"training.max_steps={step}")
     assert code == 0, printed[-3000:]

@@ -131,10 +131,12 @@ def test_fp8_turns_compile_on_where_the_recipe_leaves_it(monkeypatch, tmp_path):
     monkeypatch.setattr(speed.DeviceFacts, "of", classmethod(lambda cls, d: H100))
     monkeypatch.setattr(speed, "decide_here", lambda *a: pytest.fail("bf16 and compile are set: nothing to measure"))
     monkeypatch.setattr(arguments._compat, "keep_freed_memory", lambda device: None)
+    monkeypatch.setattr(arguments, "training_arguments", lambda values, finetune, seq_len: SimpleNamespace(**values))  # an H100's
     dims = SimpleNamespace(strategy="single", rank=0, processes=1, nodes=1, local_rank=0)
     part = SpeedPart(method="full", seq_len=128, section=hftrain.load_recipe(None, {"speed": {"fp8": "tensorwise"}}).speed)
-    values, plan = arguments.set_up({"max_steps": 100, "bf16": True}, dims, None, part, {}, tmp_path)
-    assert values["torch_compile"] is True and plan.values["torch_compile"] is True
+    finetune = hftrain.load_recipe(None, {}).finetune
+    args, plan = arguments.set_up({"max_steps": 100, "bf16": True}, dims, None, part, {}, tmp_path, finetune)
+    assert args.torch_compile is True and plan.values["torch_compile"] is True
     assert plan.reasons[0] == "torch_compile=on (speed.fp8: tensorwise needs it to fuse the FP8 casts)"
 
 

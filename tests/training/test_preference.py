@@ -87,7 +87,7 @@ def test_dpo_rewards_and_held_out_preference_rise(dpo, docs_model):
     assert line["tokens_per_s"] > 0 and 0 < line["mfu"] and "data_wait_frac" in line
     results = json.loads((run.output_dir / "results.json").read_text())
     assert results["eval_preference_accuracy"] == last["eval_preference_accuracy"]
-    card = hftrain.integrations.hub.model_card(PublishPart.of(run.recipe), results, "me/dpo", False)
+    card = hftrain.integrations.hub.model_card(PublishPart.of(hftrain.load_recipe(run.recipe_file)), results, "me/dpo", False)
     assert "Training method: DPO (Direct Preference Optimization, TRL's DPOTrainer, beta 0.1) on preference pairs, all weights" in card
     assert (run.output_dir / "checkpoint-20" / "model.safetensors").is_file()
     assert run.trainer.ref_model is not None and not any(p.requires_grad for p in run.trainer.ref_model.parameters())

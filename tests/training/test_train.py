@@ -195,7 +195,7 @@ def test_bf16_and_gradient_accumulation(tmp_path, corpus):
 def test_rerunning_a_finished_run_trains_nothing_more(pretrained_run, tmp_path):
     run_dir = tmp_path / "run"  # a copy: the shared run's own results.json stays what its training wrote
     shutil.copytree(pretrained_run.output_dir, run_dir)
-    raw = tiny_recipe(Path(pretrained_run.recipe.data.train[0].path), run_dir)
+    raw = tiny_recipe(Path(hftrain.load_recipe(pretrained_run.recipe_file).data.train[0].path), run_dir)
     again = hftrain.train(hftrain.load_recipe(None, raw))
     assert again.trainer.state.global_step == 30
     assert [p.name for p in ckpt.complete_checkpoints(run_dir)] == ["checkpoint-20", "checkpoint-30"]

@@ -1,0 +1,159 @@
+"""A run's spine as a newcomer meets it (issue 54), measured rather than claimed:
+
+1. the fields each step of training/run.py receives (its parameters; a parameter that is an hftrain dataclass counts
+   its fields);
+2. the hftrain files whose code runs in one optimizer step, traced in a 4-step run of a tiny model on this CPU: a
+   plain step (its batch, forward, backward and optimizer step) and a step with a log line and a checkpoint;
+3. the modules the whole recipe reaches: by its type, or by loading one (load_recipe, validate_recipe).
+
+    python scripts/step_view.py                # this checkout (1, 2, 3)
+    python scripts/step_view.py --rev 415ca7e  # 1 and 3 at another commit, read from git (2 runs this checkout)
+
+tests/test_structure.py holds (3) to recipe/, cli/ and the resolver with `receives_the_recipe` from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("set_up", "prepare_output", "build_model_for", "build_trainer", "outside_services", "fit", "finish")
+RECIPE_LOADERS = ("load_recipe", "validate_recipe")  # hftrain/recipe/load.py: what makes a whole Recipe
+
+
+def receives_the_recipe(source: str) -> bool:
+    """Whether the whole recipe reaches a module: it names the Recipe type anywhere (an import, an annotation,
+    quoted or not, under TYPE_CHECKING too, an attribute such as schema.Recipe) or makes one (imports or calls a
+    loader: load_recipe, validate_recipe, hftrain.load_recipe)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and any(alias.name in ("Recipe", *RECIPE_LOADERS) for alias in node.names):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in ("Recipe", *RECIPE_LOADERS):
+            return True
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.fullmatch(r"[\w.\[\] |]*\bRecipe\b[\w.\[\] |]*", node.value)
+        ):
+            return True
+    return False
+
+
+def package_sources(rev: str | None) -> dict[str, str]:
+    """{module name: source} of hftrain/, in this checkout or at a commit."""
+    if rev is None:
+        files = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in (ROOT / "hftrain").rglob("*.py")}
+    else:
+        listed = subprocess.run(
+            ["git", "ls-tree", "-r", "--name-only", rev, "hftrain"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        names = [n for n in listed.stdout.split() if n.endswith(".py")]
+        show = lambda n: subprocess.run(["git", "show", f"{rev}:{n}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout  # noqa: E731
+        files = {n: show(n) for n in names}
+    return {n[:-3].replace("/", ".").removesuffix(".__init__"): text for n, text in files.items()}
+
+
+def dataclass_fields(sources: dict[str, str]) -> dict[str, list[str]]:
+    """{class name: its annotated fields} for every hftrain class with annotated fields (dataclasses)."""
+    fields: dict[str, list[str]] = {}
+    for text in sources.values():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                names = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+                if names:
+                    fields.setdefault(node.name, names)
+    return fields
+
+
+def step_inputs(sources: dict[str, str]) -> list[tuple[str, list[str], int]]:
+    """Per step of training/run.py: its parameters (an hftrain dataclass shown with its field count) and the fields
+    it receives in all (a dataclass counts its fields, anything else 1)."""
+    fields = dataclass_fields(sources)
+    tree = ast.parse(sources["hftrain.training.run"])
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    rows = []
+    for name in STEPS:
+        shown, total = [], 0
+        for arg in functions[name].args.args:
+            kind = ast.unparse(arg.annotation) if arg.annotation else "?"
+            inner = fields.get(kind.strip("'\""))
+            shown.append(f"{arg.arg}: {kind}" + (f" [{len(inner)} fields]" if inner else ""))
+            total += len(inner) if inner else 1
+        rows.append((name, shown, total))
+    return rows
+
+
+def trace_steps() -> dict[str, list[tuple[str, int]]]:
+    """The hftrain files whose functions run in one optimizer step of a tiny 4-step run, with how many of their
+    functions ran (the main thread: DataLoader workers are 0 on a CPU): "plain", step 2 (from the end of step 1 to
+    the start of step 3: its batch, forward, backward and optimizer step), and "log and save", step 3 (the same,
+    and its log line and checkpoint)."""
+    sys.path.insert(0, str(ROOT))
+    from transformers import TrainerCallback
+
+    import hftrain
+    from tests.support.data import make_documents, tiny_recipe, write_jsonl
+
+    package = str(ROOT / "hftrain")
+    windows: dict[str, dict[str, set[str]]] = {"plain": {}, "log and save": {}}
+    names = {2: "plain", 3: "log and save"}  # the step each window traces
+    active: list[dict[str, set[str]]] = []
+
+    def profile(frame, event, arg):  # noqa: ANN001, ANN202
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            for window in active:
+                window.setdefault(frame.f_code.co_filename, set()).add(frame.f_code.co_qualname)
+
+    class Window(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+            if state.global_step + 1 in names:  # step N's window opens where step N-1 ends (before its batch)
+                active.append(windows[names[state.global_step + 1]])
+                sys.setprofile(profile)
+
+        def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
+            if state.global_step in names:  # and closes where step N+1 begins (after its log line and checkpoint)
+                active.remove(windows[names[state.global_step]])
+                sys.setprofile(profile if active else None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_jsonl(Path(tmp) / "d.jsonl", make_documents(300))
+        raw = tiny_recipe(data, Path(tmp) / "run", max_steps=4, logging_steps=3, save_steps=3)
+        hftrain.train(hftrain.load_recipe(None, raw), callbacks=[Window()])
+    sys.setprofile(None)
+    return {
+        name: sorted(((Path(f).relative_to(ROOT).as_posix(), len(q)) for f, q in called.items()), key=lambda row: (-row[1], row[0]))
+        for name, called in windows.items()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rev", help="a git commit: report 1 and 3 there (read from git, nothing checked out)")
+    parser.add_argument("--no-trace", action="store_true", help="skip 2 (it trains a tiny model for a few seconds)")
+    a = parser.parse_args()
+    sources = package_sources(a.rev)
+    where = a.rev or "this checkout"
+    print(f"1. fields each step of training/run.py receives ({where}):")
+    for name, shown, total in step_inputs(sources):
+        print(f"   {name}({', '.join(shown)})  -> {total} fields")
+    receivers = sorted(name for name, text in sources.items() if receives_the_recipe(text))
+    outside = [n for n in receivers if not re.match(r"^hftrain\.(recipe|cli)(\.|$)", n)]
+    print(f"3. modules the whole recipe reaches ({where}): {len(receivers)}, outside recipe/ and cli/: {len(outside)}")
+    for name in outside:
+        print(f"   {name}")
+    if not a.no_trace:
+        for name, rows in trace_steps().items():
+            print(f"2. hftrain files that run in one optimizer step, {name} (this checkout, traced): {len(rows)}")
+            for path, count in rows:
+                print(f"   {path}: {count} functions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
