@@ -91,9 +91,9 @@ def step_inputs(sources: dict[str, str]) -> list[tuple[str, list[str], int]]:
 
 def trace_steps() -> dict[str, list[tuple[str, int]]]:
     """The hftrain files whose functions run in one optimizer step of a tiny 4-step run, with how many of their
-    functions ran (the main thread: DataLoader workers are 0 on a CPU): "plain", step 2 (from the end of step 1 to
-    the start of step 3: its batch, forward, backward and optimizer step), and "log and save", step 3 (the same,
-    and its log line and checkpoint)."""
+    functions ran (the main thread: DataLoader workers are 0 on a CPU), each from the start of a step to the start of
+    the next (its forward, backward, optimizer step and step-end events, and the next step's batch): "plain", step 2,
+    and "log and save", step 3 (the same, and its log line and checkpoint)."""
     sys.path.insert(0, str(ROOT))
     from transformers import TrainerCallback
 
@@ -111,15 +111,12 @@ def trace_steps() -> dict[str, list[tuple[str, int]]]:
                 window.setdefault(frame.f_code.co_filename, set()).add(frame.f_code.co_qualname)
 
     class Window(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
-            if state.global_step + 1 in names:  # step N's window opens where step N-1 ends (before its batch)
-                active.append(windows[names[state.global_step + 1]])
-                sys.setprofile(profile)
-
         def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
-            if state.global_step in names:  # and closes where step N+1 begins (after its log line and checkpoint)
+            if state.global_step in names:  # step N's window closes where step N+1 begins (its batch fetched)
                 active.remove(windows[names[state.global_step]])
-                sys.setprofile(profile if active else None)
+            if state.global_step + 1 in names:  # and opens where step N begins (global_step is N-1 there)
+                active.append(windows[names[state.global_step + 1]])
+            sys.setprofile(profile if active else None)
 
     with tempfile.TemporaryDirectory() as tmp:
         data = write_jsonl(Path(tmp) / "d.jsonl", make_documents(300))

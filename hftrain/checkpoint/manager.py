@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import RECORD, loadable, record, unreadable
@@ -373,3 +375,15 @@ class CheckpointManager:
         (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: not part of a shareable model
         publish(staged, self.layout.final, info)
         return self.layout.final
+
+
+class KeptCheckpointsCallback(TrainerCallback):
+    """A checkpoint at every step recipe.checkpoints keeps (Pythia's schedule, log-spaced, a list), besides
+    save_steps' own; the CheckpointManager's rotation leaves these alone."""
+
+    def __init__(self, keeps: Callable[[int], bool]):
+        self.keeps = keeps
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.keeps(state.global_step):
+            control.should_save = True

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from hftrain.data.instructions import ExampleStream
 from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
-from hftrain.data.preference import PreferenceStream, pair_tokens, records
+from hftrain.data.preference_pairs import PreferenceStream, pair_tokens, records
 from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources

@@ -307,7 +307,7 @@ def _signal_handlers_kept() -> Iterator[None]:
 @contextlib.contextmanager
 def _preemption_passed_on() -> Iterator[None]:
     """SIGUSR1 (SLURM's warning before a preemption, `--signal=B:USR1@180`) to this launcher goes on to the processes
-    it started, which save a checkpoint and exit 75 (training/callbacks.py) for report() to pass on. Before, the
+    it started, which save a checkpoint and exit 75 (training/step_faults.py) for report() to pass on. Before, the
     launcher died of it (USR1's default action) while its processes saved, and SLURM saw a signal, not 75. Only
     the direct children (the ranks) get it: their DataLoader workers are theirs to stop."""
     if threading.current_thread() is not threading.main_thread():

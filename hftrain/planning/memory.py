@@ -176,8 +176,8 @@ def predict_peak(part: MemoryPart, info: dict[str, Any], shape: RunShape | None 
     eval_logits = eval_logit * shape.eval_batch * shape.seq_len * vocab
     if OBJECTIVES[shape.objective].tiled_loss_head:
         # TRL's fused head scores log-probabilities in tiles (no batch x seq_len x vocab logits); the evaluation's
-        # preference accuracy (eval/preference.py) bounds its logits per forward
-        from hftrain.eval.preference import LOGIT_BUDGET_BYTES
+        # preference accuracy (eval/preference_accuracy.py) bounds its logits per forward
+        from hftrain.eval.preference_accuracy import LOGIT_BUDGET_BYTES
 
         tokens, columns = FUSED_HEAD_TILE
         # the fp32 tile, and half as much again for its log-sum-exp (calibrated: plan_calibration.py's DPO rows)

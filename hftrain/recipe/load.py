@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from hftrain.errors import HftrainError
 from hftrain.recipe.redaction import redact_value, redacted
 from hftrain.recipe.schema import Recipe
-from hftrain.recipe.yaml_io import dump_yaml, load_yaml, read_recipe_file
+from hftrain.recipe.yaml_io import load_yaml, read_recipe_file
 
 P = TypeVar("P")
 
@@ -69,11 +69,6 @@ def read_part(part: Callable[[Recipe], P], path: str | Path | None = None, **sec
     """One part of a saved recipe (a checkpoint's hftrain_recipe.yaml), or of the defaults with `sections`: what a
     component needs to read a checkpoint back, so that the whole recipe never reaches it (`part` is a Part's `of`)."""
     return part(load_recipe(path, None, **sections))
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["training.max_steps=50", "data.seq_len=128"]`` -> nested dict, values typed as YAML."""
-    return apply_overrides({}, items)
 
 
 def apply_overrides(tree: dict[str, Any], items: list[str]) -> dict[str, Any]:
@@ -196,10 +191,6 @@ def recipe_to_dict(recipe: Recipe, redact: bool = True) -> dict[str, Any]:
     data = recipe.model_dump(mode="json", exclude={"training"})
     data["training"] = json.loads(json.dumps(recipe.training_kwargs(), default=str))
     return redacted(data) if redact else data
-
-
-def save_recipe(recipe: Recipe, path: Path) -> None:
-    path.write_text(dump_yaml(recipe_to_dict(recipe)), encoding="utf-8")
 
 
 # Keys that may change between the starts of one run without making it a different run.

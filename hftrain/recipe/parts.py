@@ -237,7 +237,7 @@ class PackingCheckPart:
 
 @dataclass(frozen=True)
 class TrainerPart:
-    """What an objective's Trainer reads (training/objectives.py, preference.py): the validation set's size for its
+    """What an objective's Trainer reads (training/objectives.py, dpo.py): the validation set's size for its
     progress line (data.eval_blocks, data.seq_len), the evaluation tasks (monitor.eval_tasks) and the model's part
     (DPO builds its adapter, or its reference copy, from it)."""
 

@@ -25,7 +25,7 @@ it the measurements of any machine):
 * On CUDA, beside the measured levers (device_levers, from the device's compute capability, no measurement): TF32
   for the fp32 matmuls that remain beside bf16 autocast (Ampere and newer), and fused AdamW (one kernel for all
   parameters; transformers' default only from torch 2.8, and the non-finite guard skips a flagged step inside it
-  without a host read, training/nonfinite.py).
+  without a host read, training/step_faults.py).
 * DDP without ``find_unused_parameters``: the Trainer turns it on for any model without gradient
   checkpointing, which costs an extra pass over the autograd graph every step (and a warning). Every
   GPT-NeoX parameter that requires a gradient gets one at every step, full training or adapters alike.

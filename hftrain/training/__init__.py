@@ -1,4 +1,5 @@
-"""One training run: its steps top to bottom (run.py) from its resolved spec (resolve.py), the Trainer and its
-callbacks (trainer.py, callbacks.py), TrainingArguments (arguments.py), the objective (objectives.py, preference.py),
-step metrics, timing and flags (step_*.py, input_check.py), the non-finite guard (nonfinite.py), and what a finished
-run leaves behind (results.py, run_record.py, plot.py)."""
+"""One training run: its steps top to bottom (run.py) from its resolved spec (resolve.py) and each step's part
+(run_parts.py), the Trainer (trainer.py), what a step measures (step_metrics.py) and its faults, agreed by every
+process (step_faults.py: the non-finite guard, preemption signals), TrainingArguments (arguments.py), the objective
+(objectives.py, dpo.py), the input check before step 1 (input_check.py), and what a finished run leaves
+behind (results.py, run_record.py, plot.py)."""

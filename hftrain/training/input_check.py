@@ -2,7 +2,7 @@
 (data/input_rate.py, about half a second of reading) against the tokens/s the GPU consumes as `hftrain plan` times
 a step (FLOPs per token at GPU_MFU of the device's peak); one warning line when the GPU would wait for data more
 than monitor.input_bound_threshold of each step. Not on CPUs: there the step is slow beside the input, and the
-run's end says when it was input-bound anyway (step_timing.input_bound_advice)."""
+run's end says when it was input-bound anyway (step_metrics.input_bound_advice)."""
 
 from __future__ import annotations
 

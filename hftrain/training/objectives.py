@@ -1,6 +1,7 @@
-"""Each objective's TrainingArguments and Trainer, one table each (what an objective means elsewhere in the run:
-recipe/objectives.py). A new objective adds its builders (a module of its own, as DPO's preference.py) and one
-line per table; tests/training/test_objectives.py checks every objective has both."""
+"""How each objective is built: its TrainingArguments and its Trainer, one line per objective in BUILDERS (what an
+objective means elsewhere in the run, its data, FLOPs and model card, is recipe/objectives.py, which reads no
+training library). A new objective adds its builders (a module of its own, as DPO's dpo.py) and one line
+here; tests/training/test_objectives.py checks that both tables name the same objectives."""
 
 from __future__ import annotations
 
@@ -32,11 +33,11 @@ class TrainerParts:
 
 def training_arguments(finetune: FinetuneSection, kwargs: dict[str, Any], seq_len: int) -> Any:
     """TrainingArguments (or the objective's subclass) from the training section's keys."""
-    return ARGUMENTS[finetune.objective](kwargs, finetune, seq_len)
+    return BUILDERS[finetune.objective].arguments(kwargs, finetune, seq_len)
 
 
 def build_trainer(objective: str, parts: TrainerParts) -> HftrainTrainer:
-    return TRAINERS[objective](parts)
+    return BUILDERS[objective].trainer(parts)
 
 
 def _lm_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
@@ -47,7 +48,7 @@ def _lm_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: in
 
 def _dpo_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
     """TRL's DPOConfig: TrainingArguments plus finetune.dpo's keys."""
-    from hftrain.training.preference import dpo_arguments
+    from hftrain.training.dpo import dpo_arguments
 
     return dpo_arguments(kwargs, finetune.dpo, seq_len)
 
@@ -70,7 +71,7 @@ def _lm_trainer(parts: TrainerParts) -> HftrainTrainer:
 
 
 def _dpo_trainer(parts: TrainerParts) -> HftrainTrainer:
-    from hftrain.training.preference import preference_trainer
+    from hftrain.training.dpo import preference_trainer
 
     options = parts.options
     return preference_trainer(
@@ -78,5 +79,10 @@ def _dpo_trainer(parts: TrainerParts) -> HftrainTrainer:
     )
 
 
-ARGUMENTS: dict[str, Callable[[dict[str, Any], FinetuneSection, int], Any]] = {"lm": _lm_arguments, "dpo": _dpo_arguments}
-TRAINERS: dict[str, Callable[[TrainerParts], HftrainTrainer]] = {"lm": _lm_trainer, "dpo": _dpo_trainer}
+@dataclass(frozen=True)
+class Builders:
+    arguments: Callable[[dict[str, Any], FinetuneSection, int], Any]  # the training section's keys -> its TrainingArguments
+    trainer: Callable[[TrainerParts], HftrainTrainer]
+
+
+BUILDERS: dict[str, Builders] = {"lm": Builders(_lm_arguments, _lm_trainer), "dpo": Builders(_dpo_arguments, _dpo_trainer)}

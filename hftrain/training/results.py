@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hftrain.training.step_timing import PHASES, input_bound_advice
+from hftrain.training.step_metrics import PHASES, input_bound_advice
 
 EVAL_TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")
 

@@ -24,12 +24,12 @@ from hftrain.checkpoint import elastic
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import step_of, unreadable
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
-from hftrain.checkpoint.manager import CheckpointManager
+from hftrain.checkpoint.manager import CheckpointManager, KeptCheckpointsCallback
 from hftrain.checkpoint.node_disks import common_resume
 from hftrain.checkpoint.output_lock import owning
 from hftrain.data.loader import DataPlan, collator_for, first_documents, first_pairs
 from hftrain.data.packed_batch import PackedCollator, mask_note
-from hftrain.data.preference import SAME_ANSWERS_SAMPLE, same_answers
+from hftrain.data.preference_pairs import SAME_ANSWERS_SAMPLE, same_answers
 from hftrain.data.pretokenized import check_compatible
 from hftrain.errors import Preempted
 from hftrain.integrations import revisions, trackers
@@ -49,23 +49,15 @@ from hftrain.speed.profiling import ProfilerCallback
 from hftrain.training import objectives
 from hftrain.training.arguments import TrainingSettings, training_device
 from hftrain.training.arguments import set_up as set_up_arguments
-from hftrain.training.callbacks import (
-    KeptCheckpointsCallback,
-    MetricsFileCallback,
-    PreemptionCallback,
-    StartupOverCallback,
-    ThroughputClockCallback,
-)
 from hftrain.training.input_check import InputCheckCallback
-from hftrain.training.nonfinite import NonFiniteGuard
 from hftrain.training.objectives import TrainerParts
 from hftrain.training.plot import plot_curves
 from hftrain.training.resolve import RunSpec, recorded_start, resolve
 from hftrain.training.results import build_results, summary
 from hftrain.training.run_parts import FinishPart, ModelBuildPart, OutputPart, ServicesPart, SetUpPart, TrainerBuildPart
 from hftrain.training.run_record import AsRun, Run
-from hftrain.training.step_flags import StepFlags
-from hftrain.training.step_metrics import MetricsOptions, StepMetrics
+from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback, StepFlags
+from hftrain.training.step_metrics import MetricsFileCallback, MetricsOptions, StepMetrics, ThroughputClockCallback
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
 if TYPE_CHECKING:
@@ -75,7 +67,7 @@ if TYPE_CHECKING:
 def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     """Run the recipe; `callbacks` are extra transformers TrainerCallbacks (Python API, benchmarks). The run owns
     its output_dir while it trains: a second, independent launch into it is refused (checkpoint/output_lock.py)."""
-    progress.start()  # a line at least every few seconds until the first step ends (StartupOverCallback)
+    progress.start()  # a line at least every few seconds until the first step ends (StepMetrics.step_done)
     try:
         _compat.quiet_optional_warnings()  # before resolving imports the libraries (a logger level and an import check)
         _compat.skip_unneeded_imports()
@@ -180,7 +172,7 @@ def build_model_for(part: ModelBuildPart, settings: TrainingSettings, tokenizer:
         attention.use(model)  # SDPA with is_causal and no mask (model/attention.py)
     if settings.chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
-    if not part.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/preference.py)
+    if not part.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/dpo.py)
         model = apply_method(model, part.finetune, args.gradient_checkpointing)
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, part.max_memory)
@@ -224,7 +216,6 @@ def build_trainer(
         *callbacks,
         InputCheckCallback(metrics.options),  # before step 1 on a GPU, before the clock starts: does the input keep up?
         ThroughputClockCallback(metrics),
-        StartupOverCallback(),
         KeptCheckpointsCallback(part.kept.keeps),
     ]
     parts = TrainerParts(part.trainer, options, built.model, args, built.tokenizer, built.collate, callbacks, built.tokenizer_is_new)

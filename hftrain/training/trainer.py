@@ -5,11 +5,11 @@
 * checkpoints go through the CheckpointManager (staged, then renamed into place when complete);
 * resuming loads weights through transformers' key mapping, strictly (the GPT-NeoX head trap);
 * each phase of a step is timed, and every training log line gets the step metrics (step_metrics.py);
-* non-finite losses and gradient norms go to the guard (nonfinite.py);
+* non-finite losses and gradient norms go to the guard (step_faults.py);
 * evaluations add perplexity, bits per byte and the recipe's eval tasks (eval/during_training.py).
 
 It receives one narrow ``TrainerOptions``, never the recipe. What can be a callback is one, and attaches to any
-Trainer (training/callbacks.py, nonfinite.py, speed/profiling.py); the public methods overridden here
+Trainer (training/step_metrics.py, step_faults.py, speed/profiling.py); the public methods overridden here
 (get_train_dataloader, compute_loss, training_step, evaluate, evaluation_loop, log, get_batch_samples,
 create_accelerator_and_postprocess) are the Trainer's documented extension points. The private methods it
 overrides are listed in ``PRIVATE_OVERRIDES`` with the reason no public hook serves and the upstream issue, and
@@ -35,9 +35,8 @@ from hftrain.parallel import dims as parallel
 from hftrain.parallel import rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.parallel.readers import merge_positions
-from hftrain.training.nonfinite import NonFiniteGuard
-from hftrain.training.step_metrics import StepMetrics
-from hftrain.training.step_timing import EXCLUDED
+from hftrain.training.step_faults import NonFiniteGuard
+from hftrain.training.step_metrics import EXCLUDED, StepMetrics
 
 PRIVATE_OVERRIDES = {  # name -> why no public hook serves (upstream issue)
     "_get_output_dir": "checkpoints are written into a staging directory and published whole; the Trainer writes "

@@ -132,7 +132,7 @@ def test_a_run_time_check_comes_before_any_work(capsys, monkeypatch, work, name,
     assert expected.format(**places) in printed, printed[-2000:]
     if expected == SET_UP:  # accepted: TRL's own config takes it as its one loss type
         from hftrain.recipe.load import load_recipe
-        from hftrain.training.preference import dpo_arguments
+        from hftrain.training.dpo import dpo_arguments
 
         recipe = load_recipe(work / "r.yaml", [word.format(**places) for word in argv[2:]])
         config = dpo_arguments({"output_dir": str(work / "dpo"), "use_cpu": True, "report_to": "none"}, recipe.finetune.dpo, 64)

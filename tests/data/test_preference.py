@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hftrain.data.loader import plan_data, train_blocks, validation_pairs
-from hftrain.data.preference import encode_pair, use_chatml
+from hftrain.data.preference_pairs import encode_pair, use_chatml
 from hftrain.data.stream import Worker
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
@@ -188,7 +188,7 @@ def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
 
 
 def test_held_out_scoring_bounds_its_logits_by_the_recipe_not_the_number_of_pairs():
-    from hftrain.eval.preference import LOGIT_BUDGET_BYTES, _batches
+    from hftrain.eval.preference_accuracy import LOGIT_BUDGET_BYTES, _batches
 
     rows = [([1] * 100, [2] * 28)] * 1000  # 1,000 rows of 128 tokens
     small = _batches(rows, vocab=512, batch_size=16)
@@ -239,7 +239,7 @@ def test_pairs_read_the_same_from_a_local_file_s3_and_a_hugging_face_dataset(tmp
 def test_pairs_whose_answers_are_one_are_counted_and_refused_when_most_are(same, of, expected):
     """DPO learns nothing from a pair whose chosen answer is its rejected one: said, and refused when most are (before:
     such data trained to exit 0, nothing said). Conversations are compared as training tokenizes them."""
-    from hftrain.data.preference import same_answers
+    from hftrain.data.preference_pairs import same_answers
 
     shipped = [json.loads(line) for line in (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:of]]
     records = [{**r, "rejected": r["chosen"]} if i < same else r for i, r in enumerate(shipped)]

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hftrain.errors import HftrainError
-from hftrain.recipe.load import fingerprint, load_recipe, parse_overrides, recipe_to_dict
+from hftrain.recipe.load import apply_overrides, fingerprint, load_recipe, recipe_to_dict
 
 from ..support.cli import ROOT
 
@@ -86,14 +86,14 @@ def test_yaml_reads_exponent_floats():
 
 
 def test_overrides_are_typed():
-    tree = parse_overrides(["a.i=5", "a.f=3e-4", "a.b=true", "a.l=[1, 2]", "a.n=null", "a.s=hello", "a.e="])
+    tree = apply_overrides({}, ["a.i=5", "a.f=3e-4", "a.b=true", "a.l=[1, 2]", "a.n=null", "a.s=hello", "a.e="])
     assert tree == {"a": {"i": 5, "f": 3e-4, "b": True, "l": [1, 2], "n": None, "s": "hello", "e": ""}}
 
 
 @pytest.mark.parametrize("bad", ["max_steps", "=5", "training..x=1"])
 def test_malformed_override(bad):
     with pytest.raises(HftrainError, match="write it as section.key=value"):
-        parse_overrides([bad])
+        apply_overrides({}, [bad])
 
 
 def test_override_unknown_key_is_caught():

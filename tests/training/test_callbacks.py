@@ -10,7 +10,8 @@ import signal
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from hftrain.training.callbacks import MetricsFileCallback, PreemptionCallback
+from hftrain.training.step_faults import PreemptionCallback
+from hftrain.training.step_metrics import MetricsFileCallback
 
 
 class ForeignTrainer(Trainer):
@@ -77,7 +78,7 @@ def test_the_nonfinite_guard_stops_a_trainer_hftrain_did_not_write(tmp_path):
 
     from hftrain.errors import HftrainError
     from hftrain.recipe.sections import FaultsSection
-    from hftrain.training.nonfinite import NonFiniteGuard
+    from hftrain.training.step_faults import NonFiniteGuard
 
     torch.manual_seed(0)
     config = GPTNeoXConfig(

@@ -19,7 +19,7 @@ COMPARED = re.compile(r"objective\s*(==|!=|in)\s*[\"'(\[]")
 
 def test_every_objective_has_its_facts_arguments_and_trainer():
     choices = set(typing.get_args(FinetuneSection.model_fields["objective"].annotation))
-    assert choices == set(OBJECTIVES) == set(objectives.ARGUMENTS) == set(objectives.TRAINERS)
+    assert choices == set(OBJECTIVES) == set(objectives.BUILDERS)
     assert all(goal.name == name for name, goal in OBJECTIVES.items())
 
 

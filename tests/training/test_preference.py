@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hftrain
-from hftrain.eval.preference import preference_accuracy
+from hftrain.eval.preference_accuracy import preference_accuracy
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import PublishPart
 

@@ -1,4 +1,4 @@
-"""Flags a step raises on one process act on every process at the same step (hftrain/training/step_flags.py): two
+"""Flags a step raises on one process act on every process at the same step (hftrain/training/step_faults.py): two
 gloo processes, one sees a non-finite loss, the other a signal."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 
 import torch
 
-from hftrain.training.step_flags import NONFINITE, NORM, READ_EVERY, StepFlags
+from hftrain.training.step_faults import NONFINITE, NORM, READ_EVERY, StepFlags
 
 BAD_ON_RANK_1, SIGNAL_ON_RANK_0, STEPS = 3, 4, 7
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hftrain.data.preference import encode_pair
+from hftrain.data.preference_pairs import encode_pair
 
 LOGIT_BUDGET_BYTES = 256e6
 """Logits per forward (fp32, with their log-probabilities): rows are batched up to this, one row at least, so

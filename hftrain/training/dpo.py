@@ -17,9 +17,9 @@ from typing import Any
 
 from hftrain import _compat
 from hftrain.data.loader import first_pairs, validation_pairs
-from hftrain.data.preference import needs_chat_template, use_chatml
+from hftrain.data.preference_pairs import needs_chat_template, use_chatml
 from hftrain.errors import HftrainError
-from hftrain.eval.preference import PreferenceEvaluation
+from hftrain.eval.preference_accuracy import PreferenceEvaluation
 from hftrain.model.build import build_model
 from hftrain.model.finetune import prepare_adapter
 from hftrain.parallel.dims import ParallelDims
