@@ -2,7 +2,9 @@
 
 Each command runs in a fresh process, alternating with the others (so a busy minute costs them alike), REPEATS
 times; the table gives medians and the ratio to `import torch`. Issue 54's target: at most 1.5x `import torch` for
-`--help`, `presets`, `explain`, `plan` and a recipe wrong on its face; `--help` without torch at all.
+`--help`, `presets`, `explain`, `plan`, `launch-script` and a recipe wrong on its face; `--help` without torch at
+all. The first round warms hftrain's cache as a machine's first command does (transformers' field table, the
+libraries' memory for `plan`): the medians are what every later command takes.
 
     python benchmarks/cli_start.py [--repeats 3]
 """
@@ -23,7 +25,14 @@ COMMANDS = {
     "hftrain presets": [sys.executable, "-m", "hftrain", "presets"],
     "hftrain train /nonexistent.yaml": [sys.executable, "-m", "hftrain", "train", "/nonexistent.yaml"],
     "hftrain explain training": [sys.executable, "-m", "hftrain", "explain", "training"],
+    "hftrain train recipes/quickstart.yaml training.max_step=5": [
+        *(sys.executable, "-m", "hftrain", "train", "recipes/quickstart.yaml", "training.max_step=5")
+    ],
     "hftrain plan recipes/quickstart.yaml": [sys.executable, "-m", "hftrain", "plan", "recipes/quickstart.yaml"],
+    "hftrain launch-script (slurm, 2 x 8)": [
+        *(sys.executable, "-m", "hftrain", "launch-script", "recipes/pretrain/pythia-1b.yaml", "--kind", "slurm"),
+        *("--nodes", "2", "--gpus-per-node", "8", "--out", "/dev/null"),
+    ],
 }
 
 

@@ -44,6 +44,10 @@ def table() -> dict[str, Any]:
     if isinstance(kept, dict) and kept.get("version") == TABLE_VERSION and isinstance(kept.get("fields"), list):
         return kept
     made = read_transformers()
+    try:
+        json.dumps(made)
+    except (TypeError, ValueError):  # a default JSON cannot hold (none in transformers 5.17-5.24): used, not kept
+        return made
     _cache.write_json(name, made)
     return made
 
@@ -75,7 +79,6 @@ def read_transformers() -> dict[str, Any]:
         else:
             default = None
         default = default.value if isinstance(default, enum.Enum) else default
-        json.dumps(default)  # a default the table cannot hold fails here, not as a different default later
         fields.append({"name": f.name, "type": encode(hints.get(f.name, Any)), "default": default, "help": f.metadata.get("help")})
     return {"version": TABLE_VERSION, "fields": fields, "trackers": list(INTEGRATION_TO_CALLBACK)}
 
