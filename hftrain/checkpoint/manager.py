@@ -35,6 +35,7 @@ from hftrain.checkpoint.output_lock import writable_directory
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 from hftrain.errors import HftrainError
 from hftrain.recipe.parts import CheckpointPart
+from hftrain.recipe.sections import CheckpointsSection
 
 
 # --------------------------------------------------------------------------------------- discovery
@@ -379,11 +380,16 @@ class CheckpointManager:
 
 class KeptCheckpointsCallback(TrainerCallback):
     """A checkpoint at every step recipe.checkpoints keeps (Pythia's schedule, log-spaced, a list), besides
-    save_steps' own; the CheckpointManager's rotation leaves these alone."""
+    save_steps' own; the CheckpointManager's rotation leaves these alone. The kept steps are listed once, when
+    training starts (its max_steps known): a step only looks itself up."""
 
-    def __init__(self, keeps: Callable[[int], bool]):
-        self.keeps = keeps
+    def __init__(self, schedule: CheckpointsSection):
+        self.schedule = schedule
+        self.kept: frozenset[int] = frozenset()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.kept = frozenset(self.schedule.kept_steps(state.max_steps))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.keeps(state.global_step):
+        if state.global_step in self.kept:
             control.should_save = True

@@ -216,7 +216,7 @@ def build_trainer(
         *callbacks,
         InputCheckCallback(metrics.options),  # before step 1 on a GPU, before the clock starts: does the input keep up?
         ThroughputClockCallback(metrics),
-        KeptCheckpointsCallback(part.kept.keeps),
+        KeptCheckpointsCallback(part.kept),
     ]
     parts = TrainerParts(part.trainer, options, built.model, args, built.tokenizer, built.collate, callbacks, built.tokenizer_is_new)
     trainer = objectives.build_trainer(part.objective.name, parts)  # its own Trainer per objective

@@ -26,6 +26,24 @@ def test_a_log_schedule_with_an_end_then_every_and_a_list():
     assert not CheckpointsSection().keeps(0) and not CheckpointsSection().keeps(1)
 
 
+def test_the_trainer_callback_saves_at_the_kept_steps_of_this_run():
+    """The callback lists the kept steps once, at the run's start (its max_steps known), and asks for a save at
+    each of them and no other step."""
+    from types import SimpleNamespace
+
+    from hftrain.checkpoint.manager import KeptCheckpointsCallback
+
+    section = CheckpointsSection(schedule="log", log_until=16, every=10, steps=[13])
+    callback = KeptCheckpointsCallback(section)
+    callback.on_train_begin(None, SimpleNamespace(max_steps=35), None)
+    asked = []
+    for step in range(1, 36):
+        control = SimpleNamespace(should_save=False)
+        callback.on_step_end(None, SimpleNamespace(global_step=step), control)
+        asked += [step] if control.should_save else []
+    assert asked == [1, 2, 4, 8, 13, 16, 20, 30] == [s for s in range(1, 36) if section.keeps(s)]
+
+
 @pytest.mark.parametrize(
     "checkpoints, training, message",
     [
