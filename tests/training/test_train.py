@@ -37,6 +37,9 @@ def test_loss_falls_and_outputs_are_written(pretrained_run):
     results = json.loads(RunLayout(out).results.read_text())
     assert results["eval_loss"] == pytest.approx(run.metrics["eval_loss"])
     assert run.sample.startswith("The ")
+    became = run.as_run  # what the run became, for the caller (README's Python example)
+    assert (became.strategy, became.processes, became.global_batch, became.max_steps) == ("single", 1, 8, 30)
+    assert hftrain.load_recipe(run.recipe_file).training.max_steps == 30  # the recipe as run, saved with the model
 
 
 def test_checkpoints_are_complete_and_rotated(pretrained_run):
