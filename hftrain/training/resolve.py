@@ -1,13 +1,14 @@
 """The recipe resolved once: a pure function from (the recipe, the launch read once, what a continuing run
-recorded at its start) to a frozen `RunSpec` of per-component parts.
+recorded at its start) to a frozen `RunSpec`: one part per step of the run (training/run_parts.py) and what the run
+became for the caller (`AsRun`).
 
 Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
 (dims.global_batch), the memory fit (planning/fit.py: a batch, never a new recipe), the run length
 (planning/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
 TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the data's manifest,
 the machine's memory) but changes nothing: what a run then sets up, process groups, patches, the speed probe, is
-`training/run.py`'s set-up step. The components get their part (hftrain/recipe/parts.py), never the recipe;
-`hftrain plan` shares the same strategy, global batch and fit functions.
+`training/run.py`'s set-up step. The steps and components get their part (run_parts.py, built from
+hftrain/recipe/parts.py), never the recipe; `hftrain plan` shares the same strategy, global batch and fit functions.
 """
 
 from __future__ import annotations
