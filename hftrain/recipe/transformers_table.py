@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import types
 import typing
 from importlib import metadata
 from pathlib import Path
@@ -106,7 +107,7 @@ def encode(annotation: Any) -> Any:
         return "None"
     if annotation is Any:
         return "Any"
-    if isinstance(annotation, type) and annotation.__name__ in BUILTINS and BUILTINS[annotation.__name__] is annotation:
+    if annotation in BUILTINS.values():
         return annotation.__name__
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return {"enum": _named(annotation), "values": [member.value for member in annotation]}
@@ -115,7 +116,7 @@ def encode(annotation: Any) -> Any:
         return {"literal": list(args)}
     if origin in (list, dict) and args:
         return {origin.__name__: [encode(arg) for arg in args]}
-    if args and origin is not None and all(arg is not Ellipsis for arg in args) and _is_union(annotation):
+    if origin in (typing.Union, types.UnionType):
         return {"union": [encode(arg) for arg in args]}
     if isinstance(annotation, type):  # a class no recipe file can give (accelerate's ParallelismConfig)
         return {"class": _named(annotation)}
@@ -160,9 +161,3 @@ def _unchecked(named: str) -> type:
 
 def _named(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _is_union(annotation: Any) -> bool:
-    import types
-
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
