@@ -8,13 +8,14 @@ settings, and the training tokens/s of a 6-layer / 384-hidden / context-256 NeoX
 Medians over the repeats; the machine is shared, so read the ratios. The goal: data >= 20x training.
 Ends with one line per path:  PATH: data X tok/s, training Y tok/s, ratio Z
 
-Then `hftrain data prepare` on a generated corpus of --prepare-mb (default 100) MB of plain JSONL, on 1 and on 2
-processes, side by side (the shards are identical; only the time differs):
-    prepare: 1 process X tok/s, 2 processes Y tok/s, ratio Z
+Then `hftrain data prepare` (datatrove: one task per input file) on a generated corpus of --prepare-mb (default 100)
+MB of plain JSONL in 8 files, against the process pool it replaced (hftrain at --baseline-rev, run from a git worktree
+of that revision), each as a command (start-up included on both sides), on 1 and on 2 workers, taken in turn:
+    prepare W workers: datatrove X tok/s (x per core), pool Y tok/s (y per core), ratio Z
 
 First, the input beside a GPU (issue 51 part 5): tokens/s per DataLoader worker count (--workers; default 0, 1, 2,
 4, ... up to the cores) from raw text (the built-in corpus as .jsonl.gz shards, tokenized as it is read) and from
-prepared shards (`hftrain data prepare`), at --recipe's seq_len without a shuffle window, beside the tokens/s one GPU
+a token folder (`hftrain data prepare`), at --recipe's seq_len without a shuffle window, beside the tokens/s one GPU
 consumes for that recipe as `hftrain plan --gpus N --gpu-mem-gb M --gpu-type T` times its step (at --mfu, default
 hftrain plan's). Per row: the median rate, per worker, its ratio to the GPU's consumption, and the share of each
 step the GPU would wait for data (hftrain/data/input_rate.py: what `train` warns about before step 1):
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import hftrain  # noqa: E402
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
-from hftrain.data.prepare import prepare  # noqa: E402
+from hftrain.data.prepare import PrepareHow, prepare  # noqa: E402
 from hftrain.model.tokenizer import gpt2_tokenizer  # noqa: E402
 from hftrain.parallel.readers import ReaderLayout, default_window  # noqa: E402
 from hftrain.recipe.load import load_recipe  # noqa: E402
@@ -105,8 +106,8 @@ def workers_vs_gpu(a: argparse.Namespace, tmp: Path) -> list[str]:
     shape = {"seq_len": a.seq or data.seq_len, "eval_blocks": 2, "holdout_every": 10, "shuffle_window": 1}
     raw = {"train": {"path": str(tmp / "local" / ("part-00.jsonl.gz" if a.dry_run else "*.jsonl.gz"))}, **shape}
     part = DataPrepPart.of(load_recipe(None, {"data": raw, "tokenizer": {"builtin": "gpt2"}}))
-    prepare(part, str(tmp / "workers-prepared"), shard_mb=64, processes=1 if a.dry_run else None)
-    paths = {"raw text": raw, "shards": {"train": {"pretokenized": str(tmp / "workers-prepared")}, **shape}}
+    prepare(part, str(tmp / "workers-prepared"), PrepareHow(workers=1 if a.dry_run else None))
+    paths = {"raw text": raw, "token folder": {"train": {"pretokenized": str(tmp / "workers-prepared")}, **shape}}
     counts = a.workers or worker_counts(os.cpu_count() or 1)
     rates: dict[tuple[str, int], list[float]] = {}
     for _ in range(a.repeats):
@@ -156,17 +157,37 @@ def write_corpus(root: Path, megabytes: int, shards: int = 8) -> Path:
     return root
 
 
-def prepare_rates(corpus: Path, out: Path, repeats: int) -> dict[int, float]:
-    """Median tokens/s of `hftrain data prepare` on 1 and 2 processes, alternating so both see the same noise."""
-    part = DataPrepPart.of(load_recipe(None, {"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}}))
-    rates: dict[int, list[float]] = {1: [], 2: []}
-    for r in range(repeats):
-        for processes in (1, 2):
-            start = time.perf_counter()
-            manifest = prepare(part, str(out / f"p{processes}-{r}"), shard_mb=256, processes=processes)
-            rates[processes].append(manifest["tokens"] / (time.perf_counter() - start))
-            shutil.rmtree(out / f"p{processes}-{r}")
-    return {p: statistics.median(v) for p, v in rates.items()}
+BASELINE_REV = "d23420b"  # the last revision with the process pool (data/prepare_pool.py)
+
+
+def prepare_rates(corpus: Path, out: Path, repeats: int, rev: str) -> dict[tuple[str, int], float]:
+    """Median tokens/s of `hftrain data prepare` here (datatrove) and at `rev` (the pool), each a command on the same
+    corpus, on 1 and 2 workers, taken in turn so both see the same noise."""
+    import subprocess
+
+    recipe = out / "r.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    recipe.write_text(json.dumps({"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}}))
+    tree = out / "baseline"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
+    sides = {
+        "datatrove": (ROOT, "--workers", lambda d: json.loads((d / "prepared.json").read_text())["tokens"]),
+        "pool": (tree, "--processes", lambda d: json.loads((d / "manifest.json").read_text())["tokens"]),
+    }
+    rates: dict[tuple[str, int], list[float]] = {}
+    try:
+        for r in range(repeats):
+            for workers in (1, 2):
+                for side, (root, flag, tokens) in sides.items():
+                    folder = out / f"{side}-{workers}-{r}"
+                    cmd = [sys.executable, "-m", "hftrain", "data", "prepare", str(recipe), "--out", str(folder), flag, str(workers)]
+                    start = time.perf_counter()
+                    subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=True, capture_output=True)
+                    rates.setdefault((side, workers), []).append(tokens(folder) / (time.perf_counter() - start))
+                    shutil.rmtree(folder)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    return {k: statistics.median(v) for k, v in rates.items()}
 
 
 def training_rate(data: Path, out: Path) -> float:
@@ -198,6 +219,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--tokens", type=int, default=1_000_000, help="tokens read per data measurement")
     parser.add_argument("--prepare-mb", type=int, default=100, help="size of the corpus `data prepare` is timed on")
     parser.add_argument("--prepare-repeats", type=int, default=1)
+    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="the revision whose `data prepare` is the baseline")
     parser.add_argument("--sections", default="workers,paths,prepare", help="which to run: workers, paths, prepare")
     parser.add_argument(
         "--workers", type=lambda v: [int(w) for w in v.split(",")], help="worker counts (default 0, 1, 2, 4, ... the cores)"
@@ -222,9 +244,16 @@ def main(argv: list[str] | None = None) -> list[str]:
             lines += streaming_vs_training(args, tmp)
     if "prepare" in sections:
         with tempfile.TemporaryDirectory() as tmp:
-            prep = prepare_rates(write_corpus(Path(tmp) / "corpus", args.prepare_mb), Path(tmp) / "prep", args.prepare_repeats)
-        lines.append(f"prepare: 1 process {prep[1]:,.0f} tok/s, 2 processes {prep[2]:,.0f} tok/s, ratio {prep[2] / prep[1]:.2f}")
-        print(lines[-1])
+            prep = prepare_rates(
+                write_corpus(Path(tmp) / "corpus", args.prepare_mb), Path(tmp) / "prep", args.prepare_repeats, args.baseline_rev
+            )
+        for w in (1, 2):
+            new, old = prep[("datatrove", w)], prep[("pool", w)]
+            lines.append(
+                f"prepare {w} worker(s): datatrove {new:,.0f} tok/s ({new / w:,.0f} per core), pool {old:,.0f} tok/s "
+                f"({old / w:,.0f} per core), ratio {new / old:.2f}"
+            )
+            print(lines[-1], flush=True)
     return lines
 
 
@@ -255,7 +284,7 @@ def streaming_vs_training(args: argparse.Namespace, tmp: Path) -> list[str]:
     except ImportError:
         print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
     prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
-    prepare(DataPrepPart.of(prep_recipe), str(tmp / "prepared"), shard_mb=64)
+    prepare(DataPrepPart.of(prep_recipe), str(tmp / "prepared"))
     paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
     results: dict[str, list[float]] = {name: [] for name in paths}
     training: list[float] = []

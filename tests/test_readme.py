@@ -118,6 +118,8 @@ CHAIN = [
     "hftrain export runs/quickstart/checkpoint-600 --out runs/quickstart/exported",
     "hftrain export runs/quickstart/final --format gguf --quant q8_0 --out runs/quickstart/quickstart-q8_0.gguf",
     "hftrain data inspect recipes/finetune/lora.yaml --check-packing",
+    "hftrain data prepare recipes/quickstart.yaml --out runs/quickstart-tokens",
+    'hftrain train recipes/quickstart.yaml "data.train={pretokenized: runs/quickstart-tokens}" "tokenizer={path: runs/quickstart-tokens/tokenizer}" training.output_dir=runs/quickstart-from-tokens',
     "hftrain train recipes/finetune/lora.yaml",
     "hftrain train recipes/finetune/full.yaml",
     "hftrain export runs/finetune-lora/checkpoint-200 --merge --out runs/finetune-lora/merged",
@@ -143,6 +145,7 @@ ELSEWHERE = {
     "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": "600 quickstart steps on 2 processes; tests/checkpoint/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe",
     "hftrain train recipes/quickstart.yaml training.max_steps=600": "the second half of the line above (tests/checkpoint/test_elastic.py)",
     "hftrain parity recipes/quickstart.yaml --elastic": "tests/checkpoint/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)",
+    "hftrain data prepare recipes/pretrain/pythia-160m.yaml --out /shared/fineweb-neox --executor slurm": "needs a cluster and fineweb-edu; tests/launch/test_slurm.py::test_prepare_on_slurm_gives_the_folder_one_machine_gives runs the SLURM executor on a real SLURM with 2 node agents",
     "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
@@ -210,8 +213,10 @@ def test_readme_training_commands_run_in_order(tmp_path, capsys):
     for line in CHAIN:
         line = line.replace("checkpoint-600", "checkpoint-2").replace("checkpoint-200", "checkpoint-2")
         extra = SHORT if line.startswith("hftrain train") else ()
-        if "finetune" in line and line.startswith("hftrain train"):
+        if ("finetune" in line or "tokenizer=" in line) and line.startswith("hftrain train"):
             extra = [w for w in SHORT if not w.startswith("tokenizer.")]
+        if line.startswith("hftrain data prepare"):
+            extra = ["tokenizer.train.max_documents=100", "data.eval_blocks=2"]
         if "--check-packing" in line:  # its own process: torch 2.13's inductor generated C++ that does not compile
             # (flex attention's CPU template, `cur_qSplitSize4`) for this shape after other flex shapes compiled in the
             # same process (tests/data/test_packing_check.py, in-process); a user's command starts fresh

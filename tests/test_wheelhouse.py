@@ -58,7 +58,7 @@ def test_plan_for_a_named_python_and_platform(tmp_path):
     )
     assert (
         bad.returncode == 2
-        and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, fp8, gcs, sagemaker, trackers, test" in bad.stderr
+        and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, fp8, gcs, sagemaker, ray, trackers, test" in bad.stderr
     )
 
 

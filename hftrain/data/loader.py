@@ -17,15 +17,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from hftrain.data.folder_stream import FolderMixture, FolderStream
 from hftrain.data.instructions import ExampleStream
 from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
 from hftrain.data.preference_pairs import PreferenceStream, pair_tokens, records
-from hftrain.data.pretokenized import PretokenizedStream, read_manifest, validation_from
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
+from hftrain.data.token_folder import Shard, TokenFolder, open_folder, split_validation
 from hftrain.errors import HftrainError
 from hftrain.parallel.readers import ReaderLayout, rank_state
-from hftrain.recipe.schema import DataSection, Source
+from hftrain.recipe.schema import DataSection
 
 
 @dataclass
@@ -36,46 +37,71 @@ class DataPlan:
     train: list[SourcePlan]
     validation: list[SourcePlan] | None
     seed: int
-    manifest: dict[str, Any] | None = None  # when training from `hftrain data prepare` shards
+    folders: tuple[TokenFolder, ...] = ()  # when training from token folders (data.train: {pretokenized: DIR})
 
     @property
-    def pretokenized(self) -> Source | None:
-        return self.section.train[0] if self.manifest is not None else None
+    def pretokenized(self) -> bool:
+        return bool(self.folders)
+
+    def folder_shards(self, i: int) -> list[Shard]:
+        """Folder i's training block ranges: all its blocks, but for the first folder's last data.eval_blocks when
+        they are the validation set (no validation/ of its own and no data.validation)."""
+        folder, seq_len = self.folders[i], self.section.seq_len
+        if i == 0 and folder.validation is None and self.validation is None:
+            return split_validation(folder, seq_len, self.section.eval_blocks)[0]
+        return folder.shards(seq_len)
 
     @property
-    def manifest_tokens(self) -> int | None:
-        """Training tokens in the prepared shards (None for text streamed and tokenized on the fly)."""
-        return int(self.manifest["tokens"]) if self.manifest is not None else None
+    def folder_tokens(self) -> int | None:
+        """Training tokens in the token folders (None for text streamed and tokenized on the fly)."""
+        if not self.folders:
+            return None
+        return sum(s.blocks for i in range(len(self.folders)) for s in self.folder_shards(i)) * self.section.seq_len
 
     @property
     def reader_limit(self) -> int | None:
-        """The most readers the default gives (one per shard of the source with the fewest; prepared shards one
+        """The most readers the default gives (one per shard of the source with the fewest; token folders one
         per block). Not more for a splittable source: a byte range inside one huge record holds no record, and a
         reader with no data stops the run (tests/test_scale.py: a JSONL file with a 64 MB record)."""
-        if self.manifest is not None:
-            return max(1, int(self.manifest["blocks"]))
+        if self.folders:
+            return max(1, min(sum(s.blocks for s in self.folder_shards(i)) for i in range(len(self.folders))))
         limits = [len(p.shards) for p in self.train]
         return min(limits) if limits else None
 
+    def folder_note(self) -> str:
+        """Where the tokenizer of the token folders is, for messages."""
+        first = self.folders[0]
+        return (
+            f"tokenizer.path: {first.tokenizer_dir} (copied locally if remote)" if first.tokenizer_dir else "the tokenizer it was made with"
+        )
+
 
 def plan_data(section: DataSection, seed: int) -> DataPlan:
-    """List every source's shards once (and fail early, naming the source, if one is empty or missing)."""
+    """List every source's shards once (and fail early, naming the source, if one is empty or missing); token
+    folders are checked whole (token_folder.open_folder)."""
     validation = plan_sources([section.validation], "data.validation") if section.validation else None
-    first = section.train[0]
-    if first.pretokenized:
-        manifest = read_manifest(first.pretokenized, first.storage_options, "data.train[0]")
-        return DataPlan(section, [], validation, seed, manifest)
+    if section.train[0].pretokenized:
+        where = "data.train" if len(section.train) == 1 else "data.train[{}]"
+        folders = tuple(
+            open_folder(s.pretokenized or "", s.storage_options, f"{where.format(i)}.pretokenized") for i, s in enumerate(section.train)
+        )
+        return DataPlan(section, [], validation, seed, folders)
     return DataPlan(section, plan_sources(section.train, "data.train"), validation, seed)
 
 
-def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker, window: int) -> BlockStream:
-    """The block stream of one logical worker (reader), shuffled in windows of `window` blocks: prepared shards,
-    or documents tokenized on the fly."""
+def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker, window: int) -> Any:
+    """The block stream of one logical worker (reader), shuffled in windows of `window` blocks: token folders
+    (several: drawn by their weights), or documents tokenized on the fly."""
     section = plan.section
-    source = plan.pretokenized
-    if source is not None:
-        assert plan.manifest is not None and source.pretokenized is not None
-        return PretokenizedStream(source.pretokenized, plan.manifest, source.storage_options, plan.seed, worker, window)
+    if plan.folders:
+        vocab = len(tokenizer) if tokenizer is not None else None
+        streams = [
+            FolderStream(folder, plan.folder_shards(i), section.seq_len, plan.seed, worker, window, vocab=vocab)
+            for i, folder in enumerate(plan.folders)
+        ]
+        if len(streams) == 1:
+            return streams[0]
+        return FolderMixture(streams, [s.weight for s in section.train], plan.seed, worker)
     return text_or_examples(train_documents(plan, worker, shuffle=window > 1), tokenizer, section, window)
 
 
@@ -104,10 +130,10 @@ def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True
 
 def first_documents(plan: DataPlan, n: int) -> Iterator[str]:
     """The first n training documents in a fixed order (for learning a tokenizer)."""
-    if plan.pretokenized is not None:
+    if plan.folders:
         raise HftrainError(
             "tokenizer.train: the training data is pre-tokenized, so there is no text to learn from; use the tokenizer "
-            f"the shards were made with: tokenizer.path: {plan.pretokenized.pretokenized}/tokenizer (copied locally if remote)."
+            f"it was made with: {plan.folder_note()}."
         )
     stream = train_documents(plan, loop=False)
     stream.shuffle = False
@@ -306,10 +332,19 @@ def first_pairs(plan: DataPlan, n: int) -> list[dict[str, Any]]:
 def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
     """The fixed validation set: the first eval_blocks blocks of the validation source or the held-out documents."""
     section = plan.section
-    source = plan.pretokenized
-    if source is not None and plan.validation is None:
-        assert plan.manifest is not None and source.pretokenized is not None
-        blocks = validation_from(source.pretokenized, plan.manifest, source.storage_options, section.eval_blocks)
+    if plan.folders and plan.validation is None:
+        first = plan.folders[0]
+        if first.validation is not None:
+            folder, shards = first.validation, first.validation.shards(section.seq_len)
+        else:
+            folder, shards = first, split_validation(first, section.seq_len, section.eval_blocks)[1]
+        stream = FolderStream(folder, shards, section.seq_len, 0, Worker(), window=1, loop=False)
+        blocks = [b for shard in shards for _, b in stream.read(shard, 0, shard.blocks)][: section.eval_blocks]
+        if not blocks:
+            raise HftrainError(
+                f"{first.where}: no block of data.seq_len={section.seq_len} tokens to validate on in {folder.root}; "
+                "give data.validation, or lower data.seq_len."
+            )
         return [{"input_ids": torch.from_numpy(b), "labels": torch.from_numpy(b).clone()} for b in blocks]
     stream = text_or_examples(held_out_documents(plan), tokenizer, section, window=section.eval_blocks)
     out = []

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from hftrain.data.inspect import scratch_tokenizer
 from hftrain.data.loader import as_sample, collator_for, plan_data, train_blocks
 from hftrain.data.packed_batch import KERNEL_FORMS
-from hftrain.data.prepare import scratch_tokenizer
 from hftrain.data.stream import Worker
 from hftrain.recipe.parts import ModelPart, PackingCheckPart
 

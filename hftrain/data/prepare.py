@@ -1,218 +1,362 @@
-"""`hftrain data prepare` (tokenize and pack once into shards) and `hftrain data inspect` (look before training)."""
+"""`hftrain data prepare` (tokenize once, on datatrove, into a token folder) and `hftrain data inspect`.
+
+A prepare is a datatrove pipeline (prepare_steps.py) of one task per input shard, run by the executor the flags
+pick: `local` (a process pool on this machine's cores; several machines share the task space with --tasks and
+--task-offset), `slurm` (an array job, then a dependent job that finishes the folder) or `ray`. Every task ends
+with a completion marker in OUT/logs, so a prepare killed and run again does only the tasks that had not finished.
+The folder is datatrove's tokenized layout (token_folder.py), read by training with `data.train: {pretokenized: OUT}`.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import fsspec
-import numpy as np
 
 from hftrain import network
 from hftrain.checkpoint.output_lock import LOCK_FILE, owning
-from hftrain.data.chunking import TokenRun
-from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents, validation_blocks
-from hftrain.data.prepare_pool import PrepareJob, run_units
-from hftrain.data.pretokenized import MANIFEST, PREPARED_NAME, ShardWriter
-from hftrain.data.sources import COMPRESSION
-from hftrain.data.stream import SourcePlan, Worker
+from hftrain.data.loader import DataPlan, first_documents, plan_data
+from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import load_tokenizer
-from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
-from hftrain.recipe.parts import DataPrepPart, TokenizerPart
+from hftrain.recipe.parts import DataPrepPart
+
+EXECUTORS = ("local", "slurm", "ray")
+TASK_MB = 64.0  # input files per task, grouped to about this size: the builtin corpus's 577 modules are 2 tasks, not 577
+
+
+@dataclass(frozen=True)
+class PrepareHow:
+    """How a prepare runs (the command's flags); none of it changes the folder's bytes."""
+
+    executor: str = "local"
+    workers: int | None = None  # tasks at once: local/ray default every core; slurm default no limit
+    tasks: int | None = None  # this launch's share of the task space: tasks [task_offset, task_offset + tasks)
+    task_offset: int = 0
+    partition: str | None = None  # slurm
+    time: str = "24:00:00"  # slurm, per task
+    cpus_per_task: int = 1  # slurm, ray
+    mem_per_cpu_gb: float = 2.0  # slurm, ray
+    qos: str | None = None  # slurm
+    sbatch_args: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        """Other launches write into the same folder (other machines, the cluster's jobs): datatrove's completion
+        markers coordinate them, and no launch owns the folder."""
+        return self.tasks is not None or self.task_offset > 0 or self.executor == "slurm"
 
 
 def prepare(
-    part: DataPrepPart, out: str, shard_mb: float, storage_options: dict[str, Any] | None = None, processes: int | None = None
-) -> dict[str, Any]:
-    """Tokenize one pass over the training data into packed shards + manifest at `out` (local or URL), on
-    `processes` processes (default: every core), one input shard per task (prepare_pool.py). The output is the
-    same whatever the process count."""
+    part: DataPrepPart,
+    out: str,
+    how: PrepareHow = PrepareHow(),
+    storage_options: dict[str, Any] | None = None,
+    shuffle: bool = True,
+    task_mb: float = TASK_MB,
+) -> dict[str, Any] | None:
+    """Tokenize the recipe's training data into a token folder at `out` (local or URL), in tasks of about `task_mb`
+    MB of input files (prepare_steps.task_units). Returns prepared.json when the folder was finished here; None
+    when tasks are left to other launches or were submitted to SLURM."""
+    from hftrain.data.prepare_steps import FinishFolder, RecipeDocuments, RecipeTokenizer, request_of, task_units
+
     options = storage_options or {}
     network.require_backend(out, "--out")
-    fs, root = fsspec.core.url_to_fs(out, **options)
-    interrupted = fs.exists(f"{root.rstrip('/')}/{LOCK_FILE}")  # left by a prepare that was killed
-    _claim_out(fs, root, out, interrupted, clean=False)  # before the lock: a refused prepare writes nothing
-    with owning(out, "--out", options):
-        _claim_out(fs, root, out, interrupted)
-        return _prepare(part, out, shard_mb, options, processes)
-
-
-def _claim_out(fs: Any, root: str, out: str, interrupted: bool, clean: bool = True) -> None:
-    """--out is new, empty, or what a killed prepare left there (its files are removed); anything else stays as it
-    is: a directory that already holds prepared data, or files prepare did not write."""
-    if not fs.isdir(root):
-        if fs.exists(root):
-            raise HftrainError(f"--out {out}: is a file; give a new or empty directory for the shards.")
-        return
-    names = sorted(Path(p.rstrip("/")).name for p in fs.ls(root, detail=False))
-    names = [n for n in names if n != LOCK_FILE]
-    if MANIFEST in names:
-        raise HftrainError(
-            f"--out {out}: already holds prepared data ({MANIFEST}); nothing was changed. Prepare into a "
-            f"new directory, or delete {out} first to prepare it again."
-        )
-    foreign = [n for n in names if not PREPARED_NAME.match(n)]
-    if foreign or (names and not interrupted):
-        raise HftrainError(
-            f"--out {out}: is not empty ({', '.join((foreign or names)[:3])}{', ...' if len(foreign or names) > 3 else ''}) "
-            "and was not written by `hftrain data prepare`; nothing was changed. Give a new or empty directory."
-        )
-    if not clean:
-        return
-    for name in names:
-        fs.rm(f"{root.rstrip('/')}/{name}", recursive=True)
-    if names:
-        print(f"hftrain: removed {len(names)} file(s) an interrupted prepare left in {out}", flush=True)
-
-
-def _prepare(part: DataPrepPart, out: str, shard_mb: float, options: dict[str, Any], processes: int | None) -> dict[str, Any]:
-    processes = processes or os.cpu_count() or 1
     plan = plan_data(part.data, part.seed)
+    _refuse_unpreparable(plan)
+    tasks = task_units(plan, task_mb * 2**20)
+    first, count = _task_range(how, len(tasks))
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(part.tokenizing, Path(tmp), lambda n: first_documents(plan, n))
-        tokenizer.save_pretrained(Path(tmp) / "tok")
-        fs, root = fsspec.core.url_to_fs(out, **options)
-        fs.makedirs(f"{root.rstrip('/')}/tokenizer", exist_ok=True)
-        for file in sorted((Path(tmp) / "tok").iterdir()):  # file by file: put(dir) would nest into an existing tokenizer/
-            fs.put_file(str(file), f"{root.rstrip('/')}/tokenizer/{file.name}")
-    seq_len, shard_bytes = part.data.seq_len, int(shard_mb * 2**20)
-    units = [(s, k) for s, source in enumerate(plan.train) for k in range(len(source.shards))]
-    job = PrepareJob(plan, tokenizer, out, shard_bytes, options)
-    progress = Progress(plan.train)
-    tails = ShardWriter(out, seq_len, tokenizer, shard_bytes, options, prefix="train-tails")
-    carry, shards = TokenRun([], np.int32 if len(tokenizer) < 2**31 else np.int64), []
-    for result in run_units(job, units, processes, progress.report):
-        shards += result.shards
-        carry.add(result.tail.tolist(), None)
-        for block in carry.take_blocks(seq_len):
-            tails.add(block)
-        progress.done(result.unit, sum(s["blocks"] for s in result.shards) * seq_len)
-    if not shards and not tails.blocks:
-        raise HftrainError(
-            f"data.train: less text than one block of data.seq_len={seq_len} tokens to prepare; give more data or lower data.seq_len."
-        )
-    validation = [b["input_ids"].numpy() for b in validation_blocks(plan, tokenizer)]
-    manifest = tails.finish(validation, part.data.model_dump(mode="json"), before=shards)
-    seconds = progress.elapsed()
+    request = request_of(plan, tokenizer, len(tasks), shuffle, task_mb)
+    fs, root = fsspec.core.url_to_fs(out, **options)
+    root = root.rstrip("/")
+    _claim_out(fs, root, out, request, before_lock=True)  # a refused prepare writes nothing (not even a lock)
+    with nullcontext() if how.shared else owning(out, "--out", options), tempfile.TemporaryDirectory() as work:
+        done_before = _claim_out(fs, root, out, request)
+        _write_start(fs, root, request, tokenizer, work)
+        remote = "://" in out and not out.startswith("file://")
+        output = (out, options) if options else out
+        steps = [
+            RecipeDocuments(plan, tasks),
+            RecipeTokenizer(
+                output,
+                tokenizer,
+                part.seed,
+                shuffle,
+                local_working_dir=work if remote and how.executor != "slurm" else None,
+                upload_block_size=64 * 2**20 if remote else None,
+            ),  # 64 MB parts: S3's 10,000 parts hold 640 GB
+        ]
+        finish = FinishFolder(out, options, plan, tokenizer, request)
+        logs = (f"{out.rstrip('/')}/{LOGS}", options) if options else f"{out.rstrip('/')}/{LOGS}"
+        if how.executor == "slurm":
+            _submit_slurm(steps, finish, logs, out, len(tasks), how)
+            return None
+        started = time.perf_counter()
+        console = Path(root) / LOGS / "console.log" if not remote else Path(work) / "console.log"
+        console.parent.mkdir(parents=True, exist_ok=True)
+        with tasks_console(console) as said, Progress(fs, root, len(tasks), token_size_for(len(tokenizer)), said):
+            _run_here(steps, logs, len(tasks), first, count, how, fs, root, console)
+        done = _completed(fs, root)
+        if len(done) < len(tasks):
+            print(
+                f"hftrain: tasks {first}..{first + count - 1} of {len(tasks)} are done here ({len(done)} of {len(tasks)} in all); "
+                f"the launch that finishes the last task finishes the folder ({PREPARED}).",
+                flush=True,
+            )
+            return None
+        prepared = finish.finish()
+    _say_prepared(out, prepared, len(tasks) - done_before, time.perf_counter() - started)
+    return prepared
+
+
+def _say_prepared(out: str, prepared: dict[str, Any], ran: int, seconds: float) -> None:
+    tasks = prepared["tasks"]
     print(
-        f"prepared {out}: {len(manifest['shards'])} shard(s), {manifest['blocks']:,} blocks of {manifest['seq_len']} = "
-        f"{manifest['tokens']:,} tokens ({manifest['tokens'] / max(seconds, 1e-9):,.0f} tokens/s on {min(processes, len(units))} process(es)), "
-        f"{manifest['validation']['blocks']} validation blocks, dtype {manifest['dtype']}.\n"
+        f"prepared {out}: {len(prepared['files'])} file(s), {prepared['tokens']:,} tokens in datatrove's tokenized layout "
+        f"({ran} of {tasks} task(s) run here, {prepared['tokens'] * ran / tasks / max(seconds, 1e-9):,.0f} tokens/s), "
+        f"{prepared['validation_tokens']:,} validation tokens, {prepared['token_size']}-byte tokens.\n"
         f"train from it with:  data.train: {{pretokenized: {out}}}   tokenizer: {{path: {out.rstrip('/')}/tokenizer}}"
     )
-    return manifest
+
+
+def _refuse_unpreparable(plan: DataPlan) -> None:
+    section = plan.section
+    if plan.folders:
+        raise HftrainError("data.train: is already tokenized (pretokenized); give the text sources to prepare.")
+    if section.instruction_data or section.preference_data:
+        raise HftrainError(
+            "data.train: instruction and preference data are tokenized as they are read (with their loss masks); "
+            "`hftrain data prepare` takes plain text sources."
+        )
+
+
+def _task_range(how: PrepareHow, tasks: int) -> tuple[int, int]:
+    if how.executor not in EXECUTORS:
+        raise HftrainError(f"--executor {how.executor}: give one of {', '.join(EXECUTORS)}.")
+    count = how.tasks if how.tasks is not None else tasks - how.task_offset
+    if how.task_offset >= tasks or count <= 0 or how.task_offset + count > tasks:
+        raise HftrainError(
+            f"--tasks {how.tasks} --task-offset {how.task_offset}: this data has {tasks} task(s) (input files grouped by --task-mb), "
+            f"numbered 0..{tasks - 1}; give a range inside them."
+        )
+    if how.executor == "slurm" and (how.tasks is not None or how.task_offset):
+        raise HftrainError("--tasks/--task-offset share the task space between plain machines; SLURM runs every task itself.")
+    if how.executor == "slurm" and not how.partition:
+        raise HftrainError("--executor slurm: give --partition (and --time for each task, default 24:00:00).")
+    return how.task_offset, count
+
+
+def _claim_out(fs: Any, root: str, out: str, request: dict[str, Any], before_lock: bool = False) -> int:
+    """--out is new or empty (0 returned), or the same prepare killed before it finished (the number of its tasks
+    done: those are kept). Anything else is refused and left as it is. Before the lock, a folder with a lock file
+    is left to the lock: another prepare may be writing it (then the lock refuses), or one was killed there."""
+    if not fs.isdir(root):
+        if fs.exists(root):
+            raise HftrainError(f"--out {out}: is a file; give a new or empty directory.")
+        return 0
+    names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    if before_lock and LOCK_FILE in names:
+        return 0
+    names = [n for n in names if n != LOCK_FILE]
+    if PREPARED in names or OLD_MANIFEST in names:
+        raise HftrainError(
+            f"--out {out}: already holds prepared data ({PREPARED if PREPARED in names else OLD_MANIFEST}); nothing was changed. "
+            f"Prepare into a new directory, or delete {out} first to prepare it again."
+        )
+    if not names:
+        return 0
+    from hftrain.data.prepare_steps import REQUEST
+
+    if LOGS not in names or not fs.exists(f"{root}/{REQUEST}"):
+        raise HftrainError(
+            f"--out {out}: is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and was not written by "
+            "`hftrain data prepare`; nothing was changed. Give a new or empty directory."
+        )
+    before = json.loads(fs.cat_file(f"{root}/{REQUEST}"))
+    if before != request:
+        changed = sorted(k for k in set(before) | set(request) if before.get(k) != request.get(k))
+        raise HftrainError(
+            f"--out {out}: holds an unfinished prepare of other data or settings ({', '.join(changed)} differ from "
+            f"{REQUEST}); nothing was changed. Run that prepare's recipe again to finish it, or give a new directory."
+        )
+    return len(_completed(fs, root))
+
+
+def _write_start(fs: Any, root: str, request: dict[str, Any], tokenizer: Any, work: str) -> None:
+    """The tokenizer (tokenizer/) and what the prepare is (logs/hftrain-request.json), before any task runs."""
+    from hftrain.data.prepare_steps import REQUEST
+
+    if fs.exists(f"{root}/{REQUEST}"):
+        return
+    saved = Path(work) / "tokenizer"
+    tokenizer.save_pretrained(saved)
+    fs.makedirs(f"{root}/tokenizer", exist_ok=True)
+    for file in sorted(saved.iterdir()):  # file by file: put(dir) would nest into an existing tokenizer/
+        fs.put_file(str(file), f"{root}/tokenizer/{file.name}")
+    fs.makedirs(f"{root}/{LOGS}", exist_ok=True)
+    with fs.open(f"{root}/{REQUEST}", "w") as f:
+        f.write(json.dumps(request, indent=2))
+
+
+def _completed(fs: Any, root: str) -> set[int]:
+    where = f"{root}/{LOGS}/completions"
+    if not fs.isdir(where):
+        return set()
+    return {int(p.rstrip("/").rsplit("/", 1)[-1]) for p in fs.ls(where, detail=False)}
+
+
+def _run_here(steps: list[Any], logs: Any, tasks: int, first: int, count: int, how: PrepareHow, fs: Any, root: str, console: Path) -> None:
+    """The tasks [first, first + count) on this machine (local) or this Ray cluster."""
+    if how.executor == "ray":
+        try:
+            from datatrove.executor.ray import RayPipelineExecutor
+        except ImportError:
+            raise HftrainError(
+                "--executor ray: Ray is not installed here; pip install 'hftrain[ray]' (datatrove runs tasks on it)."
+            ) from None
+        executor: Any = RayPipelineExecutor(
+            steps,
+            tasks=tasks,
+            workers=how.workers or -1,
+            logging_dir=logs,
+            cpus_per_task=how.cpus_per_task,
+            mem_per_cpu_gb=how.mem_per_cpu_gb,
+        )
+    else:
+        from datatrove.executor import LocalPipelineExecutor
+
+        workers = min(how.workers or os.cpu_count() or 1, count)
+        # spawned, not forked: the tokenizer's thread pool does not survive a fork (and a forkserver started by an
+        # earlier prepare in this process would keep that prepare's console)
+        executor = LocalPipelineExecutor(
+            steps, tasks=tasks, workers=workers, logging_dir=logs, local_tasks=count, local_rank_offset=first, start_method="spawn"
+        )
+    try:
+        executor.run()
+    except HftrainError:
+        raise
+    except Exception as err:
+        failed = sorted(set(range(first, first + count)) - _completed(fs, root))
+        task = failed[0] if failed else first
+        raise HftrainError(
+            f"data prepare: task {task} failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); its log: "
+            f"{root}/{LOGS}/logs/task_{task:05d}.log (all tasks' output: {console}). Fix the cause and run the same command "
+            "again: the finished tasks are kept."
+        ) from None
+
+
+def _submit_slurm(steps: list[Any], finish: Any, logs: Any, out: str, tasks: int, how: PrepareHow) -> None:
+    """An array job of the tasks, then a job that finishes the folder once they all succeeded (datatrove's depends)."""
+    from datatrove.executor.slurm import SlurmPipelineExecutor
+
+    common = dict(
+        time=how.time,
+        partition=how.partition,
+        qos=how.qos or "",
+        env_command=f"export PATH={Path(sys.executable).parent}:$PATH",  # the jobs run this environment's Python
+        sbatch_args=dict(how.sbatch_args),
+        mail_type="NONE",
+    )
+    main = SlurmPipelineExecutor(
+        steps,
+        tasks=tasks,
+        workers=how.workers or -1,
+        job_name="hftrain-prepare",
+        logging_dir=logs,
+        cpus_per_task=how.cpus_per_task,
+        mem_per_cpu_gb=how.mem_per_cpu_gb,
+        **common,
+    )
+    finisher_logs = (f"{logs[0]}/finish", logs[1]) if isinstance(logs, tuple) else f"{logs}/finish"
+    finisher = SlurmPipelineExecutor(
+        [finish], tasks=1, depends=main, job_name="hftrain-prepare-finish", logging_dir=finisher_logs, **common
+    )
+    finisher.run()
+    print(
+        f"hftrain: submitted job {main.job_id} ({tasks} task(s)) and job {finisher.job_id}, which finishes {out} "
+        f"({PREPARED}) after them. Logs: {out.rstrip('/')}/{LOGS}. Run the same command again after a failure: "
+        "only the unfinished tasks are submitted.",
+        flush=True,
+    )
+
+
+@contextmanager
+def tasks_console(path: Path) -> Iterator[TextIO]:
+    """The tasks' own output (datatrove's log lines, tracebacks included) goes to `path`; hftrain's lines go to the
+    real stderr, through the stream this yields. Where stderr is not a file (a notebook), nothing is redirected."""
+    sys.stderr.flush()
+    try:
+        os.fstat(2)
+    except OSError:
+        yield sys.stderr
+        return
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+        real = os.fdopen(os.dup(saved), "w", buffering=1)
+        try:
+            yield real
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            real.close()
 
 
 class Progress:
-    """A line on stderr every few seconds: tokens so far, tokens/s, and (for files) the share read and an ETA."""
+    """A line every few seconds while the tasks run: tasks done, their tokens, tokens/s and an ETA."""
 
     EVERY_S = 5.0
 
-    def __init__(self, sources: list[SourcePlan]):
-        self.sources = sources
-        self.start = self.last = time.perf_counter()
-        self.sizes = [_shard_sizes(s) for s in sources]
-        self.total = sum(sum(s) for s in self.sizes if s) if all(self.sizes) else None
-        self.read: dict[tuple[int, int], int] = {}  # bytes read per (source, shard)
-        self.tokens: dict[tuple[int, int], int] = {}
+    def __init__(self, fs: Any, root: str, tasks: int, token_size: int, stream: TextIO):
+        self.fs, self.root, self.tasks, self.token_size, self.stream = fs, root, tasks, token_size, stream
+        self.stop = threading.Event()
+        self.tokens: dict[int, int] = {}
+        self.start = time.perf_counter()
 
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+    def __enter__(self) -> Progress:
+        self.before = _completed(self.fs, self.root)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
 
-    def report(self, unit: tuple[int, int], read: int, tokens: int) -> None:
-        """A unit's progress so far (plain files: bytes read; compressed: counted when done)."""
-        source, shard = unit
-        if not self.sources[source].shards[shard].endswith(tuple(COMPRESSION)):
-            self.read[unit] = read
-        self.tokens[unit] = tokens
-        self._show()
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
 
-    def done(self, unit: tuple[int, int], tokens: int) -> None:
-        sizes = self.sizes[unit[0]]
-        self.read[unit] = sizes[unit[1]] if sizes else 0
-        self.tokens[unit] = tokens
-        self._show()
+    def _loop(self) -> None:
+        while not self.stop.wait(self.EVERY_S):
+            try:
+                self.show()
+            except Exception:  # a listing that fails now is tried again at the next line
+                continue
 
-    def _show(self) -> None:
-        now = time.perf_counter()
-        if now - self.last < self.EVERY_S:
-            return
-        self.last = now
+    def show(self) -> None:
+        done = _completed(self.fs, self.root) - self.before
+        for rank in done - set(self.tokens):
+            ends = [
+                p
+                for p in self.fs.ls(self.root, detail=True)
+                if p["name"].rsplit("/", 1)[-1].startswith(f"{rank:05d}_") and p["name"].endswith(".ds")
+            ]
+            self.tokens[rank] = sum(int(p["size"]) for p in ends) // self.token_size
+        seconds = time.perf_counter() - self.start
         tokens = sum(self.tokens.values())
-        line = f"prepare: {tokens / 1e6:,.1f}M tokens, {tokens / max(now - self.start, 1e-9):,.0f} tokens/s"
-        if self.total:
-            done = min(sum(self.read.values()) / self.total, 1.0)
-            if done > 0:
-                eta = (now - self.start) * (1 - done) / done
-                line += f", {100 * done:.0f}% of the data read, ETA {int(eta // 60)}m{int(eta % 60):02d}s"
-        print(line, file=sys.stderr, flush=True)
-
-
-def _shard_sizes(source: SourcePlan) -> list[int] | None:
-    """Each shard's size in bytes, from the listing (None for datasets and the builtin corpus)."""
-    return source.sizes if source.source.path is not None and source.sizes else None
-
-
-def scratch_tokenizer(tokenizing: TokenizerPart, plan: DataPlan) -> Any:
-    """The recipe's tokenizer, to look at its data: one it would train is trained here and nothing is kept."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer, _ = load_tokenizer(tokenizing, Path(tmp), lambda n: first_documents(plan, n))
-    return tokenizer
-
-
-def as_text(document: Any) -> str:
-    """A document's text; an instruction example's prompt and answer (or its messages) joined."""
-    if isinstance(document, str):
-        return document
-    if "prompt" in document:
-        return f"{document['prompt']}{document['completion']}"
-    return "\n".join(str(m.get("content", "")) for m in document["messages"])
-
-
-def inspect(part: DataPrepPart, blocks: int = 2, sample_docs: int = 200) -> str:
-    """Sources, shard counts, the first blocks decoded, and an estimate of the token count."""
-    plan = plan_data(part.data, part.seed)
-    lines = []
-    if plan.manifest is not None:
-        m = plan.manifest
-        lines.append(
-            f"pre-tokenized: {plan.pretokenized.pretokenized}: {len(m['shards'])} shard(s), {m['blocks']:,} blocks x {m['seq_len']} = {m['tokens']:,} tokens"
-        )
-        return "\n".join(lines)
-    tokenizer = scratch_tokenizer(part.tokenizing, plan)
-    total_bytes = 0
-    for source in plan.train:
-        where = source.source.path or source.source.dataset or source.source.builtin
-        size = sum(_shard_sizes(source) or []) or None
-        total_bytes += size or 0
-        lines.append(
-            f"{source.where}: {where}  {len(source.shards)} shard(s)"
-            + (f", {size / 1e6:,.1f} MB" if size else "")
-            + f", weight {source.source.weight:g}"
-        )
-        lines += [f"    {name}" for name in source.shards[:3]] + (["    ..."] if len(source.shards) > 3 else [])
-        readers = part.data.readers or default_readers(plan.reader_limit, 1, 1)
-        lines.append(f"    {source.share(Worker(0, readers)).describe()}")
-    sample = [as_text(d) for d in first_documents(plan, sample_docs)]
-    sample_bytes = sum(len(d.encode()) for d in sample)
-    sample_tokens = sum(len(ids) + 1 for ids in tokenizer(sample, add_special_tokens=False)["input_ids"])
-    if sample_bytes:
-        lines.append(f"tokens per byte in the first {len(sample)} documents: {sample_tokens / sample_bytes:.3f}")
-        if total_bytes:
-            lines.append(
-                f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)"
-            )
-    docs = train_documents(plan, loop=False)
-    window = part.data.shuffle_window or default_window(DEFAULT_READERS, part.data.seq_len)  # as a run with 8 readers
-    stream = text_or_examples(docs, tokenizer, part.data, window=window)  # the blocks training reads
-    for i, (block, _) in enumerate(stream.blocks(stream.fresh_state())):
-        if i >= blocks:
-            break
-        ids = block[0] if block.ndim == 2 else block  # instruction blocks: (ids, labels, position ids)
-        lines.append(f"--- block {i} ({ids.shape[-1]} tokens) ---\n{tokenizer.decode(ids)}")
-    return "\n".join(lines)
+        line = f"prepare: {len(done) + len(self.before)}/{self.tasks} tasks done, {tokens / 1e6:,.1f}M tokens, {tokens / max(seconds, 1e-9):,.0f} tokens/s"
+        left = self.tasks - len(done) - len(self.before)
+        if done and left:
+            eta = seconds * left / len(done)
+            line += f", ETA {int(eta // 60)}m{int(eta % 60):02d}s"
+        print(line, file=self.stream, flush=True)

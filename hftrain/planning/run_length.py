@@ -2,7 +2,7 @@
 
 hftrain streams its data, so a run is counted in optimizer steps. A recipe may give instead:
 - ``data.train_tokens``: tokens to train on; steps = ceil(train_tokens / tokens per step);
-- ``training.num_train_epochs`` with pre-tokenized data: passes over the manifest's token count.
+- ``training.num_train_epochs`` with pre-tokenized data: passes over the token folders' tokens.
 Tokens per step = global batch (micro-batch x gradient accumulation x processes) x data.seq_len, so the same
 budget gives the same number of tokens on any launch whose global batch is the same.
 When several are set, the first of training.max_steps, data.train_tokens, training.num_train_epochs wins
@@ -50,9 +50,9 @@ def given(part: RunLengthPart) -> dict[str, Any]:
     return found
 
 
-def resolve(part: RunLengthPart, global_batch: int, manifest_tokens: int | None) -> RunLength:
+def resolve(part: RunLengthPart, global_batch: int, folder_tokens: int | None) -> RunLength:
     """max_steps for TrainingArguments, from whichever run-length key wins. `global_batch`: sequences per step
-    (ParallelDims.global_batch); `manifest_tokens` is the prepared data's size, if any."""
+    (ParallelDims.global_batch); `folder_tokens` is the prepared data's size, if any."""
     per_step = global_batch * part.seq_len
     found = given(part)
     if not found:
@@ -69,7 +69,7 @@ def resolve(part: RunLengthPart, global_batch: int, manifest_tokens: int | None)
         steps = max(1, math.ceil(value / per_step))
         how = f"data.train_tokens={value:,} / {per_step:,} tokens per step = {steps:,} steps"
     else:
-        if manifest_tokens is None:
+        if folder_tokens is None:
             raise HftrainError(
                 "training.num_train_epochs: epochs need the data's token count, which only pre-tokenized data has; "
                 "prepare it with `hftrain data prepare` (data.train: {pretokenized: DIR}), or give data.train_tokens "
@@ -77,8 +77,8 @@ def resolve(part: RunLengthPart, global_batch: int, manifest_tokens: int | None)
             )
         if value is None or value <= 0:
             raise HftrainError(f"training.num_train_epochs: {value} is not a positive number of epochs.")
-        steps = max(1, math.ceil(value * manifest_tokens / per_step))
-        how = f"training.num_train_epochs={value:g} x {manifest_tokens:,} prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
+        steps = max(1, math.ceil(value * folder_tokens / per_step))
+        how = f"training.num_train_epochs={value:g} x {folder_tokens:,} prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
     note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
     beyond = [s for s in part.kept_steps if s > steps]  # given max_steps, the recipe's load refused these
     if beyond:

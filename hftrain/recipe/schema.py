@@ -163,7 +163,9 @@ class Source(Section):
     builtin: Literal["python-docs"] | None = None
     """Text that ships with every Python: python-docs is the docstrings of the standard library (PSF license)."""
     pretokenized: str | None = None
-    """A directory or URL written by `hftrain data prepare`: packed token blocks, read without tokenizing."""
+    """A token folder in datatrove's tokenized layout (*.ds, *.ds.index, *.ds.metadata), local or a URL: written by
+    `hftrain data prepare` or by datatrove's DocumentTokenizer. Read in blocks of data.seq_len without tokenizing;
+    several, with weights, are a mixture."""
     text_field: str = "text"
     """The column/key holding the text (jsonl, parquet, datasets)."""
     document_boundary: Literal["file", "blank_line", "line"] = "file"
@@ -269,8 +271,11 @@ class DataSection(Section):
 
     @model_validator(mode="after")
     def _one_kind_of_data(self) -> DataSection:
-        if len(self.train) > 1 and any(s.pretokenized for s in self.train):
-            raise ValueError("train: a pretokenized source cannot be mixed with others; prepare the mixture as one")
+        if len({s.pretokenized is None for s in self.train}) > 1:
+            raise ValueError(
+                "train: token folders (pretokenized) mix only with other token folders; prepare the text sources too "
+                "(`hftrain data prepare`), or give only text sources"
+            )
         kinds = {data_kind(s.format) for s in self.train + ([self.validation] if self.validation else [])}
         if len(kinds) > 1:
             raise ValueError(

@@ -5,7 +5,7 @@ became for the caller (`AsRun`).
 Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
 (dims.global_batch), the memory fit (planning/fit.py: a batch, never a new recipe), the run length
 (planning/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
-TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the data's manifest,
+TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the token folders,
 the machine's memory) but changes nothing: what a run then sets up, process groups, patches, the speed probe, is
 `training/run.py`'s set-up step. The steps and components get their part (run_parts.py, built from
 hftrain/recipe/parts.py), never the recipe; `hftrain plan` shares the same strategy, global batch and fit functions.
@@ -85,7 +85,7 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
     if "dataloader_num_workers" not in kwargs and workers:
         kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
     dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
-    length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.manifest_tokens)
+    length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.folder_tokens)
     checkpoints, objective, output_dir = CheckpointPart.of(recipe), OBJECTIVES[recipe.finetune.objective], Path(recipe.training.output_dir)
     resume = ResumeSetting.of(kwargs.get("resume_from_checkpoint"))
     spec = RunSpec(

@@ -30,7 +30,7 @@ from hftrain.checkpoint.output_lock import owning
 from hftrain.data.loader import DataPlan, collator_for, first_documents, first_pairs
 from hftrain.data.packed_batch import PackedCollator, mask_note
 from hftrain.data.preference_pairs import SAME_ANSWERS_SAMPLE, same_answers
-from hftrain.data.pretokenized import check_compatible
+from hftrain.data.token_folder import check_tokenizer
 from hftrain.errors import Preempted
 from hftrain.integrations import revisions, trackers
 from hftrain.integrations.hub import CheckpointPusher
@@ -146,8 +146,10 @@ def prepare_output(part: OutputPart, settings: TrainingSettings) -> tuple[Checkp
         resume = common_resume(checkpoints.resume_point(args.should_save), checkpoints.complete(), dims, unreadable)
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
         elastic.check_backend(resume, dims.strategy, dims.processes)
-    if data.pretokenized is not None:
-        check_compatible(data.manifest, data.pretokenized.pretokenized, data.section.seq_len, tokenizer)
+    for folder in data.folders:
+        note = check_tokenizer(folder, tokenizer)
+        if note and args.process_index == 0:
+            print(f"hftrain: {note}", flush=True)
     if data.section.preference_data:  # before the model loads: pairs DPO cannot learn from
         source = data.section.train[0]
         said = same_answers(first_pairs(data, SAME_ANSWERS_SAMPLE), tokenizer, f"data.train ({source.path or source.dataset})")

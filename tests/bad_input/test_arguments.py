@@ -50,9 +50,9 @@ VALUES = [
     ),
     ("parity --steps 0", ["parity", "{recipe}", "--steps", "0"], "argument --steps: 0 cannot work"),
     (
-        "data prepare --processes 0",
-        ["data", "prepare", "{recipe}", "--out", "{tmp}/shards", "--processes", "0"],
-        "argument --processes: 0 cannot work",
+        "data prepare --workers 0",
+        ["data", "prepare", "{recipe}", "--out", "{tmp}/shards", "--workers", "0"],
+        "argument --workers: 0 cannot work",
     ),
     ("eval --stride 0", ["eval", "{tmp}", "--stride", "0"], "argument --stride: 0 cannot work"),
     (

@@ -280,11 +280,17 @@ OWNED = [
         "--out: {tmp}/run is in use by another hftrain process: pid {pid} on",
     ),
     (
-        "prepare over a manifest.json that was there",
+        "prepare over a finished prepare",
+        "prepared.json",
+        ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
+        "--out {tmp}/run: already holds prepared data (prepared.json); nothing was changed. Prepare into a new directory, "
+        "or delete {tmp}/run first to prepare it again.",
+    ),
+    (
+        "prepare over the packed blocks of an older hftrain",
         "manifest.json",
         ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
-        "--out {tmp}/run: already holds prepared data (manifest.json); nothing was changed. Prepare into a new directory, "
-        "or delete {tmp}/run first to prepare it again.",
+        "--out {tmp}/run: already holds prepared data (manifest.json); nothing was changed.",
     ),
     (
         "prepare into a folder of other files",
@@ -323,19 +329,21 @@ def test_a_directory_owned_by_another_launch_or_not_by_hftrain_is_left_as_it_was
 
 
 def test_a_second_prepare_into_its_own_folder_is_refused_and_a_killed_one_is_redone(capsys, work, monkeypatch):
-    """Before: the second prepare nested the tokenizer one level down (tokenizer/tok) and failed."""
+    """A finished folder is never written into again; one whose task was killed (no completion marker, a file cut
+    short, no prepared.json) is finished by the same command into the folder the first prepare made."""
     monkeypatch.delenv("HFTRAIN_RUN_TOKEN", raising=False)
     out = work / "shards"
-    argv = ["data", "prepare", str(work / "r.yaml"), "--out", str(out), "--processes", "1"]
+    argv = ["data", "prepare", str(work / "r.yaml"), "--out", str(out), "--workers", "1"]
     assert main(argv) == 0
     done = tree_digest(work)
     capsys.readouterr()
     assert main(argv) == 2
-    assert f"--out {out}: already holds prepared data (manifest.json); nothing was changed." in capsys.readouterr().err
+    assert f"--out {out}: already holds prepared data (prepared.json); nothing was changed." in capsys.readouterr().err
     assert tree_digest(work) == done
-    (out / "manifest.json").unlink()  # what a prepare killed before its last write leaves: shards, no manifest
-    (out / "train-s0-00000-00000.bin").write_bytes(b"cut short")
+    (out / "prepared.json").unlink()  # what a prepare killed inside its task leaves
+    (out / "logs" / "completions" / "00000").unlink()
+    first = sorted(out.glob("*.ds"))[0]
+    first.write_bytes(first.read_bytes()[:-7])
     assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "hftrain: removed" in printed and f"an interrupted prepare left in {out}" in printed
-    assert tree_digest(work) == done  # the same shards, manifest and tokenizer as the prepare that finished
+    again = {k: v for k, v in tree_digest(work).items() if "/logs/" not in k}
+    assert again == {k: v for k, v in done.items() if "/logs/" not in k}  # the same files as the prepare that finished

@@ -11,12 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hftrain.data.folder_stream import FolderStream
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
-from hftrain.data.pretokenized import PretokenizedStream
 from hftrain.data.shares import BALANCE, Part, Share, deal, share_of
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import DocumentStream, SourcePlan, Worker
 from hftrain.data.text_pieces import PIECE_CHARS
+from hftrain.data.token_folder import TokenFile, TokenFolder
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import ReaderLayout, default_readers
@@ -189,18 +190,18 @@ def test_a_bad_line_in_a_later_part_is_named_by_its_line(tmp_path):
     assert skipped == 1
 
 
-def test_prepared_shards_of_unequal_size_are_read_in_equal_block_ranges(tmp_path):
-    """3 prepared shards of 2, 10 and 40 blocks over 4 readers: each reader gets 13 blocks, each block once."""
-    seq, counts, names = 4, [2, 10, 40], []
+def test_token_files_of_unequal_size_are_read_in_equal_block_ranges(tmp_path):
+    """3 token files of 2, 10 and 40 blocks over 4 readers: each reader gets 13 blocks, each block once."""
+    seq, counts, files = 4, [2, 10, 40], []
     start = 0
     for i, n in enumerate(counts):
-        np.arange(start, start + n * seq, dtype=np.int32).tofile(tmp_path / f"s{i}.bin")
-        names.append({"name": f"s{i}.bin", "blocks": n})
+        np.arange(start, start + n * seq, dtype="<u4").tofile(tmp_path / f"s{i}.ds")
+        files.append(TokenFile(f"s{i}.ds", n * seq))
         start += n * seq
-    manifest = {"seq_len": seq, "dtype": "int32", "shards": names}
+    folder = TokenFolder(str(tmp_path), "data.train", {}, 4, tuple(files), "")
     per_reader = []
     for r in range(4):
-        stream = PretokenizedStream(str(tmp_path), manifest, {}, 0, Worker(r, 4), window=8, loop=False)
+        stream = FolderStream(folder, folder.shards(seq), seq, 0, Worker(r, 4), window=8, loop=False)
         per_reader.append([int(b[0]) // seq for b, _ in stream.blocks(stream.fresh_state())])
     assert sorted(i for p in per_reader for i in p) == list(range(52))
     assert [len(p) for p in per_reader] == [13, 13, 13, 13]
@@ -288,7 +289,7 @@ def test_the_default_reader_count_leaves_no_reader_without_data(tmp_path):
 
 
 def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):
-    from hftrain.data.prepare import inspect
+    from hftrain.data.inspect import inspect
 
     for i, n in enumerate([900, 2500, 4000]):
         write_jsonl(tmp_path / "corpus" / f"part-{i}.jsonl", make_documents(n, seed=i))
