@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hftrain.cli.numbers import non_negative_float, non_negative_int, positive_float, positive_int
+from hftrain.cli.numbers import non_negative_float, non_negative_int, positive_int
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     slurm.add_argument("--partition", default=None)
     slurm.add_argument("--time", default="24:00:00", help="time limit per task (default 24:00:00)")
     slurm.add_argument("--cpus-per-task", type=positive_int, default=1)
-    slurm.add_argument("--mem-per-cpu-gb", type=positive_float, default=2.0)
+    slurm.add_argument("--mem-per-cpu-gb", type=positive_int, default=2)
     slurm.add_argument("--qos", default=None)
     insp = sub.add_parser("inspect", help="sources, shard counts, first blocks decoded, token estimate")
     insp.add_argument("recipe")

@@ -46,7 +46,7 @@ class PrepareHow:
     partition: str | None = None  # slurm
     time: str = "24:00:00"  # slurm, per task
     cpus_per_task: int = 1  # slurm, ray
-    mem_per_cpu_gb: float = 2.0  # slurm, ray
+    mem_per_cpu_gb: int = 2  # slurm (a whole number of GB, as sbatch takes it), ray
     qos: str | None = None  # slurm
     sbatch_args: dict[str, str] = field(default_factory=dict)
 
@@ -283,7 +283,17 @@ def _submit_slurm(steps: list[Any], finish: Any, logs: Any, out: str, tasks: int
     finisher = SlurmPipelineExecutor(
         [finish], tasks=1, depends=main, job_name="hftrain-prepare-finish", logging_dir=finisher_logs, **common
     )
-    finisher.run()
+    import subprocess
+
+    try:
+        finisher.run()  # launches `main` first: the finisher depends on it
+    except FileNotFoundError:
+        raise HftrainError("--executor slurm: sbatch is not on PATH here; run the prepare on a SLURM login node.") from None
+    except subprocess.CalledProcessError:
+        raise HftrainError(
+            "--executor slurm: sbatch refused the job (its message is above); check --partition, --time, --qos, "
+            "--cpus-per-task and --mem-per-cpu-gb against the cluster's limits."
+        ) from None
     print(
         f"hftrain: submitted job {main.job_id} ({tasks} task(s)) and job {finisher.job_id}, which finishes {out} "
         f"({PREPARED}) after them. Logs: {out.rstrip('/')}/{LOGS}. Run the same command again after a failure: "

@@ -1,7 +1,8 @@
 """A real SLURM (slurmctld + slurmd on this machine, tests/support/slurm.py): the script `hftrain launch-script --kind
 slurm --cpu` writes is submitted with sbatch, preempted the way SLURM warns before a preemption (SIGUSR1 to the
 batch shell, `--signal=B:USR1@180`), saves, exits 75, is requeued by its own script, waits (Reason=BeginTime) until
-released, resumes and finishes with the uninterrupted run's losses."""
+released, resumes and finishes with the uninterrupted run's losses. And `hftrain data prepare --executor slurm` on 2 node
+agents: datatrove's array job and the job that depends on it give the folder one machine gives."""
 
 from __future__ import annotations
 
@@ -90,3 +91,61 @@ def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses
     log = (tmp_path / f"recipe-{job}.out").read_text()
     assert f"resuming from {run_dir / f'checkpoint-{saved}'}" in log
     assert_resumed_matches(ddp_40_steps, metrics_losses(run_dir), range(saved + 1, 41), "requeued")
+
+
+def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
+    """`hftrain data prepare --executor slurm` on a real SLURM of 2 node agents: an array job of the tasks (on both
+    agents), then the job that finishes the folder after them; the folder equals the one prepared here, byte for byte."""
+    import json
+
+    import yaml
+
+    from hftrain.data.prepare import PrepareHow, prepare
+    from hftrain.recipe.load import load_recipe
+    from hftrain.recipe.parts import DataPrepPart
+
+    from ..data.test_token_folders import corpus, folder_digest, gpt2_recipe
+    from ..support.cli import run_cli
+
+    raw = gpt2_recipe(corpus(tmp_path, files=4, docs=800), tmp_path / "unused")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    here = prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "here"), PrepareHow(workers=1), task_mb=0)
+    cluster = start_slurm(tmp_path / "slurm", agents=2)
+    try:
+        env = {**cluster.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster.env['PATH']}"}
+        out = tmp_path / "on-slurm"
+        argv = [
+            "--out",
+            str(out),
+            "--executor",
+            "slurm",
+            "--partition",
+            "debug",
+            "--time",
+            "10:00",
+            "--workers",
+            "2",
+            "--mem-per-cpu-gb",
+            "1",
+        ]
+        submitted = run_cli("data", "prepare", str(recipe), *argv, "--task-mb", "0", env=env)
+        assert submitted.returncode == 0, submitted.stderr[-3000:]
+        assert "hftrain: submitted job " in submitted.stdout and "(4 task(s))" in submitted.stdout, submitted.stdout
+        deadline = time.monotonic() + 300
+        while not (out / "prepared.json").is_file():
+            assert time.monotonic() < deadline, (out / "logs").exists() and sorted(p.name for p in (out / "logs").rglob("*"))
+            time.sleep(1)
+        assert json.loads((out / "prepared.json").read_text()) == here
+        assert folder_digest(out) == folder_digest(tmp_path / "here")
+        ran = {
+            agent: (tmp_path / "slurm" / "log" / f"d-{agent}.log").read_text().count("Launching batch job")
+            for agent in ("agent1", "agent2")
+        }
+        assert all(ran.values()), ran  # both node agents ran tasks
+        argv = [*argv[:1], str(tmp_path / "too-big"), *argv[2:-1], "100000"]  # 100 TB per CPU: sbatch refuses the job
+        refused = run_cli("data", "prepare", str(recipe), *argv, env=env)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert "hftrain: error: --executor slurm: sbatch refused the job (its message is above); check --partition" in refused.stderr
+    finally:
+        cluster.stop()

@@ -18,13 +18,12 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/ctld.log
-SlurmdLogFile={root}/log/d.log
+SlurmdLogFile={root}/log/d-%n.log
 SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 AuthType=auth/munge
@@ -33,8 +32,8 @@ ReturnToService=2
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 JobRequeue=1
-NodeName={host} CPUs={cpus} RealMemory=4000 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -65,8 +64,7 @@ class Slurm:
         return dict(word.split("=", 1) for word in text.split() if "=" in word)
 
     def stop(self) -> None:
-        for name in ("slurmd.pid", "slurmctld.pid"):
-            pid = self.root / name
+        for pid in [*self.root.glob("slurmd-*.pid"), self.root / "slurmctld.pid"]:
             if pid.is_file():
                 try:
                     os.kill(int(pid.read_text().strip()), signal.SIGTERM)
@@ -74,8 +72,10 @@ class Slurm:
                     pass
 
 
-def start_slurm(root: Path) -> Slurm:
-    """munged (if not running), slurmctld and slurmd on this machine; waits until the node is idle."""
+def start_slurm(root: Path, agents: int = 0) -> Slurm:
+    """munged (if not running), slurmctld and slurmd on this machine; waits until every node is idle. agents=0: one
+    node named as this host with its cores; agents=N: N node agents (slurmd -N agentK, each its own port, 1 CPU),
+    the way a cluster's nodes are N machines."""
     assert os.geteuid() == 0, "the SLURM test runs its daemons as root (SlurmUser=root)"
     for tool in ("munged", "slurmctld", "slurmd", "sbatch"):
         assert subprocess.run(["which", tool], capture_output=True).returncode == 0, f"{tool} is missing: run scripts/install_test_deps.sh"
@@ -88,16 +88,29 @@ def start_slurm(root: Path) -> Slurm:
         key.chmod(0o400)
         subprocess.run(["chown", "-R", "munge:munge", "/etc/munge", "/run/munge", "/var/log/munge", "/var/lib/munge"], check=True)
         subprocess.run(["munged", "--force"], check=True, capture_output=True)
-    for sub in ("state", "spool", "log"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
     host = socket.gethostname().split(".")[0]
+    names = [f"agent{k}" for k in range(1, agents + 1)] or [host]
+    for sub in ("state", "log", *(f"spool/{n}" for n in names)):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    if agents:
+        nodes = "\n".join(
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 RealMemory=4000 State=UNKNOWN" for n in names
+        )
+    else:
+        nodes = f"NodeName={host} CPUs={os.cpu_count() or 2} RealMemory=4000 Port={_free_port()} State=UNKNOWN"
     conf = root / "slurm.conf"
-    conf.write_text(CONF.format(host=host, root=root, cpus=os.cpu_count() or 2, ctld_port=_free_port(), d_port=_free_port()))
+    conf.write_text(CONF.format(host=host, root=root, ctld_port=_free_port(), nodes=nodes, names=",".join(names)))
     slurm = Slurm(root, {**os.environ, "SLURM_CONF": str(conf)})
     subprocess.run(["slurmctld", "-f", str(conf)], env=slurm.env, check=True)
-    subprocess.run(["slurmd", "-f", str(conf)], env=slurm.env, check=True)
+    for name in names:
+        subprocess.run(["slurmd", "-f", str(conf), *(["-N", name] if agents else [])], env=slurm.env, check=True)
     deadline = time.monotonic() + 60
-    while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%T"], env=slurm.env, capture_output=True, text=True).stdout:
+
+    def idle() -> bool:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=slurm.env, capture_output=True, text=True).stdout.split()
+        return len(states) == len(names) and all(s == "idle" for s in states)
+
+    while not idle():
         if time.monotonic() > deadline:
             slurm.stop()
             raise AssertionError(f"the SLURM node never became idle; see {root / 'log'}")
