@@ -27,9 +27,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prep.add_argument(
         "--task-mb",
         type=non_negative_float,
-        default=64.0,
+        default=None,
         metavar="MB",
-        help="group input files into tasks of about MB (default 64; 0: one file per task); a file is never split",
+        help="group input files into tasks of about MB (default 16; 0: one file per task); a file is never split",
     )
     prep.add_argument(
         "--no-shuffle", action="store_true", help="keep each file's documents in input order (default: shuffled, seeded by training.seed)"
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             mem_per_cpu_gb=args.mem_per_cpu_gb,
             qos=args.qos,
         )
-        prepare(DataPrepPart.of(recipe), args.out, how, shuffle=not args.no_shuffle, task_mb=args.task_mb)
+        task_mb = {} if args.task_mb is None else {"task_mb": args.task_mb}
+        prepare(DataPrepPart.of(recipe), args.out, how, shuffle=not args.no_shuffle, **task_mb)
     elif args.check_packing:
         from hftrain.data.packing_check import check_packing
 

@@ -3,7 +3,7 @@ machine, measured in a moment before step 1, against the tokens/s the device con
 
 A GPU outruns a data pipeline that a CPU never notices: on an H200, pythia-160m consumed 267k tokens/s and, with
 the loader in the training process, waited for data 5-6% of its steps (one window 31%). The measurement reads the
-run's first reader as a worker would (tokenizing raw text, or reading prepared shards), without the shuffle window
+run's first reader as a worker would (tokenizing raw text, or reading a token folder), without the shuffle window
 (the same work per token, without the wait to fill it), for about half a second after its first block (opening the
 source is start-up, not throughput). The decision is pure: tests give it the numbers.
 """
@@ -49,7 +49,7 @@ def input_warning(consumed: float, per_worker: float, workers: int, threshold: f
     share = wait_share(consumed, per_worker, workers)
     if share <= threshold:
         return None
-    what = "prepared shards" if pretokenized else "raw text, tokenized as it is read"
+    what = "a token folder" if pretokenized else "raw text, tokenized as it is read"
     needed = math.ceil((1 - threshold) * consumed / per_worker)  # the fewest workers that wait at most `threshold`
     fixes = f"raise training.dataloader_num_workers (now {workers}; {needed} would keep up)"
     if not pretokenized:

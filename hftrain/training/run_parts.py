@@ -43,7 +43,7 @@ class SetUpPart:
 @dataclass(frozen=True)
 class OutputPart:
     """prepare_output: the output directory claimed, the tokenizer, where the run resumes, and the data checks that
-    need the tokenizer (prepared shards' tokenizer, preference pairs with the same answers)."""
+    need the tokenizer (a token folder's tokenizer, preference pairs with the same answers)."""
 
     output_dir: Path
     checkpoints: CheckpointPart
