@@ -32,6 +32,7 @@ from hftrain.model.tokenizer import load_tokenizer
 from hftrain.recipe.parts import DataPrepPart
 
 EXECUTORS = ("local", "slurm", "ray")
+UPLOAD_PART = 64 * 2**20  # bytes per part of a remote upload: S3's 10,000 parts then hold 640 GB per file
 TASK_MB = 16.0  # input files per task, grouped to about this size: a task costs ~0.1 s to start, so the builtin corpus (577 modules) is 2 tasks, not 577
 
 
@@ -73,14 +74,8 @@ def prepare(
     options = storage_options or {}
     network.require_backend(out, "--out")
     plan = plan_data(part.data, part.seed)
-    _refuse_unpreparable(plan)
+    _check_preparable(plan)
     tasks = task_units(plan, task_mb * 2**20)
-    if len({s.weight for s in part.data.train}) > 1:
-        print(
-            "hftrain: note: a prepared folder holds every document of every source once: the sources' weights apply only "
-            "when each source is prepared into its own folder and training lists the folders with their weights.",
-            flush=True,
-        )
     first, count = _task_range(how, len(tasks))
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(part.tokenizing, Path(tmp), lambda n: first_documents(plan, n))
@@ -92,18 +87,11 @@ def prepare(
         done_before = _claim_out(fs, root, out, request)
         _write_start(fs, root, request, tokenizer, work)
         remote = "://" in out and not out.startswith("file://")
-        output = (out, options) if options else out
-        steps = [
-            RecipeDocuments(plan, tasks),
-            RecipeTokenizer(
-                output,
-                tokenizer,
-                part.seed,
-                shuffle,
-                local_working_dir=work if remote and how.executor != "slurm" else None,
-                upload_block_size=64 * 2**20 if remote else None,
-            ),  # 64 MB parts: S3's 10,000 parts hold 640 GB
-        ]
+        scratch = work if remote and how.executor != "slurm" else None  # shuffled locally, then uploaded
+        tokenizing = RecipeTokenizer(
+            (out, options) if options else out, tokenizer, part.seed, shuffle, scratch, UPLOAD_PART if remote else None
+        )
+        steps = [RecipeDocuments(plan, tasks), tokenizing]
         finish = FinishFolder(out, options, plan, tokenizer, request)
         logs = (f"{out.rstrip('/')}/{LOGS}", options) if options else f"{out.rstrip('/')}/{LOGS}"
         if how.executor == "slurm":
@@ -137,7 +125,8 @@ def _say_prepared(out: str, prepared: dict[str, Any], ran: int, seconds: float) 
     )
 
 
-def _refuse_unpreparable(plan: DataPlan) -> None:
+def _check_preparable(plan: DataPlan) -> None:
+    """Plain text sources only; a note when the sources have weights (a folder holds each document once)."""
     section = plan.section
     if plan.folders:
         raise HftrainError("data.train: is already tokenized (pretokenized); give the text sources to prepare.")
@@ -145,6 +134,12 @@ def _refuse_unpreparable(plan: DataPlan) -> None:
         raise HftrainError(
             "data.train: instruction and preference data are tokenized as they are read (with their loss masks); "
             "`hftrain data prepare` takes plain text sources."
+        )
+    if len({s.weight for s in section.train}) > 1:
+        print(
+            "hftrain: note: a prepared folder holds every document of every source once: the sources' weights apply only "
+            "when each source is prepared into its own folder and training lists the folders with their weights.",
+            flush=True,
         )
 
 

@@ -156,7 +156,12 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
         if results.get(f"{phase}_frac") is not None:
             rows.append((f"step time: {phase.replace('_', ' ')} (%)", round(100 * results[f"{phase}_frac"], 1)))
     if results.get("input_bound") is not None:
-        rows.append(("input-bound", "yes: more data workers, a token folder (hftrain data prepare) or closer data" if results["input_bound"] else "no"))
+        rows.append(
+            (
+                "input-bound",
+                "yes: more data workers, a token folder (hftrain data prepare) or closer data" if results["input_bound"] else "no",
+            )
+        )
     for label, key in [
         ("distributed type", "distributed_type"),
         ("world size", "world_size"),

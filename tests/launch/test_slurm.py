@@ -134,7 +134,11 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
         assert "hftrain: submitted job " in submitted.stdout and "(4 task(s))" in submitted.stdout, submitted.stdout
         deadline = time.monotonic() + 300
         while not (out / "prepared.json").is_file():
-            assert time.monotonic() < deadline, (out / "logs").exists() and sorted(p.name for p in (out / "logs").rglob("*"))
+            assert time.monotonic() < deadline, (
+                cluster.run("squeue", "-a", "-o", "%i %T %r %N"),
+                cluster.run("sinfo", "-N", "-o", "%N %T %E"),
+                {p.name: p.read_text()[-1500:] for p in (out / "logs" / "slurm_logs").glob("*.out")},
+            )
             time.sleep(1)
         assert json.loads((out / "prepared.json").read_text()) == here
         assert folder_digest(out) == folder_digest(tmp_path / "here")

@@ -6,9 +6,11 @@ are read with `scontrol show job`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
+SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/ctld.log
@@ -70,6 +72,9 @@ class Slurm:
                     os.kill(int(pid.read_text().strip()), signal.SIGTERM)
                 except (ProcessLookupError, ValueError):
                     pass
+        spool = self.root / "spool"
+        if spool.is_file():
+            shutil.rmtree(spool.read_text(), ignore_errors=True)
 
 
 def start_slurm(root: Path, agents: int = 0) -> Slurm:
@@ -90,8 +95,15 @@ def start_slurm(root: Path, agents: int = 0) -> Slurm:
         subprocess.run(["munged", "--force"], check=True, capture_output=True)
     host = socket.gethostname().split(".")[0]
     names = [f"agent{k}" for k in range(1, agents + 1)] or [host]
-    for sub in ("state", "log", *(f"spool/{n}" for n in names)):
+    # slurmd's job sockets live in the spool dir, and a Unix socket path holds at most 108 bytes: a test's own
+    # tmp_path under an xdist worker (popen-gw1/test_.../) was too long, and every batch job failed to launch
+    spool = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "spool").write_text(str(spool))
+    for sub in ("state", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (spool / name).mkdir()
     if agents:
         nodes = "\n".join(
             f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 RealMemory=4000 State=UNKNOWN" for n in names
@@ -99,7 +111,7 @@ def start_slurm(root: Path, agents: int = 0) -> Slurm:
     else:
         nodes = f"NodeName={host} CPUs={os.cpu_count() or 2} RealMemory=4000 Port={_free_port()} State=UNKNOWN"
     conf = root / "slurm.conf"
-    conf.write_text(CONF.format(host=host, root=root, ctld_port=_free_port(), nodes=nodes, names=",".join(names)))
+    conf.write_text(CONF.format(host=host, root=root, spool=spool, ctld_port=_free_port(), nodes=nodes, names=",".join(names)))
     slurm = Slurm(root, {**os.environ, "SLURM_CONF": str(conf)})
     subprocess.run(["slurmctld", "-f", str(conf)], env=slurm.env, check=True)
     for name in names:
