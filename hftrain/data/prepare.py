@@ -154,6 +154,11 @@ def _task_range(how: PrepareHow, tasks: int) -> tuple[int, int]:
         )
     if how.executor == "slurm" and (how.tasks is not None or how.task_offset):
         raise HftrainError("--tasks/--task-offset share the task space between plain machines; SLURM runs every task itself.")
+    if how.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:  # before anything is written
+            raise HftrainError("--executor ray: Ray is not installed here; pip install 'hftrain[ray]' (datatrove runs tasks on it).")
     if how.executor == "slurm" and not how.partition:
         raise HftrainError("--executor slurm: give --partition (and --time for each task, default 24:00:00).")
     return how.task_offset, count
@@ -222,11 +227,14 @@ def _run_here(steps: list[Any], logs: Any, tasks: int, first: int, count: int, h
     """The tasks [first, first + count) on this machine (local) or this Ray cluster."""
     if how.executor == "ray":
         try:
+            import ray
             from datatrove.executor.ray import RayPipelineExecutor
         except ImportError:
             raise HftrainError(
                 "--executor ray: Ray is not installed here; pip install 'hftrain[ray]' (datatrove runs tasks on it)."
             ) from None
+        if not ray.is_initialized():
+            ray.init()  # the cluster RAY_ADDRESS names, else a Ray started on this machine (datatrove expects one up)
         executor: Any = RayPipelineExecutor(
             steps,
             tasks=tasks,

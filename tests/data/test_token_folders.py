@@ -363,3 +363,24 @@ def test_a_datatrove_folder_trains_and_resumes_after_kill_9_on_another_process_c
     assert_same_steps(steps(straight), resumed, range(at + 1, 19), "datatrove folder, kill -9, 2 -> 1")
     first, last = steps(straight)[1][0], steps(straight)[18][0]
     assert first - last > 1.0, (first, last)  # it learns from the folder
+
+
+def test_executor_flags_that_cannot_work_get_one_line(tmp_path, monkeypatch):
+    from importlib.util import find_spec
+
+    raw = gpt2_recipe(corpus(tmp_path, files=2, docs=40), tmp_path / "unused")
+    part = DataPrepPart.of(load_recipe(None, raw))
+    out = str(tmp_path / "out")
+    for how, said in [
+        (PrepareHow(executor="slurm"), "--executor slurm: give --partition"),
+        (PrepareHow(tasks=2, task_offset=1), r"--tasks 2 --task-offset 1: this data has 2 task\(s\)"),
+        (PrepareHow(executor="slurm", partition="p", task_offset=1), "--tasks/--task-offset share the task space between plain machines"),
+    ]:
+        with pytest.raises(HftrainError, match=said):
+            prepare(part, out, how, task_mb=0)
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(HftrainError, match=r"--executor ray: Ray is not installed here; pip install 'hftrain\[ray\]'"):
+        prepare(part, out, PrepareHow(executor="ray"), task_mb=0)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
