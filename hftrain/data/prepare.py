@@ -364,13 +364,11 @@ class Progress:
 
     def show(self) -> None:
         done = _completed(self.fs, self.root) - self.before
-        for rank in done - set(self.tokens):
-            ends = [
-                p
-                for p in self.fs.ls(self.root, detail=True)
-                if p["name"].rsplit("/", 1)[-1].startswith(f"{rank:05d}_") and p["name"].endswith(".ds")
-            ]
-            self.tokens[rank] = sum(int(p["size"]) for p in ends) // self.token_size
+        new = done - set(self.tokens)
+        listing = self.fs.ls(self.root, detail=True) if new else []  # one listing per line, whatever the tasks
+        for rank in new:
+            mine = [p for p in listing if p["name"].rsplit("/", 1)[-1].startswith(f"{rank:05d}_") and p["name"].endswith(".ds")]
+            self.tokens[rank] = sum(int(p["size"]) for p in mine) // self.token_size
         seconds = time.perf_counter() - self.start
         tokens = sum(self.tokens.values())
         line = f"prepare: {len(done) + len(self.before)}/{self.tasks} tasks done, {tokens / 1e6:,.1f}M tokens, {tokens / max(seconds, 1e-9):,.0f} tokens/s"

@@ -119,7 +119,6 @@ class RecipeTokenizer(DocumentTokenizer):
 
     def write_unshuffled(self, data: DocumentsPipeline, filename: str) -> TokenizedFile:
         tok, dtype = self.hf_tokenizer, token_dtype(self.token_size)
-        eos = int(tok.eos_token_id)
         unshuffled = TokenizedFile(
             self.output_folder if not self.shuffle_documents or not self.local_working_dir else self.local_working_dir,
             filename,
@@ -130,15 +129,25 @@ class RecipeTokenizer(DocumentTokenizer):
             token_size=self.token_size,
         )
         pieces = ((doc.text, bool(doc.metadata["end"])) for doc in data)
-        for texts, ends in text_batches(pieces, SafeCut(tok)):
-            with self.track_time(unit="batch"):
-                ids = tok(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
-                for seq, end in zip(ids, ends):
-                    tokens = np.asarray(seq + [eos] if end else seq, dtype=dtype)
-                    unshuffled.write_bytes(tokens.tobytes(), doc_ends=None if end else [])  # []: the document goes on
-                    self.stat_update("tokens", value=len(tokens))
+        for written in write_pieces(unshuffled, pieces, tok, dtype):
+            self.stat_update("tokens", value=written)
         unshuffled.close()
         return unshuffled
+
+
+def write_pieces(file: TokenizedFile, pieces: Any, tok: Any, dtype: Any, stop_at: int | None = None) -> Any:
+    """Tokenize (text piece, ends a document) pairs in batches, as training does (EOS after each document), into a
+    datatrove TokenizedFile; yields the tokens of each piece written. `stop_at`: stop at the first document end at
+    or after that many tokens."""
+    eos = int(tok.eos_token_id)
+    for texts, ends in text_batches(pieces, SafeCut(tok)):
+        ids = tok(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+        for seq, end in zip(ids, ends):
+            tokens = np.asarray(seq + [eos] if end else seq, dtype=dtype)
+            file.write_bytes(tokens.tobytes(), doc_ends=None if end else [])  # []: the document goes on
+            yield len(tokens)
+            if stop_at is not None and end and file.write_idx >= stop_at:
+                return
 
 
 class FinishFolder(PipelineStep):
@@ -189,20 +198,14 @@ class FinishFolder(PipelineStep):
         from datatrove.io import get_datafolder
 
         tok, section = self.tokenizer, self.plan.section
-        eos, need = int(tok.eos_token_id), section.eval_blocks * section.seq_len
+        need = section.eval_blocks * section.seq_len
         target = get_datafolder((f"{self.out}/validation", self.options) if self.options else f"{self.out}/validation")
         file = TokenizedFile(
             target, VALIDATION_FILE, tokenizer_name_or_path=tokenizer_label(tok), save_final_metadata=True, token_size=token_size
         )
         docs = held_out_documents(self.plan)
-        for texts, ends in text_batches(docs.pieces(docs.fresh_state()), SafeCut(tok)):
-            ids = tok(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
-            for seq, end in zip(ids, ends):
-                file.write_bytes(
-                    np.asarray(seq + [eos] if end else seq, dtype=token_dtype(token_size)).tobytes(), doc_ends=None if end else []
-                )
-            if file.write_idx >= need and all(ends[-1:]):
-                break
+        for _ in write_pieces(file, docs.pieces(docs.fresh_state()), tok, token_dtype(token_size), stop_at=need):
+            pass
         file.close()
         return file.write_idx
 
