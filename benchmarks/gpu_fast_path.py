@@ -123,7 +123,7 @@ def timed_fetch(fetch: Any, window: Window) -> Any:
 
 def model_config(model: str, a: argparse.Namespace) -> Any:
     """The GPTNeoXConfig hftrain builds for the preset (the GPT-2 tokenizer's 50,257 tokens): every side's model."""
-    from hftrain.model.build import build_config
+    from hftrain.model.config import build_config
     from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import ModelPart
 
@@ -234,7 +234,7 @@ def measure(model: str, side: str, a: argparse.Namespace, out: Path) -> dict[str
     from torch._dynamo.utils import counters
     from transformers import GPTNeoXForCausalLM
 
-    from hftrain.model.build import flops_per_token, parameter_counts
+    from hftrain.model.shape import flops_per_token, parameter_counts
 
     torch._dynamo.reset()
     counters.clear()

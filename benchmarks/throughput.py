@@ -31,7 +31,7 @@ cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) 
 Both sides get the same StepClock callback. tokens/s = median over the steps after warm-up (first 20%, at least
 2: steps are seconds long) of tokens per step / step time (on_step_end to on_step_end, so data loading and
 logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's compile time when a
-side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.build.flops_per_token, 6N + 12LdT) / the matmul
+side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.shape.flops_per_token, 6N + 12LdT) / the matmul
 peak of the dtype the side computes in (observed on its first Linear layer), measured in this run. loss = mean
 of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
 tells which text each side drew (hftrain streams a shuffle window of documents, the baseline samples blocks of
@@ -133,7 +133,7 @@ class ProbingClock(StepClock):
 def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
     import torch
 
-    from hftrain.model.build import flops_per_token, parameter_counts
+    from hftrain.model.shape import flops_per_token, parameter_counts
 
     counts = parameter_counts(model)
     return {

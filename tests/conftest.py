@@ -16,6 +16,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A multi-process run that stops moving says where every rank and thread is (parallel/liveness.py) within 2 minutes,
+# long before a test's timeout: a hang in CI leaves its stacks in the failure's output.
+os.environ.setdefault("HFTRAIN_STALL_REPORT_S", "120")
 
 # Before tests.support is imported: its plain `assert`s then report their values like the tests' own.
 pytest.register_assert_rewrite("tests.support")

@@ -209,11 +209,11 @@ def test_every_benchmark_shape_is_a_recipe_hftrain_accepts(tmp_path):
     import hftrain
     from benchmarks import throughput
     from benchmarks._loop import context
-    from hftrain.model.build import check_context, meta_model
+    from hftrain.model.config import check_context, recipe_config
     from hftrain.recipe.parts import ModelPart
 
     for name, shape in throughput.SHAPES.items():
         raw = throughput.hftrain_recipe(shape, tmp_path / name, 2000, 5, tmp_path / "docs")
         part = ModelPart.of(hftrain.load_recipe(None, raw))
-        check_context(part, meta_model(part, 50_257, False).config)  # raises on the failure the GPU run met
+        check_context(part, recipe_config(part, 50_257, False))  # raises on the failure the GPU run met
         assert context(shape) >= shape["seq"], name

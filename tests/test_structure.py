@@ -471,6 +471,17 @@ def test_each_step_of_a_run_receives_its_part_not_the_resolved_run():
     assert sections_read(PACKAGE / "training" / "run.py") == [], "train() resolves the recipe; the run reads its spec"
 
 
+def test_one_optimizer_step_runs_in_at_most_8_hftrain_files():
+    """Issue 54 part 4 (scripts/step_view.py, part 2, traced in a 4-step run of a tiny model): a plain step (its
+    batch, forward, loss, backward, guard, timing and optimizer step) reads in 8 hftrain files at most. A run that
+    keeps no extra checkpoints has no per-step lookup of them (checkpoint/manager.py's KeptCheckpointsCallback:
+    attached, it made 9)."""
+    plain = [path for path, _ in step_view.trace_steps()["plain"]]
+    assert len(plain) <= 8, plain
+    assert {"hftrain/training/trainer.py", "hftrain/training/step_faults.py", "hftrain/data/loader.py"} <= set(plain)  # traced
+    assert "hftrain/checkpoint/manager.py" not in plain, plain
+
+
 def test_the_recipe_check_can_fail(tmp_path):
     for source in (
         "from hftrain.recipe.schema import Recipe\n",

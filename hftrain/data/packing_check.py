@@ -112,8 +112,8 @@ def random_model(part: ModelPart, tokenizer_size: int) -> Any:
     """The recipe's model shape with random weights (seeded): a pretrained checkpoint's weights are not read."""
     from transformers import AutoModelForCausalLM
 
-    from hftrain.model.build import measure_model
     from hftrain.model.remote_code import allow
+    from hftrain.model.shape import measure_model
 
     config = measure_model(part).config
     if config.vocab_size < tokenizer_size:

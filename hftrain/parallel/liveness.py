@@ -10,11 +10,19 @@ with the lost rank named. When training fails in a multi-process run, `lost_peer
 LOST_AFTER_S and names the ranks whose beat stopped, or says that the store itself is gone (it lives on the head
 node, node 0). Either way the survivors stop with PeerLost (exit 76), naming the lost ranks, their nodes and the
 checkpoint to continue from.
+
+A run can also stop moving with every process alive and beating: processes waiting in collectives that do not
+match (a bug), or one slow beyond reason. The same thread then reports, once per STALL_REPORT_S (900 s;
+HFTRAIN_STALL_REPORT_S, 0 for never) without a finished optimizer step: every process's step, from the beats
+(which ranks are behind), and where each of this process's threads is (faulthandler's stacks). It reports and
+nothing more: an evaluation or a checkpoint of a large model may take that long.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,10 +34,16 @@ BEAT_S = 1.0
 LOST_AFTER_S = 4.0  # after a failure: a beat that does not move for this long is a lost process
 PEER_TIMEOUT_S = 120.0  # during training: a watched beat silent this long ends the run (a stuck or frozen process)
 PEER_TIMEOUT_ENV = "HFTRAIN_PEER_TIMEOUT_S"
+STALL_REPORT_S = 900.0  # without a finished optimizer step this long: say where every process and thread is
+STALL_REPORT_ENV = "HFTRAIN_STALL_REPORT_S"
 
 
 def _key(prefix: str, rank: int) -> str:
     return f"{prefix}beat/{rank}"
+
+
+def _step_key(prefix: str, rank: int) -> str:
+    return f"{prefix}step/{rank}"
 
 
 class Heartbeat:
@@ -39,11 +53,12 @@ class Heartbeat:
     transport error will come, a collective with it waits until its timeout) ends this process with PeerLost's
     message and exit code; so does a store that stays unreachable as long (the head node is gone)."""
 
-    def __init__(self, dims: Any, checkpoint: Callable[[], str], peer_timeout_s: float | None = None):
+    def __init__(self, dims: Any, checkpoint: Callable[[], str], peer_timeout_s: float | None = None, step: Callable[[], int] = lambda: 0):
         from hftrain.parallel import launcher_store
 
-        self.dims, self.checkpoint, self._stop = dims, checkpoint, threading.Event()
+        self.dims, self.checkpoint, self.step, self._stop = dims, checkpoint, step, threading.Event()
         self.timeout = peer_timeout_s or float(os.environ.get(PEER_TIMEOUT_ENV, PEER_TIMEOUT_S))
+        self.stall_s = float(os.environ.get(STALL_REPORT_ENV, STALL_REPORT_S))
         self._store = launcher_store.connect(30.0) if dims.processes > 1 else None
         if self._store is not None:
             self._prefix = launcher_store.round_prefix(self._store, dims.rank, dims.processes)
@@ -54,9 +69,16 @@ class Heartbeat:
         watched = watched if rank == 0 else [0]
         seen: dict[int, tuple[int, float]] = {}
         unreachable_since = None
+        moved = (self.step(), time.monotonic())  # (this process's step, when it last changed)
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
+            step = self.step()
+            moved = moved if step == moved[0] else (step, now)
+            if self.stall_s > 0 and now - moved[1] > self.stall_s:
+                self._report_stall(step, now - moved[1])
+                moved = (step, now)  # the next report after as long again
             try:
+                self._store.set(_step_key(self._prefix, rank), str(step))
                 self._store.add(_key(self._prefix, rank), 1)
                 counts = {r: int(self._store.add(_key(self._prefix, r), 0)) for r in watched}
                 unreachable_since = None
@@ -76,6 +98,24 @@ class Heartbeat:
                         self.checkpoint(),
                     )
                 )
+
+    def _report_stall(self, step: int, still_s: float) -> None:
+        """Every process's step (from the store) and this process's threads, on stderr: where a stuck run stands."""
+        try:
+            steps = [
+                self._store.get(_step_key(self._prefix, r)).decode() if self._store.check([_step_key(self._prefix, r)]) else "?"
+                for r in range(self.dims.processes)
+            ]
+        except Exception:
+            steps = ["?"] * self.dims.processes
+        ranks = ", ".join(f"rank {r} at step {s}" for r, s in enumerate(steps))
+        print(
+            f"hftrain: rank {self.dims.rank}: no optimizer step finished for {still_s:.0f} s ({ranks}); training goes on, "
+            f"this is a report ({STALL_REPORT_ENV}={self.stall_s:.0f}). Where this process's threads are:",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
     def _end(self, err: PeerLost) -> None:
         from hftrain.parallel import child_errors

@@ -1,6 +1,6 @@
-"""`hftrain plan` / `hftrain.plan(recipe)`: what a recipe's model is and what it costs to train, computed on
-the meta device (nothing is allocated): parameters, FLOPs, memory per dtype, per fine-tuning method and per
-parallel strategy on N GPUs, with advice. Sizes and FLOPs come from model.measure_model.
+"""`hftrain plan` / `hftrain.plan(recipe)`: what a recipe's model is and what it costs to train, computed from
+the model's numbers (model/shape.py: nothing is built or allocated): parameters, FLOPs, memory per dtype, per fine-tuning method and per
+parallel strategy on N GPUs, with advice. Sizes and FLOPs come from model.shape.measure_model.
 """
 
 from __future__ import annotations
@@ -8,10 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
-from hftrain.model.build import ModelShape, measure_model
+from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel.dims import global_batch
 from hftrain.planning.fit import MARGIN, Fit, Machine, step_time
 from hftrain.planning.memory import CUDA_CONTEXT_BYTES
@@ -26,7 +24,7 @@ BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 
 def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
     shape = shape or measure_model(part.model)
-    model, config, counts, per_token = shape.meta, shape.config, shape.counts, shape.flops_per_token
+    config, counts, per_token = shape.config, shape.counts, shape.flops_per_token
     rows = OBJECTIVES[part.memory.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
     tokens_per_step = global_batch(part.batch, 1) * part.memory.data.seq_len * rows
     memory = {}
@@ -36,8 +34,8 @@ def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
     return {
         "config": config,
         "matmul_params": shape.matmul_params,
-        "largest_layer_params": max(sum(p.numel() for p in layer.parameters()) for layer in _layers(model)),
-        "layer_params": sum(p.numel() for layer in _layers(model) for p in layer.parameters()),
+        "largest_layer_params": shape.largest_block_params,
+        "layer_params": shape.all_block_params,
         "shape": {
             "layers": config.num_hidden_layers,
             "hidden": config.hidden_size,
@@ -51,17 +49,11 @@ def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
         "tokens_per_step_per_device": tokens_per_step,
         "train_flops_per_step_per_device": per_token * tokens_per_step,
         "memory_bytes": memory,
-        "finetune_bytes": finetune_memory(model, part),
+        "finetune_bytes": finetune_memory(shape, part),
         "finetune_method": part.memory.finetune.method,
         "max_steps": _planned_steps(part),
-        "fp8_layers": fp8.summary(model),  # which linear layers speed.fp8 would convert (speed/fp8.py)
+        "fp8_layers": fp8.summary(shape),  # which linear layers speed.fp8 would convert (speed/fp8.py)
     }
-
-
-def _layers(model: Any) -> list[Any]:
-    """The repeated blocks (GPTNeoXLayer): what FSDP wraps one unit each."""
-    blocks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(blocks[0]) if blocks else [model]
 
 
 def _planned_steps(part: PlanPart) -> int | None:
@@ -82,26 +74,25 @@ def quant_4bit_bytes(numel: int, double_quant: bool) -> float:
     return numel / 2 + constants
 
 
-def finetune_memory(model: Any, part: PlanPart) -> dict[str, Any]:
+def finetune_memory(shape: ModelShape, part: PlanPart) -> dict[str, Any]:
     """Weights / gradients / AdamW bytes per fine-tuning method, as hftrain trains them: full and LoRA keep fp32
     weights; qlora / lora_8bit quantize every linear layer but the output head, and peft's
     prepare_model_for_kbit_training upcasts the rest (embeddings, head, norms, biases) to fp32."""
     lora = part.memory.finetune.lora
-    targets = lora.get("target_modules") or DEFAULT_TARGETS.get(model.config.model_type, [])
+    targets = lora.get("target_modules") or DEFAULT_TARGETS.get(shape.config.model_type, [])
     targets = [targets] if isinstance(targets, str) else targets
     r = int(lora.get("r", 8))
-    head = model.get_output_embeddings()
-    total = sum(p.numel() for p in model.parameters())
+    total = shape.counts["total"]
     quantized, rows, adapter, q4 = 0, 0, 0, 0.0
     double = part.memory.finetune.quantization.bnb_4bit_use_double_quant
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or module is head:
+    for linear in shape.linears:
+        if linear.head:
             continue
-        quantized += module.weight.numel()
-        rows += module.out_features
-        q4 += quant_4bit_bytes(module.weight.numel(), double)
-        if name.rsplit(".", 1)[-1] in targets:
-            adapter += r * (module.in_features + module.out_features)
+        quantized += linear.params
+        rows += linear.out_features
+        q4 += quant_4bit_bytes(linear.params, double)
+        if linear.name.rsplit(".", 1)[-1] in targets:
+            adapter += r * (linear.in_features + linear.out_features)
     rest = total - quantized
     lora_state = {"gradients": 4 * adapter, "optimizer": ADAMW_STATE_BYTES * adapter}
     methods = {

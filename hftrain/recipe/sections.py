@@ -76,6 +76,11 @@ class CheckpointsSection(Section):
             return PYTHIA_LOG_UNTIL, PYTHIA_EVERY
         return (self.log_until or 0), self.every
 
+    @property
+    def keeps_any(self) -> bool:
+        """Whether any step's checkpoint is kept apart from save_steps' rotation (a list or a schedule)."""
+        return bool(self.steps) or self.schedule is not None
+
     def keeps(self, step: int) -> bool:
         """Whether the checkpoint after optimizer step `step` is kept (0: the initialization)."""
         if step in self.steps:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from hftrain.model.build import ModelShape
+from hftrain.model.shape import ModelShape
 from hftrain.parallel.rehearsal import ZERO3_ON_CPU
 from hftrain.recipe.parts import SpeedPart
 from hftrain.speed.probe import (

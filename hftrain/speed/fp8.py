@@ -28,6 +28,7 @@ import torch
 
 from hftrain import _compat
 from hftrain.errors import HftrainError
+from hftrain.model.shape import ModelShape, of_module
 from hftrain.speed.defaults import DeviceFacts
 
 KEY = "speed.fp8"
@@ -38,47 +39,37 @@ MAY_LOSE_BELOW_HIDDEN = 2048  # GPT-1.5B gained 3.6%; torchao's (1024, 2048, 102
 PUBLISHED = "Llama-3-8B +25% tensorwise (torchao, 8 H100s), GPT-1.5B +3.6%"
 
 
-def blocks(model: Any) -> tuple[str, int]:
-    """The dotted name and length of the model's repeated blocks (GPT-NeoX: gpt_neox.layers), the first ModuleList."""
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module):
-            return name, len(module)
-    return "", 0
-
-
-def layer_choice(model: Any) -> dict[str, str | None]:
-    """Every nn.Linear of `model` by name: why it stays in high precision, or None where it converts to FP8."""
-    head = model.get_output_embeddings()
-    prefix, count = blocks(model)
+def layer_choice(shape: ModelShape) -> dict[str, str | None]:
+    """Every nn.Linear of the model by name: why it stays in high precision, or None where it converts to FP8."""
+    prefix, count = shape.blocks, len(shape.block_params)
     ends = {f"{prefix}.0.", f"{prefix}.{count - 1}."} if count else set()
     choice: dict[str, str | None] = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        if module is head:
+    for linear in shape.linears:
+        name = linear.name
+        if linear.head:
             choice[name] = "the output head"
-        elif not name.startswith(f"{prefix}.") or any(name.startswith(end) for end in ends):
+        elif not count or not name.startswith(f"{prefix}.") or any(name.startswith(end) for end in ends):
             choice[name] = "outside the blocks, or in the first or last block"
-        elif module.in_features % ALIGN or module.out_features % ALIGN:
+        elif linear.in_features % ALIGN or linear.out_features % ALIGN:
             choice[name] = f"in or out features not a multiple of {ALIGN}"
         else:
             choice[name] = None
     return choice
 
 
-def converted(model: Any) -> list[str]:
+def converted(shape: ModelShape) -> list[str]:
     """The names of the nn.Linear modules FP8 converts (`layer_choice`)."""
-    return [name for name, why in layer_choice(model).items() if why is None]
+    return [name for name, why in layer_choice(shape).items() if why is None]
 
 
-def summary(model: Any) -> dict[str, int]:
+def summary(shape: ModelShape) -> dict[str, int]:
     """The counts `describe` reads (kept by `hftrain plan`'s estimates): linear layers, converted, blocks, unaligned."""
-    choice = layer_choice(model)
+    choice = layer_choice(shape)
     unaligned = sum(1 for why in choice.values() if why and "multiple" in why)
     return {
         "linear": len(choice),
         "converted": sum(why is None for why in choice.values()),
-        "blocks": blocks(model)[1],
+        "blocks": len(shape.block_params),
         "unaligned": unaligned,
     }
 
@@ -92,9 +83,9 @@ def describe(counts: dict[str, int], fp8: str) -> str:
     )
 
 
-def note(model: Any, fp8: str) -> str:
+def note(shape: ModelShape, fp8: str) -> str:
     """`describe` for a model (the run's speed plan)."""
-    return describe(summary(model), fp8)
+    return describe(summary(shape), fp8)
 
 
 def expectation(hidden: int) -> str:
@@ -126,12 +117,12 @@ def check(
     recipe_kwargs: dict[str, Any],
     method: str,
     strategy: str,
-    model: Any = None,
+    shape: ModelShape | None = None,
     installed: bool | None = None,
 ) -> None:
     """Refuse, in one line naming speed.fp8, an FP8 run that cannot train: on a CPU, on a card without FP8 (`card`:
     its name), with training.torch_compile: false in `recipe_kwargs`, with adapters or quantized fine-tuning, under
-    DeepSpeed ZeRO-3, on a `model` (meta device will do) with no layer to convert, or without torchao (`installed`:
+    DeepSpeed ZeRO-3, on a model (its `shape`) with no layer to convert, or without torchao (`installed`:
     found by import, unless given)."""
     if not fp8:
         return
@@ -163,27 +154,27 @@ def check(
             f"not with DeepSpeed's weights partitioned as the model is built (zero.Init); use --accelerate-config fsdp "
             f"(or ddp), or remove {KEY}."
         )
-    if model is not None and not converted(model):
+    if shape is not None and not converted(shape):
         raise HftrainError(
             f"{what}: no linear layer of this model converts (the output head, the first and last block and dims not "
-            f"multiples of {ALIGN} stay in high precision; it has {blocks(model)[1]} blocks); remove {KEY}."
+            f"multiples of {ALIGN} stay in high precision; it has {len(shape.block_params)} blocks); remove {KEY}."
         )
     if not (installed if installed is not None else importlib.util.find_spec("torchao") is not None):
         raise HftrainError(f"{what} needs torchao, which is not installed: pip install 'hftrain[fp8]' (or remove {KEY}).")
 
 
-def check_here(fp8: str | None, device: torch.device, recipe_kwargs: dict[str, Any], method: str, strategy: str, model: Any) -> None:
+def check_here(fp8: str | None, device: torch.device, recipe_kwargs: dict[str, Any], method: str, strategy: str, shape: ModelShape) -> None:
     """`check` for the device this process trains on (its compute capability and name read from CUDA)."""
     if fp8:
         card = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-        check(fp8, DeviceFacts.of(device), card, recipe_kwargs, method, strategy, model)
+        check(fp8, DeviceFacts.of(device), card, recipe_kwargs, method, strategy, shape)
 
 
 def apply(model: Any, fp8: str) -> Any:
     """Swap the chosen linear layers (`converted`) for torchao's Float8Linear, in place, with the recipe's scaling."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    chosen = set(converted(model))
+    chosen = set(converted(of_module(model, seq_len=0)))  # the module's own names
     if fp8 == "rowwise":
         _compat.exact_compiled_casts()  # torchtitan's workaround for NaNs with compiled rowwise casts (_compat.py)
     config = Float8LinearConfig.from_recipe_name(fp8)

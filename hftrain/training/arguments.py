@@ -19,7 +19,7 @@ from transformers import TrainingArguments
 from hftrain import _compat
 from hftrain.checkpoint import node_disks
 from hftrain.errors import HftrainError
-from hftrain.model.build import ModelShape
+from hftrain.model.shape import ModelShape
 from hftrain.parallel import launcher_store, rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.planning.run_length import RunLength

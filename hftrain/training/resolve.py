@@ -21,8 +21,8 @@ from typing import Any
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.checkpoint.manager import CheckpointManager, ResumeSetting
 from hftrain.data.loader import plan_data
-from hftrain.model.build import ModelShape, measure_model
 from hftrain.model.finetune import check_starting_weights
+from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel import dims as parallel
 from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
 from hftrain.parallel.readers import default_readers, default_workers

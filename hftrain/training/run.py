@@ -123,7 +123,7 @@ def set_up(part: SetUpPart) -> TrainingSettings:
     network.configure(part.network_timeout_s)  # every network client from here on answers within this bound
     parallel.prepare_process(part.dims)
     fp8_setting, device = part.speed.section.fp8, training_device(part.arguments, part.dims)
-    fp8.check_here(fp8_setting, device, part.arguments, part.finetune.method, part.dims.strategy, part.shape.meta)
+    fp8.check_here(fp8_setting, device, part.arguments, part.finetune.method, part.dims.strategy, part.shape)
     args, speed = set_up_arguments(part.arguments, part.dims, part.shape, part.speed, part.recorded, part.output_dir, part.finetune)
     # hftrain's chunked cross-entropy where speed.loss says (auto: eager training on a CPU), unless DPO's own head
     chunked = fused_loss.applies(args.device, args.torch_compile, part.speed.section.loss) and not part.objective.tiled_loss_head
@@ -131,7 +131,7 @@ def set_up(part: SetUpPart) -> TrainingSettings:
         why = "eager training on a CPU" if part.speed.section.loss == "auto" else "speed.loss=chunked"
         speed.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why})")
     if fp8_setting:
-        speed.reasons.append(fp8.note(part.shape.meta, fp8_setting))
+        speed.reasons.append(fp8.note(part.shape, fp8_setting))
     return TrainingSettings(args, speed, part.length, part.dims, chunked)
 
 
@@ -218,7 +218,7 @@ def build_trainer(
         *callbacks,
         InputCheckCallback(metrics.options),  # before step 1 on a GPU, before the clock starts: does the input keep up?
         ThroughputClockCallback(metrics),
-        KeptCheckpointsCallback(part.kept),
+        *([KeptCheckpointsCallback(part.kept)] if part.kept.keeps_any else []),  # none: no per-step lookup at all
     ]
     parts = TrainerParts(part.trainer, options, built.model, args, built.tokenizer, built.collate, callbacks, built.tokenizer_is_new)
     trainer = objectives.build_trainer(part.objective.name, parts)  # its own Trainer per objective
@@ -260,7 +260,7 @@ def fit(trainer: HftrainTrainer, resume: Path | None, flags: StepFlags, dims: Pa
     trainer.add_callback(preemption)
     latest = checkpoints.latest
     where = lambda: f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"  # noqa: E731
-    heartbeat = liveness.Heartbeat(dims, where)  # a lost or stuck node is named, not a transport error or a hang
+    heartbeat = liveness.Heartbeat(dims, where, step=lambda: trainer.state.global_step)  # a lost or stuck node is named
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except Exception as failure:

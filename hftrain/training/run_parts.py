@@ -14,7 +14,7 @@ from typing import Any
 
 from hftrain.checkpoint.manager import ResumeSetting
 from hftrain.data.loader import DataPlan
-from hftrain.model.build import ModelShape
+from hftrain.model.shape import ModelShape
 from hftrain.parallel.dims import ParallelDims
 from hftrain.planning.run_length import RunLength
 from hftrain.recipe.finetune_section import FinetuneSection

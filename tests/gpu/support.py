@@ -89,7 +89,7 @@ def logged(out: Path, key: str = "loss") -> dict[int, float]:
 def flops_per_token(out: Path, seq_len: int) -> float:
     from transformers import AutoConfig
 
-    from hftrain.model.build import flops_per_token as per_token
+    from hftrain.model.shape import flops_per_token as per_token
 
     return per_token(results(out)["parameters"], AutoConfig.from_pretrained(RunLayout(out).final), seq_len)
 

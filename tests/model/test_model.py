@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hftrain.errors import HftrainError
-from hftrain.model.build import build_config, padded_vocab_size, parameter_counts
+from hftrain.model.config import build_config, padded_vocab_size
+from hftrain.model.shape import parameter_counts
 from hftrain.planning.estimates import plan
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import ModelPart, PlanPart

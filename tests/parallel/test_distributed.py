@@ -239,7 +239,7 @@ def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
     recipe = load_recipe(
         None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}}
     )
-    from hftrain.model.build import build_config
+    from hftrain.model.config import build_config
     from hftrain.recipe.parts import ModelPart
 
     config = build_config(ModelPart.of(recipe), 320, True, eos_token_id=0)

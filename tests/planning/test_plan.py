@@ -124,11 +124,16 @@ def test_plan_refuses_numbers_that_cannot_work(capsys):
 
 
 def test_plan_imports_nothing_it_does_not_need():
-    """`plan` prints numbers computed on paper: the Trainer, datasets, DeepSpeed and plotting stay unimported (the
-    recipe's schema needs TrainingArguments, whose module imports peft and accelerate: transformers' own choice)."""
+    """`plan` prints numbers computed on paper: the Trainer, transformers' modeling stack (the model is counted from
+    its config, model/shape.py), datasets, DeepSpeed and plotting stay unimported."""
+    from hftrain.recipe import transformers_table
+
+    transformers_table.table.cache_clear()
+    transformers_table.table()  # kept in hftrain's cache as a machine's first command keeps it (one import of TrainingArguments)
+    heavy = ("datasets", "transformers.trainer", "transformers.modeling_utils", "torch._dynamo", "deepspeed", "matplotlib")
     code = (
         "import sys; from hftrain.cli import main; main(['plan', sys.argv[1], '--gpus', '8']); "
-        "print('LOADED', sorted(m for m in ('datasets', 'transformers.trainer', 'deepspeed', 'matplotlib') if m in sys.modules))"
+        f"print('LOADED', sorted(m for m in {heavy} if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code, PYTHIA_1B], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,5 +1,5 @@
 """speed.fp8 (speed/fp8.py): its refusals, one line each, on a faked device; the layers it converts in Pythia's
-shapes on the meta device (no torchao needed); the recipe key; torch.compile turned on for it; `hftrain plan`'s
+shapes, as numbers (no torchao needed); the recipe key; torch.compile turned on for it; `hftrain plan`'s
 lines; and, where torchao is installed, a converted model whose checkpoint plain transformers loads."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 import hftrain
 from hftrain.errors import HftrainError
-from hftrain.model.build import measure_model
+from hftrain.model.shape import measure_model, of_module
 from hftrain.planning.estimates import format_fp8
 from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
@@ -27,10 +27,10 @@ LINEARS = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", 
 H100, ADA, A100, CPU = DeviceFacts("cuda", (9, 0)), DeviceFacts("cuda", (8, 9)), DeviceFacts("cuda", (8, 0)), DeviceFacts("cpu")
 
 
-def meta(preset: str, **model):
-    """The preset's model on the meta device, as hftrain measures it (model/build.py)."""
+def shape_of(preset: str, **model):
+    """The preset's model as hftrain measures it (model/shape.py)."""
     recipe = hftrain.load_recipe(None, {"model": {"preset": preset, **model}, "training": {"max_steps": 10, "output_dir": "x"}})
-    return measure_model(ModelPart.of(recipe)).meta
+    return measure_model(ModelPart.of(recipe))
 
 
 def fp8_run(**change):
@@ -43,7 +43,7 @@ def fp8_run(**change):
         "recipe_kwargs": {"max_steps": 100},
         "method": "full",
         "strategy": "single",
-        "model": meta("pythia-160m"),
+        "shape": shape_of("pythia-160m"),
         "installed": True,
         **change,
     }
@@ -56,7 +56,7 @@ REFUSED = [
     ("lora", {"method": "lora"}, "not finetune.method: lora"),
     ("qlora", {"method": "qlora"}, "not finetune.method: qlora"),
     ("zero3", {"strategy": "zero3"}, "parallelism.strategy=zero3: not supported"),
-    ("nothing to convert", {"model": meta("cpu-tiny")}, "no linear layer of this model converts"),
+    ("nothing to convert", {"shape": shape_of("cpu-tiny")}, "no linear layer of this model converts"),
     ("no torchao", {"installed": False}, "pip install 'hftrain[fp8]'"),
 ]
 
@@ -99,7 +99,7 @@ def test_the_run_checks_the_device_it_trains_on(tmp_path, capsys):
 
 @pytest.mark.parametrize("preset, blocks", [("pythia-160m", 12), ("pythia-1b", 16)])
 def test_the_filter_keeps_the_head_and_the_end_blocks_of_pythia(preset, blocks):
-    model = meta(preset)
+    model = shape_of(preset)
     expected = {f"gpt_neox.layers.{i}.{linear}" for i in range(1, blocks - 1) for linear in LINEARS}
     assert set(fp8.converted(model)) == expected and len(expected) == 4 * (blocks - 2)
     choice = fp8.layer_choice(model)
@@ -110,7 +110,7 @@ def test_the_filter_keeps_the_head_and_the_end_blocks_of_pythia(preset, blocks):
 
 def test_the_filter_leaves_dims_not_multiples_of_16():
     """An MLP 200 wide: its two linears stay in high precision, the attention's convert."""
-    model = meta("cpu-small", intermediate_size=200)
+    model = shape_of("cpu-small", intermediate_size=200)
     assert set(fp8.converted(model)) == {f"gpt_neox.layers.{i}.attention.{n}" for i in (1, 2) for n in ("query_key_value", "dense")}
     assert fp8.layer_choice(model)["gpt_neox.layers.1.mlp.dense_h_to_4h"] == "in or out features not a multiple of 16"
 
@@ -141,7 +141,7 @@ def test_fp8_turns_compile_on_where_the_recipe_leaves_it(monkeypatch, tmp_path):
 
 
 def test_plan_says_which_layers_convert_and_what_to_expect():
-    small = {"shape": {"hidden": 768}, "fp8_layers": fp8.summary(meta("pythia-160m"))}
+    small = {"shape": {"hidden": 768}, "fp8_layers": fp8.summary(shape_of("pythia-160m"))}
     lines = format_fp8(small, "tensorwise", card_has_fp8=True)
     assert lines[0].startswith("fp8 (tensorwise, torchao): 40 of 49 linear layers in FP8 matmuls, in blocks 1-10 of 0-11")
     assert "FP8 may be slower than bf16" in lines[1] and "Llama-3-8B +25%" in lines[1] and len(lines) == 2
@@ -170,7 +170,7 @@ def test_a_converted_model_trains_and_saves_weights_plain_transformers_loads(tmp
         fp8.apply(model, scaling)
         assert inductor.emulate_precision_casts is (scaling == "rowwise")
     swapped = {name: module for name, module in model.named_modules() if isinstance(module, Float8Linear)}
-    assert set(swapped) == set(fp8.converted(model)) and len(swapped) == 8
+    assert set(swapped) == set(fp8.converted(of_module(model, seq_len=16))) and len(swapped) == 8
     assert all(module.config == Float8LinearConfig.from_recipe_name(scaling) for module in swapped.values())
     assert list(model.state_dict()) == names and all(type(p) is torch.nn.Parameter for p in model.parameters())
     tokens = torch.randint(0, 96, (2, 16))

@@ -12,7 +12,7 @@ import torch
 
 import hftrain
 from hftrain.checkpoint.layout import RunLayout
-from hftrain.model.build import measure_model
+from hftrain.model.shape import measure_model
 from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
 from hftrain.speed import probe as speed_probe

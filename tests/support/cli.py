@@ -21,9 +21,53 @@ EXPECTED_TYPE = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "zero3": "DEEPSPEED"}
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m hftrain ARGS` as a user would, capturing output."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hftrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    """Run `python -m hftrain ARGS` as a user would, capturing output. One that runs past `timeout` fails the test
+    with where it was: its process group gets SIGABRT, on which Python's faulthandler (on here) prints every
+    thread's stack, then SIGKILL; the test shows the end of its output (a training rank's own stall report,
+    parallel/liveness.py, comes sooner)."""
+    full_env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
+    argv = [sys.executable, "-m", "hftrain", *args]
+    with subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        start_new_session=True,
+        preexec_fn=_no_core_file,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out, err = _stacks_then_stop(process)
+            raise AssertionError(
+                f"`hftrain {' '.join(args)}` ran past {timeout} s.\n--- stdout (end) ---\n{out[-12000:]}\n--- stderr (end) ---\n{err[-12000:]}"
+            ) from None
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+def _no_core_file() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGABRT's default action would write a core file
+
+
+def _stacks_then_stop(process: subprocess.Popen) -> tuple[str, str]:
+    """SIGABRT to the hung command's process group (faulthandler prints each thread's stack), SIGKILL a few
+    seconds later; what it printed, as far as it comes."""
+    import signal
+
+    for sig, wait in ((signal.SIGABRT, 5), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return process.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return "", "(its output did not close: a process outside its group holds it)"
 
 
 def in_process(capsys, *argv: str) -> tuple[int, str]:
