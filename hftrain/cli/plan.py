@@ -92,16 +92,18 @@ def _has_fp8(card: tuple[float, str] | None, machine: Any) -> bool:
 
 
 def _peak_flops(card: tuple[float, str] | None, machine: Any, chosen: Any) -> tuple[float, str]:
-    """The device's peak: the data sheet's for --gpus, else measured here now (a half-second matmul burst)."""
+    """The device's peak: the data sheet's for --gpus, else measured on this machine (a half-second matmul burst,
+    kept in hftrain's cache)."""
     if card:
         return card[0] * 1e12, f"dense bf16 of an {card[1]} (NVIDIA data sheet)"
     import torch
 
-    from hftrain.speed.hardware import measure_peak_flops
+    from hftrain.speed.hardware import peak_flops_here
 
     dtype = torch.bfloat16 if chosen.shape.dtype == "bf16" else torch.float32
     device = torch.device("cuda" if machine.device == "cuda" else "cpu")
-    return measure_peak_flops(device, dtype), f"{chosen.shape.dtype} matmul peak measured here now"
+    flops, how = peak_flops_here(device, dtype)
+    return flops, f"{chosen.shape.dtype} matmul peak {how}"
 
 
 def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, str]:

@@ -3,16 +3,17 @@ module exists.
 
 A preset gives the shape, recipe keys override any field, and the vocabulary is sized so that the tokenizer and
 the embedding always match. `from_pretrained` reads the checkpoint's config.json. Nothing here imports modeling
-code: `hftrain plan` and the checks before a launch read the config alone (model/shape.py), and model/build.py
-makes the module from it.
+code, and a preset's fields (``preset_fields``, ``config_view``) need no transformers at all: `hftrain plan` and
+the checks before a launch count the model from them (model/shape.py); model/build.py makes the module from the
+config (``build_config``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
-
-from transformers import AutoConfig, GPTNeoXConfig
 
 from hftrain.errors import HftrainError
 from hftrain.model.remote_code import allow
@@ -41,9 +42,14 @@ def resolve_vocab_size(part: ModelPart, tokenizer_size: int, tokenizer_is_new: b
     return padded_vocab_size(tokenizer_size, m.pad_vocab_multiple)
 
 
-def build_config(
-    part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None, pad_token_id: int | None = None
-) -> GPTNeoXConfig:
+# GPTNeoXConfig's defaults for the keys no preset sets that the model's size depends on (tests/model/test_shape.py
+# holds them to transformers' own)
+GPT_NEOX_DEFAULTS = {"model_type": "gpt_neox", "attention_bias": True}
+
+
+def preset_fields(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) -> dict[str, Any]:
+    """GPTNeoXConfig's fields for a preset recipe (the preset's, then the recipe's keys, the vocabulary sized for
+    the tokenizer), checked; the rotary settings still as the preset names them (rotary_pct, rotary_emb_base)."""
     m = part.model
     fields: dict[str, Any] = PRESETS[m.preset].config_fields()
     overrides = m.architecture_overrides()
@@ -57,6 +63,16 @@ def build_config(
             f"model: hidden_size {fields['hidden_size']} is not divisible by num_attention_heads "
             f"{fields['num_attention_heads']}; pick a head count that divides it."
         )
+    return fields
+
+
+def build_config(
+    part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None, pad_token_id: int | None = None
+) -> Any:
+    """transformers' GPTNeoXConfig for a preset recipe."""
+    from transformers import GPTNeoXConfig
+
+    fields = preset_fields(part, tokenizer_size, tokenizer_is_new)
     rope = {
         "rope_type": "default",
         "rope_theta": fields.pop("rotary_emb_base", None) or 10000.0,
@@ -68,8 +84,18 @@ def build_config(
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
-        attn_implementation=m.attn_implementation,
+        attn_implementation=part.model.attn_implementation,
     )
+
+
+def config_view(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) -> tuple[Any, Callable[[], Any]]:
+    """(what the model's size reads: the config's attributes, how to make transformers' config). A preset's view is
+    its fields with GPTNeoXConfig's defaults, transformers not imported; a pretrained checkpoint's is its config."""
+    if part.model.from_pretrained:
+        config = recipe_config(part, tokenizer_size, tokenizer_is_new)
+        return config, lambda: config
+    view = SimpleNamespace(**{**GPT_NEOX_DEFAULTS, **preset_fields(part, tokenizer_size, tokenizer_is_new)})
+    return view, lambda: build_config(part, tokenizer_size, tokenizer_is_new, eos_token_id=0)
 
 
 def recipe_config(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) -> Any:
@@ -79,6 +105,8 @@ def recipe_config(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) 
     if not m.from_pretrained:
         return build_config(part, tokenizer_size, tokenizer_is_new, eos_token_id=0)
     local_weights(m.from_pretrained)  # `hftrain plan` refuses the weights `hftrain train` would refuse
+    from transformers import AutoConfig
+
     try:
         remote = allow(m.trust_remote_code, "model.trust_remote_code", m.from_pretrained)
         return AutoConfig.from_pretrained(m.from_pretrained, revision=m.revision, trust_remote_code=remote)

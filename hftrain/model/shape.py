@@ -2,10 +2,11 @@
 its training FLOPs per token. They feed the speed defaults, MFU, speed.fp8's choice of layers and `hftrain plan`.
 
 A GPT-NeoX config gives them by arithmetic (``of_gpt_neox``), so that `hftrain plan` and a run's start import no
-modeling code for them (transformers' modeling stack costs more than torch itself to import). Any other model (a
-pretrained checkpoint's own code, trust_remote_code) is built on the meta device and read (``of_module``);
-tests/model/test_shape.py holds the arithmetic to the meta model's numbers, layer by layer, on each supported
-transformers.
+modeling code for them (transformers' modeling stack costs more than torch itself to import), and a preset recipe's
+fields give them without importing transformers at all (model/config.py's ``config_view``; transformers' config is
+made when something asks for ``ModelShape.config``). Any other model (a pretrained checkpoint's own code,
+trust_remote_code) is built on the meta device and read (``of_module``). tests/model/test_shape.py holds the
+arithmetic to the meta model's numbers, layer by layer, on each supported transformers.
 
 Training FLOPs per token follow the PaLM appendix: 6 N + 12 L d T, where N counts the parameters that do matmuls
 (all but the input embedding, so the output head is included), L layers, d hidden size, T context.
@@ -13,10 +14,12 @@ Training FLOPs per token follow the PaLM appendix: 6 N + 12 L d T, where N count
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hftrain.model.config import check_context, recipe_config, tokenizer_size_estimate
+from hftrain.model.config import check_context, config_view, tokenizer_size_estimate
 from hftrain.model.remote_code import allow
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.parts import ModelPart
@@ -42,12 +45,18 @@ class Linear:
 class ModelShape:
     """A recipe's model as numbers, measured once per run (nothing allocated)."""
 
-    config: Any
+    dims: Any  # the config's attributes the numbers come from (num_hidden_layers, hidden_size, vocab_size, ...)
     counts: dict[str, int]  # total, embedding, head (0 when tied to the embedding), non_embedding
     linears: tuple[Linear, ...]
     blocks: str  # the dotted name of the repeated blocks (GPT-NeoX: gpt_neox.layers); "" without any
     block_params: tuple[int, ...]  # the parameters of each block, in order
     flops_per_token: float
+    make_config: Callable[[], Any] = field(default=lambda: None, compare=False, repr=False)
+
+    @functools.cached_property
+    def config(self) -> Any:
+        """transformers' config of the model (made at the first use: a preset's needs transformers imported)."""
+        return self.make_config() or self.dims
 
     @property
     def matmul_params(self) -> int:
@@ -148,9 +157,11 @@ def measure_model(part: ModelPart) -> ModelShape:
     """The recipe's model as numbers, with the checks `hftrain train` makes before it builds one (the tokenizer, a
     pretrained checkpoint's weights, the context): for the speed defaults, MFU and `hftrain plan`."""
     size, is_new = tokenizer_size_estimate(part)
-    config = recipe_config(part, size, is_new)
-    check_context(part, config)  # `hftrain plan` refuses what `hftrain train` refuses
+    view, make_config = config_view(part, size, is_new)
+    check_context(part, view)  # `hftrain plan` refuses what `hftrain train` refuses
     objective = part.finetune.objective
-    if is_plain_gpt_neox(config):
-        return of_gpt_neox(config, part.seq_len, objective)
-    return of_module(meta_model(part, config), part.seq_len, objective)
+    if not part.model.from_pretrained or is_plain_gpt_neox(view):  # a preset is always transformers' GPT-NeoX
+        counted = of_gpt_neox(view, part.seq_len, objective)
+    else:
+        counted = of_module(meta_model(part, view), part.seq_len, objective)
+    return replace(counted, make_config=make_config)

@@ -24,7 +24,7 @@ BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 
 def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
     shape = shape or measure_model(part.model)
-    config, counts, per_token = shape.config, shape.counts, shape.flops_per_token
+    config, counts, per_token = shape.dims, shape.counts, shape.flops_per_token
     rows = OBJECTIVES[part.memory.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
     tokens_per_step = global_batch(part.batch, 1) * part.memory.data.seq_len * rows
     memory = {}
@@ -79,7 +79,7 @@ def finetune_memory(shape: ModelShape, part: PlanPart) -> dict[str, Any]:
     weights; qlora / lora_8bit quantize every linear layer but the output head, and peft's
     prepare_model_for_kbit_training upcasts the rest (embeddings, head, norms, biases) to fp32."""
     lora = part.memory.finetune.lora
-    targets = lora.get("target_modules") or DEFAULT_TARGETS.get(shape.config.model_type, [])
+    targets = lora.get("target_modules") or DEFAULT_TARGETS.get(shape.dims.model_type, [])
     targets = [targets] if isinstance(targets, str) else targets
     r = int(lora.get("r", 8))
     total = shape.counts["total"]

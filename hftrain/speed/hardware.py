@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import platform
 import re
 import time
+from pathlib import Path
 
 import torch
+
+from hftrain import _cache
+
+PEAKS_FILE = "matmul-peaks.json"
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.5) -> float:
@@ -24,6 +31,32 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, seconds: float 
             torch.cuda.synchronize()
         best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
     return best
+
+
+def peak_flops_here(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(measure_peak_flops, how it was had) for this machine, kept in hftrain's cache under the processor (or GPU),
+    the thread count and torch's version: `hftrain plan` answers without its half-second burst after the first."""
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
+    key = f"{hardware}|threads={torch.get_num_threads()}|torch={torch.__version__}|{dtype}"
+    kept = _cache.read_json(PEAKS_FILE)
+    kept = kept if isinstance(kept, dict) else {}
+    if isinstance(kept.get(key), dict) and kept[key].get("flops", 0) > 0:
+        return float(kept[key]["flops"]), f"measured on this machine on {kept[key]['date']} ({_cache.cache_dir() / PEAKS_FILE})"
+    flops = measure_peak_flops(device, dtype)
+    _cache.write_json(PEAKS_FILE, {**kept, key: {"flops": flops, "date": time.strftime("%Y-%m-%d")}}, indent=1)
+    return flops, "measured here now"
+
+
+def cpu_description() -> str:
+    """The processor as its numbers depend on it: its model name and a digest of its feature flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    name = " ".join(fields.get("model name\t", fields.get("model name", platform.machine())).split())
+    flags = hashlib.sha256(fields.get("flags\t", fields.get("flags", "")).encode()).hexdigest()[:12]
+    return f"{name} flags:{flags}"
 
 
 # (pattern on the device name, dense bf16 TFLOPS, which card), from NVIDIA's data sheets (dense, no sparsity).

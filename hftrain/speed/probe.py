@@ -17,9 +17,7 @@ same shape decide at once.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +29,7 @@ import torch
 
 from hftrain import _cache
 from hftrain.model import fused_loss
+from hftrain.speed.hardware import cpu_description
 
 CACHE_VERSION = 5  # 5: dtypes timed in alternating rounds (a busy moment had flipped a cached choice); 4: glibc malloc thresholds pinned on CPUs (_compat.keep_freed_memory); 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
 PROBE_SECONDS = 0.25  # per candidate dtype and round, after one warm-up pass
@@ -72,19 +71,8 @@ def machine_id(device: torch.device) -> str:
     if device.type == "cuda":
         hardware = torch.cuda.get_device_name(device)
     else:
-        hardware = _cpu_description()
+        hardware = cpu_description()
     return f"{hardware}|threads={torch.get_num_threads()}|torch={torch.__version__}|transformers={transformers.__version__}"
-
-
-def _cpu_description() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    name = " ".join(fields.get("model name\t", fields.get("model name", platform.machine())).split())
-    flags = hashlib.sha256(fields.get("flags\t", fields.get("flags", "")).encode()).hexdigest()[:12]
-    return f"{name} flags:{flags}"
 
 
 def candidates(device: torch.device) -> list[str]:

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 import hftrain
 from hftrain.model import shape as model_shape
+from hftrain.model.config import GPT_NEOX_DEFAULTS
 from hftrain.model.shape import measure_model, of_gpt_neox, of_module
 from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.presets import PRESETS
@@ -54,21 +55,34 @@ def recipe_part(model: dict) -> ModelPart:
     return ModelPart.of(hftrain.load_recipe(None, {"model": model, "training": {"max_steps": 10, "output_dir": "x"}}))
 
 
-def test_a_recipe_is_counted_by_arithmetic_and_a_checkpoints_own_code_by_its_modules(monkeypatch, tmp_path):
-    """pythia-160m's published size, without building a module; a config whose auto_map names its own modeling code
-    (trust_remote_code) is built on the meta device instead."""
+@pytest.mark.parametrize("model", [{"preset": "pythia-160m"}, {"preset": "cpu-small", "hidden_size": 96, "intermediate_size": 200}])
+def test_a_preset_recipe_is_counted_from_its_fields_as_the_model_train_builds(model, monkeypatch):
+    """A preset recipe's numbers come from its fields and GPTNeoXConfig's defaults (config_view, no transformers),
+    and are those of the model `hftrain train` builds from transformers' config of the same recipe; pythia-160m's
+    is Pythia's published size."""
     monkeypatch.setattr(model_shape, "meta_model", lambda *a: pytest.fail("transformers' GPT-NeoX is counted, not built"))
-    shape = measure_model(recipe_part({"preset": "pythia-160m"}))
-    assert shape.counts["total"] == 162_322_944 and shape.counts["non_embedding"] == 85_056_000  # Pythia's table
-    assert len(shape.linears) == 4 * 12 + 1 and shape.blocks == "gpt_neox.layers" and len(shape.block_params) == 12
+    part = recipe_part(model)
+    shape = measure_model(part)
+    assert {k: getattr(GPTNeoXConfig(), k) for k in GPT_NEOX_DEFAULTS} == GPT_NEOX_DEFAULTS
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(shape.config)  # transformers' config, made when asked for
+    assert type(shape.config) is GPTNeoXConfig and numbers(shape) == numbers(of_module(built, part.seq_len))
+    if model["preset"] == "pythia-160m":
+        assert shape.counts["total"] == 162_322_944 and shape.counts["non_embedding"] == 85_056_000  # Pythia's table
+        assert len(shape.linears) == 4 * 12 + 1 and shape.blocks == "gpt_neox.layers" and len(shape.block_params) == 12
+    json.dumps(shape.counts)  # plain numbers: results.json and `plan` print them
 
+
+def test_a_checkpoint_with_its_own_modeling_code_is_counted_from_its_modules(monkeypatch, tmp_path):
+    """A pretrained config whose auto_map names its own modeling code (trust_remote_code) is not transformers'
+    GPT-NeoX: its model is built on the meta device and read."""
     config = GPTNeoXConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=500)
     config.auto_map = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
     assert not model_shape.is_plain_gpt_neox(config) and model_shape.is_plain_gpt_neox(GPTNeoXConfig())
     with torch.device("meta"):
         built = AutoModelForCausalLM.from_config(GPTNeoXConfig(**{k: v for k, v in config.to_dict().items() if k != "auto_map"}))
-    monkeypatch.setattr(model_shape, "recipe_config", lambda *a: config)
+    monkeypatch.setattr(model_shape, "tokenizer_size_estimate", lambda part: (500, False))
+    monkeypatch.setattr(model_shape, "config_view", lambda part, size, new: (config, lambda: config))
     monkeypatch.setattr(model_shape, "meta_model", lambda part, c: built)
-    tiny = recipe_part({"preset": "cpu-tiny"})
-    assert numbers(measure_model(tiny)) == numbers(of_module(built, tiny.seq_len))
-    json.dumps(shape.counts)  # plain numbers: results.json and `plan` print them
+    part = recipe_part({"from_pretrained": str(tmp_path)})
+    assert numbers(measure_model(part)) == numbers(of_module(built, part.seq_len))

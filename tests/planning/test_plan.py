@@ -262,3 +262,21 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     assert started[MEMORY_WARNED_ENV] == "1" and MEMORY_WARNED_ENV not in os.environ
     launch._warn_memory(LaunchPart.of(load_recipe(str(ROOT / "recipes/quickstart.yaml"), [])), Strategy.DDP, 2, cpu=True)
     assert "warning" not in capsys.readouterr().out  # the check can fail: the shipped micro-batch fits
+
+
+def test_this_machines_matmul_peak_is_measured_once_and_kept(tmp_path, monkeypatch):
+    """`hftrain plan` on this machine times a step with its measured matmul peak: measured the first time (half a
+    second), then read from hftrain's cache for the same processor, threads, torch and dtype."""
+    import torch
+
+    from hftrain.speed import hardware
+
+    monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    flops, how = hardware.peak_flops_here(cpu, torch.float32)
+    assert flops > 0 and how == "measured here now"
+    measured = []
+    monkeypatch.setattr(hardware, "measure_peak_flops", lambda device, dtype: measured.append(dtype) or 1.0)
+    kept, how = hardware.peak_flops_here(cpu, torch.float32)
+    assert kept == flops and how.startswith("measured on this machine on 20") and measured == []
+    assert hardware.peak_flops_here(cpu, torch.bfloat16) == (1.0, "measured here now") and measured == [torch.bfloat16]
