@@ -286,14 +286,19 @@ for argv in (
         except SystemExit as exit_:
             code = exit_.code
     said[argv[-1]] = [code, err.getvalue().strip().splitlines()[-1:]]
-print(json.dumps({"said": said, "heavy": sorted(m for m in ("torch", "transformers", "peft", "bitsandbytes") if m in sys.modules)}))
+heavy = lambda: sorted(m for m in ("torch", "transformers", "peft", "bitsandbytes") if m in sys.modules)
+before_plan = heavy()
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    planned = main(["plan", "recipes/quickstart.yaml"])
+print(json.dumps({"said": said, "heavy": before_plan, "plan": [planned, heavy(), out.getvalue().splitlines()[0]]}))
 """
 
 
 def test_cheap_commands_answer_without_the_trainer_stack(tmp_path):
     """Issue 54 part 7: `hftrain --help`, `presets`, `explain`, a recipe file wrong on its face (missing, not a mapping
     of sections) and a recipe key wrong on its face answer without importing torch, transformers, peft or
-    bitsandbytes (before: every command imported the whole Trainer stack first, 4.4x the time of `import torch`;
+    bitsandbytes, and `plan` imports torch alone (before: every command imported the whole Trainer stack first, 4.4x
+    the time of `import torch`;
     benchmarks/cli_start.py measures it). The recipe schema reads TrainingArguments' fields from the table the
     first recipe read on this machine kept (recipe/transformers_table.py): made here first, as a first run does."""
     import json
@@ -302,7 +307,10 @@ def test_cheap_commands_answer_without_the_trainer_stack(tmp_path):
     import sys
 
     env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path)}
-    make = "import sys; from hftrain.recipe.transformers_table import table; table(); print('transformers' in sys.modules)"
+    make = (  # what a machine's first recipe read and first `plan` keep: transformers' table, the libraries' memory
+        "import sys; from hftrain.recipe.transformers_table import table; table(); print('transformers' in sys.modules); "
+        "from hftrain.planning.memory import library_footprint; library_footprint(measure=True)"
+    )
     first = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert first.stdout.split()[-1:] == ["True"], first.stderr[-2000:]  # the first read imports transformers, once
     done = subprocess.run([sys.executable, "-c", CHEAP_COMMANDS_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
@@ -317,6 +325,9 @@ def test_cheap_commands_answer_without_the_trainer_stack(tmp_path):
     assert seen["said"]["README.md"][0] == 2 and "README.md: " in seen["said"]["README.md"][1][0], seen
     assert seen["said"]["training"][0] == 0, seen  # explain training: every TrainingArguments key, from the table
     assert seen["said"]["training.max_step=5"] == [2, ["  - training.max_step: unknown key; did you mean training.max_steps?"]], seen
+    # `plan` of a preset recipe counts its model from the recipe's fields (model/shape.py): torch for the matmul peak,
+    # no transformers (it was 3.45x `import torch` with transformers' modeling stack for a meta model)
+    assert seen["plan"] == [0, ["torch"], "model cpu-small: 4 layers, hidden 128, 4 heads, vocab 4,096, context 1,024"], seen
 
 
 # Settings the libraries document for users to assign (not patches): fsspec's default options per protocol, torch's
