@@ -69,7 +69,7 @@ class Heartbeat:
         watched = watched if rank == 0 else [0]
         seen: dict[int, tuple[int, float]] = {}
         unreachable_since = None
-        moved = (self.step(), time.monotonic())  # (this process's step, when it last changed)
+        moved, told = (self.step(), time.monotonic()), None  # (this process's step, when it last changed); the step in the store
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
             step = self.step()
@@ -78,7 +78,9 @@ class Heartbeat:
                 self._report_stall(step, now - moved[1])
                 moved = (step, now)  # the next report after as long again
             try:
-                self._store.set(_step_key(self._prefix, rank), str(step))
+                if step != told:  # one more store write per optimizer step, not per beat
+                    self._store.set(_step_key(self._prefix, rank), str(step))
+                    told = step
                 self._store.add(_key(self._prefix, rank), 1)
                 counts = {r: int(self._store.add(_key(self._prefix, r), 0)) for r in watched}
                 unreachable_since = None
