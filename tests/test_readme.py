@@ -68,7 +68,7 @@ def test_every_hftrain_command_in_the_readme_parses():
 
 
 def test_subcommands_named_in_the_table_exist():
-    named = set(re.findall(r"`hftrain ([\w-]+)", DOCS))
+    named = set(re.findall(r"`hftrain ([a-z][\w-]*)", DOCS))  # a subcommand, not an option (`hftrain --help`)
     known = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
     assert named and named <= known, named - known
 

@@ -16,7 +16,7 @@ from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
 from ..support.checks import assert_resumed_matches, checkpoint_losses
-from ..support.cli import in_background, kill_family, run_in_process
+from ..support.cli import in_background, kill_family, run_cli, run_in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 
@@ -255,7 +255,8 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     raw["data"]["train"] = {"path": f"s3://{bucket}/c/*.jsonl.gz"}
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    cmd = [sys.executable, "-m", "hftrain", "train", str(recipe), "--accelerate-config", "ddp", "--nproc", "2"]
+    args = ["train", str(recipe), "--accelerate-config", "ddp", "--nproc", "2"]
+    cmd = [sys.executable, "-m", "hftrain", *args]
     env = {**os.environ, **s3.env()}
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -273,10 +274,8 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     assert not RunLayout(run_dir).final.exists()
     survivor = ckpt.latest_checkpoint(run_dir)
     assert survivor is not None
-    uninterrupted = in_background(
-        lambda: subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], env=env, capture_output=True, text=True, timeout=600)
-    )
-    again = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=600)
+    uninterrupted = in_background(lambda: run_cli(*args, f"training.output_dir={tmp_path / 'straight'}", env=s3.env()))
+    again = run_cli(*args, f"training.output_dir={run_dir}", env=s3.env())
     assert again.returncode == 0, again.stderr[-2000:]
     straight = uninterrupted.result()
     assert straight.returncode == 0, straight.stderr[-2000:]
