@@ -104,8 +104,9 @@ def child_main(args: argparse.Namespace) -> None:
     import torch
 
     import hftrain
-    from hftrain.parallel.dims import shutdown
+    from hftrain.parallel import process_end
 
+    process_end.register()  # first: it runs after every other exit handler
     clock = StepClock()
     run = hftrain.train(hftrain.load_recipe(None, recipe_overrides(args, Path(args.workdir))), callbacks=[clock])
     targs = run.trainer.args
@@ -129,7 +130,8 @@ def child_main(args: argparse.Namespace) -> None:
         result["rank_clocks"] = clocks
     if targs.process_index == 0:
         write_json(args.result, result)
-    shutdown()
+    process_end.leave_training()  # the rank ends without tearing its process group down (parallel/process_end.py)
+    process_end.set_exit_code(0)
 
 
 def launch(config: str, args: argparse.Namespace, tmp: Path, tag: str) -> dict[str, Any]:

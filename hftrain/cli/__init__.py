@@ -105,8 +105,14 @@ def program(argv: list[str] | None = None) -> int:
     entry): `main`, then what it leaves frozen for the garbage collector. At exit CPython collects the whole heap,
     torch's and transformers' object graphs included: 2-2.5 s per process on 2 cores, three processes deep in a
     2-process launch. Frozen, the exit takes 0.3 s; atexit handlers (trackers, TensorBoard) run as before. Not in
-    `main`: a notebook or a test that calls it keeps collecting its garbage."""
+    `main`: a notebook or a test that calls it keeps collecting its garbage. A process of a multi-process run ends
+    after its exit handlers without tearing down its process group (parallel/process_end.py: gloo's teardown can
+    deadlock)."""
+    from hftrain.parallel import process_end
+
+    process_end.register()  # first, so that it runs after every other exit handler (parallel/process_end.py)
     code = main(argv)
+    process_end.set_exit_code(code)
     gc.freeze()
     return code
 

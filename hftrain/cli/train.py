@@ -145,7 +145,7 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
         from hftrain.recipe.parts import LaunchPart
 
         return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, LaunchPart.of(recipe), nodes)
-    from hftrain.parallel.dims import shutdown
+    from hftrain.parallel.process_end import leave_training
     from hftrain.training.run import train
 
     if job is None:
@@ -155,7 +155,7 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
 
         run = train(recipe, callbacks=[metric_lines_callback()])
         deliver(run, job)
-    shutdown()
+    leave_training()  # the process group stays until the process ends (parallel/process_end.py)
     if run.not_shared:
         from hftrain.errors import NotShared
         from hftrain.integrations.outbox import not_shared_message

@@ -389,12 +389,3 @@ def spread_over_devices(model: Any, max_memory: dict[Any, Any] | None) -> Any:
         (only,) = devices
         return model.to(f"cuda:{only}" if isinstance(only, int) else only)
     return dispatch_model(model, device_map=device_map)
-
-
-def shutdown() -> None:
-    """Leave the process group cleanly: without it, gloo processes may abort at exit after a good run."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()

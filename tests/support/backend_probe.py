@@ -172,11 +172,13 @@ def run_probe(recipe_file: Path, probe_dir: Path, backend: str | None, nproc: in
 
 def main(argv: list[str]) -> int:
     import hftrain
-    from hftrain.parallel.dims import shutdown
+    from hftrain.parallel import process_end
 
+    process_end.register()  # as hftrain.cli.program: the rank ends without tearing its process group down
     recipe_file, probe_dir = argv
     hftrain.train(hftrain.load_recipe(recipe_file), callbacks=[Inspector(probe_dir)])
-    shutdown()
+    process_end.leave_training()
+    process_end.set_exit_code(0)
     import gc
 
     gc.freeze()  # as hftrain.cli.program: the exit skips collecting torch's object graph (2 s per rank)

@@ -83,12 +83,14 @@ class DumpState(TrainerCallback):
 
 def main(argv: list[str]) -> None:
     import hftrain
-    from hftrain.parallel.dims import shutdown
+    from hftrain.parallel import process_end
     from hftrain.recipe.load import load_recipe
 
+    process_end.register()  # as hftrain.cli.program: the rank ends without tearing its process group down
     recipe_path, prefix, events, *overrides = argv
     hftrain.train(load_recipe(recipe_path, overrides), callbacks=[DumpState(Path(prefix), events)])
-    shutdown()
+    process_end.leave_training()
+    process_end.set_exit_code(0)
 
 
 def run_dumping(
