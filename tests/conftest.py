@@ -116,6 +116,27 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         os.environ["HFTRAIN_CACHE_DIR"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch.compile's cache (TorchInductor's, /tmp/torchinductor_<user> by default) in this test session's own
+    temp dir, one for all its workers and every run they start: a session never reads what an earlier one compiled,
+    and it leaves nothing behind (pyproject's tmp_path_retention_policy removes the dir of a session that passed).
+    In the default place, each fresh venv added a 155 MB precompiled header that nothing removed: CI runs on one
+    machine filled its disk."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's basetemp is popen-gwN in the session's own
+        root = root.parent
+    cache = root / "torchinductor"
+    cache.mkdir(exist_ok=True)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "corpus" / "train.jsonl", make_documents(600))
