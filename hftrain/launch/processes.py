@@ -88,7 +88,7 @@ def accelerate_processes(
         nproc = nproc or _gpus()
     words = ["--config_file", str(config), *(nodes.accelerate_args(nproc) if nproc else []), *deepspeed_file(config)]
     args = launch_command_parser().parse_args([*words, "-m", "hftrain", "train", *train_args])
-    return child_errors.launch(lambda: launch_command(args), {**nodes.elastic_env(), **(env or {})})
+    return child_errors.launch(lambda: launch_command(args), {**nodes.elastic_env(), **(env or {})}, args)
 
 
 def _gpus() -> int:

@@ -160,12 +160,14 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
+def launch(start: Callable[[], Any], env: Mapping[str, str], launcher_args: Any = None) -> int:
     """Run `start` (torchrun's or accelerate's launcher, in this process, so that its failure is an exception here
     and not a traceback) with `env` added to the environment the processes start with; returns the exit code of
     the launch after report() has said how it ended. This process's environment is left as it was. An elastic
     launch (multinode.py) restarts its processes after a failure: what they said is printed as it comes
-    (LiveErrors), and a launch that finished after restarts exits 0."""
+    (LiveErrors), and a launch that finished after restarts exits 0. `launcher_args`: the launcher's parsed
+    arguments; without a log_dir of their own, torch's goes in this launch's folder and leaves with it (by default
+    torch makes a /tmp/torchelastic_* per launch and never removes it)."""
     from subprocess import CalledProcessError
 
     from torch.distributed.elastic.multiprocessing import SignalException
@@ -175,6 +177,8 @@ def launch(start: Callable[[], Any], env: Mapping[str, str]) -> int:
     failed: list[tuple[int, int, float]] = []
     stopped_by = None
     live = LiveErrors(directory) if env.get(ELASTIC_ENV) else None
+    if launcher_args is not None and not getattr(launcher_args, "log_dir", None):
+        launcher_args.log_dir = str(directory / "launcher-logs")
     try:
         children = {**env, ERROR_DIR_ENV: str(directory), **_compat.launch_environment_cpp_logs()}
         with _environment(children), _signal_handlers_kept(), _torch_lines_quiet(), _preemption_passed_on():

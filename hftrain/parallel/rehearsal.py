@@ -72,7 +72,7 @@ def launch_processes(
     node_args = nodes.torchrun_args(nproc) if nodes is not None else ["--standalone", "--nproc_per_node", str(nproc)]
     args = torchrun.parse_args([*node_args, "-m", "hftrain", *hftrain_args])
     elastic = nodes.elastic_env() if nodes is not None else {}
-    return child_errors.launch(lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic, **(env or {})})
+    return child_errors.launch(lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic, **(env or {})}, args)
 
 
 def prepare_process(backend: str) -> None:

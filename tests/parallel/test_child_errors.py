@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -147,6 +148,9 @@ def test_both_launchers_say_how_their_processes_ended_once(launcher, how, exit_c
     (tmp_path / "sitecustomize.py").write_text(RANK_HOOK, encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("RANK_HOW", how)
+    temp = tmp_path / "tmp"  # this process's temporary folders: the launch leaves none (torch's log dir included)
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     environ, handler = dict(os.environ), signal.getsignal(signal.SIGTERM)
     code = launcher(find_config("ddp"))
     captured = capfd.readouterr()
@@ -156,6 +160,7 @@ def test_both_launchers_say_how_their_processes_ended_once(launcher, how, exit_c
     assert "ChildFailedError" not in printed and "failed (exitcode" not in printed and "closing signal" not in printed
     assert ("Traceback" in printed and "RuntimeError: a bug in rank 1" in printed) is (how == "raise")  # the rank's own
     assert dict(os.environ) == environ and signal.getsignal(signal.SIGTERM) == handler  # the launcher's own, as before
+    assert not list(temp.iterdir())  # was a torchelastic_* folder per launch, never removed
 
 
 # ------------------------------------------------------------------------------------- the contract, unit by unit
