@@ -67,7 +67,10 @@ class RevisionPublisher:
     def _push(self, run_dir: Path, checkpoint: Path, branch: str, repo: str) -> str:
         from hftrain.export.model_dir import export
 
-        with tempfile.TemporaryDirectory(prefix="hftrain-revision-") as tmp:
+        self.outbox.folder.mkdir(parents=True, exist_ok=True)
+        # In the run's own folder, not the system's temp: the export is the size of the model (a small or RAM-backed
+        # /tmp would fill), its bundle hard-links it, and a killed launch's leftover is cleared by the next (outbox.py).
+        with tempfile.TemporaryDirectory(prefix="revision-", dir=self.outbox.folder) as tmp:
             model = export(checkpoint, Path(tmp) / "model", merge=True)  # a standard model, whatever the backend
             folder = bundle(run_dir, model, self.part, repo, into=Path(tmp))  # links to the export
             try:

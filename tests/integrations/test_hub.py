@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,13 +66,19 @@ def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp
 
 
 @pytest.mark.slow
-def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path):
+def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path, monkeypatch):
+    from hftrain.integrations import hub
+
+    staged, real_push = [], hub.push_folder
+    monkeypatch.setattr(hub, "push_folder", lambda folder, *args, **kwargs: staged.append(folder) or real_push(folder, *args, **kwargs))
     env = local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache")
     result = run_in_process(
         "push", str(pretrained_run.output_dir), "--repo-id", "tester/cli", "--revision", "dev", "--private", env=env, exact_env=True
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "pushed: hub:tester/cli@dev" in result.stdout
+    assert staged and all(Path(folder).parent == Path(pretrained_run.output_dir) for folder in staged)  # beside the model: hard links
+    assert not list(Path(pretrained_run.output_dir).glob("hftrain-push-*"))  # and removed
     assert TOKEN not in result.stdout + result.stderr
     repo = local_hub.repo("tester/cli")
     assert "model.safetensors" in repo.files("dev") and "model.safetensors" not in repo.files("main")
@@ -158,6 +165,7 @@ def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monke
     real_push = revisions.push_folder
 
     def push(folder, repo_id, *, revision, **kwargs):
+        assert Path(folder).is_relative_to(run_dir), folder  # the model-sized export in the run's folder, not in /tmp
         if revision == "step1":  # slow: training must go on meanwhile
             deadline = time.monotonic() + 120
             while not (run_dir / "checkpoint-4" / "hftrain_complete.json").is_file():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -159,10 +160,11 @@ def test_an_elastic_launch_says_what_its_processes_said_at_once_and_exits_0_afte
 
     def restarted() -> None:
         child_errors.write_error(Path(os.environ[child_errors.ERROR_DIR_ENV]), lost)
-        deadline = time.monotonic() + 10
-        while "lost rank 1" not in capfd.readouterr().err:  # printed while the launch still runs
-            assert time.monotonic() < deadline
+        deadline, seen = time.monotonic() + 10, ""
+        while not re.search(r"lost rank 1.*\n", seen):  # printed while the launch still runs (its line whole: print
+            assert time.monotonic() < deadline  # writes the newline apart, and a read between them left it for later)
             time.sleep(0.1)
+            seen += capfd.readouterr().err
 
     assert child_errors.launch(restarted, {ELASTIC_ENV: "1:2"}) == 0
     assert capfd.readouterr().err == ""  # said once, above
