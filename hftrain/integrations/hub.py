@@ -392,9 +392,7 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
         return copy_to_fsspec(model_dir, to, part.hub.storage_options)
     if not repo_id:
         raise HftrainError("push: give --repo-id NAMESPACE/NAME (or --to s3://bucket/path).")
-    # staged beside the model (its files hard-linked: no copy the size of the model in a small /tmp), else in the
-    # system's temp where the model's folder cannot be written
-    folder = bundle(run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None)
+    folder = bundle(run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None)  # links, not a /tmp copy
     try:
         push_folder(folder, repo_id, private=private, revision=revision, message="hftrain push")
     finally:
