@@ -24,7 +24,7 @@ os.environ.setdefault("HFTRAIN_STALL_REPORT_S", "120")
 pytest.register_assert_rewrite("tests.support")
 
 from .support.data import make_documents, tiny_recipe, write_jsonl  # noqa: E402
-from .support.workers import built_once, cores, worker_count  # noqa: E402
+from .support.workers import built_once, cores, run_temp_root, worker_count  # noqa: E402
 
 if worker_count() > 1:  # several xdist workers share the cores: each its share, and so every run it starts
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores() // worker_count())))
@@ -107,13 +107,9 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     it starts: each test session measures what it needs once, and never reads a measurement an earlier session (or
     the user's own runs in ~/.cache/hftrain) left."""
     cache = tmp_path_factory.mktemp("hftrain-cache")
-    before = os.environ.get("HFTRAIN_CACHE_DIR")
-    os.environ["HFTRAIN_CACHE_DIR"] = str(cache)
-    yield cache
-    if before is None:
-        os.environ.pop("HFTRAIN_CACHE_DIR", None)
-    else:
-        os.environ["HFTRAIN_CACHE_DIR"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HFTRAIN_CACHE_DIR", str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -123,18 +119,11 @@ def own_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and it leaves nothing behind (pyproject's tmp_path_retention_policy removes the dir of a session that passed).
     In the default place, each fresh venv added a 155 MB precompiled header that nothing removed: CI runs on one
     machine filled its disk."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's basetemp is popen-gwN in the session's own
-        root = root.parent
-    cache = root / "torchinductor"
+    cache = run_temp_root(tmp_path_factory) / "torchinductor"
     cache.mkdir(exist_ok=True)
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    yield cache
-    if before is None:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+        yield cache
 
 
 @pytest.fixture

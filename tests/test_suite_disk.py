@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .support.workers import run_temp_root
+
 
 def test_torch_compile_caches_in_the_sessions_own_temp_dir(tmp_path_factory):
     """Inductor's default cache (/tmp/torchinductor_<user>) gained a 155 MB precompiled header per fresh venv."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    session_root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        session_root = session_root.parent
-    assert Path(cache_dir()).resolve().is_relative_to(session_root.resolve()), cache_dir()
+    assert Path(cache_dir()).resolve().is_relative_to(run_temp_root(tmp_path_factory).resolve()), cache_dir()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache_dir()  # what every run a test starts inherits
 
 

@@ -29,6 +29,13 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def run_temp_root(factory: pytest.TempPathFactory) -> Path:
+    """The temp folder every worker of this test run shares: pytest-N/, the parent of each worker's popen-gwK (the
+    session's own basetemp without xdist)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]) -> T:
     """build(empty folder) once per test run, shared by every worker; `name` must be unique in the run and what
     `build` returns picklable. Tests only read what it built (a folder is never written after `build`)."""
@@ -36,7 +43,7 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
         return build(factory.mktemp(name))
     from filelock import FileLock
 
-    shared = factory.getbasetemp().parent / "built-once"  # pytest-N/: the parent of every worker's popen-gwK
+    shared = run_temp_root(factory) / "built-once"
     shared.mkdir(exist_ok=True)
     done = shared / f"{name}.pickle"
     with FileLock(str(shared / f"{name}.lock")):
