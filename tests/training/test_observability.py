@@ -155,11 +155,16 @@ def test_start_up_is_its_own_number_and_not_in_the_steady_state(pretrained_run, 
     out = capsys.readouterr().out
     results = json.loads(RunLayout(run.output_dir).results.read_text())
     assert results["time_to_first_step_s"] >= 3.0  # from the process's start: includes the slow first read
-    assert results["input_bound"] is False and results["data_wait_frac"] < 0.2, results
+    assert results["input_bound"] is False, results
     assert "input-bound" not in out
     assert f"start-up: {results['time_to_first_step_s']:.1f} s from process start to the end of the first step" in out
+    # In seconds, not as a share of the step time (a share depends on how busy the machine is; a CI failed on it):
+    # every logged interval, the first starting after step 1, waited far less than the 3 s of the slow first read.
+    tokens_per_step = raw["training"]["per_device_train_batch_size"] * raw["data"]["seq_len"]
     steps = train_log(run.output_dir)
-    assert steps and all(rec["data_wait_frac"] < 0.2 for rec in steps)  # the first interval starts after step 1
+    starts = [1] + [rec["step"] for rec in steps[:-1]]
+    waits = [rec["data_wait_frac"] * (rec["step"] - s) * tokens_per_step / rec["tokens_per_s"] for rec, s in zip(steps, starts)]
+    assert len(waits) == 4 and max(waits) < 1.0, waits
     from hftrain.eval import report
 
     rows = report.summary_rows(results, report.read_metrics(run.output_dir))
