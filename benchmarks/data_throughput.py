@@ -48,7 +48,7 @@ from hftrain.data.prepare import PrepareHow, prepare  # noqa: E402
 from hftrain.model.tokenizer import gpt2_tokenizer  # noqa: E402
 from hftrain.parallel.readers import ReaderLayout, default_window  # noqa: E402
 from hftrain.recipe.load import load_recipe  # noqa: E402
-from hftrain.recipe.parts import DataPrepPart  # noqa: E402
+from hftrain.recipe.parts import DataPart  # noqa: E402
 
 SEQ, BATCH = 256, 8
 
@@ -105,7 +105,7 @@ def workers_vs_gpu(a: argparse.Namespace, tmp: Path) -> list[str]:
     # window's blocks come at once); over a run the rate is the same, and it is what `train` measures (input_rate.py)
     shape = {"seq_len": a.seq or data.seq_len, "eval_blocks": 2, "holdout_every": 10, "shuffle_window": 1}
     raw = {"train": {"path": str(tmp / "local" / ("part-00.jsonl.gz" if a.dry_run else "*.jsonl.gz"))}, **shape}
-    part = DataPrepPart.of(load_recipe(None, {"data": raw, "tokenizer": {"builtin": "gpt2"}}))
+    part = DataPart.of(load_recipe(None, {"data": raw, "tokenizer": {"builtin": "gpt2"}}))
     prepare(part, str(tmp / "workers-prepared"), PrepareHow(workers=1 if a.dry_run else None))
     paths = {"raw text": raw, "token folder": {"train": {"pretokenized": str(tmp / "workers-prepared")}, **shape}}
     counts = a.workers or worker_counts(os.cpu_count() or 1)
@@ -284,7 +284,7 @@ def streaming_vs_training(args: argparse.Namespace, tmp: Path) -> list[str]:
     except ImportError:
         print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
     prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
-    prepare(DataPrepPart.of(prep_recipe), str(tmp / "prepared"))
+    prepare(DataPart.of(prep_recipe), str(tmp / "prepared"))
     paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
     results: dict[str, list[float]] = {name: [] for name in paths}
     training: list[float] = []

@@ -172,7 +172,7 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import MemoryPart, PlanPart
+    from hftrain.recipe.parts import PlanPart
 
     raw = recipe_for(config, bases, work / config.name)
     path = work / f"{config.name}.yaml"
@@ -185,8 +185,8 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     if rc:
         raise RuntimeError(f"{config.name} failed (exit {rc}):\n{tail}")
     recipe = load_recipe(None, raw)
-    shape = run_shape(MemoryPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
-    predicted = predict_peak(MemoryPart.of(recipe), plan(PlanPart.of(recipe)), shape, libraries)
+    shape = run_shape(PlanPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+    predicted = predict_peak(PlanPart.of(recipe), plan(PlanPart.of(recipe)), shape, libraries)
     return {
         "name": config.name,
         "measured": peak,
@@ -219,7 +219,7 @@ def replay(path: Path) -> None:
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import MemoryPart, PlanPart
+    from hftrain.recipe.parts import PlanPart
 
     stored = json.loads(path.read_text())
     by_name = {c.name: c for c in GRID}
@@ -229,8 +229,8 @@ def replay(path: Path) -> None:
         for r in stored["rows"]:
             config = by_name[r["name"]]
             recipe = load_recipe(None, recipe_for(config, bases, Path(tmp) / config.name))
-            shape = run_shape(MemoryPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
-            predicted = predict_peak(MemoryPart.of(recipe), plan(PlanPart.of(recipe)), shape, r["libraries"])
+            shape = run_shape(PlanPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+            predicted = predict_peak(PlanPart.of(recipe), plan(PlanPart.of(recipe)), shape, r["libraries"])
             r.update(predicted=predicted.total, parts=predicted.parts, phase=predicted.phase)
     print_table(stored["rows"], stored["libraries"])
 

@@ -505,7 +505,7 @@ def test_the_recipe_check_can_fail(tmp_path):
         assert receives_the_recipe(tmp_path / "m.py"), source
     for source in (
         "def f(part: ModelPart):\n    return part.model  # not a Recipe\n",
-        "from hftrain.recipe.load import read_part\npart = read_part(FinetunePart.of, path)\n",
+        "from hftrain.recipe.load import read_part\npart = read_part(ModelPart.of, path)\n",
     ):
         (tmp_path / "m.py").write_text(source)
         assert not receives_the_recipe(tmp_path / "m.py"), source

@@ -17,7 +17,7 @@ import torch
 from hftrain.checkpoint.layout import BASE_FILE, RECIPE_FILE
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import read_part
-from hftrain.recipe.parts import FinetunePart
+from hftrain.recipe.parts import ModelPart
 
 # Linear layers LoRA adapts by default, per architecture (all attention and MLP projections).
 DEFAULT_TARGETS = {"gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]}
@@ -74,7 +74,7 @@ def fsdp_adapter(checkpoint: Path, shards: Path, out: Path) -> Path | None:
     (config from the checkpoint's recipe), or None when the checkpoint is not a LoRA run's."""
     if not (checkpoint / RECIPE_FILE).is_file():
         return None
-    part = read_part(FinetunePart.of, checkpoint / RECIPE_FILE)  # how the checkpoint's run fine-tuned
+    part = read_part(ModelPart.of, checkpoint / RECIPE_FILE)  # how the checkpoint's run fine-tuned
     if part.finetune.method == "full":
         return None
     from accelerate.utils import merge_fsdp_weights

@@ -145,8 +145,16 @@ def prepare_resume(trainer: Any, checkpoint: Path) -> None:
         )
     config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
     config.setdefault("checkpoint", {})["load_universal"] = True
-    fixes = _compat.universal_load_fixes(checkpoint / UNIVERSAL_TAG / "zero" / "optimizer_state.pt")
-    trainer.callback_handler.callbacks.insert(0, fixes)  # before any other sees the state
+
+
+def universal_load_fixes(checkpoint: Path, strategy: str, world_size: int) -> Any:
+    """The callback that puts right what DeepSpeed's universal load gets wrong (_compat.universal_load_fixes), for
+    a ZeRO-3 run resuming `checkpoint` written by another process count (prepare_resume converts it before
+    training); None for any other resume. Given to the Trainer at construction (training/trainer_build.py)."""
+    written = written_by(checkpoint)
+    if strategy != "zero3" or written.format != "zero3" or written.world_size == world_size:
+        return None
+    return _compat.universal_load_fixes(checkpoint / UNIVERSAL_TAG / "zero" / "optimizer_state.pt")
 
 
 def universal_ready(checkpoint: Path) -> bool:

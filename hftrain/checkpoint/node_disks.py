@@ -63,10 +63,11 @@ def shared_output(root: Path, dims: Any) -> bool:
     return shared
 
 
-def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> None:
-    """Turn on save_on_each_node when the nodes do not share training.output_dir (and say so, once)."""
+def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> dict[str, Any]:
+    """The TrainingArguments values the nodes' disks decide: save_on_each_node where the nodes do not share
+    training.output_dir (said once), none otherwise. `kwargs` (the values so far) are only read."""
     if dims.nodes == 1 or shared_output(root, dims):
-        return
+        return {}
     from hftrain.parallel.child_errors import ELASTIC_ENV
 
     if os.environ.get(ELASTIC_ENV):
@@ -83,13 +84,13 @@ def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> None:
             "node 0's files are not visible on the others), so only node 0 would hold the checkpoints. Remove the "
             "setting (each node then keeps its own copy), or put training.output_dir on storage every node mounts."
         )
-    kwargs["save_on_each_node"] = True
     if dims.rank == 0:
         print(
             f"hftrain: training.output_dir is on each node's own disk (node 0's files are not visible on the others): "
             f"each of the {dims.nodes} nodes keeps a whole copy of every checkpoint.",
             flush=True,
         )
+    return {"save_on_each_node": True}
 
 
 def node_local(args: Any, dims: Any) -> bool:

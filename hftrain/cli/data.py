@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.data.inspect import inspect
     from hftrain.data.prepare import prepare
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import DataPrepPart, PackingCheckPart
+    from hftrain.recipe.parts import DataPart
 
     recipe = load_recipe(args.recipe, overrides)
     network.configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
@@ -76,13 +76,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             qos=args.qos,
         )
         task_mb = {} if args.task_mb is None else {"task_mb": args.task_mb}
-        prepare(DataPrepPart.of(recipe), args.out, how, shuffle=not args.no_shuffle, **task_mb)
+        prepare(DataPart.of(recipe), args.out, how, shuffle=not args.no_shuffle, **task_mb)
     elif args.check_packing:
         from hftrain.data.packing_check import check_packing
 
-        lines, ok = check_packing(PackingCheckPart.of(recipe))
+        lines, ok = check_packing(DataPart.of(recipe))
         print("\n".join(lines), flush=True)
         return 0 if ok else 1
     else:
-        print(inspect(DataPrepPart.of(recipe), args.blocks))
+        print(inspect(DataPart.of(recipe), args.blocks))
     return 0

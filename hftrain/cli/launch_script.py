@@ -85,12 +85,12 @@ def _sagemaker(args: argparse.Namespace, overrides: list[str], recipe: Any) -> s
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.launch.script_checks import ScriptLaunch, check_script
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import LaunchPart
+    from hftrain.recipe.parts import PlanPart
 
     sagemaker = args.kind == "sagemaker"
     nodes, per_node = (args.instance_count, None) if sagemaker else (args.nodes, args.gpus_per_node)
     recipe = load_recipe(args.recipe, overrides)  # every kind: refused here (and below), before any file is written
-    check_script(LaunchPart.of(recipe), ScriptLaunch(args.kind, args.accelerate_config, nodes, per_node, args.min_nodes or 0))
+    check_script(PlanPart.of(recipe), ScriptLaunch(args.kind, args.accelerate_config, nodes, per_node, args.min_nodes or 0))
     if sagemaker:
         script = _sagemaker(args, overrides, recipe)
     else:

@@ -28,9 +28,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import ParityPart
+    from hftrain.recipe.parts import PlanPart
 
-    part = ParityPart.of(load_recipe(args.recipe, overrides))  # a bad recipe or key is refused before any run starts
+    part = PlanPart.of(load_recipe(args.recipe, overrides))  # a bad recipe or key is refused before any run starts
     if args.elastic:
         from hftrain.launch.elastic_parity import elastic_parity
 

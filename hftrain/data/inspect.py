@@ -10,7 +10,7 @@ from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_ex
 from hftrain.data.stream import SourcePlan, Worker
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
-from hftrain.recipe.parts import DataPrepPart, TokenizerPart
+from hftrain.recipe.parts import DataPart, ModelPart
 
 
 def _shard_sizes(source: SourcePlan) -> list[int] | None:
@@ -18,7 +18,7 @@ def _shard_sizes(source: SourcePlan) -> list[int] | None:
     return source.sizes if source.source.path is not None and source.sizes else None
 
 
-def scratch_tokenizer(tokenizing: TokenizerPart, plan: DataPlan) -> Any:
+def scratch_tokenizer(tokenizing: ModelPart, plan: DataPlan) -> Any:
     """The recipe's tokenizer, to look at its data: one it would train is trained here and nothing is kept."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(tokenizing, Path(tmp), lambda n: first_documents(plan, n))
@@ -34,7 +34,7 @@ def as_text(document: Any) -> str:
     return "\n".join(str(m.get("content", "")) for m in document["messages"])
 
 
-def inspect(part: DataPrepPart, blocks: int = 2, sample_docs: int = 200) -> str:
+def inspect(part: DataPart, blocks: int = 2, sample_docs: int = 200) -> str:
     """Sources, shard counts, the first blocks decoded, and an estimate of the token count."""
     plan = plan_data(part.data, part.seed)
     lines = []
@@ -47,7 +47,7 @@ def inspect(part: DataPrepPart, blocks: int = 2, sample_docs: int = 200) -> str:
                 f"tokenizer {folder.tokenizer_name or '(not named)'}" + (", with validation/" if folder.validation else "")
             )
         return "\n".join(lines)
-    tokenizer = scratch_tokenizer(part.tokenizing, plan)
+    tokenizer = scratch_tokenizer(part.model, plan)
     total_bytes = 0
     for source in plan.train:
         where = source.source.path or source.source.dataset or source.source.builtin

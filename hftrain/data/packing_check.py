@@ -19,7 +19,7 @@ from hftrain.data.inspect import scratch_tokenizer
 from hftrain.data.loader import as_sample, collator_for, plan_data, train_blocks
 from hftrain.data.packed_batch import KERNEL_FORMS
 from hftrain.data.stream import Worker
-from hftrain.recipe.parts import ModelPart, PackingCheckPart
+from hftrain.recipe.parts import DataPart, ModelPart
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}  # max |diff| of logits: rounding, not a leak
 REFERENCE = "sdpa"  # the kernel a document alone runs on: one shape per document, compiled by nothing
@@ -53,7 +53,7 @@ def available_kernels(device: torch.device) -> list[str]:
 
 
 def check_packing(
-    part: PackingCheckPart,
+    part: DataPart,
     kernels: dict[str, str] | None = None,
     device: torch.device | None = None,
     collator: Callable[[str, str], Any] | None = None,
@@ -70,7 +70,7 @@ def check_packing(
         ], True
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tokenizer = scratch_tokenizer(part.model.tokenizing, plan)
+    tokenizer = scratch_tokenizer(part.model, plan)
     samples = first_micro_batch(part.batch_size, plan, tokenizer)
     model = random_model(part.model, len(tokenizer)).to(device=device, dtype=dtype).eval()
     forms = kernels or {k: KERNEL_FORMS[k] for k in available_kernels(device)}

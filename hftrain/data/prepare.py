@@ -29,7 +29,7 @@ from hftrain.data.loader import DataPlan, first_documents, plan_data
 from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import load_tokenizer
-from hftrain.recipe.parts import DataPrepPart
+from hftrain.recipe.parts import DataPart
 
 EXECUTORS = ("local", "slurm", "ray")
 UPLOAD_PART = 64 * 2**20  # bytes per part of a remote upload: S3's 10,000 parts then hold 640 GB per file
@@ -59,7 +59,7 @@ class PrepareHow:
 
 
 def prepare(
-    part: DataPrepPart,
+    part: DataPart,
     out: str,
     how: PrepareHow = PrepareHow(),
     storage_options: dict[str, Any] | None = None,
@@ -78,7 +78,7 @@ def prepare(
     tasks = task_units(plan, task_mb * 2**20)
     first, count = _task_range(how, len(tasks))
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer, _ = load_tokenizer(part.tokenizing, Path(tmp), lambda n: first_documents(plan, n))
+        tokenizer, _ = load_tokenizer(part.model, Path(tmp), lambda n: first_documents(plan, n))
     request = request_of(plan, tokenizer, len(tasks), shuffle, task_mb)
     fs, root = fsspec.core.url_to_fs(out, **options)
     root = root.rstrip("/")

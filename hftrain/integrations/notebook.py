@@ -38,14 +38,14 @@ def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") 
     from hftrain.launch.processes import relaunch
     from hftrain.parallel import rehearsal
     from hftrain.recipe.load import recipe_to_dict
-    from hftrain.recipe.parts import LaunchPart
+    from hftrain.recipe.parts import PlanPart
     from hftrain.recipe.yaml_io import dump_yaml
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "recipe.yaml"
         path.touch(mode=0o600)  # the child processes need the recipe as it is, secrets included
         path.write_text(dump_yaml(recipe_to_dict(recipe, redact=False)), encoding="utf-8")
-        code = relaunch([str(path)], accelerate_config, num_processes, cpu=rehearsal.on_cpu(), checks=LaunchPart.of(recipe))
+        code = relaunch([str(path)], accelerate_config, num_processes, cpu=rehearsal.on_cpu(), checks=PlanPart.of(recipe))
     final = RunLayout(Path(recipe.training.output_dir)).final
     if code != 0:
         raise HftrainError(f"notebook launch: the {num_processes} training processes failed (exit {code}); see their output above.")

@@ -20,12 +20,12 @@ from hftrain.errors import HftrainError
 from hftrain.launch.parity import FORCED, read_run, step_differences
 from hftrain.parallel.dims import Strategy, global_batch
 from hftrain.parallel.readers import default_readers
-from hftrain.recipe.parts import ParityPart
+from hftrain.recipe.parts import PlanPart
 
 BACKENDS = {s.label: s.value for s in (Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: DDP, FSDP, ZeRO-3
 
 
-def elastic_parity(recipe_path: str, overrides: list[str], part: ParityPart, steps: int, backends: list[str], tolerance: float) -> int:
+def elastic_parity(recipe_path: str, overrides: list[str], part: PlanPart, steps: int, backends: list[str], tolerance: float) -> int:
     total = global_batch(part.batch, 1)  # as one process runs it
     if total % 2 or steps < 2:
         raise HftrainError(

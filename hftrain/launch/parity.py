@@ -20,7 +20,7 @@ from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import Strategy, global_batch
-from hftrain.recipe.parts import ParityPart
+from hftrain.recipe.parts import PlanPart
 
 BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: single, DDP, ...
 FORCED = [
@@ -40,7 +40,7 @@ FORCED = [
 ]
 
 
-def parity(recipe_path: str, overrides: list[str], part: ParityPart, steps: int, backends: list[str], tolerance: float) -> int:
+def parity(recipe_path: str, overrides: list[str], part: PlanPart, steps: int, backends: list[str], tolerance: float) -> int:
     total = global_batch(part.batch, 1)  # as one process runs it
     if total % 2:
         raise HftrainError(f"parity: the global batch ({total} sequences) must be even to split it over 2 processes.")

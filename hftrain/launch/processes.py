@@ -18,7 +18,7 @@ from hftrain.errors import HftrainError, NotShared
 from hftrain.launch.multinode import NodeGroup
 from hftrain.parallel import child_errors, rehearsal
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
-from hftrain.recipe.parts import LaunchPart
+from hftrain.recipe.parts import PlanPart
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
 
@@ -48,7 +48,7 @@ def backend_of(config: Path) -> Strategy:
 
 
 def relaunch(
-    train_args: list[str], config_name: str, nproc: int | None, cpu: bool, checks: LaunchPart | None = None, nodes: NodeGroup = NodeGroup()
+    train_args: list[str], config_name: str, nproc: int | None, cpu: bool, checks: PlanPart | None = None, nodes: NodeGroup = NodeGroup()
 ) -> int:
     """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit code."""
     config = find_config(config_name)
@@ -57,8 +57,8 @@ def relaunch(
     if checks is not None:  # a method the backend cannot run is refused once, before any process starts
         from hftrain.model.finetune import check_starting_weights, check_strategy
 
-        check_starting_weights(checks.finetune)
-        check_strategy(checks.finetune, backend)
+        check_starting_weights(checks.model)
+        check_strategy(checks.model, backend)
         if cpu or rehearsal.on_cpu():
             rehearsal.check_precision(checks.training_kwargs, backend.value)
         from hftrain.checkpoint.elastic import check_before_launch
@@ -67,7 +67,7 @@ def relaunch(
         resume = ResumeSetting.of(checks.training_kwargs.get("resume_from_checkpoint"))
         check_before_launch(resume, Path(checks.output_dir), backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
         if nodes.elastic:
-            check_elastic_batch(checks.plan.batch, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
+            check_elastic_batch(checks.batch, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
         said = _warn_memory(checks, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
     from hftrain.parallel.child_errors import MEMORY_WARNED_ENV
 
@@ -108,7 +108,7 @@ def deepspeed_file(config: Path) -> list[str]:
     return ["--deepspeed_config_file", str(found)]
 
 
-def _warn_memory(checks: LaunchPart, backend: Any, processes: int | None, cpu: bool) -> bool:
+def _warn_memory(checks: PlanPart, backend: Any, processes: int | None, cpu: bool) -> bool:
     """An explicit micro-batch that will not fit is said once, before any process starts (fit.py); the launch
     environment then tells the processes it was said (relaunch), never this process's own: a notebook or test that
     launches goes on warning in its own runs. True once the fit was judged here (said or not needed). A layout that
@@ -120,7 +120,7 @@ def _warn_memory(checks: LaunchPart, backend: Any, processes: int | None, cpu: b
     from hftrain.planning.estimates import plan
     from hftrain.planning.fit import fit_this_run
 
-    part = checks.plan
+    part = checks
     total = global_batch(part.batch, processes)
     _, note = fit_this_run(part, plan(part), processes, processes, backend.value, "cpu" if cpu else "cuda", total)
     if part.batch.fit_memory:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from hftrain.errors import HftrainError
 
 if TYPE_CHECKING:
-    from hftrain.recipe.parts import LaunchPart
+    from hftrain.recipe.parts import PlanPart
 
 PLAIN_DDP = ("none", "ddp")  # sagemaker: no config, SageMaker's torchrun runs plain DDP over every GPU
 
@@ -68,7 +68,7 @@ def found_here(name: str) -> Path:
             raise err from None
 
 
-def check_script(part: LaunchPart, launch: ScriptLaunch) -> None:
+def check_script(part: PlanPart, launch: ScriptLaunch) -> None:
     """The recipe (loaded: its keys and values checked) against the launch the script starts, refused here in one
     line where its processes could not run it."""
     from hftrain.launch.processes import backend_of
@@ -76,11 +76,11 @@ def check_script(part: LaunchPart, launch: ScriptLaunch) -> None:
     from hftrain.parallel.dims import Strategy, check_elastic_batch
 
     config = launch_config(launch.config, launch.kind)
-    check_strategy(part.finetune, Strategy.DDP if config is None else backend_of(config))
+    check_strategy(part.model, Strategy.DDP if config is None else backend_of(config))
     workers = part.training_kwargs.get("dataloader_num_workers") or 0
-    check_readers(part.plan.memory.data.readers, int(workers), launch)  # type: ignore[call-overload]
+    check_readers(part.data.readers, int(workers), launch)  # type: ignore[call-overload]
     if launch.elastic and launch.per_node:
-        check_elastic_batch(part.plan.batch, launch.min_nodes, launch.nodes, launch.per_node)
+        check_elastic_batch(part.batch, launch.min_nodes, launch.nodes, launch.per_node)
 
 
 def check_readers(readers: int | None, workers: int, launch: ScriptLaunch) -> None:

@@ -47,7 +47,7 @@ def load_pretrained(part: ModelPart, dims: ParallelDims | None = None) -> PreTra
         )
     from hftrain.model.finetune import quantization_config, quantized_device_map
 
-    quantization = quantization_config(part.finetuning, dims.strategy if dims is not None else Strategy.SINGLE)
+    quantization = quantization_config(part, dims.strategy if dims is not None else Strategy.SINGLE)
     local_weights(m.from_pretrained)
     try:
         return AutoModelForCausalLM.from_pretrained(
@@ -58,7 +58,7 @@ def load_pretrained(part: ModelPart, dims: ParallelDims | None = None) -> PreTra
             # quantized: bf16 keeps the embeddings and head small too (fp32 leftovers otherwise)
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
             quantization_config=quantization,
-            device_map=quantized_device_map(part.finetuning, dims),
+            device_map=quantized_device_map(part, dims),
             **{k: v for k in DROPOUT_FIELDS if (v := getattr(m, k)) is not None},  # config overrides
         )
     except (OSError, ValueError) as err:

@@ -16,12 +16,12 @@ from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims, Strategy
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import FinetunePart
+from hftrain.recipe.parts import ModelPart
 
 QUANTIZED = ("qlora", "lora_8bit")
 
 
-def quantization_config(part: FinetunePart, strategy: Strategy) -> Any:
+def quantization_config(part: ModelPart, strategy: Strategy) -> Any:
     method, q = part.finetune.method, part.finetune.quantization
     if method not in QUANTIZED:
         return None
@@ -43,7 +43,7 @@ def quantization_config(part: FinetunePart, strategy: Strategy) -> Any:
     )
 
 
-def check_starting_weights(part: FinetunePart) -> None:
+def check_starting_weights(part: ModelPart) -> None:
     """Methods that need trained weights to start from, refused on a preset's random ones before training (`hftrain
     plan` still sizes such a recipe: its memory is the pretrained model's of the same shape). A LoRA adapter is
     merged into and loaded with saved weights that no file holds for a preset (its final merge would fail after the
@@ -67,7 +67,7 @@ def check_starting_weights(part: FinetunePart) -> None:
         )
 
 
-def check_strategy(part: FinetunePart, strategy: Strategy) -> str:
+def check_strategy(part: ModelPart, strategy: Strategy) -> str:
     """Refuse quantized methods with backends that cannot shard or partition bitsandbytes weights; returns the
     4-bit storage dtype: under FSDP it must be the compute dtype, or the packed uint8 weights stay unsharded.
     Called before processes are started (launch/processes.py) and again in each process (accelerate launch)."""
@@ -96,7 +96,7 @@ def check_strategy(part: FinetunePart, strategy: Strategy) -> str:
     return q.bnb_4bit_compute_dtype
 
 
-def quantized_device_map(part: FinetunePart, dims: ParallelDims | None) -> dict[str, Any] | None:
+def quantized_device_map(part: ModelPart, dims: ParallelDims | None) -> dict[str, Any] | None:
     """Each DDP/FSDP process loads its own quantized copy onto its own GPU, not all onto GPU 0 (transformers#21736)."""
     if part.finetune.method not in QUANTIZED or not torch.cuda.is_available():
         return None
@@ -114,7 +114,7 @@ def linear_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
-def apply_method(model: Any, part: FinetunePart, gradient_checkpointing: bool) -> Any:
+def apply_method(model: Any, part: ModelPart, gradient_checkpointing: bool) -> Any:
     """Wrap the model for its fine-tuning method (returns it unchanged for full training)."""
     model, config = prepare_adapter(model, part, gradient_checkpointing)
     if config is None:
@@ -126,7 +126,7 @@ def apply_method(model: Any, part: FinetunePart, gradient_checkpointing: bool) -
     return get_peft_model(model, config)
 
 
-def prepare_adapter(model: Any, part: FinetunePart, gradient_checkpointing: bool) -> tuple[Any, Any]:
+def prepare_adapter(model: Any, part: ModelPart, gradient_checkpointing: bool) -> tuple[Any, Any]:
     """The model ready for its adapter (a quantized base prepared for k-bit training) and the adapter's
     LoraConfig, checked against the model's layers; (model, None) for full training. DPO hands the config to
     TRL, which wraps the model itself and disables the adapter for the reference."""

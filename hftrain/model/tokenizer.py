@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBa
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 from hftrain.model.remote_code import allow
-from hftrain.recipe.parts import TokenizerPart
+from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.schema import TokenizerSection
 
 EOS = "<|endoftext|>"
@@ -54,7 +54,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, special
 
 
 def load_tokenizer(
-    part: TokenizerPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
+    part: ModelPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
 ) -> tuple[PreTrainedTokenizerBase, bool]:
     tok, is_new = _load(part, output_dir, training_texts)
     check_model_tokenizer(part, tok)
@@ -63,7 +63,7 @@ def load_tokenizer(
     return tok, is_new
 
 
-def _load(part: TokenizerPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]) -> tuple[PreTrainedTokenizerBase, bool]:
+def _load(part: ModelPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]) -> tuple[PreTrainedTokenizerBase, bool]:
     """The run's tokenizer and whether it is new to this run (trained here: vocabulary sized to fit it).
 
     ``training_texts(n)`` yields the first n training documents; only called when a tokenizer is trained.
@@ -104,7 +104,7 @@ def content_hash(tok: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
-def check_model_tokenizer(part: TokenizerPart, tok: PreTrainedTokenizerBase) -> None:
+def check_model_tokenizer(part: ModelPart, tok: PreTrainedTokenizerBase) -> None:
     """Refuse a tokenizer other than a from_pretrained model's own (compared by content), unless the recipe says
     tokenizer.replace_model_tokenizer: true. A model that ships no tokenizer cannot be compared (the embedding
     size is still checked)."""

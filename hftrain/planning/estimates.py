@@ -25,8 +25,8 @@ BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
     shape = shape or measure_model(part.model)
     config, counts, per_token = shape.dims, shape.counts, shape.flops_per_token
-    rows = OBJECTIVES[part.memory.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
-    tokens_per_step = global_batch(part.batch, 1) * part.memory.data.seq_len * rows
+    rows = OBJECTIVES[part.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
+    tokens_per_step = global_batch(part.batch, 1) * part.data.seq_len * rows
     memory = {}
     for dtype, width in BYTES.items():
         weights = counts["total"] * width
@@ -50,7 +50,7 @@ def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
         "train_flops_per_step_per_device": per_token * tokens_per_step,
         "memory_bytes": memory,
         "finetune_bytes": finetune_memory(shape, part),
-        "finetune_method": part.memory.finetune.method,
+        "finetune_method": part.finetune.method,
         "max_steps": _planned_steps(part),
         "fp8_layers": fp8.summary(shape),  # which linear layers speed.fp8 would convert (speed/fp8.py)
     }
@@ -78,13 +78,13 @@ def finetune_memory(shape: ModelShape, part: PlanPart) -> dict[str, Any]:
     """Weights / gradients / AdamW bytes per fine-tuning method, as hftrain trains them: full and LoRA keep fp32
     weights; qlora / lora_8bit quantize every linear layer but the output head, and peft's
     prepare_model_for_kbit_training upcasts the rest (embeddings, head, norms, biases) to fp32."""
-    lora = part.memory.finetune.lora
+    lora = part.finetune.lora
     targets = lora.get("target_modules") or DEFAULT_TARGETS.get(shape.dims.model_type, [])
     targets = [targets] if isinstance(targets, str) else targets
     r = int(lora.get("r", 8))
     total = shape.counts["total"]
     quantized, rows, adapter, q4 = 0, 0, 0, 0.0
-    double = part.memory.finetune.quantization.bnb_4bit_use_double_quant
+    double = part.finetune.quantization.bnb_4bit_use_double_quant
     for linear in shape.linears:
         if linear.head:
             continue
@@ -216,14 +216,14 @@ def format_peak_table(part: PlanPart, info: dict[str, Any], machine: Machine, li
     strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")
     usable = machine.memory_per_process * (1 - MARGIN)
     lines = [
-        f"predicted peak per process by strategy and method (micro-batch {part.memory.training.per_device_train_batch_size}; "
+        f"predicted peak per process by strategy and method (micro-batch {part.training.per_device_train_batch_size}; "
         f"* = over the {usable / 1e9:,.1f} GB usable):",
         "  " + f"{'strategy':<16}" + "".join(f"{m:>12}" for m in methods),
     ]
     for strategy in strategies:
         cells = []
         for method in methods:
-            variant = replace(part.memory, finetune=part.memory.finetune.model_copy(update={"method": method}))
+            variant = replace(part, finetune=part.finetune.model_copy(update={"method": method}))
             total = predict_peak(variant, info, run_shape(variant, machine.device, machine.processes, strategy), libraries).total
             cells.append(f"{total / 1e9:>10,.2f}{'*' if total > usable else ' '}")
         lines.append("  " + f"{strategy:<16}" + "".join(f"{c:>12}" for c in cells))

@@ -21,7 +21,7 @@ from typing import Any
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import global_batch
 from hftrain.planning.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
-from hftrain.recipe.parts import BatchPart, MemoryPart, PlanPart
+from hftrain.recipe.parts import BatchPart, PlanPart
 
 MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and what the prediction leaves out
 # The prediction's error bound, (predicted - measured) / measured: at worst 11.6% over the CPU calibration grid's 14
@@ -81,9 +81,9 @@ def as_configured(
     part: PlanPart, info: dict[str, Any], machine: Machine, strategy: str | None = None, libraries: float | None = None
 ) -> Fit:
     """The recipe's own micro-batch and checkpointing on `machine`."""
-    shape = run_shape(part.memory, machine.device, machine.processes, strategy)
+    shape = run_shape(part, machine.device, machine.processes, strategy)
     share = global_batch(part.batch, machine.processes) // machine.processes
-    peak = predict_peak(part.memory, info, shape, libraries)
+    peak = predict_peak(part, info, shape, libraries)
     return Fit(shape, max(share // shape.micro_batch, 1), peak, machine.memory_per_process * (1 - MARGIN), "as the recipe says")
 
 
@@ -111,7 +111,7 @@ def choose(
         bigger: Fit | None = None
         for m in micro:
             shape = run_shape(
-                part.memory,
+                part,
                 machine.device,
                 machine.processes,
                 strategy,
@@ -119,7 +119,7 @@ def choose(
                 checkpointing=checkpointing,
                 eval_batch=min(m, part.batch.eval_batch),
             )
-            fit = Fit(shape, share // m, predict_peak(part.memory, info, shape, libraries), limit, "")
+            fit = Fit(shape, share // m, predict_peak(part, info, shape, libraries), limit, "")
             if fit.fits:
                 fit.reason = _reason(fit, machine, bigger, tried, rest)
                 return fit
@@ -169,10 +169,10 @@ def what_would_fit(part: PlanPart, info: dict[str, Any], machine: Machine, small
     """Where nothing fits, what would, each predicted (memory.py) at micro-batch 1, with or without gradient
     checkpointing, with one thing changed: the largest data.seq_len, an adapter (for a model with trained weights to
     start from), more GPUs of this memory under FSDP or ZeRO-3; and always the memory a process would need."""
-    memory, limit = part.memory, smallest.limit
+    memory, limit = part, smallest.limit
     base = replace(smallest.shape, micro_batch=1, eval_batch=1)
 
-    def lowest(m: MemoryPart, shape: RunShape) -> float:
+    def lowest(m: PlanPart, shape: RunShape) -> float:
         return min(predict_peak(m, info, replace(shape, checkpointing=c), libraries).total for c in (False, True))
 
     found = []
@@ -209,7 +209,7 @@ def gb(n: float) -> str:
     return f"{n / GB:,.2f} GB" if n < 10 * GB else f"{n / GB:,.1f} GB"
 
 
-def _with_method(memory: MemoryPart, method: str) -> MemoryPart:
+def _with_method(memory: PlanPart, method: str) -> PlanPart:
     return replace(memory, finetune=memory.finetune.model_copy(update={"method": method}))
 
 

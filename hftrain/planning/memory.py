@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import MemoryPart
+from hftrain.recipe.parts import PlanPart
 
 GB = 1e9
 LIBRARIES_FALLBACK_BYTES = 0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)
@@ -72,7 +72,7 @@ class PeakPrediction:
 
 
 def run_shape(
-    part: MemoryPart,
+    part: PlanPart,
     device: str = "cpu",
     processes: int = 1,
     strategy: str | None = None,
@@ -133,7 +133,7 @@ def rows_per_sample(shape: RunShape) -> int:
     return OBJECTIVES[shape.objective].rows_per_example
 
 
-def state_bytes(part: MemoryPart, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
+def state_bytes(part: PlanPart, info: dict[str, Any], shape: RunShape) -> dict[str, float]:
     """Weights, gradients and AdamW state per process for the recipe's fine-tuning method and the strategy."""
     m = info["finetune_bytes"]["methods"][part.finetune.method]
     weights, grads, optim = float(m["weights"]), float(m["gradients"]), float(m["optimizer"])
@@ -151,7 +151,7 @@ def state_bytes(part: MemoryPart, info: dict[str, Any], shape: RunShape) -> dict
     return {"weights": weights, "gradients": grads, "optimizer": optim}
 
 
-def reference_bytes(part: MemoryPart, info: dict[str, Any], shape: RunShape) -> float:
+def reference_bytes(part: PlanPart, info: dict[str, Any], shape: RunShape) -> float:
     """DPO with full fine-tuning keeps a frozen copy of the starting weights as its reference, built and sharded
     (TRL's prepare_fsdp / prepare_deepspeed) as the policy's weights are; with an adapter the reference is the
     base with the adapter disabled: nothing more."""
@@ -160,7 +160,7 @@ def reference_bytes(part: MemoryPart, info: dict[str, Any], shape: RunShape) -> 
     return state_bytes(part, info, shape)["weights"]
 
 
-def predict_peak(part: MemoryPart, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None) -> PeakPrediction:
+def predict_peak(part: PlanPart, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None) -> PeakPrediction:
     """Peak bytes per process of the recipe (its `part`) run as `shape` (default: one CPU process as the recipe says); `info`
     is `estimates.plan(PlanPart.of(recipe))`."""
     shape = shape or run_shape(part)
@@ -221,7 +221,7 @@ def predict_peak(part: MemoryPart, info: dict[str, Any], shape: RunShape | None 
     return PeakPrediction(evaluation, "final evaluation", t_total)
 
 
-def data_pipeline_bytes(part: MemoryPart, processes: int) -> float:
+def data_pipeline_bytes(part: PlanPart, processes: int) -> float:
     """The shuffle windows this process fills (int32 tokens) when it reads in its main process; DataLoader
     workers hold theirs in their own processes. Host memory: on GPUs it is not in the device's peak."""
     from hftrain.parallel.readers import decide_readers, decide_window

@@ -1,78 +1,60 @@
 """What each component reads of the recipe: one frozen part per component, holding only the sections (and the
 few values derived from them) that component needs, built from a Recipe by its ``of``.
 
-The resolver (training/resolve.py) builds them once per run; a component imports its part, never the Recipe, so
-what it can depend on is written in one place and a newcomer reads a component without the whole schema.
+The resolver (training/resolve.py) builds them once per run and hands each to its component with the runtime
+objects it needs (training/run.py: the run, one build after another); a component imports its part, never the
+Recipe, so what it can depend on is written in one place and a newcomer reads a component without the whole schema.
+One layer: a part holds recipe sections whole where it can, so a new key of a section reaches its component through
+the section alone (docs/architecture.md: "Adding a recipe key").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hftrain.recipe.objectives import OBJECTIVES, Objective
 from hftrain.recipe.sections import SpeedSection
 
 if TYPE_CHECKING:
+    from hftrain.data.loader import DataPlan
     from hftrain.recipe.finetune_section import FinetuneSection
     from hftrain.recipe.schema import DataSection, ModelSection, Recipe, Source, TokenizerSection
-    from hftrain.recipe.sections import CheckpointsSection, EvalTask, HubSection
+    from hftrain.recipe.sections import CheckpointsSection, FaultsSection, HubSection, MonitorSection, ProfileSection
     from hftrain.recipe.training_section import TrainingSection
 
 
 @dataclass(frozen=True)
-class TokenizerPart:
-    """What loading the run's tokenizer reads (model/tokenizer.py): the tokenizer section, and the model section for
-    a from_pretrained model's own tokenizer (from_pretrained, revision, trust_remote_code)."""
-
-    tokenizer: TokenizerSection
-    model: ModelSection
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> TokenizerPart:
-        return cls(tokenizer=recipe.tokenizer, model=recipe.model)
-
-
-@dataclass(frozen=True)
-class FinetunePart:
-    """What the fine-tuning method reads (model/finetune.py): the finetune section, the starting weights
-    (model.from_pretrained, model.preset) and training.seed (the adapter's initialisation)."""
-
-    finetune: FinetuneSection
-    from_pretrained: str | None
-    preset: str | None
-    seed: int
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> FinetunePart:
-        m = recipe.model
-        return cls(finetune=recipe.finetune, from_pretrained=m.from_pretrained, preset=m.preset, seed=recipe.training.seed)
-
-
-@dataclass(frozen=True)
 class ModelPart:
-    """What building and measuring the model reads (model/build.py): the model, tokenizer and finetune sections,
-    data.seq_len (checked against the model's context, and in its FLOPs) and training.seed (a preset's init)."""
+    """What building the model reads (model/build.py), and with it what its tokenizer (model/tokenizer.py) and its
+    fine-tuning method (model/finetune.py) read: the model, tokenizer and finetune sections, data.seq_len (checked
+    against the model's context, and in its FLOPs), training.seed (a preset's init, an adapter's) and
+    parallelism.max_memory (device_map's placement)."""
 
     model: ModelSection
     tokenizer: TokenizerSection
     finetune: FinetuneSection
     seq_len: int
     seed: int
+    max_memory: dict[Any, Any] | None = None
 
     @classmethod
     def of(cls, recipe: Recipe) -> ModelPart:
         m, tok, ft = recipe.model, recipe.tokenizer, recipe.finetune
-        return cls(model=m, tokenizer=tok, finetune=ft, seq_len=recipe.data.seq_len, seed=recipe.training.seed)
+        return cls(m, tok, ft, seq_len=recipe.data.seq_len, seed=recipe.training.seed, max_memory=recipe.parallelism.max_memory)
 
     @property
-    def tokenizing(self) -> TokenizerPart:
-        """The tokenizer's part of it (the same sections)."""
-        return TokenizerPart(tokenizer=self.tokenizer, model=self.model)
+    def from_pretrained(self) -> str | None:
+        return self.model.from_pretrained
 
     @property
-    def finetuning(self) -> FinetunePart:
-        """The fine-tuning method's part of it (the same sections)."""
-        return FinetunePart(finetune=self.finetune, from_pretrained=self.model.from_pretrained, preset=self.model.preset, seed=self.seed)
+    def preset(self) -> str | None:
+        return self.model.preset
+
+    @property
+    def objective(self) -> Objective:
+        """What finetune.objective means for the model, its data and its Trainer (recipe/objectives.py)."""
+        return OBJECTIVES[self.finetune.objective]
 
 
 @dataclass(frozen=True)
@@ -189,11 +171,13 @@ class PublishPart:
     train: tuple[Source, ...]
     instruction_data: bool
     finetune: FinetuneSection
+    push_to_hub: bool = False  # training.push_to_hub: the final model (and revisions) to the Hub, by hftrain
 
     @classmethod
     def of(cls, recipe: Recipe) -> PublishPart:
         m, data = recipe.model, recipe.data
         return cls(
+            push_to_hub=bool(recipe.training_kwargs().get("push_to_hub", False)),
             hub=recipe.hub,
             checkpoints=recipe.checkpoints,
             network_timeout_s=recipe.faults.network_timeout_s,
@@ -206,23 +190,10 @@ class PublishPart:
 
 
 @dataclass(frozen=True)
-class DataPrepPart:
-    """What `hftrain data prepare` and `hftrain data inspect` read (data/prepare.py): the data section,
-    training.seed (the order the sources are read in) and the tokenizer's part."""
-
-    data: DataSection
-    seed: int
-    tokenizing: TokenizerPart
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> DataPrepPart:
-        return cls(data=recipe.data, seed=recipe.training.seed, tokenizing=TokenizerPart.of(recipe))
-
-
-@dataclass(frozen=True)
-class PackingCheckPart:
-    """What `hftrain data inspect --check-packing` reads (data/packing_check.py): the data section, training.seed,
-    the micro-batch size (training.per_device_train_batch_size) and the model's part (its shape, its tokenizer)."""
+class DataPart:
+    """What `hftrain data prepare` and `hftrain data inspect` read (data/prepare.py, inspect.py, packing_check.py):
+    the data section, training.seed (the order the sources are read in), the micro-batch size
+    (training.per_device_train_batch_size: --check-packing's batch) and the model's part (its tokenizer, its shape)."""
 
     data: DataSection
     seed: int
@@ -230,26 +201,41 @@ class PackingCheckPart:
     model: ModelPart
 
     @classmethod
-    def of(cls, recipe: Recipe) -> PackingCheckPart:
+    def of(cls, recipe: Recipe) -> DataPart:
         t = recipe.training
         return cls(data=recipe.data, seed=t.seed, batch_size=t.per_device_train_batch_size, model=ModelPart.of(recipe))
 
 
 @dataclass(frozen=True)
 class TrainerPart:
-    """What an objective's Trainer reads (training/objectives.py, dpo.py): the validation set's size for its
-    progress line (data.eval_blocks, data.seq_len), the evaluation tasks (monitor.eval_tasks) and the model's part
-    (DPO builds its adapter, or its reference copy, from it)."""
+    """What the Trainer and its callbacks read (training/trainer_build.py, objectives.py, dpo.py): the run's data
+    plan (the resolver's, data/loader.py), the validation set's size for its progress line (data.eval_blocks,
+    data.seq_len), training.logging_nan_inf_filter, the monitor section (metrics, evaluation tasks, sample, plot), the faults section (the non-finite
+    guard), which checkpoints are kept (the checkpoints section), the profile section, the model's part (DPO builds
+    its adapter, or its reference copy, from it) and the model's FLOPs per token (the MFU)."""
 
-    eval_blocks: int
-    seq_len: int
-    eval_tasks: list[EvalTask]
+    data: DataPlan
+    monitor: MonitorSection
+    faults: FaultsSection
+    kept: CheckpointsSection
+    profile: ProfileSection
     model: ModelPart
+    flops_per_token: float
+    nan_filter: bool = True  # training.logging_nan_inf_filter, done on the device (training/arguments.py)
 
     @classmethod
-    def of(cls, recipe: Recipe) -> TrainerPart:
-        data = recipe.data
-        return cls(eval_blocks=data.eval_blocks, seq_len=data.seq_len, eval_tasks=recipe.monitor.eval_tasks, model=ModelPart.of(recipe))
+    def of(cls, recipe: Recipe, data: DataPlan, flops_per_token: float) -> TrainerPart:
+        nan_filter = recipe.training.logging_nan_inf_filter is not False
+        model = ModelPart.of(recipe)
+        return cls(data, recipe.monitor, recipe.faults, recipe.checkpoints, recipe.profile, model, flops_per_token, nan_filter)
+
+    @property
+    def objective(self) -> Objective:
+        return self.model.objective
+
+    @property
+    def seq_len(self) -> int:
+        return self.data.section.seq_len
 
 
 @dataclass(frozen=True)
@@ -277,38 +263,50 @@ class SageMakerPart:
 
 
 @dataclass(frozen=True)
-class MemoryPart:
-    """What the peak-memory prediction reads (planning/memory.py): the finetune section (method, objective), the data
-    section (seq_len, eval_blocks, documents kept apart, readers, shuffle window), the training section (batches,
-    precision, gradient checkpointing, torch_compile, DataLoader workers), parallelism.strategy and
-    model.attn_implementation."""
+class PlanPart:
+    """What a run's plan on paper reads: the peak-memory prediction (planning/memory.py: the finetune section, the
+    data section, the training section, parallelism.strategy, model.attn_implementation), `hftrain plan`'s estimates
+    (planning/estimates.py: the model's part, measured from its config; the batch, for the tokens per step; the run
+    length, for the planned steps), the checks made once before a run's processes start (launch/processes.py,
+    script_checks.py: the method against the backend, the precision of a CPU rehearsal, the checkpoint the run would
+    resume, an elastic launch's batch, the memory fit) and `hftrain parity`'s runs (launch/parity.py: the batch it
+    splits over 2 processes, training.output_dir, the data section and training.seed)."""
 
     finetune: FinetuneSection
     data: DataSection
     training: TrainingSection
     strategy: str
     attention: str | None
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> MemoryPart:
-        p = recipe.parallelism
-        return cls(recipe.finetune, recipe.data, recipe.training, strategy=p.strategy, attention=recipe.model.attn_implementation)
-
-
-@dataclass(frozen=True)
-class PlanPart:
-    """What `hftrain plan`'s estimates read (planning/estimates.py): the memory prediction's part (the finetune section,
-    data.seq_len, the micro-batch), the model's part (measured on the meta device), the batch (the global batch,
-    for the tokens per step) and the run length (the planned steps)."""
-
-    memory: MemoryPart
     model: ModelPart
     batch: BatchPart
     run_length: RunLengthPart
 
     @classmethod
     def of(cls, recipe: Recipe) -> PlanPart:
-        return cls(MemoryPart.of(recipe), ModelPart.of(recipe), BatchPart.of(recipe), RunLengthPart.of(recipe))
+        p, m = recipe.parallelism, recipe.model
+        return cls(
+            recipe.finetune,
+            recipe.data,
+            recipe.training,
+            strategy=p.strategy,
+            attention=m.attn_implementation,
+            model=ModelPart.of(recipe),
+            batch=BatchPart.of(recipe),
+            run_length=RunLengthPart.of(recipe),
+        )
+
+    @property
+    def training_kwargs(self) -> dict[str, Any]:
+        """The TrainingArguments keys the recipe sets (Recipe.training_kwargs)."""
+        return self.training.model_dump(exclude_unset=True)
+
+    @property
+    def output_dir(self) -> str:
+        return self.training.output_dir
+
+    @property
+    def seed(self) -> int:
+        return self.training.seed
 
 
 @dataclass(frozen=True)
@@ -323,34 +321,3 @@ class SpeedPart:
     @classmethod
     def of(cls, recipe: Recipe) -> SpeedPart:
         return cls(method=recipe.finetune.method, seq_len=recipe.data.seq_len, section=recipe.speed)
-
-
-@dataclass(frozen=True)
-class LaunchPart:
-    """What is checked once before a run's processes start (launch/processes.py), so that a refusal is one message:
-    the method against the backend, the precision of a CPU rehearsal, the checkpoint the run would resume, an elastic
-    launch's batch and the memory fit (its plan part)."""
-
-    finetune: FinetunePart
-    training_kwargs: dict[str, object]
-    output_dir: str
-    plan: PlanPart
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> LaunchPart:
-        return cls(FinetunePart.of(recipe), recipe.training_kwargs(), recipe.training.output_dir, PlanPart.of(recipe))
-
-
-@dataclass(frozen=True)
-class ParityPart:
-    """What `hftrain parity` reads of its recipe (launch/parity.py, elastic_parity.py): the batch it splits over 2
-    processes, where its runs go, and the data section with the seed (the readers every run of --elastic shares)."""
-
-    batch: BatchPart
-    output_dir: str
-    data: DataSection
-    seed: int
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> ParityPart:
-        return cls(BatchPart.of(recipe), recipe.training.output_dir, recipe.data, recipe.training.seed)

@@ -107,6 +107,8 @@ class SpeedPlan:
     values: dict[str, Any] = field(default_factory=dict)  # TrainingArguments keys hftrain set
     reasons: list[str] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
+    chunked_loss: bool = False  # hftrain's chunked cross-entropy (model/fused_loss.py), decided in training/arguments.py
+    fp8: str | None = None  # speed.fp8's recipe (speed/fp8.py), checked here before the probe: the model's layers
 
     def to_json(self) -> dict[str, Any]:
         return {"values": self.values, "reasons": self.reasons, "measured": self.measured}

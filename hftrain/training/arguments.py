@@ -1,15 +1,20 @@
-"""The recipe's training section -> transformers.TrainingArguments, plus what hftrain keeps for itself.
+"""The recipe's training section -> transformers.TrainingArguments, made once and never changed after.
 
-hftrain handles four TrainingArguments keys itself: ``resume_from_checkpoint`` (the CheckpointManager finds
+Each helper returns what it decides (the nodes' disks, FP8's compile, the speed levers measured or kept, the
+device's levers); `set_up` merges them over the resolved values in one place and makes the arguments from the
+result, so what a checkpoint's training_args.bin records is what ran.
+
+hftrain handles five TrainingArguments keys itself: ``resume_from_checkpoint`` (the CheckpointManager finds
 the checkpoint), ``push_to_hub`` (the Trainer's own push would upload output_dir's root; hub.py pushes the
-final model), ``save_total_limit`` (rotation happens after a checkpoint is complete, checkpoint/manager.py), and the
-data skip on resume (hftrain restores its data position instead of replaying batches).
+final model), ``save_total_limit`` (rotation happens after a checkpoint is complete, checkpoint/manager.py),
+``logging_nan_inf_filter`` (done on the device by hftrain's Trainer, training/trainer.py; the Trainer's own reads
+every micro-batch's loss on the host, so its arguments say False), and the data skip on resume (hftrain restores
+its data position instead of replaying batches).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +24,25 @@ from transformers import TrainingArguments
 from hftrain import _compat
 from hftrain.checkpoint import node_disks
 from hftrain.errors import HftrainError
+from hftrain.model import fused_loss
 from hftrain.model.shape import ModelShape
 from hftrain.parallel import launcher_store, rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.planning.run_length import RunLength
 from hftrain.recipe.finetune_section import FinetuneSection
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import SpeedPart
+from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
 from hftrain.speed import fp8
 from hftrain.speed.defaults import SpeedPlan
 from hftrain.training import objectives
 
 
-@dataclass
-class TrainingSettings:
-    args: TrainingArguments
-    speed: SpeedPlan  # the speed defaults chosen, with their reasons and measurements (speed/defaults.py)
-    length: RunLength  # max_steps and where it came from (run_length.py)
-    dims: ParallelDims  # the run's parallel dims (parallel/dims.py): strategy, batch, readers
-    chunked_loss: bool = False  # hftrain's chunked cross-entropy (model/fused_loss.py), decided once in run.set_up
-
-    def start_record(self) -> dict[str, Any]:
-        """What a run records at its start and keeps when it continues (CheckpointManager.recorded_start)."""
-        levers = {key: value for key in speed.LEVER_KEYS if (value := getattr(self.args, key)) is not None}
-        readers = self.dims.readers
-        return {"speed": levers, "global_batch": self.dims.global_batch, "readers": readers.readers, "shuffle_window": readers.window}
+def start_record(args: TrainingArguments, dims: ParallelDims) -> dict[str, Any]:
+    """What a run records at its start and keeps when it continues (CheckpointManager.recorded_start)."""
+    levers = {key: value for key in speed.LEVER_KEYS if (value := getattr(args, key)) is not None}
+    readers = dims.readers
+    return {"speed": levers, "global_batch": dims.global_batch, "readers": readers.readers, "shuffle_window": readers.window}
 
 
 HFTRAIN_KEYS = ("resume_from_checkpoint", "push_to_hub", "save_total_limit")  # read by hftrain (module docstring), not the Trainer
@@ -58,6 +56,7 @@ def argument_values(recipe_kwargs: dict[str, Any], dims: ParallelDims, length: R
     kwargs.setdefault("use_cpu", device == "cpu")
     kwargs.update(ignore_data_skip=True, remove_unused_columns=False)  # batches hold only model inputs
     kwargs.setdefault("ddp_find_unused_parameters", False)
+    kwargs["logging_nan_inf_filter"] = False  # hftrain's Trainer filters on the device (module docstring)
     if device == "cuda" and not kwargs["use_cpu"]:
         kwargs.update(non_blocking_copies(kwargs))
     return rehearsal.training_kwargs(kwargs, dims.rehearsal)
@@ -79,26 +78,34 @@ def set_up(
     dims: ParallelDims,
     shape: ModelShape,
     speed_part: SpeedPart,
+    model: ModelPart,
     recorded: Mapping[str, Any],
     output_dir: Path,
-    finetune: FinetuneSection,
 ) -> tuple[TrainingArguments, SpeedPlan]:
-    """The run's TrainingArguments, made once: the values the resolver derived (`resolved`, read-only) completed by
-    the side effects of the set-up, in this order: several nodes check whether they share training.output_dir (a
-    collective), freed device memory is kept cached, and the speed levers are measured (the probe) and agreed by
-    every process. Returns them with the speed plan (the levers' reasons and measurements)."""
-    values = dict(resolved)
-    node_disks.storage_settings(values, output_dir, dims)  # several nodes: a shared disk or each its own
-    device = training_device(values, dims)
+    """The run's TrainingArguments, made once: the values the resolver derived (`resolved`, read-only) and what the
+    set-up decides, in this order: FP8's refusals (before the probe measures), whether several nodes share
+    training.output_dir (a collective), freed device memory kept cached, FP8's compile, the speed levers (measured by
+    the probe and agreed by every process, or kept from the run's start) and the device's own levers, then the loss
+    path. Returns them with the speed plan (each lever's reason and measurement, and the loss path)."""
+    device = training_device(resolved, dims)
+    fp8_setting = speed_part.section.fp8
+    fp8.check_here(fp8_setting, device, dict(resolved), model.finetune.method, dims.strategy, shape)
+    storage = node_disks.storage_settings(dict(resolved), output_dir, dims)  # several nodes: a shared disk or each its own
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
-    compiled, why = fp8.compile_for(speed_part.section.fp8, values)  # speed.fp8 with torch_compile unset: on
-    values.update(compiled)
-    plan = speed_defaults(speed_part, values, dims, shape, recorded.get("speed"), device)
-    plan.values.update(compiled)
-    plan.reasons[:0] = why
-    if memory:
-        plan.reasons.append(memory)
-    return training_arguments(values, finetune, speed_part.seq_len), plan
+    compiled, why = fp8.compile_for(fp8_setting, dict(resolved))  # speed.fp8 with torch_compile unset: on
+    plan = speed_defaults(speed_part, {**resolved, **storage, **compiled}, dims, shape, recorded.get("speed"), device)
+    values = {**resolved, **storage, **compiled, **plan.values}  # merged once; nothing changes them after
+    plan = SpeedPlan({**compiled, **plan.values}, [*why, *plan.reasons, *([memory] if memory else [])], plan.measured)
+    # hftrain's chunked cross-entropy where speed.loss says (auto: eager training on a CPU), unless DPO's own head
+    choice = speed_part.section.loss
+    plan.chunked_loss = fused_loss.applies(device, bool(values.get("torch_compile")), choice) and not model.objective.tiled_loss_head
+    if plan.chunked_loss:
+        why_chunked = "eager training on a CPU" if choice == "auto" else "speed.loss=chunked"
+        plan.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why_chunked})")
+    if fp8_setting:
+        plan.fp8 = fp8_setting
+        plan.reasons.append(fp8.note(shape, fp8_setting))
+    return training_arguments(values, model.finetune, speed_part.seq_len), plan
 
 
 def training_arguments(values: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> TrainingArguments:
@@ -118,16 +125,14 @@ def speed_defaults(
     part: SpeedPart, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None, device: torch.device
 ) -> SpeedPlan:
     """bf16 / fp16 / tf32 / torch_compile / optim where the recipe leaves them unset: as recorded at the run's start
-    (a resumed run), else decided by measurement on this device (speed/defaults.py), the same in every process; then what the
-    device decides without a measurement (speed.device_levers: TF32 beside bf16, fused AdamW on CUDA)."""
+    (a resumed run), else decided by measurement on this device (speed/defaults.py), the same in every process; then
+    what the device decides without a measurement (speed.device_levers: TF32 beside bf16, fused AdamW on CUDA).
+    `kwargs` (the values so far) are only read; the plan's values are what it decided."""
     facts = speed.DeviceFacts.of(device)
-    chosen = set(kwargs)  # the recipe's own keys
     plan = measured_levers(part, kwargs, dims, shape, recorded, device, facts)
-    values, reasons = speed.device_levers(chosen | set(plan.values if recorded is not None else ()), kwargs, facts)
-    kwargs.update(values)
-    plan.values.update(values)
-    plan.reasons.extend(reasons)
-    return plan
+    chosen = set(kwargs) | set(plan.values if recorded is not None else ())  # the recipe's own keys, the run's start
+    values, reasons = speed.device_levers(chosen, {**kwargs, **plan.values}, facts)
+    return SpeedPlan({**plan.values, **values}, [*plan.reasons, *reasons], plan.measured)
 
 
 def measured_levers(
@@ -145,11 +150,8 @@ def measured_levers(
         return speed.SpeedPlan()
     if recorded is not None:  # a continuing run: what it started with, never a new measurement
         kept, notes = speed.kept_here({key: value for key, value in recorded.items() if key in unset}, facts)
-        kwargs.update(kept)
         reasons = [f"kept from the run's start: {', '.join(f'{k}={v}' for k, v in kept.items())}"] if kept else []
         return speed.SpeedPlan(values=kept, reasons=reasons + notes)
     decide = lambda: speed.decide_here(part, kwargs, dims.strategy, shape, device).to_json()  # noqa: E731
     decided = launcher_store.agree("speed", decide, dims.rank, dims.processes)
-    plan = speed.SpeedPlan.from_json(decided)
-    kwargs.update(plan.values)
-    return plan
+    return speed.SpeedPlan.from_json(decided)

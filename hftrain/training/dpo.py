@@ -13,6 +13,7 @@ the way the policy was (planning/memory.py counts it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hftrain import _compat
@@ -22,7 +23,6 @@ from hftrain.errors import HftrainError
 from hftrain.eval.preference_accuracy import PreferenceEvaluation
 from hftrain.model.build import build_model
 from hftrain.model.finetune import prepare_adapter
-from hftrain.parallel.dims import ParallelDims
 from hftrain.recipe.parts import ModelPart
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
@@ -74,25 +74,18 @@ def _trainer_class() -> type:
 
 
 def preference_trainer(
-    part: ModelPart,
-    dims: ParallelDims,
-    options: TrainerOptions,
-    model: Any,
-    args: Any,
-    tokenizer: Any,
-    callbacks: list[Any],
-    tokenizer_is_new: bool = False,
+    part: ModelPart, options: TrainerOptions, model: Any, args: Any, tokenizer: Any, callbacks: list[Any], tokenizer_is_new: bool = False
 ) -> HftrainTrainer:
     """The DPO trainer: TRL's reference (adapter disabled, or a frozen copy of the starting
     weights), TRL's evaluation set and collator, hftrain's stream and held-out preference accuracy."""
     held_out, first = validation_pairs(options.data), first_pairs(options.data, 4)
     if needs_chat_template(tokenizer, first[0]):
         use_chatml(tokenizer)
-    model, adapter = prepare_adapter(model, part.finetuning, args.gradient_checkpointing)
+    model, adapter = prepare_adapter(model, part, args.gradient_checkpointing)
     reference = None
     if adapter is None:
-        reference = build_model(part, tokenizer, tokenizer_is_new, dims).eval().requires_grad_(False)
-    options.evaluation = PreferenceEvaluation(held_out, tokenizer)
+        reference = build_model(part, tokenizer, tokenizer_is_new, options.dims).eval().requires_grad_(False)
+    options = replace(options, evaluation=PreferenceEvaluation(held_out, tokenizer))
     import datasets
 
     _compat.quiet_trl_deprecations()

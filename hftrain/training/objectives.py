@@ -6,7 +6,7 @@ here; tests/training/test_objectives.py checks that both tables name the same ob
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hftrain.data.loader import validation_blocks
@@ -17,27 +17,23 @@ from hftrain.recipe.parts import TrainerPart
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
 
-@dataclass
-class TrainerParts:
-    """What every objective's Trainer is built from (run.build_trainer gathers them)."""
-
-    part: TrainerPart
-    options: TrainerOptions
-    model: Any
-    args: Any
-    tokenizer: Any
-    collate: Any
-    callbacks: list[Any]
-    tokenizer_is_new: bool
-
-
 def training_arguments(finetune: FinetuneSection, kwargs: dict[str, Any], seq_len: int) -> Any:
     """TrainingArguments (or the objective's subclass) from the training section's keys."""
     return BUILDERS[finetune.objective].arguments(kwargs, finetune, seq_len)
 
 
-def build_trainer(objective: str, parts: TrainerParts) -> HftrainTrainer:
-    return BUILDERS[objective].trainer(parts)
+def build_trainer(
+    part: TrainerPart,
+    options: TrainerOptions,
+    model: Any,
+    args: Any,
+    tokenizer: Any,
+    collate: Any,
+    callbacks: list[Any],
+    tokenizer_is_new: bool,
+) -> HftrainTrainer:
+    """The objective's Trainer (training/trainer_build.py gathers what it is built from)."""
+    return BUILDERS[part.objective.name].trainer(part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
 
 
 def _lm_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
@@ -53,36 +49,50 @@ def _dpo_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: i
     return dpo_arguments(kwargs, finetune.dpo, seq_len)
 
 
-def _lm_trainer(parts: TrainerParts) -> HftrainTrainer:
+def _lm_trainer(
+    part: TrainerPart,
+    options: TrainerOptions,
+    model: Any,
+    args: Any,
+    tokenizer: Any,
+    collate: Any,
+    callbacks: list[Any],
+    tokenizer_is_new: bool,
+) -> HftrainTrainer:
     """Next-token loss on packed blocks (or instruction examples), evaluated on held-out blocks."""
-    part, options = parts.part, parts.options
-    with phase(f"reading the validation set ({part.eval_blocks:,} blocks of {part.seq_len:,} tokens)", after_s=2):
-        eval_set = validation_blocks(options.data, parts.tokenizer)
-    options.evaluation = TrainingEvaluation(eval_set, parts.tokenizer, part.eval_tasks)
+    section = options.data.section
+    with phase(f"reading the validation set ({section.eval_blocks:,} blocks of {section.seq_len:,} tokens)", after_s=2):
+        eval_set = validation_blocks(options.data, tokenizer)
     return HftrainTrainer(
-        model=parts.model,
-        args=parts.args,
+        model=model,
+        args=args,
         eval_dataset=eval_set,
-        processing_class=parts.tokenizer,
-        data_collator=parts.collate,
-        callbacks=parts.callbacks,
-        options=options,
+        processing_class=tokenizer,
+        data_collator=collate,
+        callbacks=callbacks,
+        options=replace(options, evaluation=TrainingEvaluation(eval_set, tokenizer, part.monitor.eval_tasks)),
     )
 
 
-def _dpo_trainer(parts: TrainerParts) -> HftrainTrainer:
+def _dpo_trainer(
+    part: TrainerPart,
+    options: TrainerOptions,
+    model: Any,
+    args: Any,
+    tokenizer: Any,
+    collate: Any,
+    callbacks: list[Any],
+    tokenizer_is_new: bool,
+) -> HftrainTrainer:
     from hftrain.training.dpo import preference_trainer
 
-    options = parts.options
-    return preference_trainer(
-        parts.part.model, options.dims, options, parts.model, parts.args, parts.tokenizer, parts.callbacks, parts.tokenizer_is_new
-    )
+    return preference_trainer(part.model, options, model, args, tokenizer, callbacks, tokenizer_is_new)
 
 
 @dataclass(frozen=True)
 class Builders:
     arguments: Callable[[dict[str, Any], FinetuneSection, int], Any]  # the training section's keys -> its TrainingArguments
-    trainer: Callable[[TrainerParts], HftrainTrainer]
+    trainer: Callable[..., HftrainTrainer]  # (part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
 
 
 BUILDERS: dict[str, Builders] = {"lm": Builders(_lm_arguments, _lm_trainer), "dpo": Builders(_dpo_arguments, _dpo_trainer)}

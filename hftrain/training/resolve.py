@@ -1,18 +1,19 @@
 """The recipe resolved once: a pure function from (the recipe, the launch read once, what a continuing run
-recorded at its start) to a frozen `RunSpec`: one part per step of the run (training/run_parts.py) and what the run
-became for the caller (`AsRun`).
+recorded at its start) to a frozen `RunSpec`: each component's part (recipe/parts.py) with what the resolver
+derived for it, and what the run became for the caller (`AsRun`).
 
 Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
 (dims.global_batch), the memory fit (planning/fit.py: a batch, never a new recipe), the run length
 (planning/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
 TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the token folders,
 the machine's memory) but changes nothing: what a run then sets up, process groups, patches, the speed probe, is
-`training/run.py`'s set-up step. The steps and components get their part (run_parts.py, built from
-hftrain/recipe/parts.py), never the recipe; `hftrain plan` shares the same strategy, global batch and fit functions.
+`training/run.py`'s set-up. Each component gets its part, never the recipe; `hftrain plan` shares the same
+strategy, global batch and fit functions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -20,7 +21,7 @@ from typing import Any
 
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.checkpoint.manager import CheckpointManager, ResumeSetting
-from hftrain.data.loader import plan_data
+from hftrain.data.loader import DataPlan, plan_data
 from hftrain.model.finetune import check_starting_weights
 from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel import dims as parallel
@@ -28,40 +29,38 @@ from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
 from hftrain.parallel.readers import default_readers, default_workers
 from hftrain.planning import run_length
 from hftrain.planning.run_length import RunLength
-from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import (
-    BatchPart,
-    CheckpointPart,
-    FinetunePart,
-    ModelPart,
-    PlanPart,
-    PublishPart,
-    RunLengthPart,
-    SpeedPart,
-    TokenizerPart,
-    TrainerPart,
-)
+from hftrain.recipe.parts import BatchPart, CheckpointPart, ModelPart, PlanPart, PublishPart, RunLengthPart, SpeedPart, TrainerPart
 from hftrain.recipe.report_to import check_installed
 from hftrain.recipe.schema import DataSection, Recipe
 from hftrain.training.arguments import argument_values
-from hftrain.training.run_parts import FinishPart, ModelBuildPart, OutputPart, ServicesPart, SetUpPart, TrainerBuildPart
 from hftrain.training.run_record import AsRun
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run, resolved: the launch, what the run became (for the caller) and one part per step of
-    training/run.py (training/run_parts.py)."""
+    """One run, resolved: the launch, what the run became (for the caller), what the resolver derived (the
+    TrainingArguments values, the dims, the model's shape, the run length) and each component's part."""
 
     launch: LaunchEnv
     fit_note: str | None  # parallelism.fit_memory's choice, or the warning that the recipe's batch will not fit
     as_run: AsRun  # what the run became: the layout the resolver chose, its length, the recipe as run
-    set_up: SetUpPart
-    output: OutputPart
-    model: ModelBuildPart
-    trainer: TrainerBuildPart
-    services: ServicesPart
-    finish: FinishPart
+    arguments: Mapping[str, Any]  # TrainingArguments values before the set-up's measurements (read-only)
+    recorded: Mapping[str, Any]  # what a continuing run recorded at its start (its speed levers are kept)
+    dims: ParallelDims
+    shape: ModelShape
+    length: RunLength
+    output_dir: Path
+    network_timeout_s: float  # faults.network_timeout_s: every network client's bound
+    resume: ResumeSetting
+    speed: SpeedPart
+    model: ModelPart
+    checkpoints: CheckpointPart
+    trainer: TrainerPart
+    publish: PublishPart
+
+    @property
+    def data(self) -> DataPlan:
+        return self.trainer.data
 
 
 def recorded_start(recipe: Recipe) -> dict[str, Any]:
@@ -73,7 +72,7 @@ def recorded_start(recipe: Recipe) -> dict[str, Any]:
 def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunSpec:
     """The run's spec; `recorded` keeps a continuing run's global batch, readers and speed levers."""
     check_installed(recipe.training.report_to)  # a tracker's library, before anything is measured or written
-    check_starting_weights(FinetunePart.of(recipe))
+    check_starting_weights(ModelPart.of(recipe))
     shape = measure_model(ModelPart.of(recipe))  # on the meta device: nothing is loaded
     strategy = parallel.resolve_strategy(recipe.parallelism.strategy, launch)
     # the memory fit on paper, before the data's shards are listed: a certain out-of-memory is refused first (fit.py)
@@ -86,40 +85,25 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
     dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
     length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.folder_tokens)
-    checkpoints, objective, output_dir = CheckpointPart.of(recipe), OBJECTIVES[recipe.finetune.objective], Path(recipe.training.output_dir)
+    checkpoints, output_dir = CheckpointPart.of(recipe), Path(recipe.training.output_dir)
     resume = ResumeSetting.of(kwargs.get("resume_from_checkpoint"))
     spec = RunSpec(
         launch=launch,
         fit_note=fit_note,
         as_run=became(dims, batch, length, checkpoints.recipe_yaml),
-        set_up=SetUpPart(
-            arguments=MappingProxyType(argument_values(kwargs, dims, length, launch.device)),
-            dims=dims,
-            shape=shape,
-            speed=SpeedPart.of(recipe),
-            finetune=recipe.finetune,
-            objective=objective,
-            length=length,
-            recorded=MappingProxyType(recorded),
-            output_dir=output_dir,
-            network_timeout_s=recipe.faults.network_timeout_s,
-        ),
-        output=OutputPart(output_dir, checkpoints, resume, TokenizerPart.of(recipe), data),
-        model=ModelBuildPart(
-            ModelPart.of(recipe), FinetunePart.of(recipe), objective, data, recipe.speed.fp8, recipe.parallelism.max_memory
-        ),
-        trainer=TrainerBuildPart(
-            trainer=TrainerPart.of(recipe),
-            objective=objective,
-            data=data,
-            faults=recipe.faults,
-            kept=recipe.checkpoints,
-            profile=recipe.profile,
-            monitor=recipe.monitor,
-            flops_per_token=shape.flops_per_token,
-        ),
-        services=ServicesPart(PublishPart.of(recipe), bool(kwargs.get("push_to_hub", False)), recipe.faults.network_timeout_s),
-        finish=FinishPart(recipe.monitor, shape.counts),
+        arguments=MappingProxyType(argument_values(kwargs, dims, length, launch.device)),
+        recorded=MappingProxyType(recorded),
+        dims=dims,
+        shape=shape,
+        length=length,
+        output_dir=output_dir,
+        network_timeout_s=recipe.faults.network_timeout_s,
+        resume=resume,
+        speed=SpeedPart.of(recipe),
+        model=ModelPart.of(recipe),
+        checkpoints=checkpoints,
+        trainer=TrainerPart.of(recipe, data, shape.flops_per_token),
+        publish=PublishPart.of(recipe),
     )
     CheckpointManager(RunLayout(output_dir), checkpoints, resume).check_same_run()  # before the probe and the model
     return spec

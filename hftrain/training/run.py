@@ -1,38 +1,35 @@
-"""One training run, start to finish, as named steps:
+"""One training run, start to finish, on one page:
 
     resolve (training/resolve.py: reads, changes nothing) -> set up (every side effect: network bound, process
-    set-up, speed probe) -> prepare the output directory -> build (model, Trainer) -> fit (train, resuming where a
-    checkpoint is) -> finish (final model, results, summary) -> share
+    set-up, the TrainingArguments made once with the speed probe's levers) -> prepare the output directory ->
+    build (the model, then the Trainer with its callbacks: training/trainer_build.py) -> fit (train, resuming where
+    a checkpoint is) -> finish (final model, results, summary) -> share
 
 `train()` is the single code path behind `hftrain train`, `accelerate launch -m hftrain train` and the Python
-API. It resumes an interrupted run in the same output_dir on its own. Each step gets its part of the resolved
-RunSpec (training/run_parts.py), never the recipe, and the objects the steps before it made.
+API. It resumes an interrupted run in the same output_dir on its own. `run` hands each component its part of the
+resolved RunSpec (recipe/parts.py) and the runtime objects the builds before it made; no step sees the recipe.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from hftrain import _compat, network, progress
 from hftrain.checkpoint import elastic
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import step_of, unreadable
 from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
-from hftrain.checkpoint.manager import CheckpointManager, KeptCheckpointsCallback
+from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.checkpoint.node_disks import common_resume
 from hftrain.checkpoint.output_lock import owning
-from hftrain.data.loader import DataPlan, collator_for, first_documents, first_pairs
-from hftrain.data.packed_batch import PackedCollator, mask_note
+from hftrain.data.loader import DataPlan, first_documents, first_pairs
 from hftrain.data.preference_pairs import SAME_ANSWERS_SAMPLE, same_answers
 from hftrain.data.token_folder import check_tokenizer
 from hftrain.errors import Preempted
-from hftrain.integrations import revisions, trackers
+from hftrain.integrations import revisions
 from hftrain.integrations.hub import CheckpointPusher
 from hftrain.integrations.outbox import Failure, Outbox
 from hftrain.model import attention, fused_loss
@@ -43,22 +40,18 @@ from hftrain.model.tokenizer import load_tokenizer
 from hftrain.parallel import dims as parallel
 from hftrain.parallel import liveness
 from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
+from hftrain.planning.run_length import RunLength
+from hftrain.recipe.parts import ModelPart, PublishPart
+from hftrain.recipe.sections import MonitorSection
 from hftrain.speed import fp8
-from hftrain.speed.hardware import measure_peak_flops
-from hftrain.speed.profiling import ProfilerCallback
-from hftrain.training import objectives
-from hftrain.training.arguments import TrainingSettings, training_device
-from hftrain.training.arguments import set_up as set_up_arguments
-from hftrain.training.input_check import InputCheckCallback
-from hftrain.training.objectives import TrainerParts
+from hftrain.speed.defaults import SpeedPlan
+from hftrain.training.arguments import set_up, start_record
 from hftrain.training.plot import plot_curves
 from hftrain.training.resolve import RunSpec, recorded_start, resolve
 from hftrain.training.results import build_results, summary
-from hftrain.training.run_parts import FinishPart, ModelBuildPart, OutputPart, ServicesPart, SetUpPart, TrainerBuildPart
 from hftrain.training.run_record import AsRun, Run
-from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback, StepFlags
-from hftrain.training.step_metrics import MetricsFileCallback, MetricsOptions, StepMetrics, ThroughputClockCallback
-from hftrain.training.trainer import HftrainTrainer, TrainerOptions
+from hftrain.training.trainer import HftrainTrainer
+from hftrain.training.trainer_build import build_trainer
 
 if TYPE_CHECKING:
     from hftrain.recipe.schema import Recipe
@@ -72,77 +65,58 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         _compat.quiet_optional_warnings()  # before resolving imports the libraries (a logger level and an import check)
         _compat.skip_unneeded_imports()
         spec = resolve(recipe, LaunchEnv.read(), recorded_start(recipe))  # reads only; refuses before output_dir is touched
-        with owning(str(spec.output.output_dir), "training.output_dir"):
+        with owning(str(spec.output_dir), "training.output_dir"):
             return run(spec, callbacks)
     finally:
         progress.stop()
 
 
 def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
-    """A resolved run: set up -> build -> fit -> finish -> share. Each step receives its part of the spec
-    (training/run_parts.py) and the objects the steps before it made."""
+    """A resolved run: set up -> build -> fit -> finish -> share, each component from its part of the spec and the
+    objects the builds before it made."""
     if spec.fit_note and spec.launch.rank == 0:  # said at once: before the speed probe measures anything
         print(f"hftrain: {spec.fit_note}", flush=True)
-    settings = set_up(spec.set_up)
-    args = settings.args
-    checkpoints, tokenizer, tokenizer_is_new, resume = prepare_output(spec.output, settings)
+    network.configure(spec.network_timeout_s)  # every network client from here on answers within this bound
+    parallel.prepare_process(spec.dims)  # a CPU rehearsal's backend, DeepSpeed's config path
+    dims = spec.dims
+    args, speed = set_up(spec.arguments, dims, spec.shape, spec.speed, spec.model, spec.recorded, spec.output_dir)
+    checkpoints = CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume, dims)
+    tokenizer, tokenizer_is_new, resume = prepare_output(checkpoints, spec.model, spec.data, args, dims)
     if args.process_index == 0:
-        announce(settings, resume)
-    model, collate = build_model_for(spec.model, settings, tokenizer, tokenizer_is_new)
-    metrics = StepMetrics(metrics_options(spec.trainer, settings), args.device, args.process_index == 0)
-    guard = NonFiniteGuard(spec.trainer.faults, checkpoints.latest, StepFlags(args.device, args.world_size))
-    built = TrainerInputs(model, tokenizer, tokenizer_is_new, collate, checkpoints, metrics, guard, resume)
-    trainer = build_trainer(spec.trainer, settings, built, callbacks)
-    pusher, reporters = outside_services(spec.services, trainer)
+        announce(spec.length, speed, resume)
+    model = build_model_for(spec.model, spec.data, speed, args, dims, tokenizer, tokenizer_is_new)
+    outbox = Outbox(Path(args.output_dir), owner=args.should_save)  # the outside services' journal
+    trainer, reporters = build_trainer(spec.trainer, args, dims, model, tokenizer, tokenizer_is_new, checkpoints, resume, outbox, callbacks)
+    pusher = checkpoint_pusher(spec.publish, args, outbox)
     pusher.recover()  # what a killed launch of this run queued and did not send
     checkpoints.on_publish.append(pusher.on_checkpoint)
     if resume is None and spec.trainer.kept.keeps(0):  # Pythia's step0: the weights before the first step
         initial = checkpoints.save_initial(trainer)
         if initial is not None:
             pusher.on_initial(initial)
-    known = {"parameters": spec.finish.parameters, "speed": settings.speed.to_json(), "run_length": settings.length.to_json()}
-    done = Finishing(spec.finish, spec.as_run, checkpoints, known, run_facts(trainer, metrics, settings.dims, spec.trainer.data))
+    known = {"parameters": spec.shape.counts, "speed": speed.to_json(), "run_length": spec.length.to_json()}
+    monitor, as_run = spec.trainer.monitor, spec.as_run
     with reporters.session(args):  # the trackers' last reports are sent (or kept as failures) before sharing
         if resume is not None and step_of(resume) >= args.max_steps:
-            result = already_finished(trainer, done, resume)
+            result = already_finished(trainer, monitor, as_run, known, resume)
         else:
             if resume is not None:
                 elastic.prepare_resume(trainer, resume)  # ZeRO-3 on another process count: universal checkpoint
-            fit(trainer, resume, guard.flags, settings.dims, checkpoints)
-            result = finish(trainer, done)
+            fit(trainer, resume)
+            result = finish(trainer, monitor, as_run, known)
     if args.should_save and checkpoints.layout.final.is_dir():  # the process that saves, once the final model is there
         result.not_shared = share(pusher, checkpoints.layout)
     return result
 
 
-def set_up(part: SetUpPart) -> TrainingSettings:
-    """Every side effect of starting the run, in this order: network time-outs, the process set-up of its dims (a
-    CPU rehearsal's backend, DeepSpeed's config path), FP8's refusals (speed/fp8.py, before the probe measures), then
-    the TrainingArguments, made once from the resolved values and what the set-up measures (several nodes compare
-    their disks, the speed probe, the processes' agreement; training/arguments.py), and the loss path."""
-    network.configure(part.network_timeout_s)  # every network client from here on answers within this bound
-    parallel.prepare_process(part.dims)
-    fp8_setting, device = part.speed.section.fp8, training_device(part.arguments, part.dims)
-    fp8.check_here(fp8_setting, device, part.arguments, part.finetune.method, part.dims.strategy, part.shape)
-    args, speed = set_up_arguments(part.arguments, part.dims, part.shape, part.speed, part.recorded, part.output_dir, part.finetune)
-    # hftrain's chunked cross-entropy where speed.loss says (auto: eager training on a CPU), unless DPO's own head
-    chunked = fused_loss.applies(args.device, args.torch_compile, part.speed.section.loss) and not part.objective.tiled_loss_head
-    if chunked:
-        why = "eager training on a CPU" if part.speed.section.loss == "auto" else "speed.loss=chunked"
-        speed.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why})")
-    if fp8_setting:
-        speed.reasons.append(fp8.note(part.shape, fp8_setting))
-    return TrainingSettings(args, speed, part.length, part.dims, chunked)
-
-
-def prepare_output(part: OutputPart, settings: TrainingSettings) -> tuple[CheckpointManager, Any, bool, Path | None]:
+def prepare_output(
+    checkpoints: CheckpointManager, model: ModelPart, data: DataPlan, args: Any, dims: ParallelDims
+) -> tuple[Any, bool, Path | None]:
     """The output directory claimed, the tokenizer, and where the run resumes. The main process prepares the shared
     directory (and trains a tokenizer) before the others read it."""
-    args, dims, data = settings.args, settings.dims, part.data
-    checkpoints = CheckpointManager(RunLayout(part.output_dir), part.checkpoints, part.resume, dims)
     with args.main_process_first(desc="preparing the output directory"):
-        checkpoints.claim(args.should_save, settings.start_record())  # should_save: each node's first process on node-local disks
-        tokenizer, is_new = load_tokenizer(part.tokenizer, checkpoints.layout.root, lambda n: first_documents(data, n))
+        checkpoints.claim(args.should_save, start_record(args, dims))  # should_save: each node's first process on node-local disks
+        tokenizer, is_new = load_tokenizer(model, checkpoints.layout.root, lambda n: first_documents(data, n))
         resume = common_resume(checkpoints.resume_point(args.should_save), checkpoints.complete(), dims, unreadable)
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
         elastic.check_backend(resume, dims.strategy, dims.processes)
@@ -155,116 +129,57 @@ def prepare_output(part: OutputPart, settings: TrainingSettings) -> tuple[Checkp
         said = same_answers(first_pairs(data, SAME_ANSWERS_SAMPLE), tokenizer, f"data.train ({source.path or source.dataset})")
         if said and args.process_index == 0:
             print(f"hftrain: warning: {said}", flush=True)
-    return checkpoints, tokenizer, is_new, resume
+    return tokenizer, is_new, resume
 
 
-def build_model_for(part: ModelBuildPart, settings: TrainingSettings, tokenizer: Any, tokenizer_is_new: bool) -> tuple[Any, PackedCollator]:
-    """The model as this run trains it (its loss, its fine-tuning method, its placement) and the batches' collator."""
-    args, dims, section = settings.args, settings.dims, part.data.section
-    model = build_model(part.model, tokenizer, tokenizer_is_new, dims)
-    if part.fp8:
-        fp8.apply(model, part.fp8)  # torchao's Float8Linear in the chosen layers (speed/fp8.py)
-    collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
-    if model.config._attn_implementation == "flex_attention":
+def build_model_for(
+    part: ModelPart, data: DataPlan, speed: SpeedPlan, args: Any, dims: ParallelDims, tokenizer: Any, tokenizer_is_new: bool
+) -> Any:
+    """The model as this run trains it: its kernel, its loss, its FP8 layers, its fine-tuning method, its placement."""
+    model = build_model(part, tokenizer, tokenizer_is_new, dims)
+    if speed.fp8:
+        fp8.apply(model, speed.fp8)  # torchao's Float8Linear in the chosen layers (speed/fp8.py)
+    kernel, section = model.config._attn_implementation, data.section
+    if kernel == "flex_attention":
         _compat.flex_kernel_per_shape()  # CPU: each shape its own compiled kernel (_compat.py)
-    if args.process_index == 0 and section.packs_documents:
-        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}", flush=True)
     plain_blocks = not (section.masks_documents or section.preference_data)  # no position ids, no padding
-    if attention.applies(model.config._attn_implementation, model.config.model_type, not plain_blocks):
+    if attention.applies(kernel, model.config.model_type, not plain_blocks):
         attention.use(model)  # SDPA with is_causal and no mask (model/attention.py)
-    if settings.chunked_loss:
+    if speed.chunked_loss:
         fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
     if not part.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/dpo.py)
-        model = apply_method(model, part.finetune, args.gradient_checkpointing)
+        model = apply_method(model, part, args.gradient_checkpointing)
     if dims.strategy is Strategy.DEVICE_MAP:
         model = parallel.spread_over_devices(model, part.max_memory)
-    return model, collate
+    return model
 
 
-def announce(settings: TrainingSettings, resume: Path | None) -> None:
+def announce(length: RunLength, speed: SpeedPlan, resume: Path | None) -> None:
     """What the run decided before building anything: its length, its speed levers and where it resumes."""
-    print(f"hftrain: {settings.length.note}", flush=True)
-    if settings.speed.reasons:
-        print(f"hftrain: speed defaults: {'; '.join(settings.speed.reasons)}", flush=True)
+    print(f"hftrain: {length.note}", flush=True)
+    if speed.reasons:
+        print(f"hftrain: speed defaults: {'; '.join(speed.reasons)}", flush=True)
     if resume is not None:
         print(f"hftrain: resuming from {resume}")
 
 
-@dataclass(frozen=True)
-class TrainerInputs:
-    """What the steps before build_trainer made for it."""
-
-    model: Any
-    tokenizer: Any
-    tokenizer_is_new: bool
-    collate: PackedCollator
-    checkpoints: CheckpointManager
-    metrics: StepMetrics
-    guard: NonFiniteGuard
-    resume: Path | None
+def checkpoint_pusher(part: PublishPart, args: Any, outbox: Outbox) -> CheckpointPusher:
+    """What shares the run's checkpoints (Hub, S3, revisions), through the run's outbox: a service that is down
+    never stops or slows training (outbox.py)."""
+    return CheckpointPusher(part, args, part.push_to_hub, outbox, revisions.publisher(part, args, part.push_to_hub, outbox))
 
 
-def build_trainer(
-    part: TrainerBuildPart, settings: TrainingSettings, built: TrainerInputs, callbacks: Sequence[Any] = ()
-) -> HftrainTrainer:
-    """The Trainer with hftrain's data, checkpoints, metrics, guard and callbacks, as the objective builds it
-    (training/objectives.py: TRL's DPOTrainer behind them for finetune.objective dpo)."""
-    args, metrics = settings.args, built.metrics
-    options = TrainerOptions(
-        dims=settings.dims, data=part.data, checkpoints=built.checkpoints, metrics=metrics, guard=built.guard, resume_from=built.resume
-    )
-    callbacks = [
-        MetricsFileCallback(),
-        *callbacks,
-        InputCheckCallback(metrics.options),  # before step 1 on a GPU, before the clock starts: does the input keep up?
-        ThroughputClockCallback(metrics),
-        *([KeptCheckpointsCallback(part.kept)] if part.kept.keeps_any else []),  # none: no per-step lookup at all
-    ]
-    parts = TrainerParts(part.trainer, options, built.model, args, built.tokenizer, built.collate, callbacks, built.tokenizer_is_new)
-    trainer = objectives.build_trainer(part.objective.name, parts)  # its own Trainer per objective
-    if part.profile.start_step is not None:
-        trainer.add_callback(ProfilerCallback(part.profile, built.checkpoints.layout.root, args.process_index))
-    return trainer
-
-
-def metrics_options(part: TrainerBuildPart, settings: TrainingSettings) -> MetricsOptions:
-    """The fixed numbers of the step metrics; the MFU peak is the recipe's, else measured here now."""
-    args, monitor = settings.args, part.monitor
-    peak_dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    peak = monitor.peak_tflops * 1e12 if monitor.peak_tflops else measure_peak_flops(args.device, peak_dtype)
-    return MetricsOptions(
-        tokens_per_step=settings.dims.global_batch * part.data.section.seq_len,
-        world_size=args.world_size,
-        flops_per_token=part.flops_per_token,
-        peak_flops=peak,
-        price_per_hour=monitor.price_per_hour,
-        input_bound_threshold=monitor.input_bound_threshold,
-        dataloader_workers=args.dataloader_num_workers,
-    )
-
-
-def outside_services(part: ServicesPart, trainer: HftrainTrainer) -> tuple[CheckpointPusher, trackers.Trackers]:
-    """What shares the run's checkpoints and what reports its metrics, both through the run's outbox: a service
-    that is down never stops or slows training (outbox.py, trackers.py)."""
-    args = trainer.args
-    outbox = Outbox(Path(args.output_dir), owner=args.should_save)
-    reporters = trackers.Trackers(trainer, outbox, part.network_timeout_s)
-    publish, push = part.publish, part.push_to_hub
-    pusher = CheckpointPusher(publish, args, push, outbox, revisions.publisher(publish, args, push, outbox))
-    return pusher, reporters
-
-
-def fit(trainer: HftrainTrainer, resume: Path | None, flags: StepFlags, dims: ParallelDims, checkpoints: CheckpointManager) -> None:
+def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
     """Train to max_steps; a SIGTERM / SIGUSR1 saves a checkpoint at the next step and stops (Preempted)."""
-    preemption = PreemptionCallback(flags)  # its agreement rides on the guard's one per step
-    trainer.add_callback(preemption)
+    options = trainer.options
+    preemption, checkpoints = options.preemption, options.checkpoints
     latest = checkpoints.latest
     where = lambda: f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"  # noqa: E731
-    heartbeat = liveness.Heartbeat(dims, where, step=lambda: trainer.state.global_step)  # a lost or stuck node is named
+    heartbeat = liveness.Heartbeat(options.dims, where, step=lambda: trainer.state.global_step)  # a lost or stuck node is named
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except Exception as failure:
-        lost = liveness.lost_peers(dims, failure, where())
+        lost = liveness.lost_peers(options.dims, failure, where())
         if lost is None:
             raise
         raise lost from None
@@ -279,42 +194,33 @@ def fit(trainer: HftrainTrainer, resume: Path | None, flags: StepFlags, dims: Pa
         )
 
 
-@dataclass(frozen=True)
-class Finishing:
-    """What the finish step reads: its part, what the run became, the checkpoints, and what results.json records."""
-
-    part: FinishPart
-    as_run: AsRun
-    checkpoints: CheckpointManager
-    known: dict[str, Any]  # from the run's start: parameters, speed choices with their measurements, run length
-    facts: Callable[[], dict[str, Any]]  # how the run ran (run_facts), read when the results are written
-
-
-def already_finished(trainer: HftrainTrainer, done: Finishing, resume: Path) -> Run:
+def already_finished(trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, known: dict[str, Any], resume: Path) -> Run:
     """The checkpoint is at max_steps: nothing to train (the Trainer would still take one more step)."""
     from transformers.trainer_callback import TrainerState
 
     print(f"hftrain: {resume} is already at training.max_steps={trainer.args.max_steps}; nothing to train (raise max_steps to continue).")
     trainer.state = TrainerState.load_from_json(str(resume / TRAINER_STATE_FILE))
-    layout = done.checkpoints.layout
+    checkpoints = trainer.options.checkpoints
+    layout = checkpoints.layout
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:  # sharded weights load only inside train()
         metrics = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
-        return Run(done.as_run, layout.root, layout.final, trainer, metrics=metrics)
-    done.checkpoints.load_weights(trainer.model, resume)
-    return finish(trainer, done)
+        return Run(as_run, layout.root, layout.final, trainer, metrics=metrics)
+    checkpoints.load_weights(trainer.model, resume)
+    return finish(trainer, monitor, as_run, known)
 
 
-def finish(trainer: HftrainTrainer, done: Finishing) -> Run:
-    """Save the final model, evaluate it, write the results, plot and summary."""
-    checkpoints, monitor = done.checkpoints, done.part.monitor
+def finish(trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, known: dict[str, Any]) -> Run:
+    """Save the final model, evaluate it, write the results (`known`: what the run's start decided: parameters,
+    speed choices with their measurements, run length), plot and summary."""
+    checkpoints = trainer.options.checkpoints
     layout = checkpoints.layout
     staged = checkpoints.stage_final(trainer)
     metrics = trainer.evaluate()
-    run = Run(done.as_run, layout.root, layout.final, trainer, metrics=metrics)
+    run = Run(as_run, layout.root, layout.final, trainer, metrics=metrics)
     if not trainer.args.should_save:
         return run
     checkpoints.publish_final(staged, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
-    results = build_results(trainer.state.global_step, metrics, run.log_history, {**done.facts(), **done.known})
+    results = build_results(trainer.state.global_step, metrics, run.log_history, {**run_facts(trainer), **known})
     if monitor.sample_max_new_tokens:
         run.sample = results["sample"] = sample(run.model, trainer.processing_class, monitor.sample_prompt, monitor.sample_max_new_tokens)
     if monitor.plot:
@@ -327,25 +233,21 @@ def finish(trainer: HftrainTrainer, done: Finishing) -> Run:
     return run
 
 
-def run_facts(trainer: HftrainTrainer, metrics: StepMetrics, dims: ParallelDims, data: DataPlan) -> Callable[[], dict[str, Any]]:
-    """What results.json records about how the run ran, beyond its metrics: read when the results are written."""
-
-    def facts() -> dict[str, Any]:
-        loader = trainer.train_loader
-        skipped = 0 if loader is None else sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
-        return {
-            **metrics.run_split(),
-            "bf16": trainer.args.bf16,
-            "torch_compile": trainer.args.torch_compile,
-            **trainer.distribution,
-            "data_records_skipped": skipped,
-            "data_readers": dims.readers.readers,
-            "shuffle_window": dims.readers.window,
-            "packing_fill": None if loader is None or loader.fill is None else round(loader.fill, 4),
-            "document_masking": data.section.masks_documents,
-        }
-
-    return facts
+def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
+    """What results.json records about how the run ran, beyond its metrics."""
+    loader, options = trainer.train_loader, trainer.options
+    skipped = 0 if loader is None else sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
+    return {
+        **options.metrics.run_split(),
+        "bf16": trainer.args.bf16,
+        "torch_compile": trainer.args.torch_compile,
+        **trainer.distribution,
+        "data_records_skipped": skipped,
+        "data_readers": options.dims.readers.readers,
+        "shuffle_window": options.dims.readers.window,
+        "packing_fill": None if loader is None or loader.fill is None else round(loader.fill, 4),
+        "document_masking": options.data.section.masks_documents,
+    }
 
 
 def share(pusher: CheckpointPusher, layout: RunLayout) -> list[Failure]:

@@ -133,27 +133,31 @@ class MetricsOptions:
 
 
 class StepMetrics:
-    def __init__(self, options: MetricsOptions, device: torch.device, is_main: bool):
+    def __init__(self, options: MetricsOptions, device: torch.device, is_main: bool, counts_tokens: bool = False):
         self.options, self.device, self.is_main = options, device, is_main
+        # steps differ in tokens (DPO pairs): tokens/s counts the positions the loader's batches held, all processes
+        self.counts_tokens = counts_tokens
         self.timer = StepTimer(split=device.type == "cpu")
         self._last_step: int | None = None
         self._warned_input_bound = False
         self._starting = False
         self.time_to_first_step_s: float | None = None
-        self.counted_tokens: Any = None  # () -> tokens of all processes so far, where steps differ in tokens (DPO pairs)
         self._last_tokens = 0
 
-    def start(self, step: int) -> None:
-        """Training (re)starts at `step`: what came before (model loading, resume) is not step time."""
+    def start(self, step: int, loader: Any = None) -> None:
+        """Training (re)starts at `step`: what came before (model loading, resume) is not step time. `loader`:
+        the training loader (ResumableLoader), whose batches' positions count where steps differ in tokens."""
         self._last_step = step
         self._starting = True
-        self._last_tokens = self._tokens()
+        self._last_tokens = self._tokens(loader)
         self.timer.restart()
 
-    def _tokens(self) -> int:
-        return int(self.counted_tokens()) if self.counted_tokens is not None else 0
+    def _tokens(self, loader: Any) -> int:
+        if not self.counts_tokens or loader is None:
+            return 0
+        return int(loader.tokens["block"]) * self.options.world_size
 
-    def step_done(self, step: int) -> None:
+    def step_done(self, step: int, loader: Any = None) -> None:
         """After each optimizer step: the first one after a (re)start ends start-up (and the watchdog's lines); the
         clocks start there."""
         if not self._starting:
@@ -162,16 +166,16 @@ class StepMetrics:
         progress.stop()  # start-up is over: the progress bar and the logs speak from here
         self.time_to_first_step_s = round(process_age_s(), 2)
         self._last_step = step
-        self._last_tokens = self._tokens()
+        self._last_tokens = self._tokens(loader)
         self.timer.restart()
 
-    def for_log_line(self, step: int) -> dict[str, float]:
+    def for_log_line(self, step: int, loader: Any = None) -> dict[str, float]:
         """Throughput, MFU, cost, where the step time went and peak memory, since the previous log line."""
         o = self.options
-        counted = self.counted_tokens is not None
+        counted = self.counts_tokens
         out: dict[str, float] = {} if counted else {"tokens_seen": float(step * o.tokens_per_step)}
         seconds, fractions = self.timer.take()
-        tokens = self._tokens()
+        tokens = self._tokens(loader)
         if self._last_step is not None and step > self._last_step:
             rate = (tokens - self._last_tokens if counted else (step - self._last_step) * o.tokens_per_step) / seconds
             out["tokens_per_s"] = round(rate, 1)
@@ -212,8 +216,8 @@ class ThroughputClockCallback(TrainerCallback):
         self.metrics = metrics
         self._optimizer_phase = ExitStack()
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.metrics.start(state.global_step)
+    def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+        self.metrics.start(state.global_step, train_dataloader)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._optimizer_phase.enter_context(self.metrics.timer.phase("optimizer"))
@@ -221,8 +225,8 @@ class ThroughputClockCallback(TrainerCallback):
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._optimizer_phase.close()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.metrics.step_done(state.global_step)
+    def on_step_end(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+        self.metrics.step_done(state.global_step, train_dataloader)
 
 
 class MetricsFileCallback(TrainerCallback):

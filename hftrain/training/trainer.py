@@ -8,7 +8,8 @@
 * non-finite losses and gradient norms go to the guard (step_faults.py);
 * evaluations add perplexity, bits per byte and the recipe's eval tasks (eval/during_training.py).
 
-It receives one narrow ``TrainerOptions``, never the recipe. What can be a callback is one, and attaches to any
+It receives one narrow ``TrainerOptions``, never the recipe, and its callbacks at construction
+(training/trainer_build.py). What can be a callback is one, and attaches to any
 Trainer (training/step_metrics.py, step_faults.py, speed/profiling.py); the public methods overridden here
 (get_train_dataloader, compute_loss, training_step, evaluate, evaluation_loop, log, get_batch_samples,
 create_accelerator_and_postprocess) are the Trainer's documented extension points. The private methods it
@@ -35,7 +36,7 @@ from hftrain.parallel import dims as parallel
 from hftrain.parallel import rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.parallel.readers import merge_positions
-from hftrain.training.step_faults import NonFiniteGuard
+from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback
 from hftrain.training.step_metrics import EXCLUDED, StepMetrics
 
 PRIVATE_OVERRIDES = {  # name -> why no public hook serves (upstream issue)
@@ -54,16 +55,18 @@ PRIVATE_OVERRIDES = {  # name -> why no public hook serves (upstream issue)
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerOptions:
-    """What hftrain's Trainer needs beyond TrainingArguments."""
+    """What hftrain's Trainer needs beyond TrainingArguments (training/trainer_build.py makes it)."""
 
     dims: ParallelDims  # strategy, processes, batch and the run's logical readers (parallel/dims.py)
     data: DataPlan
     checkpoints: CheckpointManager
     metrics: StepMetrics
-    guard: NonFiniteGuard
-    evaluation: TrainingEvaluation | None = None
+    guard: NonFiniteGuard  # also among the Trainer's callbacks: the Trainer feeds it the loss and gradient norm
+    preemption: PreemptionCallback  # also among the callbacks: run.fit reads where it stopped
+    nan_filter: bool = True  # training.logging_nan_inf_filter, done on the device (_finite_for_log)
+    evaluation: TrainingEvaluation | None = None  # the objective's metrics on the held-out set (objectives.py)
     resume_from: Path | None = None
 
 
@@ -71,13 +74,9 @@ class HftrainTrainer(Trainer):
     def __init__(self, *args: Any, options: TrainerOptions, **kwargs: Any):
         self.options = options  # before super().__init__: create_accelerator_and_postprocess reads the dims
         super().__init__(*args, **kwargs)
-        # logging_nan_inf_filter, done on the device (_finite_for_log): the Trainer's own reads every micro-batch's
-        # loss back on the host (two syncs each)
-        self._nan_filter, self.args.logging_nan_inf_filter = self.args.logging_nan_inf_filter, False
         self._finite_losses: torch.Tensor | None = None  # (sum, count) of the finite losses since the last log line
         self.timer = options.metrics.timer
         self.train_loader: ResumableLoader | None = None
-        self.add_callback(options.guard)
 
     @property
     def skipped_steps(self) -> list[int]:
@@ -106,9 +105,6 @@ class HftrainTrainer(Trainer):
             pad=pad,
             placement=Placement.of(args),  # pinned, copied without a wait on CUDA
         )
-        if options.data.section.preference_data:  # pairs differ in length: tokens/s counts the batches' positions
-            loader, world = self.train_loader, args.world_size
-            options.metrics.counted_tokens = lambda: loader.tokens["block"] * world
         return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
 
     # ---------------------------------------------------------------------------- timed phases
@@ -124,7 +120,7 @@ class HftrainTrainer(Trainer):
         with self.timer.phase("backward", label="training_step"):  # its forward is timed apart (compute_loss)
             loss = super().training_step(model, inputs, num_items_in_batch)
         self.options.guard.saw_loss(loss)
-        return self._finite_for_log(loss) if self._nan_filter else loss
+        return self._finite_for_log(loss) if self.options.nan_filter else loss
 
     def _finite_for_log(self, loss: torch.Tensor) -> torch.Tensor:
         """TrainingArguments.logging_nan_inf_filter without reading the loss on the host: a non-finite micro-batch
@@ -154,7 +150,7 @@ class HftrainTrainer(Trainer):
     # ---------------------------------------------------------------------------------- metrics
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
-            logs.update(self.options.metrics.for_log_line(self.state.global_step))
+            logs.update(self.options.metrics.for_log_line(self.state.global_step, self.train_loader))
             self._finite_losses = None
         super().log(logs, start_time)
 

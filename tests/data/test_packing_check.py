@@ -12,7 +12,7 @@ from transformers import AttentionInterface
 from hftrain.data.packed_batch import FLATTENED, ROWS, PackedCollator
 from hftrain.data.packing_check import check_packing, first_micro_batch, random_model
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import PackingCheckPart
+from hftrain.recipe.parts import DataPart
 from tests.support.data import instructions, make_documents, write_examples, write_jsonl
 
 
@@ -56,9 +56,9 @@ def recipes(tmp_path_factory):
     (root / "examples.yaml").write_text(yaml.safe_dump(examples), encoding="utf-8")
     return {
         "examples": root / "examples.yaml",
-        "examples_part": PackingCheckPart.of(load_recipe(None, examples)),
-        "text": PackingCheckPart.of(load_recipe(None, text)),
-        "plain_text": PackingCheckPart.of(load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}})),
+        "examples_part": DataPart.of(load_recipe(None, examples)),
+        "text": DataPart.of(load_recipe(None, text)),
+        "plain_text": DataPart.of(load_recipe(None, {**text, "data": {**text["data"], "document_masking": None}})),
     }
 
 

@@ -33,10 +33,10 @@ CHATS = [
 
 def gpt2():
     from hftrain.model.tokenizer import load_tokenizer
-    from hftrain.recipe.parts import TokenizerPart
+    from hftrain.recipe.parts import ModelPart
 
     recipe = load_recipe(None, {"data": {"train": {"builtin": "python-docs"}}})
-    tokenizer, _ = load_tokenizer(TokenizerPart.of(recipe), Path("/nonexistent"), lambda n: iter(()))
+    tokenizer, _ = load_tokenizer(ModelPart.of(recipe), Path("/nonexistent"), lambda n: iter(()))
     return tokenizer
 
 

@@ -22,7 +22,7 @@ from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import ReaderLayout, default_readers
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPrepPart
+from hftrain.recipe.parts import DataPart
 
 from ..support.data import make_documents, write_jsonl
 
@@ -294,6 +294,6 @@ def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):
     for i, n in enumerate([900, 2500, 4000]):
         write_jsonl(tmp_path / "corpus" / f"part-{i}.jsonl", make_documents(n, seed=i))
     recipe = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "seq_len": 32}, "tokenizer": {"builtin": "gpt2"}})
-    text = inspect(DataPrepPart.of(recipe), blocks=1)
+    text = inspect(DataPart.of(recipe), blocks=1)
     assert "data.train[0]: " in text and "3 shard(s)" in text
     assert "3 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)" in text

@@ -25,7 +25,7 @@ from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import ReaderLayout, merge_positions
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPrepPart
+from hftrain.recipe.parts import DataPart
 
 from ..support.checks import losses, tree_digest
 from ..support.data import make_documents, tiny_recipe, write_jsonl
@@ -63,7 +63,7 @@ def datatrove_folder(out: Path, texts: list[str], tokenizer_json: str, tasks: in
 
 def test_a_prepared_folder_holds_the_tokens_training_would_read_at_any_seq_len(tmp_path):
     raw = gpt2_recipe(corpus(tmp_path), tmp_path / "unused")
-    prepared = prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1), shuffle=False, task_mb=0)
+    prepared = prepare(DataPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1), shuffle=False, task_mb=0)
     names = [f["name"] for f in prepared["files"]]
     assert prepared["tasks"] == 3 and len(names) == 3 and prepared["token_size"] == 2
     assert (tmp_path / "prep" / "tokenizer" / "tokenizer.json").is_file() and prepared["validation_tokens"] >= 8 * 32
@@ -103,7 +103,7 @@ def test_tasks_group_input_files_by_size_and_never_split_one(tmp_path):
 @pytest.mark.slow
 def test_the_folder_is_the_same_for_any_workers_task_split_and_killed_task(tmp_path, capsys):
     raw = gpt2_recipe(corpus(tmp_path), tmp_path / "unused")
-    part = DataPrepPart.of(load_recipe(None, raw))
+    part = DataPart.of(load_recipe(None, raw))
     one = prepare(part, str(tmp_path / "one"), PrepareHow(workers=2), task_mb=0)  # a task per file
     # two machines sharing the task space: the first runs task 0, and leaves a folder training refuses
     split = tmp_path / "split"
@@ -121,7 +121,7 @@ def test_the_folder_is_the_same_for_any_workers_task_split_and_killed_task(tmp_p
     assert len(one["files"]) == 3 and one["shuffled"]
     with pytest.raises(HftrainError, match="already holds prepared data"):
         prepare(part, str(split), PrepareHow(workers=1), task_mb=0)
-    other = DataPrepPart.of(load_recipe(None, {**raw, "training": {**raw["training"], "seed": 5}}))
+    other = DataPart.of(load_recipe(None, {**raw, "training": {**raw["training"], "seed": 5}}))
     (tmp_path / "half").mkdir()
     prepare(part, str(tmp_path / "half"), PrepareHow(workers=1, tasks=1), task_mb=0)
     with pytest.raises(HftrainError, match=r"holds an unfinished prepare of other data or settings \(seed differ"):
@@ -135,11 +135,11 @@ def made_by_datatrove(tmp_path_factory):
     raw = tiny_recipe(corpus(root), root / "unused")
     from hftrain.data.loader import first_documents
     from hftrain.model.tokenizer import load_tokenizer
-    from hftrain.recipe.parts import TokenizerPart
+    from hftrain.recipe.parts import ModelPart
 
     recipe = load_recipe(None, raw)
     plan = plan_data(recipe.data, 0)
-    tokenizer, _ = load_tokenizer(TokenizerPart.of(recipe), root / "tok-work", lambda n: first_documents(plan, n))
+    tokenizer, _ = load_tokenizer(ModelPart.of(recipe), root / "tok-work", lambda n: first_documents(plan, n))
     tokenizer.save_pretrained(root / "tokenizer")
     folder = datatrove_folder(
         root / "folder", make_documents(1200, seed=3), str(root / "tokenizer" / "tokenizer.json"), eos=tokenizer.eos_token
@@ -294,7 +294,7 @@ def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
     bucket = s3.make_bucket()
     out = f"s3://{bucket}/tokenized/tiny"
     raw = gpt2_recipe(corpus(tmp_path, files=2, docs=400), tmp_path / "u")
-    prepared = prepare(DataPrepPart.of(load_recipe(None, raw)), out, PrepareHow(workers=1), task_mb=0)
+    prepared = prepare(DataPart.of(load_recipe(None, raw)), out, PrepareHow(workers=1), task_mb=0)
     raw = gpt2_recipe(tmp_path, tmp_path / "run", max_steps=4, save_steps=4)
     raw["data"] = {"train": {"pretokenized": out}, "seq_len": 32, "eval_blocks": 4}
     run = hftrain.train(load_recipe(None, raw))
@@ -311,7 +311,7 @@ def test_prepare_to_s3_and_train_from_it(s3, tmp_path):
 @pytest.mark.slow
 def test_training_from_a_prepared_folder_learns(tmp_path):
     raw = tiny_recipe(corpus(tmp_path), tmp_path / "unused")
-    prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1))
+    prepare(DataPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1))
     raw = {
         **raw,
         "data": {"train": {"pretokenized": str(tmp_path / "prep")}, "seq_len": 32, "eval_blocks": 8},
@@ -369,7 +369,7 @@ def test_executor_flags_that_cannot_work_get_one_line(tmp_path, monkeypatch):
     from importlib.util import find_spec
 
     raw = gpt2_recipe(corpus(tmp_path, files=2, docs=40), tmp_path / "unused")
-    part = DataPrepPart.of(load_recipe(None, raw))
+    part = DataPart.of(load_recipe(None, raw))
     out = str(tmp_path / "out")
     for how, said in [
         (PrepareHow(executor="slurm"), "--executor slurm: give --partition"),

@@ -15,15 +15,15 @@ NO_FLASH = "needs flash_attention_2 or flash_attention_3 (pip install flash-attn
 
 def _recipes(tmp_path):
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PackingCheckPart
+    from hftrain.recipe.parts import DataPart
 
     data = support.ROOT / "recipes" / "finetune" / "data" / "train.jsonl"
     base = {"model": {"preset": "pythia-14m"}, "training": {"per_device_train_batch_size": 4, "output_dir": str(tmp_path / "r")}}
     return {
-        "examples": PackingCheckPart.of(
+        "examples": DataPart.of(
             load_recipe(None, {**base, "data": {"train": {"path": str(data), "format": "prompt_completion"}, "seq_len": 256}})
         ),
-        "documents": PackingCheckPart.of(load_recipe(None, {**base, "data": {"seq_len": 512, "document_masking": True}})),
+        "documents": DataPart.of(load_recipe(None, {**base, "data": {"seq_len": 512, "document_masking": True}})),
     }
 
 

@@ -27,7 +27,7 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import MemoryPart, PlanPart
+    from hftrain.recipe.parts import PlanPart
 
     raw = {
         "model": {"preset": "pythia-160m"},
@@ -50,7 +50,7 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
         raw["finetune"] = {"method": "lora", "lora": {"r": 16}}
         raw["model"], raw["tokenizer"] = {"from_pretrained": str(request.getfixturevalue("base"))}, {}
     recipe = load_recipe(None, raw)
-    predicted = predict_peak(MemoryPart.of(recipe), plan(PlanPart.of(recipe)), run_shape(MemoryPart.of(recipe), "cuda", 1))
+    predicted = predict_peak(PlanPart.of(recipe), plan(PlanPart.of(recipe)), run_shape(PlanPart.of(recipe), "cuda", 1))
 
     class Peak(TrainerCallback):
         def on_train_begin(self, *args, **kwargs):

@@ -139,17 +139,15 @@ def test_node_local_disks_are_refused_for_an_elastic_launch_and_save_on_each_nod
     dims = SimpleNamespace(nodes=2, rank=0, processes=2)
     monkeypatch.setattr(node_disks, "shared_output", lambda root, dims: False)
     kwargs: dict = {}
-    node_disks.storage_settings(kwargs, tmp_path, dims)
-    assert kwargs == {"save_on_each_node": True}  # a fixed launch: each node keeps a whole copy
+    assert node_disks.storage_settings(kwargs, tmp_path, dims) == {"save_on_each_node": True}  # a whole copy each
+    assert kwargs == {}  # what it decides is returned, the values it read are left as they were
     with pytest.raises(HftrainError, match="training.save_on_each_node: false, but the 2 nodes do not share"):
         node_disks.storage_settings({"save_on_each_node": False}, tmp_path, dims)
     monkeypatch.setenv(ELASTIC_ENV, "1:2")
     with pytest.raises(HftrainError, match=r"this is an elastic launch \(--nnodes 1:2\).*without --min-nodes"):
         node_disks.storage_settings({}, tmp_path, dims)
     monkeypatch.setattr(node_disks, "shared_output", lambda root, dims: True)
-    kwargs = {}
-    node_disks.storage_settings(kwargs, tmp_path, dims)  # one directory every node mounts: elastic is fine
-    assert kwargs == {}
+    assert node_disks.storage_settings({}, tmp_path, dims) == {}  # one directory every node mounts: elastic is fine
 
 
 def test_an_elastic_launch_says_what_its_processes_said_at_once_and_exits_0_after_restarts(tmp_path, monkeypatch, capfd):

@@ -102,7 +102,7 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
 
     from hftrain.data.prepare import PrepareHow, prepare
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import DataPrepPart
+    from hftrain.recipe.parts import DataPart
 
     from ..data.test_token_folders import corpus, folder_digest, gpt2_recipe
     from ..support.cli import run_cli
@@ -110,7 +110,7 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
     raw = gpt2_recipe(corpus(tmp_path, files=4, docs=800), tmp_path / "unused")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    here = prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "here"), PrepareHow(workers=1), task_mb=0)
+    here = prepare(DataPart.of(load_recipe(None, raw)), str(tmp_path / "here"), PrepareHow(workers=1), task_mb=0)
     cluster = start_slurm(tmp_path / "slurm", agents=2)
     try:
         env = {**cluster.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster.env['PATH']}"}

@@ -17,7 +17,7 @@ from hftrain.model import finetune
 from hftrain.parallel.dims import LaunchEnv, resolve_strategy
 from hftrain.parallel.dims import resolve as resolve_dims
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import BatchPart, FinetunePart
+from hftrain.recipe.parts import BatchPart, ModelPart
 
 from ..support.checks import loss_records, read_metrics
 from ..support.cli import EXPECTED_TYPE, in_process, launch, run_in_process, selected_params
@@ -113,16 +113,16 @@ def test_quantized_combinations_bitsandbytes_cannot_run(pretrained_run, tmp_path
     with pytest.raises(
         HftrainError, match=r"finetune.method=lora_8bit with parallelism.strategy=fsdp \(FSDP\): FSDP cannot shard bitsandbytes' int8"
     ):
-        finetune.check_strategy(FinetunePart.of(load_recipe(None, raw)), "fsdp")
+        finetune.check_strategy(ModelPart.of(load_recipe(None, raw)), "fsdp")
     raw["finetune"].update(method="qlora", quantization={"bnb_4bit_quant_storage": "uint8", "bnb_4bit_compute_dtype": "bfloat16"})
     recipe = load_recipe(None, raw)
     with pytest.raises(
         HftrainError, match="bnb_4bit_quant_storage: uint8 with FSDP; FSDP shards the 4-bit weights only when .* set it to bfloat16"
     ):
-        finetune.check_strategy(FinetunePart.of(recipe), "fsdp")
-    assert finetune.check_strategy(FinetunePart.of(recipe), "ddp") == "uint8"
+        finetune.check_strategy(ModelPart.of(recipe), "fsdp")
+    assert finetune.check_strategy(ModelPart.of(recipe), "ddp") == "uint8"
     raw["finetune"]["quantization"].pop("bnb_4bit_quant_storage")
-    assert finetune.check_strategy(FinetunePart.of(load_recipe(None, raw)), "fsdp") == "bfloat16"  # defaults to the compute dtype
+    assert finetune.check_strategy(ModelPart.of(load_recipe(None, raw)), "fsdp") == "bfloat16"  # defaults to the compute dtype
 
 
 def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tmp_path, monkeypatch):
@@ -131,9 +131,9 @@ def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tm
     monkeypatch.setenv("LOCAL_RANK", "1")
     launch = LaunchEnv.read()  # the run's dims, resolved once from the launcher's environment
     dims = resolve_dims(launch, resolve_strategy("auto", launch), BatchPart.of(recipe), recipe.data)
-    assert finetune.quantized_device_map(FinetunePart.of(recipe), dims) is None  # CPU: nothing to choose
+    assert finetune.quantized_device_map(ModelPart.of(recipe), dims) is None  # CPU: nothing to choose
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert finetune.quantized_device_map(FinetunePart.of(recipe), dims) == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
+    assert finetune.quantized_device_map(ModelPart.of(recipe), dims) == {"": torch.device("cuda", 1)}  # not cuda:0 (transformers#21736)
 
 
 def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run, tmp_path):
@@ -144,7 +144,7 @@ def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run,
     inits = []
     for _ in range(2):
         torch.rand(7)  # whatever ran before (imports, data, launch code) must not matter
-        model = finetune.apply_method(AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir), FinetunePart.of(recipe), False)
+        model = finetune.apply_method(AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir), ModelPart.of(recipe), False)
         inits.append({k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k})
     assert inits[0] and all(torch.equal(inits[0][k], inits[1][k]) for k in inits[0])
 

@@ -17,7 +17,7 @@ from hftrain.planning import fit as fitting
 from hftrain.planning.estimates import plan
 from hftrain.planning.memory import GB, predict_peak, run_shape
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import LaunchPart, MemoryPart, PlanPart
+from hftrain.recipe.parts import PlanPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -69,14 +69,14 @@ def test_a_layout_that_fits_keeps_the_global_batch():
 def test_sharding_and_checkpointing_lower_the_predicted_peak():
     recipe = load_recipe(PYTHIA_1B, [])
     info = plan(PlanPart.of(recipe))
-    peak = lambda **kw: predict_peak(MemoryPart.of(recipe), info, run_shape(MemoryPart.of(recipe), "cuda", 8, **kw)).total  # noqa: E731
+    peak = lambda **kw: predict_peak(PlanPart.of(recipe), info, run_shape(PlanPart.of(recipe), "cuda", 8, **kw)).total  # noqa: E731
     ddp, fsdp, gc = peak(strategy="ddp"), peak(strategy="fsdp"), peak(strategy="ddp", checkpointing=True)
     assert fsdp < ddp - 8 * GB  # weights and AdamW over 8 GPUs (embeddings, head and one layer gathered)
     assert gc < ddp - 15 * GB  # one layer's activations instead of 16
     lora = predict_peak(
-        MemoryPart.of(load_recipe(PYTHIA_1B, ["finetune.method=lora"])),
+        PlanPart.of(load_recipe(PYTHIA_1B, ["finetune.method=lora"])),
         info | plan(PlanPart.of(load_recipe(PYTHIA_1B, ["finetune.method=lora"]))),
-        run_shape(MemoryPart.of(recipe), "cuda", 8, strategy="ddp"),
+        run_shape(PlanPart.of(recipe), "cuda", 8, strategy="ddp"),
     ).total
     assert lora < ddp - 7 * GB  # no AdamW state (8 GB) for the frozen base
 
@@ -88,19 +88,18 @@ def test_dpo_counts_its_reference_copy_and_both_answers():
     lm, full = load_recipe(PYTHIA_1B, []), load_recipe(PYTHIA_1B, dpo)
     info = plan(PlanPart.of(lm))
     for strategy, processes in (("ddp", 8), ("fsdp", 8), ("single", 1)):
-        a, b = (predict_peak(MemoryPart.of(r), info, run_shape(MemoryPart.of(r), "cuda", processes, strategy=strategy)) for r in (lm, full))
+        a, b = (predict_peak(PlanPart.of(r), info, run_shape(PlanPart.of(r), "cuda", processes, strategy=strategy)) for r in (lm, full))
         assert b.parts["reference weights"] == a.parts["weights"] > 0, strategy
         assert b.parts["activations"] == pytest.approx(2 * a.parts["activations"]), strategy
         assert b.parts["logits and loss"] < a.parts["logits and loss"] / 4, strategy
-    fsdp = predict_peak(MemoryPart.of(full), info, run_shape(MemoryPart.of(full), "cuda", 8, strategy="fsdp")).parts["reference weights"]
+    fsdp = predict_peak(PlanPart.of(full), info, run_shape(PlanPart.of(full), "cuda", 8, strategy="fsdp")).parts["reference weights"]
     assert (
-        fsdp
-        < predict_peak(MemoryPart.of(full), info, run_shape(MemoryPart.of(full), "cuda", 8, strategy="ddp")).parts["reference weights"] / 2
+        fsdp < predict_peak(PlanPart.of(full), info, run_shape(PlanPart.of(full), "cuda", 8, strategy="ddp")).parts["reference weights"] / 2
     )
     lora = load_recipe(PYTHIA_1B, [*dpo, "finetune.method=lora"])
     assert (
         "reference weights"
-        not in predict_peak(MemoryPart.of(lora), info | plan(PlanPart.of(lora)), run_shape(MemoryPart.of(lora), "cuda", 8)).parts
+        not in predict_peak(PlanPart.of(lora), info | plan(PlanPart.of(lora)), run_shape(PlanPart.of(lora), "cuda", 8)).parts
     )  # the adapter disabled
     assert plan(PlanPart.of(full))["train_flops_per_token"] == pytest.approx(
         4 / 3 * info["train_flops_per_token"]
@@ -256,11 +255,11 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     huge = load_recipe(
         str(ROOT / "recipes/quickstart.yaml"), ["training.per_device_train_batch_size=65536", "parallelism.memory_check=warn"]
     )
-    assert launch.relaunch(["r.yaml"], "ddp", 2, True, LaunchPart.of(huge)) == 0
+    assert launch.relaunch(["r.yaml"], "ddp", 2, True, PlanPart.of(huge)) == 0
     out = capsys.readouterr().out
     assert "hftrain: warning: training.per_device_train_batch_size=65536" in out and "GB per process" in out
     assert started[MEMORY_WARNED_ENV] == "1" and MEMORY_WARNED_ENV not in os.environ
-    launch._warn_memory(LaunchPart.of(load_recipe(str(ROOT / "recipes/quickstart.yaml"), [])), Strategy.DDP, 2, cpu=True)
+    launch._warn_memory(PlanPart.of(load_recipe(str(ROOT / "recipes/quickstart.yaml"), [])), Strategy.DDP, 2, cpu=True)
     assert "warning" not in capsys.readouterr().out  # the check can fail: the shipped micro-batch fits
 
 

@@ -121,5 +121,5 @@ def test_the_run_records_its_optimizer_at_its_start(tmp_path):
 
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, optim="adamw_torch", report_to="none")
     dims = SimpleNamespace(global_batch=8, readers=SimpleNamespace(readers=8, window=4))
-    record = arguments.TrainingSettings(args, speed.SpeedPlan(), None, dims).start_record()  # type: ignore[arg-type]
+    record = arguments.start_record(args, dims)  # type: ignore[arg-type]
     assert json.loads(json.dumps(record))["speed"]["optim"] == "adamw_torch"  # the name, as JSON writes it

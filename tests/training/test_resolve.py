@@ -39,12 +39,12 @@ def test_resolving_reads_and_changes_nothing_and_the_arguments_follow_the_dims(t
     spec = resolve(recipe, launch(2), {"global_batch": 24})  # a run that started with 24 sequences per step
     assert not (tmp_path / "run").exists()  # nothing written before the run owns its output_dir
     assert dict(os.environ) == environment  # no network bound, no process set-up: those are run.py's set-up step
-    assert (spec.set_up.dims.global_batch, spec.set_up.dims.accumulation) == (24, 3)  # 24 = 4 x 3 x 2 processes, kept
-    arguments = spec.set_up.arguments
-    assert arguments["gradient_accumulation_steps"] == 3 and arguments["max_steps"] == spec.set_up.length.max_steps == 5
+    assert (spec.dims.global_batch, spec.dims.accumulation) == (24, 3)  # 24 = 4 x 3 x 2 processes, kept
+    arguments = spec.arguments
+    assert arguments["gradient_accumulation_steps"] == 3 and arguments["max_steps"] == spec.length.max_steps == 5
     assert not {"resume_from_checkpoint", "push_to_hub", "save_total_limit"} & set(arguments)  # hftrain's own keys
-    assert spec.output.resume.mode == "never" and spec.output.checkpoints.save_total_limit == 2
-    assert spec.set_up.length.tokens_per_step == 24 * recipe.data.seq_len
+    assert spec.resume.mode == "never" and spec.checkpoints.save_total_limit == 2
+    assert spec.length.tokens_per_step == 24 * recipe.data.seq_len
     with pytest.raises(TypeError):  # made once, read-only: the set-up completes a copy into the TrainingArguments
         arguments["max_steps"] = 6  # type: ignore[index]
     assert spec.as_run.global_batch == 24 and spec.as_run.max_steps == 5 and spec.as_run.strategy == "ddp"
@@ -57,11 +57,11 @@ def test_the_fit_answers_with_a_batch_at_the_global_batch_the_dims_use(tmp_path)
     recipe = tiny(tmp_path, per_device_train_batch_size=8)
     fitting = tiny(tmp_path, {"fit_memory": True}, per_device_train_batch_size=8)
     spec = resolve(fitting, launch(1, elastic_nodes=2), {})
-    assert spec.set_up.dims.global_batch == 16 and spec.fit_note and spec.fit_note.startswith("memory fit")
-    micro = spec.set_up.dims.micro_batch  # the fit's choice: what fits here, at 16 sequences per step
-    assert micro * spec.set_up.dims.accumulation == 16
+    assert spec.dims.global_batch == 16 and spec.fit_note and spec.fit_note.startswith("memory fit")
+    micro = spec.dims.micro_batch  # the fit's choice: what fits here, at 16 sequences per step
+    assert micro * spec.dims.accumulation == 16
     assert (spec.as_run.micro_batch, spec.as_run.global_batch) == (micro, 16)  # what the run became, for the Run record
-    assert f"per_device_train_batch_size: {micro}" in spec.output.checkpoints.recipe_yaml  # what each checkpoint carries
+    assert f"per_device_train_batch_size: {micro}" in spec.checkpoints.recipe_yaml  # what each checkpoint carries
     assert fitting.training.per_device_train_batch_size == 8  # the caller's recipe is left as it was
     plain = resolve(recipe, launch(1, elastic_nodes=2), {})  # no fit: the recipe's micro-batch, accumulated
     assert (plain.set_up.dims.micro_batch, plain.set_up.dims.accumulation, plain.fit_note) == (8, 2, None)
@@ -80,9 +80,9 @@ def test_a_cuda_launch_reads_with_loader_workers_that_the_dims_and_arguments_agr
     gpu = replace(launch(1), device="cuda", cpus=16)
     spec = resolve(tiny(tmp_path), gpu, {})
     assert (
-        spec.set_up.dims.readers.workers == spec.set_up.arguments["dataloader_num_workers"] == 4 and spec.set_up.dims.readers.readers == 8
+        spec.dims.readers.workers == spec.arguments["dataloader_num_workers"] == 4 and spec.dims.readers.readers == 8
     )
-    assert spec.set_up.arguments["accelerator_config"] == {"non_blocking": True}
+    assert spec.arguments["accelerator_config"] == {"non_blocking": True}
     own = resolve(tiny(tmp_path, dataloader_num_workers=2), gpu, {})
     assert own.set_up.dims.readers.workers == own.set_up.arguments["dataloader_num_workers"] == 2
     cpu = resolve(tiny(tmp_path), replace(launch(1), cpus=16), {})

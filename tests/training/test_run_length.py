@@ -13,7 +13,7 @@ from hftrain.data.prepare import PrepareHow, prepare
 from hftrain.errors import HftrainError
 from hftrain.planning.run_length import resolve
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPrepPart, RunLengthPart
+from hftrain.recipe.parts import DataPart, RunLengthPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -75,7 +75,7 @@ def test_epochs_over_prepared_data(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(300))
     raw = tiny_recipe(data, tmp_path / "run", save_steps=100)
     raw["tokenizer"] = {"builtin": "gpt2"}
-    prepared = prepare(DataPrepPart.of(load_recipe(None, raw)), str(tmp_path / "prepared"), PrepareHow(workers=1))
+    prepared = prepare(DataPart.of(load_recipe(None, raw)), str(tmp_path / "prepared"), PrepareHow(workers=1))
     raw["data"] = {**raw["data"], "train": {"pretokenized": str(tmp_path / "prepared")}}
     raw["tokenizer"] = {"path": str(tmp_path / "prepared" / "tokenizer")}
     del raw["training"]["max_steps"]
