@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = ["HftrainError", "Run", "load_recipe", "plan", "train"]
 _LAZY = {
     "load_recipe": "hftrain.recipe.load",
-    "plan": "hftrain.training.resolve",
+    "plan": "hftrain.planning",
     "Run": "hftrain.training.run_record",
     "train": "hftrain.training.run",
 }

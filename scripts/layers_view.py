@@ -3,8 +3,9 @@
 1. configuration records: the dataclasses that carry recipe values (or other records' fields) towards a component,
    i.e. every dataclass in recipe/parts.py, training/run_parts.py and training/resolve.py, and every dataclass
    named *Part, *Parts, *Options, *Inputs, *Settings, *Spec or Finishing anywhere in hftrain/;
-2. the places that wire the Trainer: functions that construct an hftrain Trainer with its callbacks, add or insert a
-   callback into a built Trainer (add_callback, callback_handler) or set its options after construction;
+2. the places that wire the Trainer: functions that make its callback list, construct a Trainer with callbacks they
+   did not receive, add or insert a callback into a built Trainer (add_callback, callback_handler) or set its
+   options after construction;
 3. the places that change TrainingArguments after they are made: an attribute assigned on `args`, `self.args` or
    `trainer.args`, and a function that edits in place a dict of argument values it was handed (a parameter named
    kwargs, values or resolved: item assignment, update, setdefault, pop);
@@ -82,27 +83,40 @@ def _own_nodes(function: ast.AST) -> list[ast.AST]:
     return nodes
 
 
+def _makes_callback_list(node: ast.AST) -> bool:
+    """A list literal holding a callback made on the spot (SomethingCallback(...))."""
+    return isinstance(node, ast.List) and any(
+        isinstance(e, ast.Call) and ast.unparse(e.func).split(".")[-1].endswith("Callback") for e in node.elts
+    )
+
+
 def trainer_wiring(files: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(path, function, what) for each place that wires the Trainer (rule 2)."""
+    """(path, function, what) for each place that wires the Trainer (rule 2): makes its callback list, passes a
+    Trainer callbacks it did not receive, adds or inserts a callback into a built Trainer, or sets its options
+    after construction."""
     found = []
     for path, text in files.items():
         for function in _functions(ast.parse(text)):
+            params = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)}
             whats = set()
             for node in _own_nodes(function):
+                if _makes_callback_list(node):
+                    whats.add("makes the callback list")
                 if isinstance(node, ast.Call):
                     name = ast.unparse(node.func).split(".")[-1]
                     if name == "add_callback":
                         whats.add("adds a callback")
-                    elif TRAINER_CLASSES.match(name) and any(k.arg == "callbacks" for k in node.keywords):
-                        whats.add("constructs a Trainer with its callbacks")
+                    elif TRAINER_CLASSES.match(name):
+                        given = [k.value for k in node.keywords if k.arg == "callbacks"]
+                        if given and not (isinstance(given[0], ast.Name) and given[0].id in params):
+                            whats.add("constructs a Trainer with callbacks of its own")
                 if isinstance(node, ast.Attribute) and node.attr == "callback_handler":
                     whats.add("changes the callback handler")
                 if isinstance(node, (ast.Assign, ast.AugAssign)):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     for target in targets:
-                        text_ = ast.unparse(target)
-                        if re.match(r"^(self\.)?options\.\w+", text_):
-                            whats.add(f"sets {text_} after construction")
+                        if re.match(r"^(self\.)?options\.\w+", ast.unparse(target)):
+                            whats.add(f"sets {ast.unparse(target)} after construction")
             found.extend((path, function.name, what) for what in sorted(whats))
     return found
 
@@ -115,6 +129,10 @@ def argument_changes(files: dict[str, str]) -> list[tuple[str, str, str]]:
             continue
         for function in _functions(ast.parse(text)):
             params = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)} & set(ARGUMENT_DICTS)
+            rebound = {  # `kwargs = dict(kwargs)`: a copy of its own, not the caller's
+                t.id for n in _own_nodes(function) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+            }
+            params -= rebound
             whats = set()
             for node in _own_nodes(function):
                 if isinstance(node, (ast.Assign, ast.AugAssign)):

@@ -23,7 +23,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("set_up", "prepare_output", "build_model_for", "build_trainer", "outside_services", "fit", "finish")
+STEPS = ("set_up", "prepare_output", "build_model_for", "build_trainer", "checkpoint_pusher", "fit", "finish")
+# where each step lives: training/run.py unless named here (issue 61: the Trainer's wiring has its own module)
+STEP_MODULES = {"set_up": "hftrain.training.arguments", "build_trainer": "hftrain.training.trainer_build"}
 RECIPE_LOADERS = ("load_recipe", "validate_recipe")  # hftrain/recipe/load.py: what makes a whole Recipe
 
 
@@ -72,13 +74,14 @@ def dataclass_fields(sources: dict[str, str]) -> dict[str, list[str]]:
 
 
 def step_inputs(sources: dict[str, str]) -> list[tuple[str, list[str], int]]:
-    """Per step of training/run.py: its parameters (an hftrain dataclass shown with its field count) and the fields
+    """Per step of a run (training/run.py, and STEP_MODULES): its parameters (an hftrain dataclass shown with its field count) and the fields
     it receives in all (a dataclass counts its fields, anything else 1)."""
     fields = dataclass_fields(sources)
-    tree = ast.parse(sources["hftrain.training.run"])
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    functions = {}
+    for module in {"hftrain.training.run", *STEP_MODULES.values()} & set(sources):
+        functions.update({n.name: n for n in ast.parse(sources[module]).body if isinstance(n, ast.FunctionDef)})
     rows = []
-    for name in STEPS:
+    for name in (step for step in STEPS if step in functions):
         shown, total = [], 0
         for arg in functions[name].args.args:
             kind = ast.unparse(arg.annotation) if arg.annotation else "?"

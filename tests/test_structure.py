@@ -25,6 +25,7 @@ import pytest
 from .support.cli import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import layers_view  # noqa: E402
 import step_view  # noqa: E402
 
 PACKAGE = ROOT / "hftrain"
@@ -267,6 +268,33 @@ def test_the_api_functions_stay_functions_after_their_packages_load():
     assert last == "function ['config', 'finetune_bytes', 'finetune_method'] True", done.stdout[-500:]
 
 
+PLAN_PROBE = """
+import json, sys, hftrain
+recipe = hftrain.load_recipe("recipes/quickstart.yaml")
+planned = hftrain.plan(recipe)
+heavy = ("transformers.trainer", "peft", "bitsandbytes", "trl", "deepspeed")
+print(json.dumps([sorted(planned)[:3], sorted(m for m in heavy if m in sys.modules)]))
+"""
+
+
+def test_the_plan_api_imports_neither_the_trainer_nor_peft(tmp_path):
+    """Issue 61 part 5: `hftrain.plan(recipe)` is planning's (hftrain/planning/__init__.py), as the command is: it
+    imports neither transformers' Trainer nor peft nor bitsandbytes (before, it was the resolver's, which imports
+    the Trainer stack: ['bitsandbytes', 'peft', 'transformers.trainer'], 27 s against 11 s here). As for the
+    command, a machine's first plan measures the libraries' memory once (test_cheap_commands_...): made first."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path)}
+    make = "from hftrain.planning.memory import library_footprint; library_footprint(measure=True)"
+    subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=True)
+    done = subprocess.run([sys.executable, "-c", PLAN_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [["config", "finetune_bytes", "finetune_method"], []]
+
+
 CHEAP_COMMANDS_PROBE = """
 import contextlib, io, json, sys
 from hftrain.cli import main
@@ -451,7 +479,10 @@ def test_ruff_formats_and_lints_the_tree():
 # Issue 43 part 2, issue 54 part 5: components take their part of the recipe (hftrain/recipe/parts.py), never the
 # whole Recipe: not by its type, and not by loading one (a checkpoint's saved recipe is read through recipe.load.read_part).
 RECIPE_HOLDERS = re.compile(r"^hftrain\.(recipe(\..*)?|cli(\..*)?|training\.resolve|__main__)$")
-RECIPE_ENTRIES = {"hftrain.training.run": "train(recipe), the Python API's entry, hands the recipe to resolve() and reads none of it"}
+RECIPE_ENTRIES = {
+    "hftrain.training.run": "train(recipe), the Python API's entry, hands the recipe to resolve() and reads none of it",
+    "hftrain.planning": "plan(recipe), the Python API's entry, hands the recipe's PlanPart to planning/estimates.py",
+}
 
 
 def receives_the_recipe(path: Path) -> bool:
@@ -478,8 +509,43 @@ def test_each_step_of_a_run_receives_its_part_not_the_resolved_run():
     rows = step_view.step_inputs(step_view.package_sources(None))
     assert [name for name, _, _ in rows] == list(step_view.STEPS)
     assert not [(name, shown) for name, shown, _ in rows if any("RunSpec" in s for s in shown)]
-    assert max(total for _, _, total in rows) <= 22, rows  # was 39 (build_trainer, with the 25-field RunSpec)
     assert sections_read(PACKAGE / "training" / "run.py") == [], "train() resolves the recipe; the run reads its spec"
+
+
+def test_one_layer_between_the_recipe_and_its_components():
+    """Issue 61 parts 1-3 (scripts/layers_view.py): at most 15 configuration records between the recipe and the
+    components (30 before: step parts, Trainer records, parts that repackaged another's fields); the Trainer's
+    callbacks made in one function (training/trainer_build.py; the trackers' queues wrap, right there, the callbacks
+    transformers makes from report_to inside Trainer.__init__); nothing changes TrainingArguments once they are made
+    (before: 4 places, among them the Trainer's own __init__ setting logging_nan_inf_filter)."""
+    package = layers_view.sources(None)
+    records = layers_view.records(package)
+    assert len(records) <= 15, records
+    wiring = {(path, function) for path, function, _ in layers_view.trainer_wiring(package)}
+    assert wiring == {("hftrain/training/trainer_build.py", "build_trainer"), ("hftrain/integrations/trackers.py", "__init__")}, wiring
+    assert layers_view.argument_changes(package) == []
+
+
+def test_the_layer_checks_can_fail():
+    """Each rule of scripts/layers_view.py finds what it looks for (the code before issue 61, in small)."""
+    before = {
+        "hftrain/training/run_parts.py": "@dataclass\nclass SetUpPart:\n    dims: int\n",
+        "hftrain/training/run.py": (
+            "def fit(trainer):\n    trainer.add_callback(PreemptionCallback())\n"
+            "def build(options):\n    options.evaluation = 1\n    return [MetricsFileCallback()]\n"
+        ),
+        "hftrain/training/trainer.py": "class T:\n    def __init__(self):\n        self.args.logging_nan_inf_filter = False\n",
+        "hftrain/checkpoint/node_disks.py": "def storage_settings(kwargs):\n    kwargs['save_on_each_node'] = True\n",
+        "hftrain/parallel/rehearsal.py": "def training_kwargs(kwargs):\n    kwargs = dict(kwargs)\n    kwargs['x'] = 1\n",
+    }
+    assert [name for _, name, _ in layers_view.records(before)] == ["SetUpPart"]
+    assert {(f, w) for _, f, w in layers_view.trainer_wiring(before)} == {
+        ("fit", "adds a callback"),
+        ("build", "makes the callback list"),
+        ("build", "sets options.evaluation after construction"),
+    }
+    changes = {(f, w) for _, f, w in layers_view.argument_changes(before)}
+    assert changes == {("__init__", "sets self.args.logging_nan_inf_filter"), ("storage_settings", "sets kwargs[...] in place")}
 
 
 def test_one_optimizer_step_runs_in_at_most_8_hftrain_files():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from hftrain.data.shares import Part, span
+from hftrain.data.shares import ShardSlice, span
 from hftrain.data.text_pieces import Record, record_pieces
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def ranges_hold_lines(url: str, storage_options: dict[str, Any], size: int | Non
         return False
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
     for r in range(1, count):
-        start, stop = Part(r, count).span(size)
+        start, stop = ShardSlice(r, count).span(size)
         at, end = (
             start - 1,
             min(stop - 1, start - 1 + PROBE_BYTES),
@@ -57,7 +57,7 @@ def read_jsonl(
     take: Any,
     pos: tuple[int, ...],
     bad: BadRecords,
-    part: Part | None = None,
+    part: ShardSlice | None = None,
     size: int | None = None,
 ) -> Iterator[Record]:
     """Plain files seek to the byte offset, and a record's identity is the offset where its line starts (the

@@ -53,17 +53,17 @@ class Share:
             }[self.mode]
         )
 
-    def part(self, shard: int) -> Part | None:
+    def part(self, shard: int) -> ShardSlice | None:
         """Which of L parts of shard `shard` this reader reads (None: all of it). Reader r takes part
         (r + shard) % L, so the parts that rounding makes one longer go round the readers."""
         if self.mode != "part":
             return None
-        return Part((self.reader + shard) % self.readers, self.readers)
+        return ShardSlice((self.reader + shard) % self.readers, self.readers)
 
 
 @dataclass(frozen=True)
-class Part:
-    """Part `index` of `count` equal parts of one shard."""
+class ShardSlice:
+    """Slice `index` of `count` equal slices of one shard (a share of a shard: shares.py)."""
 
     index: int
     count: int
@@ -73,7 +73,7 @@ class Part:
         return total * self.index // self.count, total * (self.index + 1) // self.count
 
 
-def span(part: Part | None, total: int) -> tuple[int, int]:
+def span(part: ShardSlice | None, total: int) -> tuple[int, int]:
     return (0, total) if part is None else part.span(total)
 
 

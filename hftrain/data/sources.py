@@ -19,7 +19,7 @@ import fsspec
 from hftrain import network
 from hftrain.data import jsonl
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
-from hftrain.data.shares import Part, span
+from hftrain.data.shares import ShardSlice, span
 from hftrain.data.text_pieces import Record, record_pieces, text_pieces
 from hftrain.errors import HftrainError, as_user_error
 from hftrain.recipe.schema import Source, data_kind
@@ -186,7 +186,7 @@ def _check_extensions(listed: list[str], found: list[str], path: str, where: str
 
 
 def read_shard(
-    source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None, size: int | None = None
+    source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords, part: ShardSlice | None = None, size: int | None = None
 ) -> Iterator[Record]:
     """Documents (or pieces of long ones) of one shard from `pos` on ((0, 0) for the start, else a previous
     Record's pos). `part`: only this reader's part of a splittable shard of `size` bytes (shares.py)."""
@@ -285,7 +285,9 @@ def _preference(obj: dict[str, Any], source: Source) -> tuple[Any, str | None]:
     )
 
 
-def _read_parquet(f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords, part: Part | None = None) -> Iterator[Record]:
+def _read_parquet(
+    f: Any, shard: str, field: str, pos: tuple[int, ...], bad: BadRecords, part: ShardSlice | None = None
+) -> Iterator[Record]:
     """pos[0]: the row index of the next row (row groups before it are not read); pos[2], when given, the
     characters of that row's text read already. `part`: only this reader's range of rows."""
     import pyarrow.parquet as pq

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hftrain.data.chunking import MAX_BATCH_CHARS, MIN_BATCH_CHARS, SafeCut, TokenRun, next_batch
-from hftrain.data.shares import Part, Share, share_of
+from hftrain.data.shares import ShardSlice, Share, share_of
 from hftrain.data.sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
 from hftrain.data.text_pieces import Record
 from hftrain.errors import HftrainError
@@ -108,7 +108,7 @@ class DocumentStream:
             self._shares[s] = self.plans[s].share(self.worker)
         return self._shares[s]
 
-    def _reading(self, s: int, shard: int, share: Share) -> tuple[Part | None, bool]:
+    def _reading(self, s: int, shard: int, share: Share) -> tuple[ShardSlice | None, bool]:
         """(this reader's part of the shard, None for all of it; whether it keeps only every L-th record). A shard
         whose byte ranges would leave a part without a line start is read whole by every reader, each keeping
         every L-th record (sources.lines_in_every_part); worked out once per shard."""

@@ -124,7 +124,7 @@ def tokenizer_size_estimate(part: ModelPart) -> tuple[int, bool]:
 
     if part.model.from_pretrained:  # `hftrain plan` refuses the tokenizer `hftrain train` would refuse
         loaded = from_path(tok) if tok.path is not None else gpt2_tokenizer()
-        check_model_tokenizer(part.model, loaded)
+        check_model_tokenizer(part, loaded)
         return len(loaded), False
     if tok.path is not None:
         return len(from_path(tok)), False

@@ -155,10 +155,3 @@ def fit_batch(
     if note and not batch.fit_memory and launch.memory_warned:
         note = None  # `hftrain train --accelerate-config` said it once before starting the processes
     return fitted, note
-
-
-def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
-    """`hftrain.plan(recipe)`: the recipe's model, FLOPs and memory on paper (planning/estimates.py), from its plan part."""
-    from hftrain.planning.estimates import plan as estimate
-
-    return estimate(PlanPart.of(recipe), shape)

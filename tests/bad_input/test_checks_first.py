@@ -65,8 +65,8 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
         decided["values"], decided["speed"] = _, speed = real(*args, **kwargs)
         raise HftrainError(f"stopped by the test; speed defaults: {'; '.join(speed.reasons)}")
 
-    real = training_run.set_up_arguments  # the set-up step that decides the speed levers (the probe)
-    monkeypatch.setattr(training_run, "set_up_arguments", stop_after_deciding)
+    real = training_run.set_up  # the set-up step that decides the speed levers (the probe)
+    monkeypatch.setattr(training_run, "set_up", stop_after_deciding)
     raw = yaml.safe_load(recipe_file.read_text())
     for lever in ("bf16", "torch_compile"):  # the test recipes pin them; here the probe would decide them
         raw["training"].pop(lever)

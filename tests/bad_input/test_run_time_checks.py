@@ -120,7 +120,7 @@ def _prepare(work, what: str, monkeypatch) -> None:
 def test_a_run_time_check_comes_before_any_work(capsys, monkeypatch, work, name, argv, expected, prepared):
     from hftrain.training import run as training_run
 
-    def stand_in(spec):  # the set-up: network bound, process set-up, the speed probe; then the tokenizer and model
+    def stand_in(*args):  # the set-up: the TrainingArguments and the speed probe; then the tokenizer and model
         raise HftrainError(SET_UP)
 
     monkeypatch.setattr(training_run, "set_up", stand_in)

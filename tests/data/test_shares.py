@@ -13,7 +13,7 @@ import pytest
 
 from hftrain.data.folder_stream import FolderStream
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
-from hftrain.data.shares import BALANCE, Part, Share, deal, share_of
+from hftrain.data.shares import BALANCE, ShardSlice, Share, deal, share_of
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import DocumentStream, SourcePlan, Worker
 from hftrain.data.text_pieces import PIECE_CHARS
@@ -104,8 +104,8 @@ def test_many_shards_of_random_size_are_dealt_whole_within_the_balance():
 
 
 def test_a_part_is_the_readers_slice_and_the_longer_parts_go_round():
-    assert [Part(k, 3).span(10) for k in range(3)] == [(0, 3), (3, 6), (6, 10)]
-    assert [Share("part", (0, 1, 2), r, 3).part(1) for r in range(3)] == [Part(1, 3), Part(2, 3), Part(0, 3)]
+    assert [ShardSlice(k, 3).span(10) for k in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    assert [Share("part", (0, 1, 2), r, 3).part(1) for r in range(3)] == [ShardSlice(1, 3), ShardSlice(2, 3), ShardSlice(0, 3)]
     assert Share("whole", (0,), 1, 3).part(0) is None
 
 

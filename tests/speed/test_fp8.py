@@ -134,8 +134,10 @@ def test_fp8_turns_compile_on_where_the_recipe_leaves_it(monkeypatch, tmp_path):
     monkeypatch.setattr(arguments, "training_arguments", lambda values, finetune, seq_len: SimpleNamespace(**values))  # an H100's
     dims = SimpleNamespace(strategy="single", rank=0, processes=1, nodes=1, local_rank=0)
     part = SpeedPart(method="full", seq_len=128, section=hftrain.load_recipe(None, {"speed": {"fp8": "tensorwise"}}).speed)
-    finetune = hftrain.load_recipe(None, {}).finetune
-    args, plan = arguments.set_up({"max_steps": 100, "bf16": True}, dims, None, part, {}, tmp_path, finetune)
+    monkeypatch.setattr(arguments.fp8, "check_here", lambda *a: None)  # a CPU machine: its refusal is tested above
+    monkeypatch.setattr(arguments.fp8, "note", lambda shape, setting: f"fp8 {setting}")
+    model = ModelPart.of(hftrain.load_recipe(None, {}))
+    args, plan = arguments.set_up({"max_steps": 100, "bf16": True}, dims, None, part, model, {}, tmp_path)
     assert args.torch_compile is True and plan.values["torch_compile"] is True
     assert plan.reasons[0] == "torch_compile=on (speed.fp8: tensorwise needs it to fuse the FP8 casts)"
 

@@ -94,8 +94,10 @@ def speed_defaults(monkeypatch, device, kwargs, recorded=None):
     monkeypatch.setattr(speed.DeviceFacts, "of", classmethod(lambda cls, d: device))
     monkeypatch.setattr(speed, "decide_here", lambda *a: pytest.fail("nothing to measure"))
     dims = SimpleNamespace(strategy="single", rank=0, processes=1)
+    given = dict(kwargs)
     plan = arguments.speed_defaults(SpeedPart.of(recipe()), kwargs, dims, None, recorded, torch.device(device.type))
-    return kwargs, plan
+    assert kwargs == given  # what it decides is returned, merged once by arguments.set_up (issue 61 part 3)
+    return {**kwargs, **plan.values}, plan
 
 
 def test_a_recipe_with_its_levers_set_gets_the_devices_own(monkeypatch):

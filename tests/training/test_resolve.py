@@ -64,7 +64,7 @@ def test_the_fit_answers_with_a_batch_at_the_global_batch_the_dims_use(tmp_path)
     assert f"per_device_train_batch_size: {micro}" in spec.checkpoints.recipe_yaml  # what each checkpoint carries
     assert fitting.training.per_device_train_batch_size == 8  # the caller's recipe is left as it was
     plain = resolve(recipe, launch(1, elastic_nodes=2), {})  # no fit: the recipe's micro-batch, accumulated
-    assert (plain.set_up.dims.micro_batch, plain.set_up.dims.accumulation, plain.fit_note) == (8, 2, None)
+    assert (plain.dims.micro_batch, plain.dims.accumulation, plain.fit_note) == (8, 2, None)
     assert plain.as_run.recipe_yaml == CheckpointPart.of(recipe).recipe_yaml  # no fit: the recipe as written
 
 
@@ -79,11 +79,9 @@ def test_a_cuda_launch_reads_with_loader_workers_that_the_dims_and_arguments_agr
     monkeypatch.setattr(resolving, "fit_batch", lambda recipe, *a: (BatchPart.of(recipe), None))  # the fit reads the GPU's memory
     gpu = replace(launch(1), device="cuda", cpus=16)
     spec = resolve(tiny(tmp_path), gpu, {})
-    assert (
-        spec.dims.readers.workers == spec.arguments["dataloader_num_workers"] == 4 and spec.dims.readers.readers == 8
-    )
+    assert spec.dims.readers.workers == spec.arguments["dataloader_num_workers"] == 4 and spec.dims.readers.readers == 8
     assert spec.arguments["accelerator_config"] == {"non_blocking": True}
     own = resolve(tiny(tmp_path, dataloader_num_workers=2), gpu, {})
-    assert own.set_up.dims.readers.workers == own.set_up.arguments["dataloader_num_workers"] == 2
+    assert own.dims.readers.workers == own.arguments["dataloader_num_workers"] == 2
     cpu = resolve(tiny(tmp_path), replace(launch(1), cpus=16), {})
-    assert "dataloader_num_workers" not in cpu.set_up.arguments and cpu.set_up.dims.readers.workers == 1  # in the training process
+    assert "dataloader_num_workers" not in cpu.arguments and cpu.dims.readers.workers == 1  # in the training process
