@@ -34,6 +34,7 @@ from hftrain.checkpoint.node_disks import checkpoint_listing
 from hftrain.checkpoint.output_lock import writable_directory
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 from hftrain.errors import HftrainError
+from hftrain.parallel.dims import ParallelDims
 from hftrain.recipe.parts import CheckpointPart
 from hftrain.recipe.sections import CheckpointsSection
 
@@ -127,9 +128,11 @@ def write_failure(err: BaseException) -> str | None:
 class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
-    def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting, dims: Any = None):
+    def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting, dims: ParallelDims | None):
         self.layout, self.part, self.resume = layout, part, resume  # resume: training.resume_from_checkpoint, parsed once
-        self.dims = dims  # the run's parallel dims (parallel/dims.py): its strategy and nodes, for what a save writes
+        # the run's parallel dims: its strategy and nodes, for what a save writes; None for a manager that only reads
+        # the directory (the resolver's: what the run recorded, whether it is the same run), which cannot save
+        self.dims = dims
         self.keep = part.save_total_limit
         self.on_publish: list[Callable[[Path], None]] = []  # e.g. the hub pusher: called with each new checkpoint
 

@@ -74,8 +74,10 @@ def run(argv: list[str]) -> int:
 
         read_recipe_file(Path(args.recipe))
     if COMMANDS[args.command] is not presets:
-        with progress.phase("loading torch and transformers", after_s=6):  # 20 s on a cold disk; said only when that slow
-            import hftrain.recipe.schema  # noqa: F401  # the recipe's schema: TrainingArguments, so transformers and torch
+        # the recipe's schema: TrainingArguments' fields from the table a machine's first read kept (loading
+        # transformers only that first time: recipe/transformers_table.py); 20 s on a cold disk, said only when slow
+        with progress.phase("reading the recipe's schema", after_s=6):
+            import hftrain.recipe.schema  # noqa: F401
     return COMMANDS[args.command].run(args, overrides)
 
 

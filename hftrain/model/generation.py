@@ -7,15 +7,15 @@ from typing import Any
 import torch
 
 
-def sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48, seed: int = 0) -> str:
-    """A continuation of `prompt` (top-k 40, temperature 0.8), leaving the model's train/eval mode as it was."""
+def sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48, seed: int = 0, temperature: float = 0.8) -> str:
+    """A continuation of `prompt` (top-k 40 at `temperature`; 0: greedy), leaving the model's train/eval mode as
+    it was."""
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
     torch.manual_seed(seed)
     was_training = model.training
     model.eval()
+    how = {"do_sample": True, "top_k": 40, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     with torch.no_grad():
-        out = model.generate(
-            **inputs, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8, pad_token_id=tokenizer.eos_token_id
-        )
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id, **how)
     model.train(was_training)
     return tokenizer.decode(out[0], skip_special_tokens=True)

@@ -5,7 +5,7 @@ The resolver (training/resolve.py) builds them once per run and hands each to it
 objects it needs (training/run.py: the run, one build after another); a component imports its part, never the
 Recipe, so what it can depend on is written in one place and a newcomer reads a component without the whole schema.
 One layer: a part holds recipe sections whole where it can, so a new key of a section reaches its component through
-the section alone (docs/architecture.md: "Adding a recipe key").
+the section alone (README: "Adding a recipe key").
 """
 
 from __future__ import annotations

@@ -169,6 +169,9 @@ class MonitorSection(Section):
     """Prompt of the text sample generated at the end of training."""
     sample_max_new_tokens: int = Field(default=48, ge=0)
     """Length of the end-of-run sample (0 disables it)."""
+    sample_temperature: float = Field(default=0.8, ge=0)
+    """Temperature of the end-of-run sample (top-k 40); 0 takes the likeliest token each time (greedy), which
+    gives the same text for the same weights, e.g. to compare runs."""
     plot: bool = True
     """Write a PNG of loss and grad-norm against step into the output directory."""
     eval_tasks: list[EvalTask] = []

@@ -44,9 +44,18 @@ def _training_section() -> type[BaseModel]:
             "_no_token": field_validator("hub_token")(_no_token_in_recipes),
             "_known_trackers": field_validator("report_to")(_known_trackers),
             "_no_bool_for_number": field_validator("*", mode="before")(bool_is_not_a_number),
+            "_steps_to_train": field_validator("max_steps")(_steps_to_train),
         },
         **fields,
     )
+
+
+def _steps_to_train(value: Any) -> Any:
+    """max_steps 0 (or below TrainingArguments' -1, "unset") is refused with the recipe, before anything loads:
+    it was taken as unset and refused as "required" once the Trainer stack had loaded."""
+    if value is not None and value != -1 and value < 1:
+        raise ValueError(f"{value} steps: must be a positive number of optimizer steps (e.g. 1000)")
+    return value
 
 
 def _no_token_in_recipes(value: Any) -> Any:

@@ -66,7 +66,7 @@ class RunSpec:
 def recorded_start(recipe: Recipe) -> dict[str, Any]:
     """What a continuing run in the recipe's output_dir recorded at its start (empty for a new run)."""
     resume = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
-    return CheckpointManager(RunLayout(Path(recipe.training.output_dir)), CheckpointPart.of(recipe), resume).recorded_start()
+    return CheckpointManager(RunLayout(Path(recipe.training.output_dir)), CheckpointPart.of(recipe), resume, None).recorded_start()
 
 
 def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunSpec:
@@ -105,7 +105,7 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         trainer=TrainerPart.of(recipe, data, shape.flops_per_token),
         publish=PublishPart.of(recipe),
     )
-    CheckpointManager(RunLayout(output_dir), checkpoints, resume).check_same_run()  # before the probe and the model
+    CheckpointManager(RunLayout(output_dir), checkpoints, resume, None).check_same_run()  # before the probe and the model
     return spec
 
 

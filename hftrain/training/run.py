@@ -222,7 +222,8 @@ def finish(trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, know
     checkpoints.publish_final(staged, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
     results = build_results(trainer.state.global_step, metrics, run.log_history, {**run_facts(trainer), **known})
     if monitor.sample_max_new_tokens:
-        run.sample = results["sample"] = sample(run.model, trainer.processing_class, monitor.sample_prompt, monitor.sample_max_new_tokens)
+        how = (monitor.sample_prompt, monitor.sample_max_new_tokens, 0, monitor.sample_temperature)
+        run.sample = results["sample"] = sample(run.model, trainer.processing_class, *how)
     if monitor.plot:
         run.plot_path = plot_curves(run.log_history, layout.plot, title=str(layout.root))
     layout.results.write_text(json.dumps(results, indent=2), encoding="utf-8")

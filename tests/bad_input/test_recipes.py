@@ -35,6 +35,12 @@ RECIPES = [
         "tokenizer: give only one of builtin, path or train (got builtin, train)",
     ),
     ("no max_steps", None, ["train", "{recipe}", "training.max_steps=-1"], "training.max_steps: required. hftrain streams its data"),
+    (  # refused with the recipe, as a key out of range (before: taken as unset, "required", after the Trainer loaded)
+        "zero max_steps",
+        None,
+        ["train", "{recipe}", "training.max_steps=0"],
+        "training.max_steps: 0 steps: must be a positive number of optimizer steps",
+    ),
     (
         "missing file",
         None,

@@ -96,7 +96,7 @@ def test_each_damage_is_named_and_an_explicit_resume_of_it_refused(tmp_path, dam
     assert integrity.unreadable(checkpoint) == expected
     with pytest.raises(HftrainError) as info:
         manager.CheckpointManager(
-            RunLayout(tmp_path), CheckpointPart.of(load_recipe(None, {})), manager.ResumeSetting.of(str(checkpoint))
+            RunLayout(tmp_path), CheckpointPart.of(load_recipe(None, {})), manager.ResumeSetting.of(str(checkpoint)), None
         ).resume_point()
     assert str(info.value) == f"training.resume_from_checkpoint: {checkpoint} cannot be loaded ({expected})."
 

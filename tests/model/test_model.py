@@ -116,3 +116,17 @@ def test_dropout_applies_to_presets_and_to_pretrained_models_alike(pretrained_ru
     assert model.config.hidden_dropout == 0.1 and model.config.attention_dropout == 0.0
     with pytest.raises(HftrainError, match="hidden_size cannot change the shape of a from_pretrained model"):
         load_pretrained(ModelPart.of(load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_size": 32}})))
+
+
+def test_the_end_of_run_sample_takes_its_temperature_from_the_monitor_section(pretrained_run):
+    """monitor.sample_temperature (issue 61's worked example: a key of a section held whole reaches its component,
+    model/generation.py, through the section alone): 0 is greedy, the same text whatever the seed; the default
+    0.8 samples (three seeds, three texts here)."""
+    import hftrain
+    from hftrain.model.generation import sample
+
+    model, tokenizer = pretrained_run.model, pretrained_run.trainer.processing_class
+    assert hftrain.load_recipe(None, {"monitor": {"sample_temperature": 0}}).monitor.sample_temperature == 0
+    greedy = {sample(model, tokenizer, "The ", 12, seed, temperature=0.0) for seed in (0, 1, 2)}
+    sampled = {sample(model, tokenizer, "The ", 12, seed) for seed in (0, 1, 2)}
+    assert len(greedy) == 1 and len(sampled) == 3, (greedy, sampled)

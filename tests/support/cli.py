@@ -120,7 +120,7 @@ def run_in_process(
 
 
 def messages(stderr: str) -> list[str]:
-    """stderr's lines without hftrain's start-up narration ("hftrain: loading torch and transformers ..." on a slow
+    """stderr's lines without hftrain's start-up narration ("hftrain: reading the recipe's schema ..." on a slow
     or cold machine; hftrain/progress.py), which may come before a command's one message."""
     from hftrain.progress import is_narration
 
