@@ -1,5 +1,6 @@
 """Reading the files a run leaves behind (JSON state, safetensors weights) so that a truncated, corrupt or
-placeholder file is a one-line message naming it, never a raw JSONDecodeError or SafetensorError from deep inside.
+placeholder file is a one-line message naming it, never a raw JSONDecodeError or SafetensorError from deep inside;
+and writing a file where a user points (`write_new_file`), which changes nothing hftrain did not write.
 
 ``read_json`` is for every JSON file hftrain reads back (trainer_state.json, results.json, data positions);
 ``check_safetensors`` looks at a weights file's header and size before anything hands it to safetensors or
@@ -9,6 +10,7 @@ transformers: a git-lfs pointer (a repository cloned without `git lfs pull`) and
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -65,3 +67,44 @@ def check_weights(directory: Path) -> None:
     """check_safetensors for every model*.safetensors / adapter_model.safetensors in a local model directory."""
     for file in sorted(Path(directory).glob("*.safetensors")):
         check_safetensors(file)
+
+
+def write_new_file(path: Path, text: str, flag: str, replace: bool = False, executable: bool = False) -> Path:
+    """Write `text` to the file a user named with `flag` (e.g. "--out"): as a new regular file, created with its
+    mode (a script executable, as the umask allows), or, with `replace` (the user said so: --force), in place of a
+    regular file by one rename, which leaves the old file's inode, its other links and their mode as they were.
+    Anything else that exists there (a device such as /dev/null, a FIFO, a directory, a link) is refused: hftrain
+    never writes through it nor changes its mode. The text is whole before the name appears."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        kind = "a link" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+        raise HftrainError(f"{flag} {path}: exists and is {kind}; give the name of a new file.")
+    if path.exists() and not replace:
+        raise HftrainError(f"{flag} {path}: exists; give a new file name, or add --force to replace it.")
+    if not path.parent.is_dir():
+        raise HftrainError(f"{flag} {path}: its folder {path.parent} does not exist; create it or give another path.")
+    staged = path.with_name(f".{path.name}.hftrain-{os.getpid()}")
+    descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+            f.write(text)
+        if replace:
+            os.replace(staged, path)
+        else:
+            _link_new(staged, path, flag)
+    finally:
+        staged.unlink(missing_ok=True)
+    return path
+
+
+def _link_new(staged: Path, path: Path, flag: str) -> None:
+    """Give `staged` the name `path` only if nothing has it (a hard link fails where a name exists; a file system
+    without hard links gets the rename, after a last look)."""
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        raise HftrainError(f"{flag} {path}: appeared while it was being written; give a new file name.") from None
+    except OSError:
+        if path.exists() or path.is_symlink():
+            raise HftrainError(f"{flag} {path}: appeared while it was being written; give a new file name.") from None
+        os.replace(staged, path)

@@ -44,7 +44,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--context", type=positive_int, help="tokens per window (default: max_position_embeddings, at most 1024)")
     p.add_argument("--stride", type=positive_int, help="tokens a window advances (default: context // 2)")
     p.add_argument("--limit", type=positive_int, help="first N documents of --data, or N examples per lm-eval task")
-    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON, in a new file")
+    p.add_argument("--force", action="store_true", help="with --json: replace a file that exists there")
     p.add_argument("--lm-eval", metavar="TASKS", help="comma-separated lm-eval tasks (shipped: local_lambada)")
     p.add_argument("--include-path", metavar="DIR", help="a directory of extra lm-eval task YAMLs")
     return p
@@ -68,8 +69,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         table = evaluate_texts(model, tokenizer, texts, args.metric or ["perplexity"], args.context, args.stride)
         payload = {"model_dir": str(args.model_dir), "data": args.data, "results": table}
     print(format_results(table))
-    if args.json:
+    if args.json:  # a new file, or with --force in place of a regular one
+        from hftrain.checkpoint.files import write_new_file
+
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+        write_new_file(Path(args.json), json.dumps(payload, indent=2, default=str) + "\n", "--json", replace=args.force)
         print(f"wrote {args.json}")
     return 0

@@ -36,7 +36,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="torchrun: an elastic script: MIN to --nodes nodes, torchrun restarting every node's processes when a "
         "node is lost or joins (the run resumes from its last checkpoint); needs one training.output_dir every node mounts",
     )
-    p.add_argument("--out", help="write the script here (default: print it)")
+    p.add_argument("--out", help="write the script here, as a new executable file (default: print it)")
+    p.add_argument("--force", action="store_true", help="with --out: replace a file that exists there")
     sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
     sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
     sm.add_argument("--instance-count", type=positive_int, default=1)
@@ -99,9 +100,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         script = render(
             args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu, args.min_nodes or 0
         )
-    if args.out:
-        Path(args.out).write_text(script, encoding="utf-8")
-        Path(args.out).chmod(0o755)
+    if args.out:  # a new executable file, or --force: in place of a regular one (never through /dev/null)
+        from hftrain.checkpoint.files import write_new_file
+
+        write_new_file(Path(args.out), script, "--out", replace=args.force, executable=True)
         print(f"wrote {args.out}")
     else:
         print(script)

@@ -14,7 +14,12 @@ def _number(kind: type, low: float, low_ok: bool, high: float | None, what: str)
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
-        if value != value or (value < low if low_ok else value <= low) or (high is not None and value > high):
+        if (
+            value != value
+            or value in (float("inf"), float("-inf"))
+            or (value < low if low_ok else value <= low)
+            or (high is not None and value > high)
+        ):
             raise argparse.ArgumentTypeError(f"{text} cannot work: give {what}")
         return value
 

@@ -16,14 +16,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write RUN_DIR/report.html: one HTML file with no external resources.",
     )
     p.add_argument("run_dir", help="a run's training.output_dir (holds metrics.jsonl)")
-    p.add_argument("--out", metavar="FILE", help="write here instead of RUN_DIR/report.html")
+    p.add_argument("--out", metavar="FILE", help="write here, as a new file, instead of RUN_DIR/report.html")
+    p.add_argument("--force", action="store_true", help="with --out: replace a file that exists there")
     return p
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.eval.report import run_staleness, write_report
 
-    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None, replace=args.force)
     stale = run_staleness(Path(args.run_dir))
     if stale:
         print(f"hftrain: note: {stale}")

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hftrain.checkpoint.files import read_json
+from hftrain.checkpoint.files import read_json, write_new_file
 from hftrain.checkpoint.layout import RECIPE_FILE, RunLayout, checkpoint_step
 from hftrain.errors import HftrainError
 
@@ -225,8 +225,9 @@ def run_staleness(run_dir: Path) -> str | None:
     return stale_results(read_json(path, "the run's results") if path.is_file() else {}, read_metrics(run_dir))
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write run_dir/report.html (or `out`) and return its path."""
+def write_report(run_dir: Path, out: Path | None = None, replace: bool = False) -> Path:
+    """Write run_dir/report.html (hftrain's own: written anew each time), or `out`: a new file, or with `replace`
+    in place of a regular file (checkpoint/files.py's write_new_file); return its path."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     results_path = RunLayout(run_dir).results
@@ -272,7 +273,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
 <h2>Resolved recipe</h2>{recipe_html}
 </body></html>
 """
-    path = Path(out) if out is not None else RunLayout(run_dir).report
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    if out is None:  # the run's own report, written anew
+        return write_new_file(RunLayout(run_dir).report, page, "report", replace=True)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    return write_new_file(Path(out), page, "--out", replace=replace)

@@ -48,6 +48,11 @@ VALUES = [
         ["plan", "{recipe}", "--gpus", "8", "--gpu-mem-gb", "nan"],
         "argument --gpu-mem-gb: nan cannot work: give a number above 0",
     ),
+    (  # before: accepted, and the plan printed a cost of $inf
+        "plan --price-per-hour inf",
+        ["plan", "{recipe}", "--price-per-hour", "inf"],
+        "argument --price-per-hour: inf cannot work: give a number above 0",
+    ),
     ("parity --steps 0", ["parity", "{recipe}", "--steps", "0"], "argument --steps: 0 cannot work"),
     (
         "data prepare --workers 0",
