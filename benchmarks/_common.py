@@ -35,7 +35,9 @@ class StepClock(TrainerCallback):
         self.train_begin = 0.0
         self.times: dict[str, list[float]] = {e: [] for e in self.EVENTS}
         self.cpu: list[float] = []  # process CPU time at each on_step_end: cpu/wall shows how contended a run was
-        self.waited: list[float] = []  # seconds spent after each on_step_end waiting for another side's turn (_turns.py)
+        self.waited: list[
+            float
+        ] = []  # seconds spent after each on_step_end waiting for another side's turn (_turns.py)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.train_begin = time.perf_counter()
@@ -87,7 +89,9 @@ def steady_state(clock: dict[str, Any], tokens_per_step: int) -> dict[str, float
     return {
         "tokens_per_s": statistics.median(tokens_per_step / d for d in timed),
         "step_s": statistics.median(timed),
-        "mean_step_s": statistics.mean(timed),  # the pace a whole run keeps: periodic work (data windows, logging) included
+        "mean_step_s": statistics.mean(
+            timed
+        ),  # the pace a whole run keeps: periodic work (data windows, logging) included
         "warmup_s": sum(durations[:skip]),
         "timed_steps": len(timed),
         # CPU seconds per wall second over the timed steps: about the thread count when the run had the cores
@@ -134,8 +138,8 @@ def median(values: Sequence[float]) -> float:
 
 
 class PeakFlops:
-    """Best fp32 and bf16 matmul FLOP/s seen on the CPU or GPU (hftrain.speed.hardware.measure_peak_flops, hftrain's own MFU
-    denominator). Measured again before every run and the best kept: on a shared machine one measurement may
+    """Best fp32 and bf16 matmul FLOP/s seen on the CPU or GPU (hftrain.speed.hardware.measure_peak_flops, hftrain's own
+    MFU denominator). Measured again before every run and the best kept: on a shared machine one measurement may
     catch a busy moment, and MFU against it would overshoot."""
 
     def __init__(self, device: str = "cpu") -> None:

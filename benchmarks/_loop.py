@@ -43,7 +43,9 @@ def clm_blocks(docs_file: Path, tokenizer: Any, block_size: int) -> Any:
     def group_texts(examples: dict[str, list]) -> dict[str, list]:
         concatenated = {k: list(chain(*examples[k])) for k in examples}
         total_length = (len(concatenated["input_ids"]) // block_size) * block_size
-        result = {k: [t[i : i + block_size] for i in range(0, total_length, block_size)] for k, t in concatenated.items()}
+        result = {
+            k: [t[i : i + block_size] for i in range(0, total_length, block_size)] for k, t in concatenated.items()
+        }
         result["labels"] = result["input_ids"].copy()
         return result
 
@@ -77,7 +79,14 @@ def neox_model(shape: dict[str, Any], tokenizer: Any) -> Any:
 
 
 def run_loop(
-    shape: dict[str, Any], steps: int, log_steps: int, docs_file: Path, run_steps: int, seed: int, warmup: int, tokenizer_dir: str | None
+    shape: dict[str, Any],
+    steps: int,
+    log_steps: int,
+    docs_file: Path,
+    run_steps: int,
+    seed: int,
+    warmup: int,
+    tokenizer_dir: str | None,
 ) -> tuple[Any, Any, SimpleNamespace, list[dict[str, Any]], dict[str, Any]]:
     """The minimal loop: for each batch, forward, backward, clip, AdamW step, scheduler step, zero_grad.
     Returns (model, tokenizer, an args-like record, its log history, its step clock in StepClock's format)."""
@@ -91,7 +100,11 @@ def run_loop(
     model = neox_model(shape, tokenizer)
     # as the Trainer does: weight decay on everything but biases and LayerNorm weights
     decay = [
-        p for m in model.modules() if not isinstance(m, torch.nn.LayerNorm) for n, p in m.named_parameters(recurse=False) if n != "bias"
+        p
+        for m in model.modules()
+        if not isinstance(m, torch.nn.LayerNorm)
+        for n, p in m.named_parameters(recurse=False)
+        if n != "bias"
     ]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
@@ -100,7 +113,11 @@ def run_loop(
     )  # the Trainer's default (adamw_torch_fused)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, run_steps)
     loader = DataLoader(
-        blocks, batch_size=shape["batch"], shuffle=True, collate_fn=default_data_collator, generator=torch.Generator().manual_seed(seed)
+        blocks,
+        batch_size=shape["batch"],
+        shuffle=True,
+        collate_fn=default_data_collator,
+        generator=torch.Generator().manual_seed(seed),
     )
     clock: dict[str, Any] = {
         "train_begin": time.perf_counter(),

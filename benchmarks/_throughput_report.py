@@ -12,7 +12,11 @@ LOOP = "loop"  # the minimal hand-written loop: a third side, on shapes marked c
 
 
 def json_summary(
-    summary: dict[str, Any], peaks: dict[str, float], device: str, seconds: float, shape_table: dict[str, dict[str, Any]]
+    summary: dict[str, Any],
+    peaks: dict[str, float],
+    device: str,
+    seconds: float,
+    shape_table: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The per-shape numbers, ratios and peaks; on CUDA also MFU against the GPU's spec-sheet bf16 peak."""
     gpu: dict[str, Any] = {}
@@ -29,7 +33,9 @@ def json_summary(
         present = [side for side in (*SIDES, LOOP) if side in sides]
         entry = {side: {k: v for k, v in sides[side].items() if k != "rates"} for side in present}
         for side in present:
-            entry[side]["mfu_spec"] = sides[side]["tokens_per_s"] * sides[side]["flops_per_token"] / spec if spec else None
+            entry[side]["mfu_spec"] = (
+                sides[side]["tokens_per_s"] * sides[side]["flops_per_token"] / spec if spec else None
+            )
         entry["ratio"] = sides["hftrain"]["tokens_per_s"] / sides["baseline"]["tokens_per_s"]
         entry["wall_clock_ratio"] = sides["baseline"]["wall_full_run_s"] / sides["hftrain"]["wall_full_run_s"]
         if LOOP in sides:
@@ -45,7 +51,12 @@ def start_up(result: dict[str, Any]) -> dict[str, float]:
     setup = clock["wall_at_train_begin"] - result["spawned_at"]
     durations = step_durations(clock)
     skip = warmup_steps(len(durations))
-    return {"setup_s": setup, "first_step_s": setup + durations[0], "to_steady_s": setup + sum(durations[:skip]), "warm_steps": skip}
+    return {
+        "setup_s": setup,
+        "first_step_s": setup + durations[0],
+        "to_steady_s": setup + sum(durations[:skip]),
+        "warm_steps": skip,
+    }
 
 
 def summarize(runs: list[dict[str, Any]], peaks: dict[str, float], run_steps: int) -> dict[str, Any]:
@@ -81,12 +92,18 @@ def summarize(runs: list[dict[str, Any]], peaks: dict[str, float], run_steps: in
 
 
 def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float, seed: int) -> None:
-    print(f"\nall runs took {seconds:.0f} s; tokens/s = median over repeats of the per-run median over steady-state steps")
     print(
-        f"matmul peak (best seen in this run): fp32 {best['fp32'] / 1e9:,.1f} GFLOP/s, bf16 {best['bf16'] / 1e9:,.1f} GFLOP/s; "
+        f"\nall runs took {seconds:.0f} s; tokens/s = median over repeats of the per-run median over steady-state steps"
+    )
+    print(
+        f"matmul peak (best seen in this run): fp32 {best['fp32'] / 1e9:,.1f} "
+        f"GFLOP/s, bf16 {best['bf16'] / 1e9:,.1f} GFLOP/s; "
         "cpu = CPU s per wall s in the timed steps (about the thread count when the run had the cores to itself)\n"
     )
-    header = f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} {'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7} {'held-out':>8}"
+    header = (
+        f"{'shape':<7} {'side':<9} {'tok/s':>9} {'runs (tok/s)':<22} {'MFU':>6} {'dtype':<5} {'compile':<7} "
+        f"{'threads':>7} {'cpu':>4} {'workers':>7} {'warm-up s':>9} {'loss':>7} {'held-out':>8}"
+    )
     print(header)
     print("-" * len(header))
     for name, sides in summary.items():
@@ -94,8 +111,9 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
             s = sides[side]
             runs_text = " ".join(f"{v:,.0f}" for v in s["rates"])
             print(
-                f"{name:<7} {side:<9} {s['tokens_per_s']:>9,.0f} {runs_text:<22} {100 * s['mfu']:>5.1f}% {s['dtype']:<5} "
-                f"{'yes' if s['compile'] else 'no':<7} {s['threads']:>7} {s['cpu_util']:>4.1f} {s['workers']:>7} {s['warmup_s']:>9.1f} {s['loss']:>7.4f} {s['heldout']:>8.4f}"
+                f"{name:<7} {side:<9} {s['tokens_per_s']:>9,.0f} {runs_text:<22} {100 * s['mfu']:>5.1f}% "
+                f"{s['dtype']:<5} {'yes' if s['compile'] else 'no':<7} {s['threads']:>7} {s['cpu_util']:>4.1f} "
+                f"{s['workers']:>7} {s['warmup_s']:>9.1f} {s['loss']:>7.4f} {s['heldout']:>8.4f}"
             )
         h = sides["hftrain"]
         print(f"{'':<7} ({sides['steps']} steps, {h['timed_steps']} timed; {h['parameters']:,} parameters)")
@@ -104,8 +122,8 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
         h, b = sides["hftrain"], sides["baseline"]
         print(
             f"{name}: hftrain {h['tokens_per_s']:,.0f} tok/s, baseline {b['tokens_per_s']:,.0f} tok/s, "
-            f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline {b['loss']:.4f}, "
-            f"held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}"
+            f"ratio {h['tokens_per_s'] / b['tokens_per_s']:.2f}, loss hftrain {h['loss']:.4f} baseline "
+            f"{b['loss']:.4f}, held-out loss hftrain {h['heldout']:.4f} baseline {b['heldout']:.4f}"
         )
     for name, sides in summary.items():
         h, b = sides["hftrain"], sides["baseline"]
@@ -116,8 +134,8 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
             f"baseline {' '.join(f'{v:.4f}' for v in b['heldouts'])}; median hftrain - baseline {gap:+.4f}"
         )
         print(
-            f"{name} start-up: time to first step hftrain {h['first_step_s']:.1f} s, baseline {b['first_step_s']:.1f} s; "
-            f"compile/warm-up steps hftrain {h['warmup_s']:.1f} s ({'compiled' if h['compile'] else 'eager'}), "
+            f"{name} start-up: time to first step hftrain {h['first_step_s']:.1f} s, baseline {b['first_step_s']:.1f} "
+            f"s; compile/warm-up steps hftrain {h['warmup_s']:.1f} s ({'compiled' if h['compile'] else 'eager'}), "
             f"baseline {b['warmup_s']:.1f} s"
         )
         print(
@@ -130,6 +148,7 @@ def print_tables(summary: dict[str, Any], best: dict[str, float], seconds: float
             over = h["tokens_per_s"] / loop["tokens_per_s"]
             print(
                 f"{name} minimal loop: {loop['tokens_per_s']:,.0f} tok/s; hftrain / loop {over:.3f} "
-                f"(hftrain's per-step overhead {100 * (1 - over):+.1f}%, {h['dtype']}, {'compiled' if h['compile'] else 'eager'}), "
-                f"baseline / loop {b['tokens_per_s'] / loop['tokens_per_s']:.3f}; time to first step loop {loop['first_step_s']:.1f} s"
+                f"(hftrain's per-step overhead {100 * (1 - over):+.1f}%, {h['dtype']}, "
+                f"{'compiled' if h['compile'] else 'eager'}), baseline / loop "
+                f"{b['tokens_per_s'] / loop['tokens_per_s']:.3f}; time to first step loop {loop['first_step_s']:.1f} s"
             )

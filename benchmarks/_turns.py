@@ -70,7 +70,12 @@ def turn_steps(requested: int | None, steps: int) -> int:
 
 
 def run_pair(
-    cmds: list[list[str]], logs: list[Path], results: list[Path], where: Path, every: int, spawned: Callable[[], list[str]]
+    cmds: list[list[str]],
+    logs: list[Path],
+    results: list[Path],
+    where: Path,
+    every: int,
+    spawned: Callable[[], list[str]],
 ) -> list[dict[str, Any]]:
     """One A/B pair's results: the sides taking turns of `every` steps, or (0) one after another. `spawned()`
     runs just before each side starts and returns the arguments that go on its command line."""
@@ -127,7 +132,13 @@ def run_in_turns(
             if any(s.process is not None and s.process.poll() is not None and not s.finished for s in sides):
                 pending = _read(parent, pending, 0.0)  # its last words may have arrived since the read above
                 if b"\n" not in pending:
-                    _fail(next(s for s in sides if s.process is not None and s.process.poll() is not None and not s.finished))
+                    _fail(
+                        next(
+                            s
+                            for s in sides
+                            if s.process is not None and s.process.poll() is not None and not s.finished
+                        )
+                    )
     finally:
         for side in sides:
             if side.process is not None and side.process.poll() is None:
@@ -174,5 +185,6 @@ def _fail(side: Side) -> None:
     """A side that exited before saying it finished (a crash, the OOM killer) would leave the others waiting."""
     tail = "".join(side.log.read_text(errors="replace").splitlines(keepends=True)[-40:])
     raise SystemExit(
-        f"benchmark child failed (exit {side.process.returncode}): {' '.join(side.cmd)}\n--- last lines of {side.log} ---\n{tail}"
+        f"benchmark child failed (exit {side.process.returncode}): "
+        f"{' '.join(side.cmd)}\n--- last lines of {side.log} ---\n{tail}"
     )

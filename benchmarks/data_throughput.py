@@ -21,7 +21,8 @@ hftrain plan's). Per row: the median rate, per worker, its ratio to the GPU's co
 step the GPU would wait for data (hftrain/data/input_rate.py: what `train` warns about before step 1):
     workers W: raw text X tok/s (Y per worker, Zx the GPU, wait S%) | shards ...
 
-    python benchmarks/data_throughput.py --sections workers --gpus 1 --gpu-type H200 --recipe recipes/pretrain/pythia-160m.yaml
+    python benchmarks/data_throughput.py --sections workers --gpus 1 --gpu-type H200 \
+        --recipe recipes/pretrain/pythia-160m.yaml
     python benchmarks/data_throughput.py --dry-run     # seconds: the workers section at a tiny size, 0 and 1 workers
 """
 
@@ -41,14 +42,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import hftrain  # noqa: E402
-from hftrain.data.builtin_corpus import module_docstrings, python_docs_files  # noqa: E402
-from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data  # noqa: E402
-from hftrain.data.prepare import PrepareHow, prepare  # noqa: E402
-from hftrain.model.tokenizer import gpt2_tokenizer  # noqa: E402
-from hftrain.parallel.readers import ReaderLayout, default_window  # noqa: E402
-from hftrain.recipe.load import load_recipe  # noqa: E402
-from hftrain.recipe.parts import DataPart  # noqa: E402
+import hftrain
+from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
+from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
+from hftrain.data.prepare import PrepareHow, prepare
+from hftrain.model.tokenizer import gpt2_tokenizer
+from hftrain.parallel.readers import ReaderLayout, default_window
+from hftrain.recipe.load import load_recipe
+from hftrain.recipe.parts import DataPart
 
 SEQ, BATCH = 256, 8
 
@@ -82,7 +83,8 @@ def gpu_consumption(a: argparse.Namespace) -> tuple[float, str]:
     seconds = fitting.step_time(info, chosen, tflops * 1e12, a.mfu)
     tokens = chosen.shape.micro_batch * chosen.accumulation * chosen.shape.seq_len
     about = (
-        f"{Path(a.recipe).stem} on {machine.description} ({card}): micro-batch {chosen.shape.micro_batch} x {chosen.shape.seq_len}, "
+        f"{Path(a.recipe).stem} on {machine.description} ({card}): micro-batch {chosen.shape.micro_batch} x "
+        f"{chosen.shape.seq_len}, "
         f"{seconds:,.3f} s per step of {tokens:,} tokens at MFU {a.mfu:.2f} of {tflops:,.0f} TFLOP/s"
     )
     return tokens / seconds, about
@@ -121,7 +123,8 @@ def workers_vs_gpu(a: argparse.Namespace, tmp: Path) -> list[str]:
             rate = statistics.median(rates[(name, w)])
             per = rate / max(w, 1)
             cells.append(
-                f"{name} {rate:,.0f} tok/s ({per:,.0f} per worker, {rate / consumed:,.2f}x the GPU, wait {100 * wait_share(consumed, per, w):.0f}%)"
+                f"{name} {rate:,.0f} tok/s ({per:,.0f} per worker, {rate / consumed:,.2f}x the GPU, wait "
+                f"{100 * wait_share(consumed, per, w):.0f}%)"
             )
         lines.append(f"workers {w}: " + " | ".join(cells))
     return lines
@@ -167,9 +170,13 @@ def prepare_rates(corpus: Path, out: Path, repeats: int, rev: str) -> dict[tuple
 
     recipe = out / "r.yaml"
     out.mkdir(parents=True, exist_ok=True)
-    recipe.write_text(json.dumps({"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}}))
+    recipe.write_text(
+        json.dumps({"data": {"train": {"path": str(corpus)}, "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
+    )
     tree = out / "baseline"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True
+    )
     sides = {
         "datatrove": (ROOT, "--workers", lambda d: json.loads((d / "prepared.json").read_text())["tokens"]),
         "pool": (tree, "--processes", lambda d: json.loads((d / "manifest.json").read_text())["tokens"]),
@@ -180,9 +187,22 @@ def prepare_rates(corpus: Path, out: Path, repeats: int, rev: str) -> dict[tuple
             for workers in (1, 2):
                 for side, (root, flag, tokens) in sides.items():
                     folder = out / f"{side}-{workers}-{r}"
-                    cmd = [sys.executable, "-m", "hftrain", "data", "prepare", str(recipe), "--out", str(folder), flag, str(workers)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "hftrain",
+                        "data",
+                        "prepare",
+                        str(recipe),
+                        "--out",
+                        str(folder),
+                        flag,
+                        str(workers),
+                    ]
                     start = time.perf_counter()
-                    subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=True, capture_output=True)
+                    subprocess.run(
+                        cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=True, capture_output=True
+                    )
                     rates.setdefault((side, workers), []).append(tokens(folder) / (time.perf_counter() - start))
                     shutil.rmtree(folder)
     finally:
@@ -219,12 +239,18 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--tokens", type=int, default=1_000_000, help="tokens read per data measurement")
     parser.add_argument("--prepare-mb", type=int, default=100, help="size of the corpus `data prepare` is timed on")
     parser.add_argument("--prepare-repeats", type=int, default=1)
-    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="the revision whose `data prepare` is the baseline")
+    parser.add_argument(
+        "--baseline-rev", default=BASELINE_REV, help="the revision whose `data prepare` is the baseline"
+    )
     parser.add_argument("--sections", default="workers,paths,prepare", help="which to run: workers, paths, prepare")
     parser.add_argument(
-        "--workers", type=lambda v: [int(w) for w in v.split(",")], help="worker counts (default 0, 1, 2, 4, ... the cores)"
+        "--workers",
+        type=lambda v: [int(w) for w in v.split(",")],
+        help="worker counts (default 0, 1, 2, 4, ... the cores)",
     )
-    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "pretrain" / "pythia-160m.yaml"), help="the GPU's recipe")
+    parser.add_argument(
+        "--recipe", default=str(ROOT / "recipes" / "pretrain" / "pythia-160m.yaml"), help="the GPU's recipe"
+    )
     parser.add_argument("--seq", type=int, help="data seq_len (default: the recipe's)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs, as `hftrain plan --gpus N` takes them")
     parser.add_argument("--gpu-mem-gb", type=float, default=80.0)
@@ -233,7 +259,13 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--dry-run", action="store_true", help="the workers section at a tiny size: the plumbing only")
     args = parser.parse_args(argv)
     if args.dry_run:
-        args.sections, args.repeats, args.tokens, args.seq, args.workers = "workers", 1, 4096, 128, args.workers or [0, 1]
+        args.sections, args.repeats, args.tokens, args.seq, args.workers = (
+            "workers",
+            1,
+            4096,
+            128,
+            args.workers or [0, 1],
+        )
     sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -245,7 +277,10 @@ def main(argv: list[str] | None = None) -> list[str]:
     if "prepare" in sections:
         with tempfile.TemporaryDirectory() as tmp:
             prep = prepare_rates(
-                write_corpus(Path(tmp) / "corpus", args.prepare_mb), Path(tmp) / "prep", args.prepare_repeats, args.baseline_rev
+                write_corpus(Path(tmp) / "corpus", args.prepare_mb),
+                Path(tmp) / "prep",
+                args.prepare_repeats,
+                args.baseline_rev,
             )
         for w in (1, 2):
             new, old = prep[("datatrove", w)], prep[("pool", w)]
@@ -283,7 +318,9 @@ def streaming_vs_training(args: argparse.Namespace, tmp: Path) -> list[str]:
         paths["s3-stream"] = {"train": {"path": "s3://bench/corpus/*.jsonl.gz"}}
     except ImportError:
         print("moto not installed: skipping the S3 path (pip install -e '.[test]')")
-    prep_recipe = load_recipe(None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}})
+    prep_recipe = load_recipe(
+        None, {"data": {**paths["local-stream"], "seq_len": SEQ}, "tokenizer": {"builtin": "gpt2"}}
+    )
     prepare(DataPart.of(prep_recipe), str(tmp / "prepared"))
     paths["pretokenized"] = {"train": {"pretokenized": str(tmp / "prepared")}}
     results: dict[str, list[float]] = {name: [] for name in paths}
@@ -293,7 +330,9 @@ def streaming_vs_training(args: argparse.Namespace, tmp: Path) -> list[str]:
             results[name].append(data_rate({**section, "seq_len": SEQ}, args.tokens, workers))
         training.append(training_rate(tmp / "local" / "part-00.jsonl.gz", tmp / f"train-{r}"))
         print(
-            f"repeat {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items()) + f", training {training[-1]:,.0f} tok/s",
+            f"repeat {r + 1}: "
+            + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in results.items())
+            + f", training {training[-1]:,.0f} tok/s",
             flush=True,
         )
     if server is not None:
@@ -302,7 +341,9 @@ def streaming_vs_training(args: argparse.Namespace, tmp: Path) -> list[str]:
     lines = []
     for name, values in results.items():
         rate = statistics.median(values)
-        lines.append(f"{name}: data {rate:,.0f} tok/s, training {train_rate:,.0f} tok/s, ratio {rate / train_rate:,.1f}")
+        lines.append(
+            f"{name}: data {rate:,.0f} tok/s, training {train_rate:,.0f} tok/s, ratio {rate / train_rate:,.1f}"
+        )
     print("\n" + "\n".join(lines), flush=True)
     return lines
 

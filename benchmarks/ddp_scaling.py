@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import StepClock, final_loss, median, phase_medians, run_child, steady_state, write_json  # noqa: E402
+from benchmarks._common import StepClock, final_loss, median, phase_medians, run_child, steady_state, write_json
 
 MEDIUM = dict(layers=6, heads=6, hidden=384, seq=256, lr=1e-3)
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
@@ -112,7 +112,10 @@ def child_main(args: argparse.Namespace) -> None:
     targs = run.trainer.args
     result = {
         "clock": clock.to_json(),
-        "tokens_per_step": targs.per_device_train_batch_size * targs.gradient_accumulation_steps * targs.world_size * MEDIUM["seq"],
+        "tokens_per_step": targs.per_device_train_batch_size
+        * targs.gradient_accumulation_steps
+        * targs.world_size
+        * MEDIUM["seq"],
         "accumulation": targs.gradient_accumulation_steps,
         "loss": final_loss(run.log_history),
         "threads": torch.get_num_threads(),
@@ -159,7 +162,16 @@ def launch(config: str, args: argparse.Namespace, tmp: Path, tag: str) -> dict[s
         env[rehearsal.REHEARSAL_ENV] = "ddp"
         env[rehearsal.CONFIG_ENV] = str(find_config("ddp").resolve())
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), script, *child]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            script,
+            *child,
+        ]
     else:
         if config == "1 process, 1 thread":
             env["OMP_NUM_THREADS"] = "1"
@@ -208,38 +220,52 @@ def main() -> None:
         f"\nall runs took {time.perf_counter() - started:.0f} s; medium shape, global batch {args.global_batch} x "
         f"{MEDIUM['seq']} tokens, micro-batch {args.micro_batch}, {args.steps} steps per run\n"
     )
-    rates = {c: median([steady_state(x["clock"], x["tokens_per_step"])["tokens_per_s"] for x in rs]) for c, rs in results.items()}
-    header = f"{'configuration':<20} {'tok/s':>7} {'accum':>5} {'threads':>7} {'cpu':>4} {'loss':>7} | {'data wait':>9} {'fwd+bwd':>8} {'optimizer':>9} {'rest':>6} {'step':>6}  (s/step)"
+    rates = {
+        c: median([steady_state(x["clock"], x["tokens_per_step"])["tokens_per_s"] for x in rs])
+        for c, rs in results.items()
+    }
+    header = (
+        f"{'configuration':<20} {'tok/s':>7} {'accum':>5} {'threads':>7} {'cpu':>4} {'loss':>7} | {'data wait':>9} "
+        f"{'fwd+bwd':>8} {'optimizer':>9} {'rest':>6} {'step':>6}  (s/step)"
+    )
     print(header)
     print("-" * len(header))
     for config, rs in results.items():
         phases = {
-            k: median([phase_medians(x["clock"])[k] for x in rs]) for k in ("data_wait", "forward_backward", "optimizer", "after_step")
+            k: median([phase_medians(x["clock"])[k] for x in rs])
+            for k in ("data_wait", "forward_backward", "optimizer", "after_step")
         }
         step = median([steady_state(x["clock"], x["tokens_per_step"])["step_s"] for x in rs])
         cpu = median([steady_state(x["clock"], x["tokens_per_step"])["cpu_util"] for x in rs])
         x = rs[0]
         print(
-            f"{config:<20} {rates[config]:>7,.0f} {x['accumulation']:>5} {x['threads']:>7} {cpu:>4.1f} {median([y['loss'] for y in rs]):>7.4f} | "
-            f"{phases['data_wait']:>9.3f} {phases['forward_backward']:>8.3f} {phases['optimizer']:>9.3f} {phases['after_step']:>6.3f} {step:>6.3f}"
+            f"{config:<20} {rates[config]:>7,.0f} {x['accumulation']:>5} {x['threads']:>7} {cpu:>4.1f} "
+            f"{median([y['loss'] for y in rs]):>7.4f} | {phases['data_wait']:>9.3f} {phases['forward_backward']:>8.3f} "
+            f"{phases['optimizer']:>9.3f} {phases['after_step']:>6.3f} {step:>6.3f}"
         )
-    print("(cpu = CPU s per wall s of rank 0 in the timed steps: about its thread count when it had the cores to itself)")
+    print(
+        "(cpu = CPU s per wall s of rank 0 in the timed steps: about its thread count when it had the cores to itself)"
+    )
     ddp = results["2 processes"]
     allreduce = median([x["allreduce_s"] for x in ddp])
     grads_mb = ddp[0]["parameters"] * 4 / 1e6
     # how far apart the two ranks' fwd+bwd are: a straggler shows as a difference
     fb = [median([phase_medians(x["rank_clocks"][k])["forward_backward"] for x in ddp]) for k in range(2)]
     print(
-        f"\nDDP gradient all-reduce alone (gloo, {grads_mb:,.0f} MB of fp32 gradients in 25 MB buckets): {allreduce:.3f} s per step; "
-        f"fwd+bwd rank 0 {fb[0]:.3f} s, rank 1 {fb[1]:.3f} s"
+        f"\nDDP gradient all-reduce alone (gloo, {grads_mb:,.0f} MB of fp32 gradients in 25 MB buckets): "
+        f"{allreduce:.3f} s per step; fwd+bwd rank 0 {fb[0]:.3f} s, rank 1 {fb[1]:.3f} s"
     )
     one, two = rates["1 process"], rates["2 processes"]
     print(f"scaling efficiency, classical (2-process / (2 x 1-process)): {two / (2 * one):.2f}")
     print(
-        f"scaling efficiency, same total threads (2 processes x 1 thread / 1 process x {results['1 process'][0]['threads']} threads): {two / one:.2f}"
+        "scaling efficiency, same total threads (2 processes x 1 thread / 1 process x "
+        f"{results['1 process'][0]['threads']} threads): {two / one:.2f}"
     )
     if "1 process, 1 thread" in rates:
-        print(f"scaling efficiency, per thread (2-process / (2 x 1-process-1-thread)): {two / (2 * rates['1 process, 1 thread']):.2f}")
+        print(
+            "scaling efficiency, per thread (2-process / (2 x 1-process-1-thread)): "
+            f"{two / (2 * rates['1 process, 1 thread']):.2f}"
+        )
     print(f"ddp: 1 process {one:,.0f} tok/s, 2 processes {two:,.0f} tok/s, ratio {two / one:.2f}")
 
 

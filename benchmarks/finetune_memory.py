@@ -148,14 +148,18 @@ def main() -> None:
         info = plan(PlanPart.of(qlora))
         predicted = info["finetune_bytes"]
         total = info["parameters"]["total"]
-        print(f"model: pythia-160m preset, random weights, {total:,} parameters; {args.steps} steps, batch {BATCH} x {SEQ} tokens")
+        print(
+            f"model: pythia-160m preset, random weights, {total:,} "
+            f"parameters; {args.steps} steps, batch {BATCH} x {SEQ} tokens"
+        )
 
         loaded = weight_bytes(load_pretrained(ModelPart.of(qlora)))  # hftrain's own loader: bf16 + NF4, double quant
         whole_4bit = loaded["quantized"] + loaded["other"]
         print("qlora weights as loaded (NF4, double quant; embeddings, head and norms bf16):")
         print(
-            f"  quantized layers: {loaded['quantized'] / 1e6:,.1f} MB vs {loaded['quantized_bf16'] / 1e6:,.1f} MB in bf16 = "
-            f"ratio {loaded['quantized'] / loaded['quantized_bf16']:.3f} (plan: {predicted['ratio_quantized_layers']:.3f}; goal <= 0.30)"
+            f"  quantized layers: {loaded['quantized'] / 1e6:,.1f} MB vs {loaded['quantized_bf16'] / 1e6:,.1f} MB in "
+            f"bf16 = ratio {loaded['quantized'] / loaded['quantized_bf16']:.3f} (plan: "
+            f"{predicted['ratio_quantized_layers']:.3f}; goal <= 0.30)"
         )
         print(
             f"  whole model:      {whole_4bit / 1e6:,.1f} MB vs {2 * total / 1e6:,.1f} MB in bf16 = "
@@ -164,7 +168,16 @@ def main() -> None:
 
         rows = []
         for method in ["imports", *args.methods.split(",")]:
-            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--child", method, str(base), str(root / method)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--steps",
+                str(args.steps),
+                "--child",
+                method,
+                str(base),
+                str(root / method),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if proc.returncode or line is None:
@@ -172,23 +185,25 @@ def main() -> None:
             rows.append(json.loads(line.removeprefix("RESULT ")))
         baseline = rows[0]["peak_rss"]
         print(
-            f"peak RSS per method, fresh process each (libraries alone: {baseline / 1e9:.2f} GB). loading = up to the first step "
-            "(fp32 weights are mapped from the file lazily; qlora/8-bit quantize a bf16 copy); training = the steps alone:"
+            f"peak RSS per method, fresh process each (libraries alone: {baseline / 1e9:.2f} GB). loading = up to the "
+            "first step (fp32 weights are mapped from the file lazily; "
+            "qlora/8-bit quantize a bf16 copy); training = the steps alone:"
         )
         print(
-            f"  {'method':<10} {'loading':>9} {'training':>9} {'training - libs':>16} {'plan: weights+grads+AdamW':>26} "
-            f"{'loss first->last':>17} {'time':>6}"
+            f"  {'method':<10} {'loading':>9} {'training':>9} {'training - libs':>16} "
+            f"{'plan: weights+grads+AdamW':>26} {'loss first->last':>17} {'time':>6}"
         )
         for r in rows[1:]:
             m = predicted["methods"][r["method"]]
             plan_total = m["weights"] + m["gradients"] + m["optimizer"]
             print(
-                f"  {r['method']:<10} {r['load_peak'] / 1e9:>6.2f} GB {r['peak_rss'] / 1e9:>6.2f} GB {(r['peak_rss'] - baseline) / 1e9:>13.2f} GB "
+                f"  {r['method']:<10} {r['load_peak'] / 1e9:>6.2f} GB {r['peak_rss'] / 1e9:>6.2f} GB "
+                f"{(r['peak_rss'] - baseline) / 1e9:>13.2f} GB "
                 f"{plan_total / 1e9:>23.2f} GB {r['first_loss']:>8.3f}->{r['last_loss']:.3f} {r['seconds']:>5.0f}s"
             )
         print(
-            "  (training - libs - plan ~ activations, fp32 logits over the 50,304-token vocabulary included; full fine-tuning "
-            "frees them before AdamW's state exists, so they add less there)"
+            "  (training - libs - plan ~ activations, fp32 logits over the 50,304-token vocabulary included; full "
+            "fine-tuning frees them before AdamW's state exists, so they add less there)"
         )
 
 

@@ -3,7 +3,8 @@ sdpa, 2 loader workers) and, where it is installed, litgpt's GPT of the same Pyt
 loop; at pythia-160m and pythia-1b, 8 x 2,048 tokens, bf16, and FP8 where the card has it. Each side runs in its own
 process, one after another: the one script a lent GPU runs (docs/performance.md, "GPU fast path").
 
-    python benchmarks/gpu_fast_path.py [--models pythia-160m,pythia-1b] [--sides hftrain,hftrain-chunked-loss,trainer,litgpt]
+    python benchmarks/gpu_fast_path.py [--models pythia-160m,pythia-1b]
+                                       [--sides hftrain,hftrain-chunked-loss,trainer,litgpt]
                                        [--fp8] [--steps 30] [--warm 10] [--out DIR] [--docs docs/performance.md]
     python benchmarks/gpu_fast_path.py --dry-run    # a tiny shape on the CPU, in this process: the plumbing only
 
@@ -40,12 +41,20 @@ def recipe(model: str, a: argparse.Namespace, out: Path, side: str) -> dict[str,
     import yaml
 
     shipped = ROOT / "recipes" / "pretrain" / f"{model}.yaml"
-    raw = yaml.safe_load(shipped.read_text()) if shipped.is_file() else {"model": {"preset": model}, "data": {}, "training": {}}
+    raw = (
+        yaml.safe_load(shipped.read_text())
+        if shipped.is_file()
+        else {"model": {"preset": model}, "data": {}, "training": {}}
+    )
     raw.pop("checkpoints", None)
     raw["tokenizer"] = {"builtin": "gpt2"}
     raw["data"] = {"train": [{"builtin": "python-docs"}], "seq_len": a.seq, "eval_blocks": 2}
     raw["training"] = {
-        **{k: v for k, v in raw["training"].items() if k.startswith(("adam_", "lr_", "learning_rate", "weight_decay", "max_grad"))},
+        **{
+            k: v
+            for k, v in raw["training"].items()
+            if k.startswith(("adam_", "lr_", "learning_rate", "weight_decay", "max_grad"))
+        },
         "output_dir": str(out / f"{side}-{model}"),
         "max_steps": a.steps,
         "per_device_train_batch_size": a.batch,
@@ -140,10 +149,16 @@ def side_hftrain(model: str, side: str, a: argparse.Namespace, out: Path) -> dic
     original = cls.get_batch_samples
     cls.get_batch_samples = timed_fetch(original, window)  # on the class: run() builds its own instance
     try:
-        run = hftrain.train(hftrain.load_recipe(None, recipe(model, a, out, side)), callbacks=[trainer_callback(window)])
+        run = hftrain.train(
+            hftrain.load_recipe(None, recipe(model, a, out, side)), callbacks=[trainer_callback(window)]
+        )
     finally:
         cls.get_batch_samples = original
-    return {"window": window, "model": run.trainer.accelerator.unwrap_model(run.trainer.model), "loss": last_loss(run.log_history)}
+    return {
+        "window": window,
+        "model": run.trainer.accelerator.unwrap_model(run.trainer.model),
+        "loss": last_loss(run.log_history),
+    }
 
 
 def side_trainer(model: str, side: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -270,7 +285,12 @@ def child(model: str, side: str, a: argparse.Namespace, out: Path) -> dict[str, 
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"model": model, "side": side, "error": f"exit {proc.returncode}: {tail[0][:300]}", "wall_s": round(time.time() - start)}
+        return {
+            "model": model,
+            "side": side,
+            "error": f"exit {proc.returncode}: {tail[0][:300]}",
+            "wall_s": round(time.time() - start),
+        }
     return {**json.loads(lines[-1]), "wall_s": round(time.time() - start)}
 
 
@@ -295,12 +315,19 @@ def environment(device: str) -> dict[str, Any]:
 
     from hftrain.speed.hardware import spec_bf16_tflops
 
-    env = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "transformers": transformers.__version__}
+    env = {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     if device == "cuda":
         name = torch.cuda.get_device_name()
         spec, _ = spec_bf16_tflops(name)
         env.update(
-            device=name, cuda=torch.version.cuda, capability=".".join(map(str, torch.cuda.get_device_capability())), spec_bf16_tflops=spec
+            device=name,
+            cuda=torch.version.cuda,
+            capability=".".join(map(str, torch.cuda.get_device_capability())),
+            spec_bf16_tflops=spec,
         )
     else:
         env["device"] = "cpu (dry run)"
@@ -315,7 +342,8 @@ def table(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
         + (f", CUDA {env['cuda']}" if env.get("cuda") else "")
         + ")",
         "",
-        "| model | side | tokens/s | vs Trainer | vs litgpt | MFU | peak GB | data wait | graph breaks / graphs | loss |",
+        "| model | side | tokens/s | vs Trainer | vs litgpt | MFU "
+        "| peak GB | data wait | graph breaks / graphs | loss |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in rows:
@@ -327,8 +355,9 @@ def table(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
         mfu = f"{100 * row['tflops'] / peak:.1f}%" if peak else "-"
         loss = f"{row['final_loss']:.3f}" if row.get("final_loss") is not None else "-"
         lines.append(
-            f"| {row['model']} | {row['side']} | {row['tokens_per_s']:,.0f} | {ratio('trainer')} | {ratio('litgpt')} | {mfu} | "
-            f"{row['peak_mem_gb'] or '-'} | {100 * row['data_wait_frac']:.1f}% | {row['graph_breaks']} / {row['graphs']} | {loss} |"
+            f"| {row['model']} | {row['side']} | {row['tokens_per_s']:,.0f} | {ratio('trainer')} | {ratio('litgpt')} | "
+            f"{mfu} | {row['peak_mem_gb'] or '-'} | {100 * row['data_wait_frac']:.1f}% | {row['graph_breaks']} / "
+            f"{row['graphs']} | {loss} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hftrain.speed.hardware import SPEC_BF16_TFLOPS, spec_bf16_tflops  # noqa: F401 (the table lives with the library: `hftrain plan` uses it)
+# the table lives with the library (`hftrain plan` uses it); imported here for the benchmarks that read it
+from hftrain.speed.hardware import SPEC_BF16_TFLOPS, spec_bf16_tflops  # noqa: F401
 
 
 def gpu_peaks(seconds: float = 1.0) -> dict[str, Any]:
@@ -18,7 +19,12 @@ def gpu_peaks(seconds: float = 1.0) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device)
     spec, card = spec_bf16_tflops(name)
     measured = measure_peak_flops(device, torch.bfloat16, seconds)
-    return {"device_name": name, "spec_card": card, "spec_bf16_flops": spec * 1e12 if spec else None, "measured_bf16_flops": measured}
+    return {
+        "device_name": name,
+        "spec_card": card,
+        "spec_bf16_flops": spec * 1e12 if spec else None,
+        "measured_bf16_flops": measured,
+    }
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peaks: dict[str, Any]) -> dict[str, float | None]:

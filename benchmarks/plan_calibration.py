@@ -65,14 +65,23 @@ def recipe_for(config: Config, bases: Path, out: Path) -> dict[str, Any]:
     if config.method == "pretrain":
         model = {"preset": config.size}
         tokenizer: dict[str, Any] = {"builtin": "gpt2"}
-        data: dict[str, Any] = {"train": {"builtin": "python-docs"}, "holdout_every": 10}  # 8 full blocks at 1,024 tokens
+        data: dict[str, Any] = {
+            "train": {"builtin": "python-docs"},
+            "holdout_every": 10,
+        }  # 8 full blocks at 1,024 tokens
     else:
         model = {"from_pretrained": str(bases / config.size)}
         tokenizer = {"path": str(bases / config.size)}
         kind, fmt = ("preference", "preference") if config.objective == "dpo" else ("", "prompt_completion")
         data = {
-            "train": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}train.jsonl"), "format": fmt},
-            "validation": {"path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}validation.jsonl"), "format": fmt},
+            "train": {
+                "path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}train.jsonl"),
+                "format": fmt,
+            },
+            "validation": {
+                "path": str(ROOT / f"recipes/finetune/data/{kind + '_' if kind else ''}validation.jsonl"),
+                "format": fmt,
+            },
         }
     recipe: dict[str, Any] = {
         "model": model,
@@ -91,7 +100,11 @@ def recipe_for(config: Config, bases: Path, out: Path) -> dict[str, Any]:
         "monitor": {"sample_max_new_tokens": 0, "plot": False},
     }
     if config.method != "pretrain":
-        recipe["finetune"] = {"method": config.method, "lora": {"r": 16, "lora_alpha": 32}, "objective": config.objective}
+        recipe["finetune"] = {
+            "method": config.method,
+            "lora": {"r": 16, "lora_alpha": 32},
+            "objective": config.objective,
+        }
     for key, value in config.extra.items():
         section, name = key.split(".", 1)
         recipe.setdefault(section, {})[name] = value
@@ -165,7 +178,9 @@ def build_bases(root: Path, sizes: set[str]) -> None:
             tok.save_pretrained(root / size)
 
 
-def measure(config: Config, bases: Path, work: Path, env: dict[str, str], libraries: float | None = None) -> dict[str, Any]:
+def measure(
+    config: Config, bases: Path, work: Path, env: dict[str, str], libraries: float | None = None
+) -> dict[str, Any]:
     """Run one configuration for real; return its measured and predicted peaks (bytes)."""
     import yaml
 
@@ -185,7 +200,9 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
     if rc:
         raise RuntimeError(f"{config.name} failed (exit {rc}):\n{tail}")
     recipe = load_recipe(None, raw)
-    shape = run_shape(PlanPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+    shape = run_shape(
+        PlanPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None
+    )
     predicted = predict_peak(PlanPart.of(recipe), plan(PlanPart.of(recipe)), shape, libraries)
     return {
         "name": config.name,
@@ -200,7 +217,10 @@ def measure(config: Config, bases: Path, work: Path, env: dict[str, str], librar
 
 def print_table(rows: list[dict[str, Any]], libs_measured: int) -> None:
     print(f"libraries alone: {libs_measured / 1e9:.3f} GB measured (this machine, these versions)")
-    print(f"{'configuration':<24} {'measured':>9} {'predicted':>9} {'error':>7} {'above libs: meas':>17} {'pred':>7} {'error':>7}")
+    print(
+        f"{'configuration':<24} {'measured':>9} {'predicted':>9} "
+        f"{'error':>7} {'above libs: meas':>17} {'pred':>7} {'error':>7}"
+    )
     worst = 0.0
     for r in rows:
         err = r["predicted"] / r["measured"] - 1
@@ -229,7 +249,9 @@ def replay(path: Path) -> None:
         for r in stored["rows"]:
             config = by_name[r["name"]]
             recipe = load_recipe(None, recipe_for(config, bases, Path(tmp) / config.name))
-            shape = run_shape(PlanPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None)
+            shape = run_shape(
+                PlanPart.of(recipe), processes=config.processes, strategy="fsdp" if config.processes > 1 else None
+            )
             predicted = predict_peak(PlanPart.of(recipe), plan(PlanPart.of(recipe)), shape, r["libraries"])
             r.update(predicted=predicted.total, parts=predicted.parts, phase=predicted.phase)
     print_table(stored["rows"], stored["libraries"])
@@ -242,7 +264,10 @@ def main() -> None:
     parser.add_argument(
         "--replay",
         type=Path,
-        help="predict again for the measurements stored by --json (after a change of the model in hftrain/planning/memory.py); runs nothing",
+        help=(
+            "predict again for the measurements stored by --json (after a change of the model in "
+            "hftrain/planning/memory.py); runs nothing"
+        ),
     )
     args = parser.parse_args()
     if args.replay:
@@ -258,7 +283,8 @@ def main() -> None:
             rows.append(measure(config, work / "bases", work, env, predicted_libs))
             r = rows[-1]
             print(
-                f"  {config.name}: measured {r['measured'] / 1e9:.3f} GB, predicted {r['predicted'] / 1e9:.3f} GB ({r['seconds']:.0f} s)",
+                f"  {config.name}: measured {r['measured'] / 1e9:.3f} GB, predicted {r['predicted'] / 1e9:.3f} GB "
+                f"({r['seconds']:.0f} s)",
                 flush=True,
             )
         print_table(rows, libs)

@@ -17,9 +17,9 @@ cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) 
 
   hftrain   hftrain.train(hftrain.load_recipe(None, overrides)) where the overrides set only the model shape, the
             data (the python-docs training documents as 8 JSONL shards, the same text the other sides read; its
-            held-out documents as validation), tokenizer (gpt2, or the char one), seq_len, micro-batch, step count, learning rate,
-            warm-up, logging interval and output_dir, and turn off what is not training (end-of-run sample, plot,
-            checkpoints; the final save and evaluation run after the timed steps). Everything else, bf16,
+            held-out documents as validation), tokenizer (gpt2, or the char one), seq_len, micro-batch, step count,
+            learning rate, warm-up, logging interval and output_dir, and turn off what is not training (end-of-run
+            sample, plot, checkpoints; the final save and evaluation run after the timed steps). Everything else, bf16,
             torch.compile, threads, data loading included, is hftrain's default.
   baseline  the way transformers' examples/pytorch/language-modeling/run_clm.py does it: the same documents
             hftrain trains on, as text, datasets.Dataset.from_dict + map(tokenize) + map(group_texts) into
@@ -30,10 +30,10 @@ cosine schedule; hftrain's defaults decide torch.compile by it, as for any run) 
 
 Both sides get the same StepClock callback. tokens/s = median over the steps after warm-up (first 20%, at least
 2: steps are seconds long) of tokens per step / step time (on_step_end to on_step_end, so data loading and
-logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's compile time when a
-side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.shape.flops_per_token, 6N + 12LdT) / the matmul
-peak of the dtype the side computes in (observed on its first Linear layer), measured in this run. loss = mean
-of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
+logging count), then the median over repeats. "warm-up s" is the time of the warm-up steps: it holds torch.compile's
+compile time when a side compiles. MFU = tokens/s x training FLOPs per token (hftrain.model.shape.flops_per_token, 6N +
+12LdT) / the matmul peak of the dtype the side computes in (observed on its first Linear layer), measured in this run.
+loss = mean of the last 3 logged training losses (both sides log every --log-steps steps); over a few steps it mostly
 tells which text each side drew (hftrain streams a shuffle window of documents, the baseline samples blocks of
 the whole corpus), so "held-out" is the learning check: the mean fp32 loss of each trained model on the same
 16 blocks of held-out documents that neither side trains on. Over a few steps even that depends on which
@@ -62,9 +62,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import PeakFlops, StepClock, final_loss, steady_state, write_json  # noqa: E402
-from benchmarks._throughput_report import LOOP, SIDES, json_summary, print_tables, summarize  # noqa: E402
-from benchmarks._turns import TURNS_PER_RUN, Turns, run_pair, turn_steps  # noqa: E402
+from benchmarks._common import PeakFlops, StepClock, final_loss, steady_state, write_json
+from benchmarks._throughput_report import LOOP, SIDES, json_summary, print_tables, summarize
+from benchmarks._turns import TURNS_PER_RUN, Turns, run_pair, turn_steps
 
 # name: layers, heads, hidden, context, micro-batch, learning rate, default steps and logging interval. The step
 # counts keep the default run under 10 minutes on a busy 2-core CPU, where a medium step takes 5-10 s.
@@ -85,7 +85,12 @@ WARMUP = 2  # learning-rate warm-up steps: short, so that the measured first ste
 
 def schedule(shape: dict[str, Any], run_steps: int) -> dict[str, Any]:
     """The hyper-parameters both sides share: a run of `run_steps` steps (measured over its first steps)."""
-    return {"max_steps": run_steps, "per_device_train_batch_size": shape["batch"], "learning_rate": shape["lr"], "warmup_steps": WARMUP}
+    return {
+        "max_steps": run_steps,
+        "per_device_train_batch_size": shape["batch"],
+        "learning_rate": shape["lr"],
+        "warmup_steps": WARMUP,
+    }
 
 
 class DtypeProbe:
@@ -101,7 +106,9 @@ class DtypeProbe:
         first.register_forward_hook(self._hook)
 
     def _hook(self, module: Any, inputs: Any, output: Any) -> None:
-        self.dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(str(output.dtype), str(output.dtype))
+        self.dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(
+            str(output.dtype), str(output.dtype)
+        )
 
 
 class ProbingClock(StepClock):
@@ -130,7 +137,9 @@ class ProbingClock(StepClock):
         return {**super().to_json(), "wall_at_train_begin": self.wall_at_train_begin}
 
 
-def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, log_history: list, seq: int) -> dict[str, Any]:
+def child_result(
+    clock: ProbingClock | dict[str, Any], model: Any, args: Any, log_history: list, seq: int
+) -> dict[str, Any]:
     import torch
 
     from hftrain.model.shape import flops_per_token, parameter_counts
@@ -152,7 +161,13 @@ def child_result(clock: ProbingClock | dict[str, Any], model: Any, args: Any, lo
 
 
 def hftrain_recipe(
-    shape: dict[str, Any], out: Path, run_steps: int, log_steps: int, docs_dir: Path, tokenizer_dir: str | None = None, seed: int = SEED
+    shape: dict[str, Any],
+    out: Path,
+    run_steps: int,
+    log_steps: int,
+    docs_dir: Path,
+    tokenizer_dir: str | None = None,
+    seed: int = SEED,
 ) -> dict[str, Any]:
     """hftrain's side of a shape as a recipe (tests/test_gpu_tier.py validates every shape's on a CPU)."""
     from benchmarks._loop import context
@@ -211,7 +226,9 @@ def run_hftrain(
     result = child_result(clock, run.trainer.model, run.trainer.args, run.log_history, shape["seq"])
     result["heldout_loss"] = heldout_loss(run.model, heldout)
     results_file = out / "results.json"  # what hftrain itself reports, for reference
-    result["hftrain_reported"] = json.loads(results_file.read_text()).get("tokens_per_s_median") if results_file.is_file() else None
+    result["hftrain_reported"] = (
+        json.loads(results_file.read_text()).get("tokens_per_s_median") if results_file.is_file() else None
+    )
     return result
 
 
@@ -276,7 +293,9 @@ def run_minimal_loop(
 ) -> dict[str, Any]:
     from benchmarks._loop import run_loop
 
-    model, _, args, history, clock = run_loop(shape, steps, log_steps, docs_file, run_steps, seed, WARMUP, tokenizer_dir)
+    model, _, args, history, clock = run_loop(
+        shape, steps, log_steps, docs_file, run_steps, seed, WARMUP, tokenizer_dir
+    )
     return {**child_result(clock, model, args, history, shape["seq"]), "heldout_loss": heldout_loss(model, heldout)}
 
 
@@ -300,8 +319,12 @@ def write_shards(documents: list[str], held_out: list[str], where: Path) -> None
     (where / "train-docs").mkdir(parents=True, exist_ok=True)
     for k in range(SHARDS):
         part = documents[k * len(documents) // SHARDS : (k + 1) * len(documents) // SHARDS]
-        (where / "train-docs" / f"part-{k:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part), encoding="utf-8")
-    (where / "heldout-docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in held_out), encoding="utf-8")
+        (where / "train-docs" / f"part-{k:02d}.jsonl").write_text(
+            "".join(json.dumps({"text": d}) + "\n" for d in part), encoding="utf-8"
+        )
+    (where / "heldout-docs.jsonl").write_text(
+        "".join(json.dumps({"text": d}) + "\n" for d in held_out), encoding="utf-8"
+    )
 
 
 def held_out_documents() -> list[str]:
@@ -313,7 +336,13 @@ def held_out_documents() -> list[str]:
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}]}})
     plan = plan_data(recipe.data, SEED)
     stream = DocumentStream(
-        plan.train, seed=SEED, holdout_every=recipe.data.holdout_every, split="holdout", shuffle=False, loop=False, bad=BadRecords("fail")
+        plan.train,
+        seed=SEED,
+        holdout_every=recipe.data.holdout_every,
+        split="holdout",
+        shuffle=False,
+        loop=False,
+        bad=BadRecords("fail"),
     )
     return list(stream.documents(stream.fresh_state()))
 
@@ -325,7 +354,9 @@ def heldout_blocks(seq: int, tokenizer_dir: str | None, count: int = 16) -> list
     from hftrain.recipe.load import load_recipe
 
     recipe = load_recipe(None, {"data": {"train": [{"builtin": "python-docs"}], "seq_len": seq, "eval_blocks": count}})
-    return [b["input_ids"].tolist() for b in validation_blocks(plan_data(recipe.data, SEED), load_tokenizer(tokenizer_dir))]
+    return [
+        b["input_ids"].tolist() for b in validation_blocks(plan_data(recipe.data, SEED), load_tokenizer(tokenizer_dir))
+    ]
 
 
 def heldout_loss(model: Any, path: Path) -> float:
@@ -359,7 +390,14 @@ def child_main(args: argparse.Namespace) -> None:
         )
     elif args.child == LOOP:
         result = run_minimal_loop(
-            shape, args.steps, args.log_steps, Path(args.docs), args.run_steps, Path(args.heldout), args.tokenizer, int(args.seed)
+            shape,
+            args.steps,
+            args.log_steps,
+            Path(args.docs),
+            args.run_steps,
+            Path(args.heldout),
+            args.tokenizer,
+            int(args.seed),
         )
     else:
         result = run_baseline(
@@ -397,7 +435,9 @@ def parse_args() -> argparse.Namespace:
         help="A/B pairs per shape; the order flips at every pair, across shapes too (default 1: "
         "about 9 minutes on a busy 2-core CPU; use 3 or more on a quiet machine)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="optimizer steps measured per run (default: per shape, see SHAPES)"
+    )
     parser.add_argument(
         "--run-steps",
         type=int,
@@ -420,7 +460,9 @@ def parse_args() -> argparse.Namespace:
         f"fall on every side (default: about {TURNS_PER_RUN} turns per run; 0: one side after another)",
     )
     parser.add_argument("--log-steps", type=int, default=None, help="logging_steps on both sides (default: per shape)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where both sides train (default %(default)s)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON (scripts/gpu_check.sh reads it)")
     parser.add_argument("--child", choices=(*SIDES, LOOP), help=argparse.SUPPRESS)
     for hidden in ("--shape", "--workdir", "--result", "--docs", "--heldout", "--tokenizer", "--spawned-at", "--seed"):

@@ -5,23 +5,29 @@ what it changes, the version it was seen with, the upstream issue, and when it i
 (marked CPU) change nothing on CUDA; with hftrain's CPU rehearsals (parallel/rehearsal.py) they are the whole of
 what hftrain does differently on a machine without a GPU.
 
-| function                    | library (seen with)              | active when                                  | upstream                      |
-| --------------------------- | -------------------------------- | -------------------------------------------- | ----------------------------- |
-| quiet_optional_warnings     | bitsandbytes 0.50                | any run or CLI command (a logger level)      | bitsandbytes#2064 (open)      |
-| quiet_launcher_cpp_logs     | torch 2.13 (c10d)                | a launcher process, before torch is imported | none filed                    |
-| quiet_trl_deprecations      | TRL 1.16, transformers 5.x       | a DPO run (a warnings filter)                | none filed                    |
-| quiet_collective_deprecations | DeepSpeed 0.19, torch 2.13     | a ZeRO-3 run (a warnings filter)             | none filed                    |
-| skip_unneeded_imports       | accelerate 1.10-1.15, DeepSpeed 0.19 | any run; unwrapping behaves the same     | accelerate#1952, transformers#26308 |
-| hub_request_timeouts        | huggingface_hub 1.31-2.x         | any command (hftrain/network.py)        | huggingface_hub#3750, #3790   |
-| plain_gcs_filesystem        | gcsfs >= 2025                    | before gcsfs is first imported (gs:// data)  | none filed (fake-gcs-server#2069) |
-| deepspeed_cpu_process_group | accelerate 1.15, DeepSpeed 0.19  | CPU: a ZeRO-3 rehearsal                      | none filed (GPU-only upstream) |
-| skip_shm_comm_build         | DeepSpeed 0.16-0.19              | CPU: a ZeRO-3 rehearsal                      | none filed                    |
-| fsdp_state_for_cpu          | accelerate 1.15                  | CPU: an FSDP rehearsal                       | accelerate#2741 (CPU launch)  |
-| bnb_4bit_trainable_on_cpu   | bitsandbytes 0.48-0.50           | CPU: a 4-bit (QLoRA) model                   | none filed (since bitsandbytes#1804) |
-| keep_freed_memory           | glibc malloc                     | CPU: a process that trains on the CPU (Linux/glibc) | none filed (pytorch#55675) |
-| universal_load_fixes        | DeepSpeed 0.19                   | ZeRO-3 resumed on another process count      | DeepSpeed#7585 (param groups) |
-| exact_compiled_casts        | torch 2.13 Inductor, torchao 0.18 | a run with speed.fp8: rowwise               | pytorch#150859 (torchtitan#1056) |
-| flex_kernel_per_shape       | transformers 5.x, torch 2.13 Inductor | CPU: flex_attention (a run, check-packing) | none filed (AVX2-only CPUs) |
+Each entry: function: library (seen with); active when; upstream.
+
+- quiet_optional_warnings: bitsandbytes 0.50; any run or CLI command (a logger level); bitsandbytes#2064 (open).
+- quiet_launcher_cpp_logs: torch 2.13 (c10d); a launcher process, before torch is imported; none filed.
+- quiet_trl_deprecations: TRL 1.16, transformers 5.x; a DPO run (a warnings filter); none filed.
+- quiet_collective_deprecations: DeepSpeed 0.19, torch 2.13; a ZeRO-3 run (a warnings filter); none filed.
+- skip_unneeded_imports: accelerate 1.10-1.15, DeepSpeed 0.19; any run; unwrapping behaves the same;
+  accelerate#1952, transformers#26308.
+- hub_request_timeouts: huggingface_hub 1.31-2.x; any command (hftrain/network.py); huggingface_hub#3750, #3790.
+- plain_gcs_filesystem: gcsfs >= 2025; before gcsfs is first imported (gs:// data); none filed
+  (fake-gcs-server#2069).
+- deepspeed_cpu_process_group: accelerate 1.15, DeepSpeed 0.19; CPU: a ZeRO-3 rehearsal; none filed (GPU-only
+  upstream).
+- skip_shm_comm_build: DeepSpeed 0.16-0.19; CPU: a ZeRO-3 rehearsal; none filed.
+- fsdp_state_for_cpu: accelerate 1.15; CPU: an FSDP rehearsal; accelerate#2741 (CPU launch).
+- bnb_4bit_trainable_on_cpu: bitsandbytes 0.48-0.50; CPU: a 4-bit (QLoRA) model; none filed (since
+  bitsandbytes#1804).
+- keep_freed_memory: glibc malloc; CPU: a process that trains on the CPU (Linux/glibc); none filed (pytorch#55675).
+- universal_load_fixes: DeepSpeed 0.19; ZeRO-3 resumed on another process count; DeepSpeed#7585 (param groups).
+- exact_compiled_casts: torch 2.13 Inductor, torchao 0.18; a run with speed.fp8: rowwise; pytorch#150859
+  (torchtitan#1056).
+- flex_kernel_per_shape: transformers 5.x, torch 2.13 Inductor; CPU: flex_attention (a run, check-packing); none
+  filed (AVX2-only CPUs).
 
 The Trainer's private methods hftrain overrides are not patches (a subclass of its own); they are listed with
 their reasons in training/trainer.py.
@@ -89,7 +95,9 @@ def quiet_collective_deprecations() -> None:
     import warnings
 
     for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
-        warnings.filterwarnings("ignore", message=rf"`torch\.distributed\.{name}` is deprecated", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=rf"`torch\.distributed\.{name}` is deprecated", category=FutureWarning
+        )
 
 
 def skip_unneeded_imports() -> None:
@@ -117,9 +125,9 @@ def skip_unneeded_imports() -> None:
 
 
 def hub_request_timeouts(per_request_s: float) -> None:
-    """huggingface_hub 1.x/2.x (httpx, httpx2) sets no read timeout on uploads and API calls, so an endpoint that accepts the
-    connection and never answers hangs a push for ever. Its public ``set_client_factory`` takes a factory: each
-    new client gets the per-request timeout. The download/etag constants are set too (read at call time).
+    """huggingface_hub 1.x/2.x (httpx, httpx2) sets no read timeout on uploads and API calls, so an endpoint that
+    accepts the connection and never answers hangs a push for ever. Its public ``set_client_factory`` takes a factory:
+    each new client gets the per-request timeout. The download/etag constants are set too (read at call time).
     Upstream: huggingface_hub#3750 / #3790 (no timeout by default since the move to httpx)."""
     from huggingface_hub import constants
     from huggingface_hub.utils import _http
@@ -288,7 +296,9 @@ def universal_load_fixes(saved_file: Path) -> Any:
         def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
             import torch
 
-            saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"]["param_groups"]  # hftrain's own conversion
+            saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"][
+                "param_groups"
+            ]  # hftrain's own conversion
             groups = optimizer.param_groups
             if len(saved) != len(groups):
                 raise HftrainError(

@@ -130,8 +130,8 @@ def _explain(err: BaseException, bound_s: float | None) -> HftrainError | None:
     status = getattr(getattr(err, "response", None), "status_code", None)
     if "HfHubHTTPError" in names and status in (401, 403):
         return HftrainError(
-            f"{_endpoint(err)}: {status} {'Unauthorized' if status == 401 else 'Forbidden'}: the Hub refused the token. "
-            "Set HF_TOKEN to a token with write access to the repository (or run `hf auth login`)."
+            f"{_endpoint(err)}: {status} {'Unauthorized' if status == 401 else 'Forbidden'}: the Hub refused the "
+            "token. Set HF_TOKEN to a token with write access to the repository (or run `hf auth login`)."
         )
     if "HfHubHTTPError" in names and status is not None and 400 <= status < 500 and status not in (408, 429):
         reason = (getattr(err, "server_message", None) or str(err)).strip().replace("\n", " ")

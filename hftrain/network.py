@@ -8,8 +8,8 @@ The bound is ``faults.network_timeout_s`` (default ``DEFAULT_BOUND_S`` = 60 s): 
   Options a recipe gives in
   ``storage_options`` win; ``storage_options_with_timeouts`` merges the timeouts into them key by key;
 * huggingface_hub: its shared HTTP client (used by create_repo, upload_folder, ...; unbounded by default) and
-  the metadata and download timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT, inherited by child processes), through
-  ``_compat.hub_request_timeouts``;
+  the metadata and download timeouts (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT, inherited by child processes),
+  through ``_compat.hub_request_timeouts``;
 * the trackers' clients, through their documented variables where the user has not set them: MLflow's HTTP
   requests (MLFLOW_HTTP_REQUEST_TIMEOUT, _MAX_RETRIES, _BACKOFF_FACTOR; by default 120 s and 7 retries, minutes
   before a server that is down becomes an error) and W&B's start (WANDB_INIT_TIMEOUT, 90 s by default).

@@ -87,7 +87,9 @@ def stop() -> None:
 def is_narration(line: str) -> bool:
     """Whether `line` is one of this module's lines (not a command's output or message): for tools and tests that
     read hftrain's stderr."""
-    return line.startswith("hftrain: ") and (line.endswith(" ...") or re.fullmatch(r"hftrain: still .+ \(\d+ s\)", line) is not None)
+    return line.startswith("hftrain: ") and (
+        line.endswith(" ...") or re.fullmatch(r"hftrain: still .+ \(\d+ s\)", line) is not None
+    )
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 junit.xml (pytest -m gpu), items/*.json (the numbers each gpu test recorded), benchmark.json (benchmarks/throughput.py).
 
     python scripts/gpu_report.py DIR [--dry-run] [--collected FILE] [--bench-rc N]
-    python scripts/gpu_report.py --env     # the environment check alone (exit 1 when something hftrain needs is missing)
+    python scripts/gpu_report.py --env     # the environment check alone (exit 1: something hftrain needs is missing)
 
 Exit status: 0 when every item passed (or, with --dry-run, always), 1 otherwise.
 """
@@ -22,11 +22,20 @@ from pathlib import Path
 from typing import Any
 
 ITEMS = {  # key: (title, test module)
-    "training": ("bf16 + torch.compile quickstart; pythia-160m preset at seq_len 2048 (tokens/s, MFU, peak memory)", "test_gpu_training"),
-    "finetune": ("full, LoRA, QLoRA, 8-bit LoRA on CUDA with bitsandbytes' kernels (4-bit/bf16 ratio, peak memory)", "test_gpu_finetune"),
+    "training": (
+        "bf16 + torch.compile quickstart; pythia-160m preset at seq_len 2048 (tokens/s, MFU, peak memory)",
+        "test_gpu_training",
+    ),
+    "finetune": (
+        "full, LoRA, QLoRA, 8-bit LoRA on CUDA with bitsandbytes' kernels (4-bit/bf16 ratio, peak memory)",
+        "test_gpu_finetune",
+    ),
     "backends": ("FSDP and ZeRO-3 at world size 1 (and >= 2), exact resume, export; device_map", "test_gpu_backends"),
     "benchmark": ("throughput benchmark against the run_clm-style baseline", "test_gpu_benchmark"),
-    "plan": ("`hftrain plan`'s predicted peak against torch.cuda.max_memory_allocated (full, checkpointing, LoRA)", "test_gpu_plan"),
+    "plan": (
+        "`hftrain plan`'s predicted peak against torch.cuda.max_memory_allocated (full, checkpointing, LoRA)",
+        "test_gpu_plan",
+    ),
     "packing": ("packed documents kept apart on the flash-attention kernels", "test_gpu_packing"),
     "other": ("gpu tests of no item above (none is ever dropped from the report)", None),
 }
@@ -71,7 +80,8 @@ def version(package: str) -> str | None:
 
 
 def environment() -> dict[str, Any]:
-    """Device, versions and what hftrain needs that is missing (python -m pip install --no-index --find-links WHEELHOUSE ...)."""
+    """Device, versions and what hftrain needs that is missing (python -m pip install --no-index --find-links WHEELHOUSE
+    ...)."""
     env: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -184,7 +194,9 @@ def benchmark_item(directory: Path, bench_rc: int | None) -> tuple[list[dict[str
 
 
 def build(directory: Path, dry_run: bool, collected: list[str], bench_rc: int | None) -> dict[str, Any]:
-    recorded = directory / "environment.json"  # written on the GPU machine (gpu_check.sh); the report may be built elsewhere
+    recorded = (
+        directory / "environment.json"
+    )  # written on the GPU machine (gpu_check.sh); the report may be built elsewhere
     env = json.loads(recorded.read_text()) if recorded.is_file() else environment()
     junit = read_junit(directory / "junit.xml")
     numbers = load_numbers(directory)
@@ -229,14 +241,21 @@ def markdown(report: dict[str, Any]) -> str:
         "- versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in env["versions"].items()),
     ]
     if env["missing"]:
-        lines.append(f"- missing for hftrain: {', '.join(env['missing'])} (install them: scripts/gpu_check.sh --wheelhouse DIR)")
+        lines.append(
+            f"- missing for hftrain: {', '.join(env['missing'])} (install them: scripts/gpu_check.sh --wheelhouse DIR)"
+        )
     if report["dry_run"]:
-        lines += ["", "No GPU: dry run. Nothing was trained; this is what `bash scripts/gpu_check.sh` runs on a GPU machine:"]
+        lines += [
+            "",
+            "No GPU: dry run. Nothing was trained; this is what `bash scripts/gpu_check.sh` runs on a GPU machine:",
+        ]
     for key, item in report["items"].items():
         lines += ["", f"## {key}: {item['status']}", "", item["title"], ""]
         for test in item["tests"]:
             took = f", {test['seconds']} s" if test.get("seconds") is not None else ""
-            lines.append(f"- {test['outcome']}: `{test['id']}`{took}{(' - ' + test['message']) if test['message'] else ''}")
+            lines.append(
+                f"- {test['outcome']}: `{test['id']}`{took}{(' - ' + test['message']) if test['message'] else ''}"
+            )
         if report["dry_run"]:
             lines += [f"- would run: `{t}`" for t in item["planned"]] or ["- (no gpu test collected for this item)"]
         for entry in item["numbers"]:
@@ -247,10 +266,16 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", type=Path)
-    parser.add_argument("--dry-run", action="store_true", help="no GPU: report the environment and the planned tests only")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="no GPU: report the environment and the planned tests only"
+    )
     parser.add_argument("--collected", type=Path, help="output of pytest -m gpu --collect-only -q")
-    parser.add_argument("--bench-rc", type=int, help="exit status of the script's benchmark run (benchmark.json beside)")
-    parser.add_argument("--env", action="store_true", help="print the environment check and exit (1 if something is missing)")
+    parser.add_argument(
+        "--bench-rc", type=int, help="exit status of the script's benchmark run (benchmark.json beside)"
+    )
+    parser.add_argument(
+        "--env", action="store_true", help="print the environment check and exit (1 if something is missing)"
+    )
     args = parser.parse_args(argv)
     if args.env:
         env = environment()
@@ -258,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if env["missing"] else 0
     if args.directory is None:
         parser.error("DIRECTORY is required")
-    collected = [line.strip() for line in args.collected.read_text().splitlines() if "::" in line] if args.collected else []
+    collected = (
+        [line.strip() for line in args.collected.read_text().splitlines() if "::" in line] if args.collected else []
+    )
     report = build(args.directory, args.dry_run, collected, args.bench_rc)
     (args.directory / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     (args.directory / "report.md").write_text(markdown(report), encoding="utf-8")

@@ -42,7 +42,9 @@ def sources(rev: str | None, folders: tuple[str, ...] = ("hftrain",)) -> dict[st
             for folder in folders
             for p in sorted((ROOT / folder).rglob("*.py"))
         }
-    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, *folders], cwd=ROOT, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", rev, *folders], cwd=ROOT, capture_output=True, text=True, check=True
+    )
 
     def show(name: str) -> str:
         done = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -130,7 +132,11 @@ def argument_changes(files: dict[str, str]) -> list[tuple[str, str, str]]:
         for function in _functions(ast.parse(text)):
             params = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)} & set(ARGUMENT_DICTS)
             rebound = {  # `kwargs = dict(kwargs)`: a copy of its own, not the caller's
-                t.id for n in _own_nodes(function) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+                t.id
+                for n in _own_nodes(function)
+                if isinstance(n, ast.Assign)
+                for t in n.targets
+                if isinstance(t, ast.Name)
             }
             params -= rebound
             whats = set()
@@ -154,7 +160,10 @@ def argument_changes(files: dict[str, str]) -> list[tuple[str, str, str]]:
 def long_lines(files: dict[str, str], width: int = WIDTH) -> list[tuple[str, int, int]]:
     """(path, line number, length) of each line over `width`."""
     return [
-        (path, number, len(line)) for path, text in files.items() for number, line in enumerate(text.splitlines(), 1) if len(line) > width
+        (path, number, len(line))
+        for path, text in files.items()
+        for number, line in enumerate(text.splitlines(), 1)
+        if len(line) > width
     ]
 
 

@@ -50,13 +50,24 @@ def receives_the_recipe(source: str) -> bool:
 def package_sources(rev: str | None) -> dict[str, str]:
     """{module name: source} of hftrain/, in this checkout or at a commit."""
     if rev is None:
-        files = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in (ROOT / "hftrain").rglob("*.py")}
+        files = {
+            p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in (ROOT / "hftrain").rglob("*.py")
+        }
     else:
         listed = subprocess.run(
-            ["git", "ls-tree", "-r", "--name-only", rev, "hftrain"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "ls-tree", "-r", "--name-only", rev, "hftrain"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         names = [n for n in listed.stdout.split() if n.endswith(".py")]
-        show = lambda n: subprocess.run(["git", "show", f"{rev}:{n}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout  # noqa: E731
+
+        def show(name: str) -> str:
+            return subprocess.run(
+                ["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True, text=True, check=True
+            ).stdout
+
         files = {n: show(n) for n in names}
     return {n[:-3].replace("/", ".").removesuffix(".__init__"): text for n, text in files.items()}
 
@@ -67,15 +78,17 @@ def dataclass_fields(sources: dict[str, str]) -> dict[str, list[str]]:
     for text in sources.values():
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
-                names = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+                names = [
+                    s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]
                 if names:
                     fields.setdefault(node.name, names)
     return fields
 
 
 def step_inputs(sources: dict[str, str]) -> list[tuple[str, list[str], int]]:
-    """Per step of a run (training/run.py, and STEP_MODULES): its parameters (an hftrain dataclass shown with its field count) and the fields
-    it receives in all (a dataclass counts its fields, anything else 1)."""
+    """Per step of a run (training/run.py, and STEP_MODULES): its parameters (an hftrain dataclass shown with its field
+    count) and the fields it receives in all (a dataclass counts its fields, anything else 1)."""
     fields = dataclass_fields(sources)
     functions = {}
     for module in {"hftrain.training.run", *STEP_MODULES.values()} & set(sources):
@@ -127,7 +140,10 @@ def trace_steps() -> dict[str, list[tuple[str, int]]]:
         hftrain.train(hftrain.load_recipe(None, raw), callbacks=[Window()])
     sys.setprofile(None)
     return {
-        name: sorted(((Path(f).relative_to(ROOT).as_posix(), len(q)) for f, q in called.items()), key=lambda row: (-row[1], row[0]))
+        name: sorted(
+            ((Path(f).relative_to(ROOT).as_posix(), len(q)) for f, q in called.items()),
+            key=lambda row: (-row[1], row[0]),
+        )
         for name, called in windows.items()
     }
 

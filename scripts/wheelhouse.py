@@ -2,7 +2,8 @@
 Python version and platform into one folder; then install from that folder alone.
 
     python scripts/wheelhouse.py DIR [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-                                     [--extras deepspeed,qlora] [--no-torch [--assume-torch 2.11.0]] [--exclude NAME ...]
+                                     [--extras deepspeed,qlora] [--no-torch [--assume-torch 2.11.0]]
+                                     [--exclude NAME ...]
                                      [--dry-run]
     # on the offline host (same Python version and platform; with --no-torch, its own torch already installed):
     pip install --no-index --find-links DIR 'hftrain[deepspeed,qlora]'
@@ -67,19 +68,24 @@ def platforms(platform: str) -> list[str]:
 
 
 def stub_torch(directory: Path, version: str) -> Path:
-    """A metadata-only torch wheel with no dependencies: pip resolves hftrain's tree against it, downloading nothing of torch."""
+    """A metadata-only torch wheel with no dependencies: pip resolves hftrain's tree against it, downloading nothing of
+    torch."""
     full = f"{version}+{STUB}"
     info = f"torch-{full}.dist-info"
     path = directory / f"torch-{full}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as whl:
         whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {full}\n")
-        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hftrain-wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: hftrain-wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         whl.writestr(f"{info}/RECORD", "")
     return path
 
 
 def plan(args: argparse.Namespace, dest: Path, stub_dir: Path) -> list[list[str]]:
-    """The pip commands, in order: build hftrain's and DeepSpeed's wheels here, then download the rest for the target."""
+    """The pip commands, in order: build hftrain's and DeepSpeed's wheels here, then download the rest for the
+    target."""
     pip = [sys.executable, "-m", "pip"]
     extras = [e for e in args.extras.split(",") if e]
     commands = [[*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(ROOT)]]
@@ -127,14 +133,22 @@ def download_with_local_builds(download: list[str], dest: Path, attempts: int = 
         if not missing:
             return False
         before = set(dest.glob("*.whl"))
-        code, _ = run_echoed([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dest), missing.group(1)])
+        code, _ = run_echoed(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dest), missing.group(1)]
+        )
         built = sorted(set(dest.glob("*.whl")) - before)
         if code != 0 or not built:
-            print(f"wheelhouse: {missing.group(1)} has no wheel for the target and could not be built here", file=sys.stderr)
+            print(
+                f"wheelhouse: {missing.group(1)} has no wheel for the target and could not be built here",
+                file=sys.stderr,
+            )
             return False
         for wheel in built:
             if not wheel.name.endswith("-none-any.whl"):
-                print(f"wheelhouse: warning: {wheel.name} was built for this machine, not necessarily the target", file=sys.stderr)
+                print(
+                    f"wheelhouse: warning: {wheel.name} was built for this machine, not necessarily the target",
+                    file=sys.stderr,
+                )
     return False
 
 
@@ -156,17 +170,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("dest", type=Path, help="the wheelhouse folder (created)")
     parser.add_argument(
-        "--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}", help="target Python (default: this one)"
+        "--python-version",
+        default=f"{sys.version_info.major}.{sys.version_info.minor}",
+        help="target Python (default: this one)",
     )
     parser.add_argument(
         "--platform",
         default="manylinux_2_28_x86_64",
         help="target platform tag; manylinux_2_28 also accepts manylinux2014 (2_17) wheels (default %(default)s)",
     )
-    parser.add_argument("--extras", default="deepspeed,qlora", help="hftrain extras to include, comma-separated (default %(default)s)")
-    parser.add_argument("--no-torch", action="store_true", help="leave out torch, triton and the nvidia-* CUDA libraries")
-    parser.add_argument("--assume-torch", default="2.11.0", help="with --no-torch: the torch version the host has (default %(default)s)")
-    parser.add_argument("--exclude", action="append", default=[], metavar="NAME", help="leave out this package too (repeatable)")
+    parser.add_argument(
+        "--extras", default="deepspeed,qlora", help="hftrain extras to include, comma-separated (default %(default)s)"
+    )
+    parser.add_argument(
+        "--no-torch", action="store_true", help="leave out torch, triton and the nvidia-* CUDA libraries"
+    )
+    parser.add_argument(
+        "--assume-torch", default="2.11.0", help="with --no-torch: the torch version the host has (default %(default)s)"
+    )
+    parser.add_argument(
+        "--exclude", action="append", default=[], metavar="NAME", help="leave out this package too (repeatable)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, download nothing")
     args = parser.parse_args(argv)
     unknown = set(filter(None, args.extras.split(","))) - set(project_extras())
@@ -174,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown extra(s) {', '.join(sorted(unknown))}; hftrain has {', '.join(project_extras())}")
     if args.python_version != f"{sys.version_info.major}.{sys.version_info.minor}":
         print(
-            f"wheelhouse: warning: target Python {args.python_version}, this is {sys.version_info.major}.{sys.version_info.minor}: "
+            f"wheelhouse: warning: target Python {args.python_version}, this is "
+            f"{sys.version_info.major}.{sys.version_info.minor}: "
             "requirements with python_version markers are chosen for this one.",
             file=sys.stderr,
         )

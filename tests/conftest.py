@@ -33,7 +33,13 @@ if worker_count() > 1:  # several xdist workers share the cores: each its share,
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # The one place fixtures from tests/support are registered: each module holds a fake server and its fixtures.
-pytest_plugins = ["tests.support.hub", "tests.support.s3", "tests.support.gcs", "tests.support.silent", "tests.support.reference_runs"]
+pytest_plugins = [
+    "tests.support.hub",
+    "tests.support.s3",
+    "tests.support.gcs",
+    "tests.support.silent",
+    "tests.support.reference_runs",
+]
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -164,7 +170,9 @@ def docs_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         import hftrain
         from hftrain.recipe.load import load_recipe
 
-        raw = load_recipe(str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"), None).model_dump(exclude_unset=True)
+        raw = load_recipe(str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"), None).model_dump(
+            exclude_unset=True
+        )
         raw["training"].update(
             output_dir=str(root),
             max_steps=60,

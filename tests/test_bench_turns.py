@@ -46,7 +46,10 @@ def _sides(tmp_path: Path, count: int, steps: int, crash: dict[int, int] | None 
     script = tmp_path / "side.py"
     script.write_text(SIDE.format(root=str(ROOT), skip_finish=skip_finish))
     crash = crash or {}
-    cmds = [[sys.executable, str(script), str(tmp_path / f"side-{i}.json"), str(steps), str(crash.get(i, 0))] for i in range(count)]
+    cmds = [
+        [sys.executable, str(script), str(tmp_path / f"side-{i}.json"), str(steps), str(crash.get(i, 0))]
+        for i in range(count)
+    ]
     return cmds, [tmp_path / f"side-{i}.log" for i in range(count)]
 
 
@@ -88,7 +91,9 @@ def _parent_code(tmp_path: Path, cmds: list[list[str]], logs: list[Path]) -> str
 
 def _run_parent(tmp_path: Path, cmds: list[list[str]], logs: list[Path]) -> subprocess.CompletedProcess:
     """run_in_turns in a process of its own, under a timeout: a parent that waited forever fails here."""
-    return subprocess.run([sys.executable, "-c", _parent_code(tmp_path, cmds, logs)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", _parent_code(tmp_path, cmds, logs)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_a_side_that_dies_fails_the_benchmark_with_its_log(tmp_path):

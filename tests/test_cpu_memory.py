@@ -25,7 +25,9 @@ def test_a_cpu_training_step_does_not_page_fault_its_buffers_in_again(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     faults = float(result.stdout.split("FAULTS_PER_STEP")[1].split()[0])
-    assert faults < 20, f"median {faults:.0f} minor page faults per training step: freed memory goes back to the kernel every step"
+    assert faults < 20, (
+        f"median {faults:.0f} minor page faults per training step: freed memory goes back to the kernel every step"
+    )
     assert "memory: freed blocks up to 32 MB kept for reuse" in result.stdout  # the run says what it set
 
 

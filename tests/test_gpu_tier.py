@@ -32,7 +32,11 @@ ITEM_MODULES = {
 
 def pytest_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -55,7 +59,9 @@ def test_gpu_tests_are_listed_by_m_gpu_and_never_selected_or_passed_otherwise():
         out = other.stdout
         assert not [line for line in out.splitlines() if "::" in line], (selection, out[-1500:])
         assert f"{len(ids)} deselected" in out
-    assert ran.returncode == 0 and f"{len(ids)} skipped" in ran.stdout and " passed" not in ran.stdout, ran.stdout[-1500:]
+    assert ran.returncode == 0 and f"{len(ids)} skipped" in ran.stdout and " passed" not in ran.stdout, ran.stdout[
+        -1500:
+    ]
     assert "gpu tier: no CUDA device here" in ran.stdout
 
 
@@ -81,7 +87,10 @@ def test_gpu_check_dry_run_reports_the_environment_and_the_plan(tmp_path):
         assert item["status"] == "DRY RUN" and item["tests"] == [] and item["numbers"] == []
         assert item["planned"] and all(f"tests/gpu/{module}.py::" in t for t in item["planned"])
     md = (tmp_path / "report" / "report.md").read_text()
-    assert md.startswith("# hftrain GPU acceptance report: no GPU: dry run") and "- would run: `tests/gpu/test_gpu_backends.py::" in md
+    assert (
+        md.startswith("# hftrain GPU acceptance report: no GPU: dry run")
+        and "- would run: `tests/gpu/test_gpu_backends.py::" in md
+    )
 
 
 SYNTHETIC = """
@@ -106,9 +115,13 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
     gpu.mkdir(parents=True)
     for init in (tmp_path / "tests" / "__init__.py", gpu / "__init__.py"):
         init.write_text("")
-    (gpu / "test_gpu_backends.py").write_text(textwrap.dedent(SYNTHETIC).replace("def test_broken():\n    assert 1 == 2\n", ""))
+    (gpu / "test_gpu_backends.py").write_text(
+        textwrap.dedent(SYNTHETIC).replace("def test_broken():\n    assert 1 == 2\n", "")
+    )
     (gpu / "test_gpu_finetune.py").write_text(textwrap.dedent(SYNTHETIC))
-    (gpu / "test_gpu_newcomer.py").write_text(textwrap.dedent(SYNTHETIC))  # a module no item names: its failure still counts
+    (gpu / "test_gpu_newcomer.py").write_text(
+        textwrap.dedent(SYNTHETIC)
+    )  # a module no item names: its failure still counts
     pytest_run("tests", "-q", "-o", "addopts=", "--junitxml", str(tmp_path / "junit.xml"), cwd=tmp_path)
     (tmp_path / "items").mkdir()
     (tmp_path / "items" / "fsdp_world1.json").write_text(
@@ -119,7 +132,14 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
             "gpu-160m": {
                 "ratio": 1.5,
                 **{
-                    s: {"tokens_per_s": 1e5, "mfu": 0.3, "mfu_spec": 0.2, "dtype": "bf16", "compile": True, "heldout": 7.0}
+                    s: {
+                        "tokens_per_s": 1e5,
+                        "mfu": 0.3,
+                        "mfu_spec": 0.2,
+                        "dtype": "bf16",
+                        "compile": True,
+                        "heldout": 7.0,
+                    }
                     for s in ("hftrain", "baseline")
                 },
             }
@@ -138,11 +158,17 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
         "packing": "NOT RUN",
         "other": "FAIL",
     }
-    assert [t["id"] for t in report["items"]["other"]["tests"] if t["outcome"] == "failed"] == ["tests.gpu.test_gpu_newcomer::test_broken"]
+    assert [t["id"] for t in report["items"]["other"]["tests"] if t["outcome"] == "failed"] == [
+        "tests.gpu.test_gpu_newcomer::test_broken"
+    ]
     assert report["verdict"] == "FAIL" and report["items"]["backends"]["numbers"][0]["test"] == "fsdp_world1"
     assert report["items"]["benchmark"]["numbers"][0]["numbers"]["ratio"] == 1.5
     md = (tmp_path / "report.md").read_text()
-    assert "## finetune: FAIL" in md and "- skipped: `tests.gpu.test_gpu_backends::test_world2`" in md and "ratio 1.5" in md
+    assert (
+        "## finetune: FAIL" in md
+        and "- skipped: `tests.gpu.test_gpu_backends::test_world2`" in md
+        and "ratio 1.5" in md
+    )
     assert gpu_report.main([str(tmp_path), "--bench-rc", "1"]) == 1
     assert json.loads((tmp_path / "report.json").read_text())["items"]["benchmark"]["status"] == "FAIL"
     # nothing failed but some items did not run (a machine without a kernel they need): INCOMPLETE, not PASS
@@ -181,7 +207,9 @@ def test_spec_sheet_bf16_peaks_by_device_name(name, tflops):
     assert spec_bf16_tflops(name)[0] == tflops
     numbers = mfu(1000.0, 1e9, {"spec_bf16_flops": tflops and tflops * 1e12, "measured_bf16_flops": 5e14})
     assert numbers["mfu_measured"] == pytest.approx(1e12 / 5e14)
-    assert numbers["mfu_spec"] == (pytest.approx(1e12 / (tflops * 1e12)) if tflops else None)  # unknown GPU: measured peak only
+    assert numbers["mfu_spec"] == (
+        pytest.approx(1e12 / (tflops * 1e12)) if tflops else None
+    )  # unknown GPU: measured peak only
 
 
 def test_the_gpu_tests_recipes_validate(tmp_path):

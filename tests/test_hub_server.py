@@ -1,4 +1,5 @@
-"""The local Hub emulator (tests/support/hub.py), driven only through the real huggingface_hub client and transformers."""
+"""The local Hub emulator (tests/support/hub.py), driven only through the real huggingface_hub client and
+transformers."""
 
 from __future__ import annotations
 
@@ -32,13 +33,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(SENTENCES, trainer)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>").save_pretrained(out)
 
     torch.manual_seed(0)
     config = GPTNeoXConfig(
-        vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
+        vocab_size=320,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
     )
     GPTNeoXForCausalLM(config).save_pretrained(out)
     assert (out / "model.safetensors").is_file()
@@ -179,8 +187,16 @@ def test_upload_to_a_branch_and_read_it_back(local_hub: LocalHub, tmp_path: Path
     assert {b.name: b.target_commit for b in refs.branches} == {"main": main_commit.oid, "dev": dev_commit.oid}
     assert api.repo_info("me/branched", revision="dev").sha == dev_commit.oid
     assert api.repo_info("me/branched").sha == main_commit.oid
-    assert sorted(api.list_repo_files("me/branched", revision="dev")) == [".gitattributes", "sub/extra.json", "weights.txt"]
-    assert [e.path for e in api.list_repo_tree("me/branched", revision="dev")] == [".gitattributes", "sub", "weights.txt"]
+    assert sorted(api.list_repo_files("me/branched", revision="dev")) == [
+        ".gitattributes",
+        "sub/extra.json",
+        "weights.txt",
+    ]
+    assert [e.path for e in api.list_repo_tree("me/branched", revision="dev")] == [
+        ".gitattributes",
+        "sub",
+        "weights.txt",
+    ]
     assert [e.path for e in api.list_repo_tree("me/branched", "sub", revision="dev")] == ["sub/extra.json"]
     assert not api.file_exists("me/branched", "sub/extra.json")
     assert api.file_exists("me/branched", "sub/extra.json", revision="dev")
@@ -215,7 +231,9 @@ def test_deletions_tags_paths_info_and_repo_deletion(local_hub: LocalHub, tmp_pa
 
     api = HfApi(token=TOKEN)
     api.create_repo("me/ops")
-    adds = [CommitOperationAdd(f"ckpt/{n}.txt", n.encode()) for n in ("a", "b")] + [CommitOperationAdd("keep.txt", b"k")]
+    adds = [CommitOperationAdd(f"ckpt/{n}.txt", n.encode()) for n in ("a", "b")] + [
+        CommitOperationAdd("keep.txt", b"k")
+    ]
     v1 = api.create_commit("me/ops", adds, commit_message="v1")
     api.create_tag("me/ops", tag="v1")
     initial = local_hub.repo("me/ops").history()[-1].id
@@ -226,7 +244,12 @@ def test_deletions_tags_paths_info_and_repo_deletion(local_hub: LocalHub, tmp_pa
     api.create_commit("me/ops", ops, commit_message="v2", parent_commit=v1.oid)
 
     assert api.list_repo_files("me/ops") == [".gitattributes", "new.txt"]
-    assert sorted(api.list_repo_files("me/ops", revision="v1")) == [".gitattributes", "ckpt/a.txt", "ckpt/b.txt", "keep.txt"]
+    assert sorted(api.list_repo_files("me/ops", revision="v1")) == [
+        ".gitattributes",
+        "ckpt/a.txt",
+        "ckpt/b.txt",
+        "keep.txt",
+    ]
     assert [t.name for t in api.list_repo_refs("me/ops").tags] == ["v1"]
     assert Path(hf_hub_download("me/ops", "ckpt/a.txt", revision="v1", cache_dir=tmp_path)).read_bytes() == b"a"
     infos = api.get_paths_info("me/ops", ["ckpt", "keep.txt", "missing"], revision="v1")
@@ -242,7 +265,9 @@ def test_deletions_tags_paths_info_and_repo_deletion(local_hub: LocalHub, tmp_pa
 
 
 @pytest.mark.parametrize("lfs_threshold", [None, 1024 * 1024], ids=["regular", "lfs"])
-def test_a_few_megabytes_of_safetensors_upload_and_download(lfs_threshold, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_a_few_megabytes_of_safetensors_upload_and_download(
+    lfs_threshold, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
     import torch
     from huggingface_hub import HfApi, hf_hub_download
     from safetensors.torch import save_file
@@ -270,7 +295,9 @@ def test_dataset_repo(local_hub: LocalHub, tmp_path: Path):
 
     api = HfApi(token=TOKEN)
     api.create_repo("me/corpus", repo_type="dataset")
-    api.upload_file(path_or_fileobj=b'{"text": "hi"}\n', path_in_repo="train.jsonl", repo_id="me/corpus", repo_type="dataset")
+    api.upload_file(
+        path_or_fileobj=b'{"text": "hi"}\n', path_in_repo="train.jsonl", repo_id="me/corpus", repo_type="dataset"
+    )
     assert "datasets/me/corpus" in local_hub.repos
     assert api.list_repo_files("me/corpus", repo_type="dataset") == [".gitattributes", "train.jsonl"]
     folder = Path(snapshot_download("me/corpus", repo_type="dataset", cache_dir=tmp_path / "cache"))
@@ -278,7 +305,9 @@ def test_dataset_repo(local_hub: LocalHub, tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_subprocess_downloads_the_model_with_the_env_helper(local_hub: LocalHub, tiny_model_dir: Path, tmp_path: Path):
+def test_a_subprocess_downloads_the_model_with_the_env_helper(
+    local_hub: LocalHub, tiny_model_dir: Path, tmp_path: Path
+):
     from huggingface_hub import HfApi
 
     api = HfApi(token=TOKEN)

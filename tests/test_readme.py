@@ -75,7 +75,14 @@ def test_subcommands_named_in_the_table_exist():
 
 @pytest.mark.parametrize(
     "path",
-    sorted(set(re.findall(r"(?<![\w/])((?:recipes|accelerate_configs|hftrain|tests|benchmarks|notebooks|scripts|docs)/[\w./*-]+)", DOCS))),
+    sorted(
+        set(
+            re.findall(
+                r"(?<![\w/])((?:recipes|accelerate_configs|hftrain|tests|benchmarks|notebooks|scripts|docs)/[\w./*-]+)",
+                DOCS,
+            )
+        )
+    ),
 )
 def test_every_file_named_in_the_readme_exists(path):
     path = path.rstrip(".,)")
@@ -119,7 +126,8 @@ CHAIN = [
     "hftrain export runs/quickstart/final --format gguf --quant q8_0 --out runs/quickstart/quickstart-q8_0.gguf",
     "hftrain data inspect recipes/finetune/lora.yaml --check-packing",
     "hftrain data prepare recipes/quickstart.yaml --out runs/quickstart-tokens",
-    'hftrain train recipes/quickstart.yaml "data.train={pretokenized: runs/quickstart-tokens}" "tokenizer={path: runs/quickstart-tokens/tokenizer}" training.output_dir=runs/quickstart-from-tokens',
+    'hftrain train recipes/quickstart.yaml "data.train={pretokenized: runs/quickstart-tokens}" "tokenizer={path: '
+    'runs/quickstart-tokens/tokenizer}" training.output_dir=runs/quickstart-from-tokens',
     "hftrain train recipes/finetune/lora.yaml",
     "hftrain train recipes/finetune/full.yaml",
     "hftrain export runs/finetune-lora/checkpoint-200 --merge --out runs/finetune-lora/merged",
@@ -129,33 +137,72 @@ CHAIN = [
 S3_LINE = "hftrain train recipes/quickstart.yaml 'data.train={path: \"s3://corpus/*.jsonl.gz\"}'"
 # Run elsewhere in the suite (the same command on a tiny recipe), or not runnable on this machine, with the reason.
 ELSEWHERE = {
-    "python3 -m venv .venv": "the install lines: the suite runs inside that environment (their hftrain command is in CHAIN)",
+    "python3 -m venv .venv": (
+        "the install lines: the suite runs inside that environment (their hftrain command is in CHAIN)"
+    ),
     "scripts/install_test_deps.sh": "the test command itself (.ci/run runs it; test_install_script_is_what_ci_runs)",
     'pip install "moto[server]"': "the S3 setup: tests/support/s3.py starts moto's server (test_readme_s3_example)",
     "export AWS_ENDPOINT_URL": "the S3 setup: s3_server.env() sets exactly these variables",
     "aws s3 mb": "the S3 setup: done with boto3 against the same server",
     "hftrain train recipes/finetune/qlora.yaml": "bitsandbytes 4-bit needs a CUDA GPU (tests/gpu/)",
-    "hftrain train recipes/finetune/lora.yaml --accelerate-config": "tests/parallel/test_finetune_distributed.py::test_method_trains_on_2_processes",
-    "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/finetune/qlora.yaml": "bitsandbytes needs a CUDA GPU",
-    "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/pretrain/pythia-160m.yaml": "GPU-sized (160M parameters)",
+    "hftrain train recipes/finetune/lora.yaml --accelerate-config": (
+        "tests/parallel/test_finetune_distributed.py::test_method_trains_on_2_processes"
+    ),
+    "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/finetune/qlora.yaml": (
+        "bitsandbytes needs a CUDA GPU"
+    ),
+    "accelerate launch --config_file accelerate_configs/fsdp.yaml -m hftrain train recipes/pretrain/pythia-160m.yaml": (
+        "GPU-sized (160M parameters)"
+    ),
     "accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml": "GPU-sized (160M parameters)",
     "hftrain train recipes/pretrain/pythia-160m.yaml --accelerate-config zero3": "GPU-sized (160M parameters)",
-    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": "tests/checkpoint/test_elastic.py::test_sharded_backend_matches_one_process_resumes_and_exports",
-    "hftrain parity recipes/quickstart.yaml --steps 20": "tests/parallel/test_distributed.py::test_parity_across_backends (the command) and test_every_backend_gives_the_losses_of_one_process (every backend)",
-    "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": "600 quickstart steps on 2 processes; tests/checkpoint/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe",
-    "hftrain train recipes/quickstart.yaml training.max_steps=600": "the second half of the line above (tests/checkpoint/test_elastic.py)",
-    "hftrain parity recipes/quickstart.yaml --elastic": "tests/checkpoint/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)",
-    "hftrain data prepare recipes/pretrain/pythia-160m.yaml --out /shared/fineweb-neox --executor slurm": "needs a cluster and fineweb-edu; tests/launch/test_slurm.py::test_prepare_on_slurm_gives_the_folder_one_machine_gives runs the SLURM executor on a real SLURM with 2 node agents",
+    "hftrain train recipes/quickstart.yaml --accelerate-config fsdp --cpu": (
+        "tests/checkpoint/test_elastic.py::test_sharded_backend_matches_one_process_resumes_and_exports"
+    ),
+    "hftrain parity recipes/quickstart.yaml --steps 20": (
+        "tests/parallel/test_distributed.py::test_parity_across_backends (the command) and "
+        "test_every_backend_gives_the_losses_of_one_process (every backend)"
+    ),
+    "hftrain train recipes/quickstart.yaml --accelerate-config ddp --nproc 2 training.max_steps=600": (
+        "600 quickstart steps on 2 processes; "
+        "tests/checkpoint/test_elastic.py::test_a_killed_2_process_run_continues_on_1 does the same on a small recipe"
+    ),
+    "hftrain train recipes/quickstart.yaml training.max_steps=600": (
+        "the second half of the line above (tests/checkpoint/test_elastic.py)"
+    ),
+    "hftrain parity recipes/quickstart.yaml --elastic": (
+        "tests/checkpoint/test_elastic.py::test_parity_elastic_prints_its_summary (the same check on a small recipe)"
+    ),
+    "hftrain data prepare recipes/pretrain/pythia-160m.yaml --out /shared/fineweb-neox --executor slurm": (
+        "needs a cluster and fineweb-edu; "
+        "tests/launch/test_slurm.py::test_prepare_on_slurm_gives_the_folder_one_machine_gives runs the SLURM executor "
+        "on a real SLURM with 2 node agents"
+    ),
     "python scripts/wheelhouse.py": "downloads ~230 MB of wheels (tests/test_wheelhouse.py builds a small one)",
     "pip install --no-index --find-links wheels": "installs the wheelhouse above",
     "python benchmarks/": "benchmarks take 10+ minutes on a quiet machine; never part of the suite",
     'pip install -e ".[sagemaker]"': "the install lines: the test extra holds the sagemaker extra's packages",
-    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": "tests/launch/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its launcher against moto)",
-    "python launch_pythia_1b.py": "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto",
-    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun": "tests/parallel/test_distributed.py::test_launch_script_for_2_nodes_x_8_gpus (the same script, text checked); test_multinode.py runs its --cpu form",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind sagemaker": (
+        "tests/launch/test_sagemaker.py::test_launcher_submits_the_job_moto_receives (the same command, then its "
+        "launcher against moto)"
+    ),
+    "python launch_pythia_1b.py": (
+        "submits a real, paid SageMaker job; test_sagemaker runs a generated launcher against moto"
+    ),
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun": (
+        "tests/parallel/test_distributed.py::test_launch_script_for_2_nodes_x_8_gpus (the same script, text checked); "
+        "test_multinode.py runs its --cpu form"
+    ),
     "NODE_RANK=": "needs two machines; tests/launch/test_multinode.py runs the script as two node agents on 127.0.0.1",
-    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun --nodes 4 --min-nodes 2": "tests/launch/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text checked); test_multinode.py runs its --cpu form",
-    "HEAD_NODE=10.0.0.1 ./train_elastic.sh": "needs several machines; tests/launch/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it as node agents on 127.0.0.1",
+    "hftrain launch-script recipes/pretrain/pythia-1b.yaml --kind torchrun --nodes 4 --min-nodes 2": (
+        "tests/launch/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text "
+        "checked); test_multinode.py runs its --cpu form"
+    ),
+    "HEAD_NODE=10.0.0.1 ./train_elastic.sh": (
+        "needs several machines; "
+        "tests/launch/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it "
+        "as node agents on 127.0.0.1"
+    ),
 }
 
 
@@ -173,7 +220,10 @@ def test_every_readme_command_is_run_or_says_where_and_why_not():
 def test_install_script_is_what_ci_runs():
     script = (ROOT / "scripts" / "install_test_deps.sh").read_text(encoding="utf-8")
     assert 'apt-get install -y -q "${missing[@]}"' in script
-    assert "command -v chromium >/dev/null || missing+=(chromium)" in script and "command -v g++ >/dev/null || missing+=(g++)" in script
+    assert (
+        "command -v chromium >/dev/null || missing+=(chromium)" in script
+        and "command -v g++ >/dev/null || missing+=(g++)" in script
+    )
     assert _shell_blocks()[1].strip().startswith("scripts/install_test_deps.sh && ")
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "install_test_deps.sh")]).returncode == 0
 
@@ -221,16 +271,24 @@ def test_readme_training_commands_run_in_order(tmp_path, capsys):
             # (flex attention's CPU template, `cur_qSplitSize4`) for this shape after other flex shapes compiled in the
             # same process (tests/data/test_packing_check.py, in-process); a user's command starts fresh
             result = subprocess.run(
-                [sys.executable, "-m", "hftrain", *shlex.split(line)[1:]], cwd=cwd, capture_output=True, text=True, timeout=900
+                [sys.executable, "-m", "hftrain", *shlex.split(line)[1:]],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=900,
             )
             assert result.returncode == 0 and "Traceback" not in result.stderr, (line, result.stderr[-3000:])
             printed = result.stdout
         else:
             printed = _run_line(capsys, line, cwd, extra=extra)
         if "--check-packing" in line:  # the quickstart model's shape and tokenizer, on this machine's kernels
-            assert all(f"check-packing: {k} max |diff|" in printed for k in ("eager", "sdpa", "flex_attention")), printed
+            assert all(f"check-packing: {k} max |diff|" in printed for k in ("eager", "sdpa", "flex_attention")), (
+                printed
+            )
     assert (cwd / "runs/quickstart/exported/model.safetensors").is_file()
-    assert (cwd / "runs/quickstart/quickstart-q8_0.gguf").read_bytes()[:4] == b"GGUF"  # what llama.cpp reads: test_gguf.py
+    assert (cwd / "runs/quickstart/quickstart-q8_0.gguf").read_bytes()[
+        :4
+    ] == b"GGUF"  # what llama.cpp reads: test_gguf.py
     assert (cwd / "runs/finetune-lora/merged/model.safetensors").is_file()
     assert (cwd / "runs/finetune-dpo/merged/model.safetensors").is_file()
 
@@ -243,6 +301,9 @@ def test_readme_s3_example(tmp_path, s3, capsys):
     from .support.data import make_documents
 
     s3.make_bucket("corpus")
-    s3.put("corpus/data.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()))
+    s3.put(
+        "corpus/data.jsonl.gz",
+        gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in make_documents(4000)).encode()),
+    )
     printed = _run_line(capsys, S3_LINE, _scratch(tmp_path), extra=SHORT)
     assert "final checkpoint: runs/quickstart/final" in printed

@@ -97,9 +97,18 @@ def test_storage_options_work_without_env(s3_server: S3Endpoint, monkeypatch: py
 def test_env_reaches_a_child_process(s3_server: S3Endpoint) -> None:
     bucket = s3_server.make_bucket(unique("child"))
     s3_server.put(f"{bucket}/k", b"from parent")
-    code = "import boto3, sys; sys.stdout.write(boto3.client('s3').get_object(Bucket=sys.argv[1], Key='k')['Body'].read().decode())"
+    code = (
+        "import boto3, sys; sys.stdout.write(boto3.client('s3').get_object(Bucket=sys.argv[1], "
+        "Key='k')['Body'].read().decode())"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    out = subprocess.run([sys.executable, "-c", code, bucket], env={**env, **s3_server.env()}, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, bucket],
+        env={**env, **s3_server.env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "from parent"
 
@@ -186,7 +195,12 @@ def test_proxy_only_faults_object_gets(s3: S3Endpoint) -> None:
         client.head_object(Bucket=bucket, Key="k")
         with pytest.raises(client.exceptions.ClientError, match="InternalError"):
             client.get_object(Bucket=bucket, Key="k")
-    assert [(r.method, r.fault) for r in proxy.requests] == [("PUT", None), ("GET", None), ("HEAD", None), ("GET", "500")]
+    assert [(r.method, r.fault) for r in proxy.requests] == [
+        ("PUT", None),
+        ("GET", None),
+        ("HEAD", None),
+        ("GET", "500"),
+    ]
 
 
 def test_proxy_every_mode_cycles_faults(s3: S3Endpoint) -> None:

@@ -27,7 +27,11 @@ def prose(rng: random.Random, chars: int) -> str:
 
 def scale_recipe(tmp_path: Path, train: dict) -> Path:
     raw = tiny_recipe(
-        write_jsonl(tmp_path / "val.jsonl", make_documents(100, seed=9)), tmp_path / "unused", max_steps=3, save_steps=100, logging_steps=1
+        write_jsonl(tmp_path / "val.jsonl", make_documents(100, seed=9)),
+        tmp_path / "unused",
+        max_steps=3,
+        save_steps=100,
+        logging_steps=1,
     )
     raw["data"]["validation"] = raw["data"]["train"]  # a small separate validation set
     raw["data"]["train"] = train

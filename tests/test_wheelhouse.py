@@ -54,11 +54,14 @@ def test_plan_for_a_named_python_and_platform(tmp_path):
     assert "warning: target Python 3.12" in result.stderr or sys.version_info[:2] == (3, 12)
     assert not (tmp_path / "wh").exists()  # a dry run downloads nothing
     bad = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), "--extras", "qlora,cuda", "--dry-run"], capture_output=True, text=True
+        [sys.executable, str(SCRIPT), str(tmp_path), "--extras", "qlora,cuda", "--dry-run"],
+        capture_output=True,
+        text=True,
     )
     assert (
         bad.returncode == 2
-        and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, fp8, gcs, sagemaker, ray, trackers, test" in bad.stderr
+        and "unknown extra(s) cuda; hftrain has deepspeed, qlora, eval, dpo, fp8, gcs, sagemaker, ray, trackers, test"
+        in bad.stderr
     )
 
 
@@ -92,13 +95,18 @@ def offline_env() -> dict[str, str]:
 
 @pytest.mark.slow(seconds=200)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path, newer_torch_plan):
-    """About 3-4 minutes: download (~230 MB without torch), a fresh venv with the local CPU torch, the offline install."""
+    """About 3-4 minutes: download (~230 MB without torch), a fresh venv with the local CPU torch, the offline
+    install."""
     wh = tmp_path / "wh"
-    built = subprocess.run([sys.executable, str(SCRIPT), str(wh), "--no-torch"], capture_output=True, text=True, timeout=900)
+    built = subprocess.run(
+        [sys.executable, str(SCRIPT), str(wh), "--no-torch"], capture_output=True, text=True, timeout=900
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     files = sorted(p.name for p in wh.glob("*.whl"))
     assert not [f for f in files if f.startswith(("torch-", "triton-", "nvidia_cu", "nvidia_cublas"))]
-    assert "hftrain-0.1.0-py3-none-any.whl" in files and any(f.startswith("deepspeed-") and f.endswith("-py3-none-any.whl") for f in files)
+    assert "hftrain-0.1.0-py3-none-any.whl" in files and any(
+        f.startswith("deepspeed-") and f.endswith("-py3-none-any.whl") for f in files
+    )
     assert any(f.startswith("bitsandbytes-") for f in files) and any(f.startswith("setuptools-") for f in files)
 
     venv = tmp_path / "venv"
@@ -145,10 +153,17 @@ def plan_beside_a_newer_torch(tmp_path) -> dict[str, str]:
     subprocess.run([*pip, "install", "-q", "--no-index", str(stub)], check=True, timeout=300, env=env)
     report = tmp_path / "report.json"
     done = subprocess.run(
-        [*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)], capture_output=True, text=True, timeout=600, env=env
+        [*pip, "install", "--dry-run", "-q", "--report", str(report), "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    return {
+        item["metadata"]["name"].lower(): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
 
 
 @pytest.fixture(scope="module")

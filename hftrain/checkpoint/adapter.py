@@ -52,11 +52,16 @@ def merge_adapter(adapter_dir: Path, out: Path, tokenizer_dir: Path | None = Non
     if recorded.is_file():
         expected = json.loads(recorded.read_text())["fingerprint"]
         if expected and base_fingerprint(base)["fingerprint"] != expected:
-            raise HftrainError(f"{adapter_dir}: the base model at {base} is not the one this adapter was trained on (fingerprint differs).")
+            raise HftrainError(
+                f"{adapter_dir}: the base model at {base} is not the "
+                "one this adapter was trained on (fingerprint differs)."
+            )
     try:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     except OSError as err:
-        raise HftrainError(f"{adapter_dir}: cannot load its base model {base!r} ({str(err).splitlines()[0]}).") from None
+        raise HftrainError(
+            f"{adapter_dir}: cannot load its base model {base!r} ({str(err).splitlines()[0]})."
+        ) from None
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out)
@@ -86,7 +91,9 @@ def fsdp_adapter(checkpoint: Path, shards: Path, out: Path) -> Path | None:
     model_type = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))["model_type"]
     targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model_type)
     base = part.from_pretrained or ""
-    LoraConfig(task_type="CAUSAL_LM", target_modules=targets, base_model_name_or_path=base, **options).save_pretrained(out)
+    LoraConfig(task_type="CAUSAL_LM", target_modules=targets, base_model_name_or_path=base, **options).save_pretrained(
+        out
+    )
     if (checkpoint / BASE_FILE).is_file():
         shutil.copy2(checkpoint / BASE_FILE, out / BASE_FILE)
     return out

@@ -102,8 +102,8 @@ def check_backend(checkpoint: Path, strategy: Strategy | str, world_size: int | 
     count = f", {written.world_size} process(es)" if written.world_size else ""
     now = f" ({world_size} process(es))" if world_size else ""
     raise HftrainError(
-        f"{checkpoint}: written by {written.label} ({how}{count}), but this run is launched as {strategy.long_label}{now}. "
-        "A checkpoint's model and optimizer state load only under the backend that "
+        f"{checkpoint}: written by {written.label} ({how}{count}), but this run is launched as "
+        f"{strategy.long_label}{now}. A checkpoint's model and optimizer state load only under the backend that "
         f"wrote it (the process count may change). Continue this run with {HOW[written.format]}; or start over "
         "with training.resume_from_checkpoint=false (the earlier run is moved aside), or in a new training.output_dir."
     )
@@ -212,7 +212,8 @@ def zero_tag_folder(checkpoint: Path) -> Path:
     folders = sorted(p for p in checkpoint.glob("global_step*") if p.is_dir())
     if len(folders) != 1:
         raise HftrainError(
-            f"{checkpoint}: no DeepSpeed `latest` file and {len(folders)} global_step* folders; cannot tell which ZeRO-3 state to convert."
+            f"{checkpoint}: no DeepSpeed `latest` file and {len(folders)} global_step* folders; cannot tell which "
+            "ZeRO-3 state to convert."
         )
     return folders[0]
 
@@ -241,6 +242,8 @@ def load_rng_state(trainer: Any, checkpoint: str | None) -> bool:
     np.random.set_state(state["numpy"])
     torch.random.set_rng_state(state["cpu"])
     cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():  # saved per device (distributed) or for all devices (one process)
+    if (
+        cuda is not None and torch.cuda.is_available()
+    ):  # saved per device (distributed) or for all devices (one process)
         torch.cuda.random.set_rng_state(cuda[0] if isinstance(cuda, (list, tuple)) else cuda)
     return True

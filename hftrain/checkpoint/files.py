@@ -49,7 +49,9 @@ def check_safetensors(path: Path) -> None:
         f.seek(0)
         head = f.read(8)
         if len(head) < 8:
-            raise CorruptFile(f"{path}: {size} bytes, too short for a safetensors file; it is truncated. Copy or download it again.")
+            raise CorruptFile(
+                f"{path}: {size} bytes, too short for a safetensors file; it is truncated. Copy or download it again."
+            )
         (header_len,) = struct.unpack("<Q", head)
         header = f.read(header_len) if header_len <= min(size, 100_000_000) else b""
     try:

@@ -10,9 +10,9 @@ before resume or export: a missing, cut-short or changed file is one message nam
 
 The record is keyed by who listed it (``rank0``): with a shared file system one process lists every rank's
 files; with an output directory per node (node_disks.py), each node lists its own copy (``node1``), every node's
-marker holds the merged record and names its own part (``lister``), and a node checks that part alone. Files added after publishing
-(a ZeRO-3 ``universal/`` conversion) are not in the record and are not checked. Markers written by older hftrain
-have no record: ``check_files`` accepts them and the content checks (``unreadable`` below) judge them alone.
+marker holds the merged record and names its own part (``lister``), and a node checks that part alone. Files added after
+publishing (a ZeRO-3 ``universal/`` conversion) are not in the record and are not checked. Markers written by older
+hftrain have no record: ``check_files`` accepts them and the content checks (``unreadable`` below) judge them alone.
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def check_files(checkpoint: Path) -> None:
         path = checkpoint.joinpath(*relative.split("/"))
         what = _difference(path, size, digest)
         if what is not None:
-            raise CorruptFile(f"{path}: {what}. The checkpoint is damaged: restore the file from a copy, or use an earlier checkpoint.")
+            raise CorruptFile(
+                f"{path}: {what}. The checkpoint is damaged: restore "
+                "the file from a copy, or use an earlier checkpoint."
+            )
 
 
 def _difference(path: Path, want: int, digest: str | None) -> str | None:

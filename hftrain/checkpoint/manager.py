@@ -20,7 +20,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,60 +28,23 @@ from transformers import TrainerCallback
 from hftrain.checkpoint.adapter import base_fingerprint, is_adapter_dir
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.integrity import RECORD, loadable, record, unreadable
-from hftrain.checkpoint.layout import BASE_FILE, COMPLETE_MARKER, DATA_STATE_GLOB, RECIPE_FILE, RunLayout, checkpoint_step, data_state_file
+from hftrain.checkpoint.layout import (
+    BASE_FILE,
+    COMPLETE_MARKER,
+    DATA_STATE_GLOB,
+    RECIPE_FILE,
+    RunLayout,
+    checkpoint_step,
+    data_state_file,
+)
 from hftrain.checkpoint.node_disks import checkpoint_listing
 from hftrain.checkpoint.output_lock import writable_directory
+from hftrain.checkpoint.resume import ResumeSetting, complete_checkpoints, latest_checkpoint
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims
 from hftrain.recipe.parts import CheckpointPart
 from hftrain.recipe.sections import CheckpointsSection
-
-
-# --------------------------------------------------------------------------------------- discovery
-@dataclass(frozen=True)
-class ResumeSetting:
-    """training.resume_from_checkpoint, read once (``of``): unset = the newest complete checkpoint if there is one;
-    true = the newest, and there must be one; false = never (an earlier run is moved aside); else a checkpoint path."""
-
-    mode: str  # newest | required | never | path
-    path: Path | None = None
-
-    @classmethod
-    def of(cls, value: Any) -> ResumeSetting:
-        text = str(value).lower() if isinstance(value, (bool, str)) else None
-        if value is None:
-            return cls("newest")
-        if text == "true":
-            return cls("required")
-        if text == "false":
-            return cls("never")
-        return cls("path", Path(str(value)))
-
-    def checkpoint_in(self, output_dir: Path) -> Path | None:
-        """Without side effects: the checkpoint a run would resume (None for none), for checks before launching."""
-        if self.mode == "never":
-            return None
-        if self.mode == "path":
-            return self.path if (self.path / COMPLETE_MARKER).is_file() else None
-        return latest_checkpoint(output_dir)
-
-
-def complete_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoint directories, oldest step first."""
-    if not output_dir.is_dir():
-        return []
-    found = []
-    for child in output_dir.iterdir():
-        step = checkpoint_step(child)
-        if step is not None and child.is_dir() and (child / COMPLETE_MARKER).is_file():
-            found.append((step, child))
-    return [path for _, path in sorted(found)]
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    done = complete_checkpoints(output_dir)
-    return done[-1] if done else None
 
 
 def publish(staged: Path, target: Path, info: dict[str, Any], files: dict[str, Any] | None = None) -> None:
@@ -129,7 +91,11 @@ class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
     def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting, dims: ParallelDims | None):
-        self.layout, self.part, self.resume = layout, part, resume  # resume: training.resume_from_checkpoint, parsed once
+        self.layout, self.part, self.resume = (
+            layout,
+            part,
+            resume,
+        )  # resume: training.resume_from_checkpoint, parsed once
         # the run's parallel dims: its strategy and nodes, for what a save writes; None for a manager that only reads
         # the directory (the resolver's: what the run recorded, whether it is the same run), which cannot save
         self.dims = dims
@@ -139,14 +105,19 @@ class CheckpointManager:
     # ----------------------------------------------------------------------------- start of a run
     def recorded_start(self) -> dict[str, Any]:
         """What this run recorded when it started, for a run that continues (empty otherwise): the speed levers
-        (bf16, compile, ...), the global batch, the data readers and their shuffle window. Exact resume needs the same precision and
-        compile choices, and the same data order and sequences per step, whatever the new launch would choose."""
+        (bf16, compile, ...), the global batch, the data readers and their shuffle window. Exact resume needs the same
+        precision and compile choices, and the same data order and sequences per step, whatever the new launch would
+        choose."""
         if self._starts_over():
             return {}
         record = self._run_record()
         if record.get("fingerprint") != self.part.identity or not self.complete():
             return {}
-        return {key: record[key] for key in ("speed", "global_batch", "readers", "shuffle_window") if record.get(key) is not None}
+        return {
+            key: record[key]
+            for key in ("speed", "global_batch", "readers", "shuffle_window")
+            if record.get(key) is not None
+        }
 
     def _run_record(self) -> dict[str, Any]:
         try:
@@ -156,16 +127,21 @@ class CheckpointManager:
 
     def claim(self, is_main: bool, start: dict[str, Any]) -> None:
         """Refuse an output_dir that holds a different run (model, tokenizer or data) or a final/ hftrain did not
-        write; record ours (`start`: speed levers, global batch, readers; see recorded_start) otherwise, and remove what interrupted saves left
-        behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside first."""
+        write; record ours (`start`: speed levers, global batch, readers; see recorded_start) otherwise, and remove what
+        interrupted saves left behind. Starting over (resume_from_checkpoint=false) moves the earlier run aside
+        first."""
         run_file, mine, final = self.layout.run_file, self.part.identity, self.layout.final
         if final.exists() and not (final / COMPLETE_MARKER).is_file():
             raise HftrainError(
-                f"training.output_dir: {final} was not written by hftrain (it has no {COMPLETE_MARKER}); this run would "
-                "replace it with its own final model. Move it elsewhere, or set training.output_dir to another directory."
+                f"training.output_dir: {final} was not written by hftrain (it has no {COMPLETE_MARKER}); this run "
+                "would replace it with its own final model. Move it "
+                "elsewhere, or set training.output_dir to another directory."
             )
         if is_main and self._starts_over() and (self.complete() or final.is_dir()):
-            print(f"hftrain: training.resume_from_checkpoint=false: moved the earlier run to {self._move_aside()}", flush=True)
+            print(
+                f"hftrain: training.resume_from_checkpoint=false: moved the earlier run to {self._move_aside()}",
+                flush=True,
+            )
         self.check_same_run()
         if not is_main:
             return
@@ -240,7 +216,9 @@ class CheckpointManager:
             return loadable(setting.path)
         latest = self._newest_loadable(is_main)
         if latest is None and setting.mode == "required":
-            raise HftrainError(f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint.")
+            raise HftrainError(
+                f"training.resume_from_checkpoint: true, but {self.layout.root} holds no complete checkpoint."
+            )
         return latest
 
     def _newest_loadable(self, is_main: bool) -> Path | None:
@@ -258,14 +236,15 @@ class CheckpointManager:
             if is_main:
                 os.replace(checkpoint, aside)
                 print(
-                    f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run resumes "
-                    "from the newest checkpoint that loads.",
+                    f"hftrain: warning: {checkpoint} cannot be loaded ({problem}); kept as {aside}, and the run "
+                    "resumes from the newest checkpoint that loads.",
                     flush=True,
                 )
         if done:
             raise HftrainError(
-                f"training.output_dir: none of the checkpoints in {self.layout.root} can be loaded (see the warnings above); "
-                "restore one, or set training.resume_from_checkpoint=false to start over (the earlier run is moved aside)."
+                f"training.output_dir: none of the checkpoints in {self.layout.root} can be loaded (see the warnings "
+                "above); restore one, or set training.resume_from_checkpoint=false "
+                "to start over (the earlier run is moved aside)."
             )
         return None
 
@@ -293,7 +272,9 @@ class CheckpointManager:
         except Exception as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
             raise self._write_error(err, staged, str(self.layout.root / name)) from None
         trainer.accelerator.wait_for_everyone()
-        files, where = checkpoint_listing(staged, trainer.args, self.dims)  # node-local disks: every process takes part (node_disks.py)
+        files, where = checkpoint_listing(
+            staged, trainer.args, self.dims
+        )  # node-local disks: every process takes part (node_disks.py)
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
             # the writer's backend and process count: how a resume judges the checkpoint (elastic.py)
@@ -321,7 +302,9 @@ class CheckpointManager:
             return
         rotating = [c for c in self.complete() if not self.part.kept.keeps(checkpoint_step(c) or -1)]
         for old in rotating[: -self.keep]:
-            doomed = self.layout.staged(f"rotated-{old.name}")  # a kill mid-delete leaves it in staging, removed at start
+            doomed = self.layout.staged(
+                f"rotated-{old.name}"
+            )  # a kill mid-delete leaves it in staging, removed at start
             doomed.parent.mkdir(parents=True, exist_ok=True)
             os.replace(old, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
@@ -367,9 +350,9 @@ class CheckpointManager:
             return err
         shutil.rmtree(staged, ignore_errors=True)
         latest = self.latest()
+        before = f"The last complete checkpoint {latest} is intact" if latest else "No earlier checkpoint exists"
         return HftrainError(
-            f"training.output_dir: could not write {what} ({reason}). "
-            f"{'The last complete checkpoint ' + str(latest) + ' is intact' if latest else 'No earlier checkpoint exists'}; "
+            f"training.output_dir: could not write {what} ({reason}). {before}; "
             "free space or fix permissions, then run the same command to resume."
         )
 

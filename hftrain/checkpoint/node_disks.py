@@ -73,7 +73,8 @@ def storage_settings(kwargs: dict[str, Any], root: Path, dims: Any) -> dict[str,
     if os.environ.get(ELASTIC_ENV):
         raise HftrainError(
             f"training.output_dir ({root}) is on each node's own disk (node 0's files are not visible on the others), "
-            f"and this is an elastic launch (--nnodes {os.environ[ELASTIC_ENV]}), which places the ranks on any node at each "
+            f"and this is an elastic launch (--nnodes {os.environ[ELASTIC_ENV]}), "
+            "which places the ranks on any node at each "
             "restart and takes in nodes whose disks hold no checkpoint. Put training.output_dir on storage every node "
             "mounts, or launch a fixed number of nodes (`hftrain launch-script --kind torchrun` without --min-nodes): "
             "then each node keeps a whole copy of every checkpoint."
@@ -161,7 +162,8 @@ def common_resume(chosen: Path | None, complete: list[Path], dims: Any, unreadab
     if not common:
         if any(views):
             raise HftrainError(
-                "training.output_dir: the nodes hold no checkpoint in common that every one of them can load (newest per "
+                "training.output_dir: the nodes hold no checkpoint in "
+                "common that every one of them can load (newest per "
                 f"process: {[v[-1] if v else None for v in views]}). Restore one node's copy onto the others, or set "
                 "training.resume_from_checkpoint=false to start over."
             )

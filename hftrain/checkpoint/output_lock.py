@@ -67,10 +67,17 @@ def owning(where: str | Path, key: str, storage_options: dict[str, Any] | None =
         lock: Any = (
             S3Lock(name, key, storage_options or {})
             if name.startswith("s3://")
-            else (FileLock(Path(str(where).removeprefix("file://")), key) if "://" not in name or name.startswith("file://") else None)
+            else (
+                FileLock(Path(str(where).removeprefix("file://")), key)
+                if "://" not in name or name.startswith("file://")
+                else None
+            )
         )
         if lock is None:
-            print(f"hftrain: note: {key} {name}: this store offers no lock; make sure no other hftrain writes there now.", flush=True)
+            print(
+                f"hftrain: note: {key} {name}: this store offers no lock; make sure no other hftrain writes there now.",
+                flush=True,
+            )
         else:
             lock.acquire()
         _held[name] = [lock, 1]
@@ -109,8 +116,8 @@ def _in_use(key: str, where: str, holder: dict[str, Any] | None, remedy: str = "
         else "a process that did not say who it is"
     )
     return HftrainError(
-        f"{key}: {where} is in use by another hftrain process: {who}. Two at once would mix their files. Wait for it to "
-        f"finish or stop it{remedy}, or give {key} another directory."
+        f"{key}: {where} is in use by another hftrain process: {who}. Two at once would mix their files. Wait for it "
+        f"to finish or stop it{remedy}, or give {key} another directory."
     )
 
 
@@ -194,7 +201,9 @@ class FileLock:
                 self.fd = fd
                 return
         except OSError as err:
-            raise HftrainError(f"{self.key}: cannot lock {path} ({err.strerror or err}). Give a directory you can write.") from None
+            raise HftrainError(
+                f"{self.key}: cannot lock {path} ({err.strerror or err}). Give a directory you can write."
+            ) from None
 
     def release(self) -> None:
         """Say no one holds it; a directory this lock created and nothing else wrote into goes again (a refused
@@ -230,7 +239,11 @@ class S3Lock:
         for _ in range(3):
             try:
                 self.fs.call_s3(
-                    "put_object", Bucket=self.bucket, Key=self.object, IfNoneMatch="*", Body=json.dumps(holder_record()).encode("utf-8")
+                    "put_object",
+                    Bucket=self.bucket,
+                    Key=self.object,
+                    IfNoneMatch="*",
+                    Body=json.dumps(holder_record()).encode("utf-8"),
                 )
                 self.held = True
                 return

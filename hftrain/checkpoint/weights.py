@@ -51,8 +51,8 @@ def load_weights_exactly(model: torch.nn.Module, checkpoint: Path) -> None:
     missing, unexpected = expected - set(state) - tied, set(state) - expected
     if missing or unexpected:
         raise HftrainError(
-            f"{checkpoint}: weights do not match the model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}). "
-            "Was it written by a different model recipe?"
+            f"{checkpoint}: weights do not match the model (missing {sorted(missing)[:5]}, unexpected "
+            f"{sorted(unexpected)[:5]}). Was it written by a different model recipe?"
         )
     model.load_state_dict(state, strict=not tied)
 
@@ -68,12 +68,16 @@ def gathered_adapter(trainer: Any) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return {k: v.detach().clone().contiguous() for k, v in get_model_state_dict(trainer.model, options=options).items()}
+        return {
+            k: v.detach().clone().contiguous() for k, v in get_model_state_dict(trainer.model, options=options).items()
+        }
     if trainer.is_deepspeed_enabled:
         import deepspeed
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-        trainable = {k: p for k, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters() if p.requires_grad}
+        trainable = {
+            k: p for k, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters() if p.requires_grad
+        }
         with deepspeed.zero.GatheredParameters(list(trainable.values()), modifier_rank=None):
             state = {k: p.detach().clone().cpu() for k, p in trainable.items()}
         unset_hf_deepspeed_config()  # else loading the base to merge would partition it with ZeRO-3 collectives

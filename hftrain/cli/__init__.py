@@ -20,10 +20,10 @@ _compat.quiet_optional_warnings()  # the CLI is a program: before its commands i
 _compat.quiet_launcher_cpp_logs(sys.argv[1:])  # before torch is imported: a launcher's c10d backtraces
 
 # the command modules import nothing heavy: torch and transformers load when a command needs them (its run)
-from hftrain import network  # noqa: E402
-from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train  # noqa: E402
-from hftrain.errors import NotShared, Stopped, as_user_error  # noqa: E402
-from hftrain.parallel import child_errors  # noqa: E402
+from hftrain import network
+from hftrain.cli import data, eval, explain, export, launch_script, parity, plan, presets, push, report, train
+from hftrain.errors import NotShared, Stopped, as_user_error
+from hftrain.parallel import child_errors
 
 # name -> module, in the order `hftrain --help` lists them
 COMMANDS: dict[str, ModuleType] = {

@@ -1,4 +1,5 @@
-"""`hftrain data prepare|inspect RECIPE`: pre-tokenize a recipe's training data, or look at it (and check its packing)."""
+"""`hftrain data prepare|inspect RECIPE`: pre-tokenize a recipe's training data, or look at it (and check its
+packing)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prep = sub.add_parser(
         "prepare",
         help="tokenize the training data once, on datatrove, into a token folder (datatrove's tokenized layout)",
-        description="Tasks of input files (--task-mb); the folder is the same for any executor, worker count or task split.",
+        description=(
+            "Tasks of input files (--task-mb); the folder is the same for any executor, worker count or task split."
+        ),
     )
     prep.add_argument("recipe")
     prep.add_argument("--out", required=True, help="directory or URL (s3://...) for the token folder")
-    prep.add_argument("--executor", choices=["local", "slurm", "ray"], default="local", help="where the tasks run (default: here)")
-    prep.add_argument("--workers", type=positive_int, default=None, metavar="N", help="tasks at once (local default: every core)")
     prep.add_argument(
-        "--tasks", type=positive_int, default=None, metavar="N", help="run N of the tasks here (machines sharing one task space)"
+        "--executor", choices=["local", "slurm", "ray"], default="local", help="where the tasks run (default: here)"
     )
-    prep.add_argument("--task-offset", type=non_negative_int, default=0, metavar="K", help="the first task this machine runs (default 0)")
+    prep.add_argument(
+        "--workers", type=positive_int, default=None, metavar="N", help="tasks at once (local default: every core)"
+    )
+    prep.add_argument(
+        "--tasks",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="run N of the tasks here (machines sharing one task space)",
+    )
+    prep.add_argument(
+        "--task-offset",
+        type=non_negative_int,
+        default=0,
+        metavar="K",
+        help="the first task this machine runs (default 0)",
+    )
     prep.add_argument(
         "--task-mb",
         type=non_negative_float,
@@ -32,7 +49,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="group input files into tasks of about MB (default 16; 0: one file per task); a file is never split",
     )
     prep.add_argument(
-        "--no-shuffle", action="store_true", help="keep each file's documents in input order (default: shuffled, seeded by training.seed)"
+        "--no-shuffle",
+        action="store_true",
+        help="keep each file's documents in input order (default: shuffled, seeded by training.seed)",
     )
     slurm = prep.add_argument_group("--executor slurm")
     slurm.add_argument("--partition", default=None)

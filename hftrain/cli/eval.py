@@ -21,7 +21,9 @@ def format_results(results: dict[str, dict[str, Any]]) -> str:
     for name, values in results.items():
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                text = f"{value:,}" if isinstance(value, int) else f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4e}"
+                text = (
+                    f"{value:,}" if isinstance(value, int) else f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4e}"
+                )
                 rows.append((name, key, text))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return "\n".join(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}" for a, b, c in rows)
@@ -41,7 +43,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--metric", action="append", choices=METRICS, help="repeat for several (default: perplexity)")
     p.add_argument("--text-field", default="text", help="the JSONL key / dataset column holding the text")
-    p.add_argument("--context", type=positive_int, help="tokens per window (default: max_position_embeddings, at most 1024)")
+    p.add_argument(
+        "--context", type=positive_int, help="tokens per window (default: max_position_embeddings, at most 1024)"
+    )
     p.add_argument("--stride", type=positive_int, help="tokens a window advances (default: context // 2)")
     p.add_argument("--limit", type=positive_int, help="first N documents of --data, or N examples per lm-eval task")
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON, in a new file")

@@ -19,6 +19,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.recipe.docs import explain, recipe_sections
 
     if args.section is not None and args.section not in recipe_sections():
-        raise HftrainError(f"explain: {args.section!r} is not a recipe section; the sections: {', '.join(recipe_sections())}.")
+        raise HftrainError(
+            f"explain: {args.section!r} is not a recipe section; the sections: {', '.join(recipe_sections())}."
+        )
     print(explain(args.section, brief_training=False))
     return 0

@@ -13,7 +13,9 @@ NAME = "launch-script"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(NAME, help="write a multi-node launch script (torchrun rendezvous, SLURM, or a SageMaker training job)")
+    p = subparsers.add_parser(
+        NAME, help="write a multi-node launch script (torchrun rendezvous, SLURM, or a SageMaker training job)"
+    )
     p.add_argument("recipe")
     p.add_argument("--kind", choices=["torchrun", "slurm", "sagemaker"], default="slurm")
     p.add_argument("--nodes", type=positive_int, default=2)
@@ -27,24 +29,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--cpu",
         action="store_true",
-        help="torchrun/slurm: a CPU rehearsal (gloo processes, as `hftrain train --cpu`); --gpus-per-node is then processes per node",
+        help=(
+            "torchrun/slurm: a CPU rehearsal (gloo processes, as `hftrain "
+            "train --cpu`); --gpus-per-node is then processes per node"
+        ),
     )
     p.add_argument(
         "--min-nodes",
         type=positive_int,
         metavar="MIN",
         help="torchrun: an elastic script: MIN to --nodes nodes, torchrun restarting every node's processes when a "
-        "node is lost or joins (the run resumes from its last checkpoint); needs one training.output_dir every node mounts",
+        "node is lost or joins (the run resumes from its last "
+        "checkpoint); needs one training.output_dir every node mounts",
     )
     p.add_argument("--out", help="write the script here, as a new executable file (default: print it)")
     p.add_argument("--force", action="store_true", help="with --out: replace a file that exists there")
     sm = p.add_argument_group("sagemaker (pip install 'hftrain[sagemaker]')")
     sm.add_argument("--instance-type", default="ml.g5.12xlarge", help="default: ml.g5.12xlarge (4 x A10G 24 GB)")
     sm.add_argument("--instance-count", type=positive_int, default=1)
-    sm.add_argument("--spot", action=argparse.BooleanOptionalAction, default=True, help="managed spot capacity (default: on)")
-    sm.add_argument("--role", help="execution role name or ARN (default: the SageMaker config's, else the caller's role)")
+    sm.add_argument(
+        "--spot", action=argparse.BooleanOptionalAction, default=True, help="managed spot capacity (default: on)"
+    )
+    sm.add_argument(
+        "--role", help="execution role name or ARN (default: the SageMaker config's, else the caller's role)"
+    )
     sm.add_argument("--region", help="default: the standard AWS configuration")
-    sm.add_argument("--bucket", help="S3 bucket for code, checkpoints and the model (default: sagemaker-REGION-ACCOUNT)")
+    sm.add_argument(
+        "--bucket", help="S3 bucket for code, checkpoints and the model (default: sagemaker-REGION-ACCOUNT)"
+    )
     sm.add_argument("--image", help="training image URI (default: the AWS PyTorch training image)")
     sm.add_argument("--max-run-hours", type=positive_float, default=24.0)
     sm.add_argument("--volume-gb", type=positive_int, default=200)
@@ -91,14 +103,23 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     sagemaker = args.kind == "sagemaker"
     nodes, per_node = (args.instance_count, None) if sagemaker else (args.nodes, args.gpus_per_node)
     recipe = load_recipe(args.recipe, overrides)  # every kind: refused here (and below), before any file is written
-    check_script(PlanPart.of(recipe), ScriptLaunch(args.kind, args.accelerate_config, nodes, per_node, args.min_nodes or 0))
+    check_script(
+        PlanPart.of(recipe), ScriptLaunch(args.kind, args.accelerate_config, nodes, per_node, args.min_nodes or 0)
+    )
     if sagemaker:
         script = _sagemaker(args, overrides, recipe)
     else:
         from hftrain.launch.multinode import render
 
         script = render(
-            args.kind, args.nodes, args.gpus_per_node, args.recipe, args.accelerate_config, overrides, args.cpu, args.min_nodes or 0
+            args.kind,
+            args.nodes,
+            args.gpus_per_node,
+            args.recipe,
+            args.accelerate_config,
+            overrides,
+            args.cpu,
+            args.min_nodes or 0,
         )
     if args.out:  # a new executable file, or --force: in place of a regular one (never through /dev/null)
         from hftrain.checkpoint.files import write_new_file

@@ -13,7 +13,9 @@ def _number(kind: type, low: float, low_ok: bool, high: float | None, what: str)
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'a whole number' if kind is int else 'a number'}"
+            ) from None
         if (
             value != value
             or value in (float("inf"), float("-inf"))

@@ -10,11 +10,15 @@ from hftrain.cli.numbers import non_negative_float, positive_int
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("parity", help="run a recipe on single / DDP / FSDP / ZeRO-3 (2 processes) and compare per step")
+    p = subparsers.add_parser(
+        "parity", help="run a recipe on single / DDP / FSDP / ZeRO-3 (2 processes) and compare per step"
+    )
     p.add_argument("recipe")
     p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps per backend (default 20)")
     p.add_argument(
-        "--backends", default=None, help="comma-separated subset of single,DDP,FSDP,ZeRO-3 (default: all; with --elastic: DDP,FSDP,ZeRO-3)"
+        "--backends",
+        default=None,
+        help="comma-separated subset of single,DDP,FSDP,ZeRO-3 (default: all; with --elastic: DDP,FSDP,ZeRO-3)",
     )
     p.add_argument(
         "--elastic",
@@ -22,7 +26,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="instead: per backend, train on 2 and on 1 process with a checkpoint half-way, continue each on the other "
         "count, and compare (prints `elastic: max relative loss diff X, grad-norm diff Y`)",
     )
-    p.add_argument("--tolerance", type=non_negative_float, default=1e-4, help="exit 1 when a relative difference exceeds this")
+    p.add_argument(
+        "--tolerance", type=non_negative_float, default=1e-4, help="exit 1 when a relative difference exceeds this"
+    )
     return p
 
 
@@ -34,7 +40,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.elastic:
         from hftrain.launch.elastic_parity import elastic_parity
 
-        return elastic_parity(args.recipe, overrides, part, args.steps, (args.backends or "DDP,FSDP,ZeRO-3").split(","), args.tolerance)
+        return elastic_parity(
+            args.recipe, overrides, part, args.steps, (args.backends or "DDP,FSDP,ZeRO-3").split(","), args.tolerance
+        )
     from hftrain.launch.parity import parity
 
-    return parity(args.recipe, overrides, part, args.steps, (args.backends or "single,DDP,FSDP,ZeRO-3").split(","), args.tolerance)
+    return parity(
+        args.recipe, overrides, part, args.steps, (args.backends or "single,DDP,FSDP,ZeRO-3").split(","), args.tolerance
+    )

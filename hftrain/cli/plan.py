@@ -12,13 +12,18 @@ from hftrain.cli.numbers import fraction, positive_float, positive_int
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("plan", help="print the model's size, FLOPs, peak memory, a layout that fits, time and cost")
+    p = subparsers.add_parser(
+        "plan", help="print the model's size, FLOPs, peak memory, a layout that fits, time and cost"
+    )
     p.add_argument("recipe")
     p.add_argument("--gpus", type=positive_int, help="plan for this many GPUs (default: the machine at hand)")
     p.add_argument("--gpu-mem-gb", type=positive_float, default=80.0, help="memory of one GPU for --gpus (default 80)")
     p.add_argument(
         "--gpu-type",
-        help="with --gpus: the card whose data-sheet bf16 peak times the run (H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)",
+        help=(
+            "with --gpus: the card whose data-sheet bf16 peak times the "
+            "run (H100 SXM, H100 PCIe, H200, A100, L4; default H100 SXM)"
+        ),
     )
     p.add_argument(
         "--mfu",
@@ -26,13 +31,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="model FLOPs utilization to assume, a fraction of the peak (default: measured by the recipe's last run, "
         "else 0.35 on GPUs, 0.50 on CPUs)",
     )
-    p.add_argument("--price-per-hour", type=positive_float, help="price of one device-hour (default: monitor.price_per_hour)")
+    p.add_argument(
+        "--price-per-hour", type=positive_float, help="price of one device-hour (default: monitor.price_per_hour)"
+    )
     return p
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.planning import fit as fitting
-    from hftrain.planning.estimates import format_fit, format_fp8, format_peak, format_peak_table, format_plan, format_time, plan
+    from hftrain.planning.estimates import (
+        format_fit,
+        format_fp8,
+        format_peak,
+        format_peak_table,
+        format_plan,
+        format_time,
+        plan,
+    )
     from hftrain.planning.memory import library_footprint
     from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import PlanPart
@@ -124,8 +139,12 @@ def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, st
         if measured:
             return float(measured), f"measured by the last run in {results}"
     if machine.device == "cuda":
-        return fitting.GPU_MFU, "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change"
+        return (
+            fitting.GPU_MFU,
+            "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change",
+        )
     return (
         fitting.CPU_MFU,
-        "assumed for CPUs (pythia-160m steps measured 0.39-0.65, docs/planning.md); a run's results.json then gives this recipe's",
+        "assumed for CPUs (pythia-160m steps measured 0.39-0.65, "
+        "docs/planning.md); a run's results.json then gives this recipe's",
     )

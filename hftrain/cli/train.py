@@ -21,18 +21,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
         help="train a recipe (resumes an interrupted run in the same output_dir)",
-        description="Train RECIPE. Overrides: section.key=value anywhere after the command, e.g. training.max_steps=50.",
+        description=(
+            "Train RECIPE. Overrides: section.key=value anywhere after the command, e.g. training.max_steps=50."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.format_help = lambda: _with_recipe_keys(p)  # type: ignore[method-assign]  # the schema loads only for `train --help`
+    # the schema loads only for `train --help`
+    p.format_help = lambda: _with_recipe_keys(p)  # type: ignore[method-assign]
     p.add_argument("recipe", help="recipe YAML file, e.g. recipes/quickstart.yaml")
     p.add_argument(
         "--accelerate-config",
         metavar="NAME_OR_PATH",
         help="start the processes of this accelerate config (shipped: ddp, fsdp, zero3, ...) and train in them",
     )
-    p.add_argument("--nproc", type=positive_int, help="processes to start with --accelerate-config (default: the config's; 2 on CPU)")
-    p.add_argument("--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)")
+    p.add_argument(
+        "--nproc",
+        type=positive_int,
+        help="processes to start with --accelerate-config (default: the config's; 2 on CPU)",
+    )
+    p.add_argument(
+        "--cpu", action="store_true", help="with --accelerate-config: rehearse the backend on CPU processes (gloo)"
+    )
     p.add_argument(
         "--max-restarts",
         type=non_negative_int,
@@ -51,9 +60,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "that restarts every node's processes when a node is lost or joins (needs --max-restarts and one "
         "training.output_dir every node mounts)",
     )
-    nodes.add_argument("--node-rank", type=non_negative_int, default=0, help="this node's index, 0 .. NNODES-1 (not with MIN:MAX)")
+    nodes.add_argument(
+        "--node-rank", type=non_negative_int, default=0, help="this node's index, 0 .. NNODES-1 (not with MIN:MAX)"
+    )
     nodes.add_argument("--head-node", default="127.0.0.1", metavar="ADDR", help="node 0's address (default 127.0.0.1)")
-    nodes.add_argument("--master-port", type=positive_int, default=29500, help="rendezvous port on the head node (default 29500)")
+    nodes.add_argument(
+        "--master-port", type=positive_int, default=29500, help="rendezvous port on the head node (default 29500)"
+    )
     nodes.add_argument(
         "--rendezvous-timeout",
         type=positive_int,
@@ -72,7 +85,9 @@ def node_group(args: argparse.Namespace) -> Any:
 
     least, count = args.nnodes
     if least and args.node_rank:
-        raise HftrainError(f"--node-rank {args.node_rank}: not with --nnodes {least}:{count}, whose rendezvous places the ranks.")
+        raise HftrainError(
+            f"--node-rank {args.node_rank}: not with --nnodes {least}:{count}, whose rendezvous places the ranks."
+        )
     group = NodeGroup(
         count,
         0 if least else args.node_rank,
@@ -84,7 +99,9 @@ def node_group(args: argparse.Namespace) -> Any:
     )
     if group.count > 1 or group.elastic:
         if not args.accelerate_config:
-            raise HftrainError("--nnodes: several nodes train with a multi-process backend; add --accelerate-config ddp|fsdp|zero3.")
+            raise HftrainError(
+                "--nnodes: several nodes train with a multi-process backend; add --accelerate-config ddp|fsdp|zero3."
+            )
         os.environ.setdefault(RUN_TOKEN_ENV, f"nodes@{group.head}:{group.port}")
     return group
 
@@ -112,7 +129,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         nodes = node_group(args)
         job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
         recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
-        network.configure(recipe.faults.network_timeout_s)  # every network client from here on answers within this bound
+        network.configure(
+            recipe.faults.network_timeout_s
+        )  # every network client from here on answers within this bound
         from hftrain.checkpoint.output_lock import owning
 
         with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it
@@ -144,7 +163,9 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
         from hftrain.launch.processes import relaunch
         from hftrain.recipe.parts import PlanPart
 
-        return relaunch([args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, PlanPart.of(recipe), nodes)
+        return relaunch(
+            [args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, PlanPart.of(recipe), nodes
+        )
     from hftrain.parallel.process_end import leave_training
     from hftrain.training.run import train
 

@@ -17,7 +17,17 @@ import sysconfig
 from pathlib import Path
 
 # Trees that are tests, demos or tooling rather than library documentation.
-_SKIP_DIRS = {"test", "tests", "idlelib", "turtledemo", "site-packages", "dist-packages", "__pycache__", "lib2to3", "ensurepip"}
+_SKIP_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "turtledemo",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib2to3",
+    "ensurepip",
+}
 
 
 def python_docs_files() -> list[str]:
@@ -50,7 +60,10 @@ def corpus_copy() -> dict[str, str]:
         return cached
     from hftrain.progress import phase
 
-    with phase(f"reading the docstrings of {len(files)} standard-library modules (once per machine, kept in {_cache.cache_dir()})"):
+    with phase(
+        f"reading the docstrings of {len(files)} standard-library modules (once per machine, kept in "
+        f"{_cache.cache_dir()})"
+    ):
         corpus = dict(zip(files, _parse_all(files)))
     _cache.write_json(name, corpus)
     return corpus
@@ -63,7 +76,11 @@ def _parse_all(files: list[str]) -> list[str]:
     import multiprocessing
 
     workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
-    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon:
+    if (
+        workers > 1
+        and "fork" in multiprocessing.get_all_start_methods()
+        and not multiprocessing.current_process().daemon
+    ):
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
                 return pool.map(_parse, files, chunksize=8)

@@ -50,7 +50,9 @@ class FolderStream(BlockStream):
     def _reader(self, start: dict[str, Any]) -> tuple[Any, Any]:
         return None, None  # blocks are read by position in _fill: no document reader
 
-    def _fill(self, start: dict[str, Any], pieces: Any = None, live: Any = None) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def _fill(
+        self, start: dict[str, Any], pieces: Any = None, live: Any = None
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
         cur, blocks = dict(start), []
         empty_epochs = 0
         while len(blocks) < self.window:
@@ -92,13 +94,18 @@ class FolderStream(BlockStream):
                 f.seek((shard.first + first) * size)
                 data = f.read(count * size)
         except FileNotFoundError:
-            raise HftrainError(f"{name}: a file of the token folder is missing; restore it or prepare the data again.") from None
+            raise HftrainError(
+                f"{name}: a file of the token folder is missing; restore it or prepare the data again."
+            ) from None
         if len(data) != count * size:
-            raise HftrainError(f"{name}: the file is shorter than when the run opened it; restore it or prepare the data again.")
+            raise HftrainError(
+                f"{name}: the file is shorter than when the run opened it; restore it or prepare the data again."
+            )
         arr = np.frombuffer(data, dtype=self.dtype).reshape(count, self.seq_len).astype(np.int64)
         if self.vocab is not None and arr.size and int(arr.max()) >= self.vocab:
             raise HftrainError(
-                f"{name}: token id {int(arr.max()):,} is not in the recipe's tokenizer ({self.vocab:,} ids): the folder was "
+                f"{name}: token id {int(arr.max()):,} is not in the "
+                f"recipe's tokenizer ({self.vocab:,} ids): the folder was "
                 "tokenized with another tokenizer. Use the tokenizer it was made with, or prepare the data again."
             )
         yield from zip(range(first, first + count), arr)

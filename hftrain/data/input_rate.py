@@ -42,7 +42,9 @@ def wait_share(consumed: float, per_worker: float, workers: int) -> float:
     return max(0.0, 1.0 - workers * per_worker / consumed)
 
 
-def input_warning(consumed: float, per_worker: float, workers: int, threshold: float, pretokenized: bool, how: str) -> str | None:
+def input_warning(
+    consumed: float, per_worker: float, workers: int, threshold: float, pretokenized: bool, how: str
+) -> str | None:
     """The line `train` prints before step 1 when the device would wait for data more than `threshold` of each step
     (monitor.input_bound_threshold, the share at which the run's end calls it input-bound); None when it keeps up.
     `how`: where the consumption comes from."""
@@ -55,7 +57,7 @@ def input_warning(consumed: float, per_worker: float, workers: int, threshold: f
     if not pretokenized:
         fixes += ", or tokenize the data once with `hftrain data prepare` (then data.train: [{pretokenized: DIR}])"
     return (
-        f"warning: the input may not keep up: the device consumes about {consumed:,.0f} tokens/s ({how}), and one loader "
-        f"worker makes {per_worker:,.0f} tokens/s of this data here ({what}); with {workers} worker(s) about "
+        f"warning: the input may not keep up: the device consumes about {consumed:,.0f} tokens/s ({how}), and one "
+        f"loader worker makes {per_worker:,.0f} tokens/s of this data here ({what}); with {workers} worker(s) about "
         f"{100 * share:.0f}% of each step would wait for data. To feed it, {fixes}."
     )

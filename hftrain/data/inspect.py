@@ -1,4 +1,5 @@
-"""`hftrain data inspect`: a recipe's sources and shares, a token estimate and its first blocks decoded, before training."""
+"""`hftrain data inspect`: a recipe's sources and shares, a token estimate and its first blocks decoded, before
+training."""
 
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ def inspect(part: DataPart, blocks: int = 2, sample_docs: int = 200) -> str:
         seq_len = part.data.seq_len
         for i, folder in enumerate(plan.folders):
             lines.append(
-                f"{folder.where}: {folder.root}: {len(folder.files)} file(s) of {folder.token_size}-byte tokens, {folder.tokens:,} tokens "
-                f"= {folder.blocks(seq_len):,} blocks of data.seq_len={seq_len} (training reads {sum(s.blocks for s in plan.folder_shards(i)):,}), "
-                f"tokenizer {folder.tokenizer_name or '(not named)'}" + (", with validation/" if folder.validation else "")
+                f"{folder.where}: {folder.root}: {len(folder.files)} file(s) of {folder.token_size}-byte tokens, "
+                f"{folder.tokens:,} tokens = {folder.blocks(seq_len):,} blocks of data.seq_len={seq_len} (training "
+                f"reads {sum(s.blocks for s in plan.folder_shards(i)):,}), "
+                f"tokenizer {folder.tokenizer_name or '(not named)'}"
+                + (", with validation/" if folder.validation else "")
             )
         return "\n".join(lines)
     tokenizer = scratch_tokenizer(part.model, plan)
@@ -68,7 +71,8 @@ def inspect(part: DataPart, blocks: int = 2, sample_docs: int = 200) -> str:
         lines.append(f"tokens per byte in the first {len(sample)} documents: {sample_tokens / sample_bytes:.3f}")
         if total_bytes:
             lines.append(
-                f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; compressed files count more)"
+                f"estimated tokens: ~{total_bytes * sample_tokens / sample_bytes:,.0f} (file bytes x tokens/byte; "
+                "compressed files count more)"
             )
     docs = train_documents(plan, loop=False)
     window = part.data.shuffle_window or default_window(DEFAULT_READERS, part.data.seq_len)  # as a run with 8 readers

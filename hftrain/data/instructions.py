@@ -105,7 +105,11 @@ class ExampleStream(BlockStream):
                 break
             examples.append((ids, labels))
             tokens += len(ids)
-        groups = best_fit([len(ids) for ids, _ in examples], self.seq_len) if self.packing else [[i] for i in range(len(examples))]
+        groups = (
+            best_fit([len(ids) for ids, _ in examples], self.seq_len)
+            if self.packing
+            else [[i] for i in range(len(examples))]
+        )
         blocks = [self._block([examples[i] for i in group]) for group in groups]
         return blocks, {"docs": copy.deepcopy(live), "carry": carry}
 

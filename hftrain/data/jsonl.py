@@ -88,11 +88,19 @@ def read_jsonl(
             try:
                 obj = json.loads(raw)
             except ValueError as err:
-                bad(_line_name(f, shard, codec, first, bad), f"not valid JSON ({getattr(err, 'msg', err)})", "Fix or remove that line")
+                bad(
+                    _line_name(f, shard, codec, first, bad),
+                    f"not valid JSON ({getattr(err, 'msg', err)})",
+                    "Fix or remove that line",
+                )
                 continue
             value, problem = take(obj)
             if problem:
-                bad(_line_name(f, shard, codec, first, bad), problem, "Fix that line or set the field names on this source")
+                bad(
+                    _line_name(f, shard, codec, first, bad),
+                    problem,
+                    "Fix that line or set the field names on this source",
+                )
                 continue
             if isinstance(value, str) and not value.strip():
                 continue  # an empty or whitespace-only text is no document

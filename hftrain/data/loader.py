@@ -26,7 +26,7 @@ from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker,
 from hftrain.data.token_folder import Shard, TokenFolder, open_folder, split_validation
 from hftrain.errors import HftrainError
 from hftrain.parallel.readers import ReaderLayout, rank_state
-from hftrain.recipe.schema import DataSection
+from hftrain.recipe.data_section import DataSection
 
 
 @dataclass
@@ -72,7 +72,9 @@ class DataPlan:
         """Where the tokenizer of the token folders is, for messages."""
         first = self.folders[0]
         return (
-            f"tokenizer.path: {first.tokenizer_dir} (copied locally if remote)" if first.tokenizer_dir else "the tokenizer it was made with"
+            f"tokenizer.path: {first.tokenizer_dir} (copied locally if remote)"
+            if first.tokenizer_dir
+            else "the tokenizer it was made with"
         )
 
 
@@ -83,7 +85,8 @@ def plan_data(section: DataSection, seed: int) -> DataPlan:
     if section.train[0].pretokenized:
         where = "data.train" if len(section.train) == 1 else "data.train[{}]"
         folders = tuple(
-            open_folder(s.pretokenized or "", s.storage_options, f"{where.format(i)}.pretokenized") for i, s in enumerate(section.train)
+            open_folder(s.pretokenized or "", s.storage_options, f"{where.format(i)}.pretokenized")
+            for i, s in enumerate(section.train)
         )
         return DataPlan(section, [], validation, seed, folders)
     return DataPlan(section, plan_sources(section.train, "data.train"), validation, seed)
@@ -114,7 +117,9 @@ def text_or_examples(docs: DocumentStream, tokenizer: Any, section: DataSection,
     return BlockStream(docs, tokenizer, section.seq_len, window)
 
 
-def train_documents(plan: DataPlan, worker: Worker = Worker(), loop: bool = True, shuffle: bool = True) -> DocumentStream:
+def train_documents(
+    plan: DataPlan, worker: Worker = Worker(), loop: bool = True, shuffle: bool = True
+) -> DocumentStream:
     section = plan.section
     return DocumentStream(
         plans=plan.train,
@@ -147,7 +152,9 @@ class PackedDataset(IterableDataset):
     """One rank's share of the run's global block order (readers.py): each DataLoader worker serves its slot's
     readers in turn, so the rank's samples come out in the same order for any worker count."""
 
-    def __init__(self, plan: DataPlan, tokenizer: Any, rank: int, layout: ReaderLayout, resume: dict[str, Any] | None = None):
+    def __init__(
+        self, plan: DataPlan, tokenizer: Any, rank: int, layout: ReaderLayout, resume: dict[str, Any] | None = None
+    ):
         self.plan, self.tokenizer, self.rank, self.layout = plan, tokenizer, rank, layout
         self.resume = resume or {"blocks": 0, "positions": {}}
 
@@ -160,11 +167,15 @@ class PackedDataset(IterableDataset):
         info = get_worker_info()
         workers = info.num_workers if info else 1
         if workers != self.layout.workers:
-            raise HftrainError(f"internal: the reader layout expects {self.layout.workers} worker(s), the DataLoader has {workers}")
+            raise HftrainError(
+                f"internal: the reader layout expects {self.layout.workers} worker(s), the DataLoader has {workers}"
+            )
         slot = ((info.id if info else 0) + self.consumed) % workers
         streams = []
         for reader in self.layout.slot_readers(self.rank, slot, self.consumed):
-            stream = train_blocks(self.plan, self.tokenizer, Worker(index=reader, count=self.layout.readers), self.layout.window)
+            stream = train_blocks(
+                self.plan, self.tokenizer, Worker(index=reader, count=self.layout.readers), self.layout.window
+            )
             state = self.resume["positions"].get(str(reader)) or stream.fresh_state()
             streams.append((reader, stream.blocks(state)))
         while True:
@@ -172,7 +183,11 @@ class PackedDataset(IterableDataset):
                 item = next(blocks, None)
                 if item is None:
                     return
-                yield reader, item[0], item[1]  # numpy, pickled to the main process (no shared-memory tensor per sample)
+                yield (
+                    reader,
+                    item[0],
+                    item[1],
+                )  # numpy, pickled to the main process (no shared-memory tensor per sample)
 
 
 def as_sample(block: Any) -> dict[str, Any]:
@@ -193,8 +208,9 @@ def collator_for(section: DataSection, kernel: str, eos: int, form: str | None =
     if form is None and kernel not in KERNEL_FORMS:
         if section.packs_documents:
             raise HftrainError(
-                f"model.attn_implementation: the model computes attention with {kernel!r}, and hftrain knows no batch form "
-                f"that keeps packed documents apart on it; set model.attn_implementation to one of {', '.join(KERNEL_FORMS)}"
+                f"model.attn_implementation: the model computes attention with {kernel!r}, and hftrain knows no batch "
+                "form that keeps packed documents apart on it; set model.attn_implementation to one of "
+                f"{', '.join(KERNEL_FORMS)}"
                 + (", or data.packing: false" if section.instruction_data else ", or remove data.document_masking")
                 + "."
             )
@@ -221,7 +237,9 @@ class Placement:
     def of(cls, args: Any) -> Placement:
         """From TrainingArguments: its device, dataloader_pin_memory and accelerator_config.non_blocking."""
         config = args.accelerator_config
-        non_blocking = config.get("non_blocking") if isinstance(config, dict) else getattr(config, "non_blocking", False)
+        non_blocking = (
+            config.get("non_blocking") if isinstance(config, dict) else getattr(config, "non_blocking", False)
+        )
         return cls(args.device, bool(args.dataloader_pin_memory), bool(non_blocking))
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -284,7 +302,9 @@ class ResumableLoader:
             self.samples += 1
             sample = as_sample(block)
             if "input_ids" in sample:
-                self.tokens["real"] += real_tokens(sample["labels"], sample["input_ids"], sample.get("position_ids"), self.pad)
+                self.tokens["real"] += real_tokens(
+                    sample["labels"], sample["input_ids"], sample.get("position_ids"), self.pad
+                )
                 self.tokens["block"] += sample["input_ids"].numel()
             else:  # a pair: padded to its batch's longest, not to a block
                 self.tokens["real"] += pair_tokens(sample)
@@ -358,8 +378,8 @@ def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
             "give more validation text or lower data.seq_len"
             if plan.validation
             else (
-                "give data.validation, or more documents (a .txt file is one document unless the source's document_boundary "
-                "is blank_line or line), or lower data.holdout_every or data.seq_len"
+                "give data.validation, or more documents (a .txt file is one document unless the source's "
+                "document_boundary is blank_line or line), or lower data.holdout_every or data.seq_len"
             )
         )
         raise HftrainError(f"{what}: less text than one block of data.seq_len={section.seq_len} tokens; {fix}.")

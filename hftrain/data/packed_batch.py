@@ -43,7 +43,9 @@ KERNEL_FORMS = {  # attention implementation -> the batch form that keeps docume
 
 def form_of(kernel: str) -> str:
     if kernel not in KERNEL_FORMS:
-        raise ValueError(f"no packed-batch form is known for attention implementation {kernel!r}; known: {', '.join(KERNEL_FORMS)}")
+        raise ValueError(
+            f"no packed-batch form is known for attention implementation {kernel!r}; known: {', '.join(KERNEL_FORMS)}"
+        )
     return KERNEL_FORMS[kernel]
 
 
@@ -56,7 +58,9 @@ def document_positions(input_ids: torch.Tensor, eos: int) -> torch.Tensor:
     return index - torch.where(starts, index, 0).cummax(dim=1).values
 
 
-def real_tokens(block_labels: torch.Tensor, block_ids: torch.Tensor, position_ids: torch.Tensor | None, pad: int) -> int:
+def real_tokens(
+    block_labels: torch.Tensor, block_ids: torch.Tensor, position_ids: torch.Tensor | None, pad: int
+) -> int:
     """Tokens of one block that are not padding: instruction blocks end in a padding segment (position ids from 0,
     pad tokens, no target); text blocks have none."""
     if position_ids is None:
@@ -82,7 +86,9 @@ class PackedCollator:
         self.form = self.form or form_of(self.kernel)
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]}
+        batch = {
+            k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]
+        }
         if "position_ids" not in batch and self.eos is not None:
             batch["position_ids"] = document_positions(batch["input_ids"], self.eos)
         if "position_ids" not in batch:  # one document per row (plain causal pretraining): nothing to keep apart
@@ -107,7 +113,9 @@ def flatten(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
 def mask_note(kernel: str, batch: int, seq_len: int, dtype: torch.dtype = torch.float32) -> str:
     """What keeping documents apart costs per forward on `kernel`, for the run's start-up line."""
     if form_of(kernel) == FLATTENED:
-        return f"{kernel}: one flattened row of {batch} x {seq_len} tokens with the documents' lengths (varlen, no mask)"
+        return (
+            f"{kernel}: one flattened row of {batch} x {seq_len} tokens with the documents' lengths (varlen, no mask)"
+        )
     if kernel == "flex_attention":
         tiles = -(-seq_len // 128)
         return f"flex_attention: a block mask of {batch} x {tiles} x {tiles} tiles of 128 x 128"

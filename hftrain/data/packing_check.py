@@ -21,7 +21,11 @@ from hftrain.data.packed_batch import KERNEL_FORMS
 from hftrain.data.stream import Worker
 from hftrain.recipe.parts import DataPart, ModelPart
 
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}  # max |diff| of logits: rounding, not a leak
+TOLERANCE = {
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 3e-2,
+}  # max |diff| of logits: rounding, not a leak
 REFERENCE = "sdpa"  # the kernel a document alone runs on: one shape per document, compiled by nothing
 
 
@@ -65,7 +69,8 @@ def check_packing(
     plan = plan_data(section, part.seed)  # first: a missing or empty source is named, whatever follows
     if not section.masks_documents:
         return [
-            "check-packing: data.document_masking is off: pretraining documents joined with EOS attend to the ones before "
+            "check-packing: data.document_masking is off: pretraining "
+            "documents joined with EOS attend to the ones before "
             "them in their block by design (Pythia was trained so). Set data.document_masking: true to keep them apart."
         ], True
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,7 +131,12 @@ def random_model(part: ModelPart, tokenizer_size: int) -> Any:
 
 
 def compare(
-    model: Any, kernel: str, samples: list[dict[str, torch.Tensor]], collate: Any, tolerance: float, alone: dict | None = None
+    model: Any,
+    kernel: str,
+    samples: list[dict[str, torch.Tensor]],
+    collate: Any,
+    tolerance: float,
+    alone: dict | None = None,
 ) -> KernelResult:
     """Max |logits packed on `kernel` - logits of the document alone| over every document of the micro-batch. A
     document alone runs on REFERENCE (no packing, so no mask to get wrong), once for every kernel (`alone`)."""
@@ -145,7 +155,9 @@ def compare(
             starts = torch.nonzero(positions[r] == 0).flatten().tolist() + [seq_len]
             for a, b in zip(starts[:-1], starts[1:]):
                 if (r, a, b) not in alone:
-                    alone[r, a, b] = model(input_ids=ids[r, a:b][None].to(model.device), use_cache=False).logits[0].float()
+                    alone[r, a, b] = (
+                        model(input_ids=ids[r, a:b][None].to(model.device), use_cache=False).logits[0].float()
+                    )
                 worst = max(worst, float((packed[r, a:b] - alone[r, a, b]).abs().max()))
                 documents += 1
     return KernelResult(kernel, worst, tolerance, documents)

@@ -37,7 +37,9 @@ def encode_pair(tokenizer: Any, record: dict[str, Any]) -> dict[str, list[int]]:
     if is_conversational(record):
 
         def ids(messages: list[dict[str, str]], generation: bool = False) -> list[int]:
-            return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, add_generation_prompt=generation)["input_ids"]
+            return tokenizer.apply_chat_template(
+                messages, tokenize=True, return_dict=True, add_generation_prompt=generation
+            )["input_ids"]
 
         prompt = ids(record["prompt"], generation=True)
         chosen, rejected = ids(record["prompt"] + record["chosen"]), ids(record["prompt"] + record["rejected"])
@@ -68,15 +70,17 @@ def same_answers(first: list[dict[str, Any]], tokenizer: Any, where: str) -> str
     stays at log 2 and its gradient at 0). Among the `first` records (as tokenized for training): none, None; some,
     the line that says how many; most, refused naming `where` (the data.train source)."""
     if first and needs_chat_template(tokenizer, first[0]):
-        tokenizer = copy.deepcopy(tokenizer)  # as training will tokenize them (the run's own tokenizer is not touched here)
+        tokenizer = copy.deepcopy(
+            tokenizer
+        )  # as training will tokenize them (the run's own tokenizer is not touched here)
         use_chatml(tokenizer)
     pairs = [encode_pair(tokenizer, record) for record in first]
     same = sum(pair["chosen_ids"] == pair["rejected_ids"] for pair in pairs)
     if not same:
         return None
     what = (
-        f"{where}: {same} of the first {len(pairs)} preference pairs have the same chosen and rejected answer, from which "
-        "DPO learns nothing"
+        f"{where}: {same} of the first {len(pairs)} preference pairs have the same chosen and rejected answer, from "
+        "which DPO learns nothing"
     )
     if 2 * same > len(pairs):
         raise HftrainError(f"{what}; most pairs are like that: check the records' chosen and rejected fields.")
@@ -95,7 +99,9 @@ class PreferenceStream(BlockStream):
         super().__init__(docs, tokenizer, seq_len, window)
         self.dropped = 0  # prompts that fill seq_len alone (TRL drops them too)
 
-    def _fill(self, start: dict[str, Any], pieces: Iterator[tuple[Any, bool]], live: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    def _fill(
+        self, start: dict[str, Any], pieces: Iterator[tuple[Any, bool]], live: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
         """Read a window of pairs; a pair read across a source's epoch boundary starts the next window."""
         pairs, epochs, carry = [copy.deepcopy(p) for p in start["carry"]], source_epochs(live), []
         while len(pairs) < self.window:

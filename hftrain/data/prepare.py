@@ -13,19 +13,18 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import fsspec
 
 from hftrain import network
 from hftrain.checkpoint.output_lock import LOCK_FILE, owning
 from hftrain.data.loader import DataPlan, first_documents, plan_data
+from hftrain.data.prepare_progress import Progress, completed_tasks, tasks_console
 from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import load_tokenizer
@@ -33,7 +32,9 @@ from hftrain.recipe.parts import DataPart
 
 EXECUTORS = ("local", "slurm", "ray")
 UPLOAD_PART = 64 * 2**20  # bytes per part of a remote upload: S3's 10,000 parts then hold 640 GB per file
-TASK_MB = 16.0  # input files per task, grouped to about this size: a task costs ~0.1 s to start, so the builtin corpus (577 modules) is 2 tasks, not 577
+# input files per task, grouped to about this size: a task costs ~0.1
+# s to start, so the builtin corpus (577 modules) is 2 tasks, not 577
+TASK_MB = 16.0
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,11 @@ def prepare(
         console.parent.mkdir(parents=True, exist_ok=True)
         with tasks_console(console) as said, Progress(fs, root, len(tasks), token_size_for(len(tokenizer)), said):
             _run_here(steps, logs, len(tasks), first, count, how, fs, root, console)
-        done = _completed(fs, root)
+        done = completed_tasks(fs, root)
         if len(done) < len(tasks):
             print(
-                f"hftrain: tasks {first}..{first + count - 1} of {len(tasks)} are done here ({len(done)} of {len(tasks)} in all); "
-                f"the launch that finishes the last task finishes the folder ({PREPARED}).",
+                f"hftrain: tasks {first}..{first + count - 1} of {len(tasks)} are done here ({len(done)} of "
+                f"{len(tasks)} in all); the launch that finishes the last task finishes the folder ({PREPARED}).",
                 flush=True,
             )
             return None
@@ -118,7 +119,8 @@ def prepare(
 def _say_prepared(out: str, prepared: dict[str, Any], ran: int, seconds: float) -> None:
     tasks = prepared["tasks"]
     print(
-        f"prepared {out}: {len(prepared['files'])} file(s), {prepared['tokens']:,} tokens in datatrove's tokenized layout "
+        f"prepared {out}: {len(prepared['files'])} file(s), "
+        f"{prepared['tokens']:,} tokens in datatrove's tokenized layout "
         f"({ran} of {tasks} task(s) run here, {prepared['tokens'] * ran / tasks / max(seconds, 1e-9):,.0f} tokens/s), "
         f"{prepared['validation_tokens']:,} validation tokens, {prepared['token_size']}-byte tokens.\n"
         f"train from it with:  data.train: {{pretokenized: {out}}}   tokenizer: {{path: {out.rstrip('/')}/tokenizer}}"
@@ -137,8 +139,8 @@ def _check_preparable(plan: DataPlan) -> None:
         )
     if len({s.weight for s in section.train}) > 1:
         print(
-            "hftrain: note: a prepared folder holds every document of every source once: the sources' weights apply only "
-            "when each source is prepared into its own folder and training lists the folders with their weights.",
+            "hftrain: note: a prepared folder holds every document of every source once: the sources' weights apply "
+            "only when each source is prepared into its own folder and training lists the folders with their weights.",
             flush=True,
         )
 
@@ -149,16 +151,20 @@ def _task_range(how: PrepareHow, tasks: int) -> tuple[int, int]:
     count = how.tasks if how.tasks is not None else tasks - how.task_offset
     if how.task_offset >= tasks or count <= 0 or how.task_offset + count > tasks:
         raise HftrainError(
-            f"--tasks {how.tasks} --task-offset {how.task_offset}: this data has {tasks} task(s) (input files grouped by --task-mb), "
-            f"numbered 0..{tasks - 1}; give a range inside them."
+            f"--tasks {how.tasks} --task-offset {how.task_offset}: this data has {tasks} task(s) (input files grouped "
+            f"by --task-mb), numbered 0..{tasks - 1}; give a range inside them."
         )
     if how.executor == "slurm" and (how.tasks is not None or how.task_offset):
-        raise HftrainError("--tasks/--task-offset share the task space between plain machines; SLURM runs every task itself.")
+        raise HftrainError(
+            "--tasks/--task-offset share the task space between plain machines; SLURM runs every task itself."
+        )
     if how.executor == "ray":
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:  # before anything is written
-            raise HftrainError("--executor ray: Ray is not installed here; pip install 'hftrain[ray]' (datatrove runs tasks on it).")
+            raise HftrainError(
+                "--executor ray: Ray is not installed here; pip install 'hftrain[ray]' (datatrove runs tasks on it)."
+            )
     if how.executor == "slurm" and not how.partition:
         raise HftrainError("--executor slurm: give --partition (and --time for each task, default 24:00:00).")
     return how.task_offset, count
@@ -178,8 +184,8 @@ def _claim_out(fs: Any, root: str, out: str, request: dict[str, Any], before_loc
     names = [n for n in names if n != LOCK_FILE]
     if PREPARED in names or OLD_MANIFEST in names:
         raise HftrainError(
-            f"--out {out}: already holds prepared data ({PREPARED if PREPARED in names else OLD_MANIFEST}); nothing was changed. "
-            f"Prepare into a new directory, or delete {out} first to prepare it again."
+            f"--out {out}: already holds prepared data ({PREPARED if PREPARED in names else OLD_MANIFEST}); nothing "
+            f"was changed. Prepare into a new directory, or delete {out} first to prepare it again."
         )
     if not names:
         return 0
@@ -187,8 +193,8 @@ def _claim_out(fs: Any, root: str, out: str, request: dict[str, Any], before_loc
 
     if LOGS not in names or not fs.exists(f"{root}/{REQUEST}"):
         raise HftrainError(
-            f"--out {out}: is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and was not written by "
-            "`hftrain data prepare`; nothing was changed. Give a new or empty directory."
+            f"--out {out}: is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and was not "
+            "written by `hftrain data prepare`; nothing was changed. Give a new or empty directory."
         )
     before = json.loads(fs.cat_file(f"{root}/{REQUEST}"))
     if before != request:
@@ -197,7 +203,7 @@ def _claim_out(fs: Any, root: str, out: str, request: dict[str, Any], before_loc
             f"--out {out}: holds an unfinished prepare of other data or settings ({', '.join(changed)} differ from "
             f"{REQUEST}); nothing was changed. Run that prepare's recipe again to finish it, or give a new directory."
         )
-    return len(_completed(fs, root))
+    return len(completed_tasks(fs, root))
 
 
 def _write_start(fs: Any, root: str, request: dict[str, Any], tokenizer: Any, work: str) -> None:
@@ -216,14 +222,9 @@ def _write_start(fs: Any, root: str, request: dict[str, Any], tokenizer: Any, wo
         f.write(json.dumps(request, indent=2))
 
 
-def _completed(fs: Any, root: str) -> set[int]:
-    where = f"{root}/{LOGS}/completions"
-    if not fs.isdir(where):
-        return set()
-    return {int(p.rstrip("/").rsplit("/", 1)[-1]) for p in fs.ls(where, detail=False)}
-
-
-def _run_here(steps: list[Any], logs: Any, tasks: int, first: int, count: int, how: PrepareHow, fs: Any, root: str, console: Path) -> None:
+def _run_here(
+    steps: list[Any], logs: Any, tasks: int, first: int, count: int, how: PrepareHow, fs: Any, root: str, console: Path
+) -> None:
     """The tasks [first, first + count) on this machine (local) or this Ray cluster."""
     if how.executor == "ray":
         try:
@@ -250,19 +251,25 @@ def _run_here(steps: list[Any], logs: Any, tasks: int, first: int, count: int, h
         # spawned, not forked: the tokenizer's thread pool does not survive a fork (and a forkserver started by an
         # earlier prepare in this process would keep that prepare's console)
         executor = LocalPipelineExecutor(
-            steps, tasks=tasks, workers=workers, logging_dir=logs, local_tasks=count, local_rank_offset=first, start_method="spawn"
+            steps,
+            tasks=tasks,
+            workers=workers,
+            logging_dir=logs,
+            local_tasks=count,
+            local_rank_offset=first,
+            start_method="spawn",
         )
     try:
         executor.run()
     except HftrainError:
         raise
     except Exception as err:
-        failed = sorted(set(range(first, first + count)) - _completed(fs, root))
+        failed = sorted(set(range(first, first + count)) - completed_tasks(fs, root))
         task = failed[0] if failed else first
         raise HftrainError(
-            f"data prepare: task {task} failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); its log: "
-            f"{root}/{LOGS}/logs/task_{task:05d}.log (all tasks' output: {console}). Fix the cause and run the same command "
-            "again: the finished tasks are kept."
+            f"data prepare: task {task} failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+            f"its log: {root}/{LOGS}/logs/task_{task:05d}.log (all tasks' output: {console}). Fix the cause and run "
+            "the same command again: the finished tasks are kept."
         ) from None
 
 
@@ -297,7 +304,9 @@ def _submit_slurm(steps: list[Any], finish: Any, logs: Any, out: str, tasks: int
     try:
         finisher.run()  # launches `main` first: the finisher depends on it
     except FileNotFoundError:
-        raise HftrainError("--executor slurm: sbatch is not on PATH here; run the prepare on a SLURM login node.") from None
+        raise HftrainError(
+            "--executor slurm: sbatch is not on PATH here; run the prepare on a SLURM login node."
+        ) from None
     except subprocess.CalledProcessError:
         raise HftrainError(
             "--executor slurm: sbatch refused the job (its message is above); check --partition, --time, --qos, "
@@ -309,71 +318,3 @@ def _submit_slurm(steps: list[Any], finish: Any, logs: Any, out: str, tasks: int
         "only the unfinished tasks are submitted.",
         flush=True,
     )
-
-
-@contextmanager
-def tasks_console(path: Path) -> Iterator[TextIO]:
-    """The tasks' own output (datatrove's log lines, tracebacks included) goes to `path`; hftrain's lines go to the
-    real stderr, through the stream this yields. Where stderr is not a file (a notebook), nothing is redirected."""
-    sys.stderr.flush()
-    try:
-        os.fstat(2)
-    except OSError:
-        yield sys.stderr
-        return
-    saved = os.dup(2)
-    with open(path, "ab") as log:
-        os.dup2(log.fileno(), 2)
-        real = os.fdopen(os.dup(saved), "w", buffering=1)
-        try:
-            yield real
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            real.close()
-
-
-class Progress:
-    """A line every few seconds while the tasks run: tasks done, their tokens, tokens/s and an ETA."""
-
-    EVERY_S = 5.0
-
-    def __init__(self, fs: Any, root: str, tasks: int, token_size: int, stream: TextIO):
-        self.fs, self.root, self.tasks, self.token_size, self.stream = fs, root, tasks, token_size, stream
-        self.stop = threading.Event()
-        self.tokens: dict[int, int] = {}
-        self.start = time.perf_counter()
-
-    def __enter__(self) -> Progress:
-        self.before = _completed(self.fs, self.root)
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def _loop(self) -> None:
-        while not self.stop.wait(self.EVERY_S):
-            try:
-                self.show()
-            except Exception:  # a listing that fails now is tried again at the next line
-                continue
-
-    def show(self) -> None:
-        done = _completed(self.fs, self.root) - self.before
-        new = done - set(self.tokens)
-        listing = self.fs.ls(self.root, detail=True) if new else []  # one listing per line, whatever the tasks
-        for rank in new:
-            mine = [p for p in listing if p["name"].rsplit("/", 1)[-1].startswith(f"{rank:05d}_") and p["name"].endswith(".ds")]
-            self.tokens[rank] = sum(int(p["size"]) for p in mine) // self.token_size
-        seconds = time.perf_counter() - self.start
-        tokens = sum(self.tokens.values())
-        line = f"prepare: {len(done) + len(self.before)}/{self.tasks} tasks done, {tokens / 1e6:,.1f}M tokens, {tokens / max(seconds, 1e-9):,.0f} tokens/s"
-        left = self.tasks - len(done) - len(self.before)
-        if done and left:
-            eta = seconds * left / len(done)
-            line += f", ETA {int(eta // 60)}m{int(eta % 60):02d}s"
-        print(line, file=self.stream, flush=True)

@@ -158,7 +158,13 @@ class FinishFolder(PipelineStep):
 
     def __init__(self, out: str, options: dict[str, Any], plan: DataPlan, tokenizer: Any, request: dict[str, Any]):
         super().__init__()
-        self.out, self.options, self.plan, self.tokenizer, self.request = out.rstrip("/"), options, plan, tokenizer, request
+        self.out, self.options, self.plan, self.tokenizer, self.request = (
+            out.rstrip("/"),
+            options,
+            plan,
+            tokenizer,
+            request,
+        )
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         self.finish()
@@ -201,7 +207,11 @@ class FinishFolder(PipelineStep):
         need = section.eval_blocks * section.seq_len
         target = get_datafolder((f"{self.out}/validation", self.options) if self.options else f"{self.out}/validation")
         file = TokenizedFile(
-            target, VALIDATION_FILE, tokenizer_name_or_path=tokenizer_label(tok), save_final_metadata=True, token_size=token_size
+            target,
+            VALIDATION_FILE,
+            tokenizer_name_or_path=tokenizer_label(tok),
+            save_final_metadata=True,
+            token_size=token_size,
         )
         docs = held_out_documents(self.plan)
         for _ in write_pieces(file, docs.pieces(docs.fresh_state()), tok, token_dtype(token_size), stop_at=need):

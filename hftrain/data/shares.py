@@ -47,9 +47,15 @@ class Share:
         return (
             f"{self.readers} readers share it: "
             + {
-                "whole": f"whole shards, dealt by size (within {BALANCE:.0%} of each other, or compressed/text shards that cannot be split)",
+                "whole": (
+                    f"whole shards, dealt by size (within {BALANCE:.0%} of each "
+                    "other, or compressed/text shards that cannot be split)"
+                ),
                 "part": "each reads a part of every shard (byte, row or block ranges: the shards differ in size)",
-                "every": f"each keeps every {self.readers}th record of every shard (fewer compressed/text shards than readers)",
+                "every": (
+                    f"each keeps every {self.readers}th record of every "
+                    "shard (fewer compressed/text shards than readers)"
+                ),
             }[self.mode]
         )
 

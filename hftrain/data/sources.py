@@ -22,7 +22,7 @@ from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
 from hftrain.data.shares import ShardSlice, span
 from hftrain.data.text_pieces import Record, record_pieces, text_pieces
 from hftrain.errors import HftrainError, as_user_error
-from hftrain.recipe.schema import Source, data_kind
+from hftrain.recipe.data_section import Source, data_kind
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -44,7 +44,9 @@ class BadRecords:
 
     def __call__(self, where: str, problem: str, fix: str) -> None:
         if self.mode == "fail":
-            raise HftrainError(f"{where}: {problem}. {fix}, or set data.on_bad_record=skip to skip and count such records.")
+            raise HftrainError(
+                f"{where}: {problem}. {fix}, or set data.on_bad_record=skip to skip and count such records."
+            )
         self.skipped += 1
 
 
@@ -144,9 +146,13 @@ def list_shard_sizes(source: Source, where: str) -> list[tuple[str, int]]:
         known = as_user_error(err, network.bound())  # a silent or refused endpoint says so
         if known is not None:
             raise HftrainError(f"{where}.path: cannot list {path!r}: {known}") from None
-        raise HftrainError(f"{where}.path: cannot list {path!r} ({err}). Check the path, the endpoint and the credentials.") from None
+        raise HftrainError(
+            f"{where}.path: cannot list {path!r} ({err}). Check the path, the endpoint and the credentials."
+        ) from None
     if not found:
-        raise HftrainError(f"{where}.path: no file matches {path!r}. Check the path (relative paths start at the current directory).")
+        raise HftrainError(
+            f"{where}.path: no file matches {path!r}. Check the path (relative paths start at the current directory)."
+        )
     named = ((p if "://" in p or not protocol else protocol + p, int(listed[p].get("size") or 0)) for p in found)
     return sorted(named)
 
@@ -164,7 +170,9 @@ def lines_in_every_part(source: Source, shard: str, size: int | None, count: int
     formats split at rows or blocks and always can."""
     if not _reads_as_jsonl(source, shard):
         return True
-    return jsonl.ranges_hold_lines(shard, network.storage_options_with_timeouts(shard, source.storage_options), size, count)
+    return jsonl.ranges_hold_lines(
+        shard, network.storage_options_with_timeouts(shard, source.storage_options), size, count
+    )
 
 
 def _reads_as_jsonl(source: Source, shard: str) -> bool:
@@ -176,7 +184,9 @@ def _check_extensions(listed: list[str], found: list[str], path: str, where: str
     """A directory or glob reads only files with a known extension; say so when that leaves nothing."""
     if listed and not found:
         sample = ", ".join(
-            sorted({"." + p.rsplit(".", 1)[-1] if "." in p.rsplit("/", 1)[-1] else p.rsplit("/", 1)[-1] for p in listed})[:5]
+            sorted(
+                {"." + p.rsplit(".", 1)[-1] if "." in p.rsplit("/", 1)[-1] else p.rsplit("/", 1)[-1] for p in listed}
+            )[:5]
         )
         raise HftrainError(
             f"{where}.path: {path!r} matches {len(listed)} file(s) ({sample}) but none with a known extension "
@@ -186,7 +196,12 @@ def _check_extensions(listed: list[str], found: list[str], path: str, where: str
 
 
 def read_shard(
-    source: Source, shard: str, pos: tuple[int, ...], bad: BadRecords, part: ShardSlice | None = None, size: int | None = None
+    source: Source,
+    shard: str,
+    pos: tuple[int, ...],
+    bad: BadRecords,
+    part: ShardSlice | None = None,
+    size: int | None = None,
 ) -> Iterator[Record]:
     """Documents (or pieces of long ones) of one shard from `pos` on ((0, 0) for the start, else a previous
     Record's pos). `part`: only this reader's part of a splittable shard of `size` bytes (shares.py)."""
@@ -215,7 +230,9 @@ def read_shard(
 
 
 def _open(shard: str, options: dict[str, Any]) -> Any:
-    return fsspec.open(shard, mode="rb", compression="infer", **network.storage_options_with_timeouts(shard, options)).open()
+    return fsspec.open(
+        shard, mode="rb", compression="infer", **network.storage_options_with_timeouts(shard, options)
+    ).open()
 
 
 def _text_reader(field: str) -> Any:
@@ -243,7 +260,10 @@ def _example_reader(source: Source) -> Any:
             p, c = obj.get(source.prompt_field), obj.get(source.completion_field)
             if isinstance(p, str) and isinstance(c, str):
                 return {"prompt": p, "completion": c}, None
-            return None, f"needs string fields {source.prompt_field!r} and {source.completion_field!r} (has: {', '.join(obj)})"
+            return (
+                None,
+                f"needs string fields {source.prompt_field!r} and {source.completion_field!r} (has: {', '.join(obj)})",
+            )
         messages = obj.get(source.messages_field)
         ok = (
             isinstance(messages, list)
@@ -261,7 +281,9 @@ def _messages(value: Any) -> bool:
     return (
         isinstance(value, list)
         and bool(value)
-        and all(isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in value)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in value
+        )
     )
 
 
@@ -274,7 +296,8 @@ def _preference(obj: dict[str, Any], source: Source) -> tuple[Any, str | None]:
             return {"prompt": p, "chosen": c, "rejected": r}, None
         return (
             None,
-            f"needs a string {source.prompt_field!r} beside string {source.chosen_field!r} and {source.rejected_field!r} (has: {', '.join(obj) or 'nothing'})",
+            f"needs a string {source.prompt_field!r} beside string {source.chosen_field!r} and "
+            f"{source.rejected_field!r} (has: {', '.join(obj) or 'nothing'})",
         )
     if _messages(c) and _messages(r) and (p is None or _messages(p)):
         pair = {"chosen": c, "rejected": r}
@@ -297,7 +320,9 @@ def _read_parquet(
         pf = pq.ParquetFile(f)
         if field not in pf.schema_arrow.names:
             bad(
-                shard, f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})", "Set text_field on this source to the right column"
+                shard,
+                f"no column {field!r} (has: {', '.join(pf.schema_arrow.names)})",
+                "Set text_field on this source to the right column",
             )
             return
         first, stop = span(part, pf.metadata.num_rows)
@@ -342,7 +367,8 @@ def _read_dataset(source: Source, pos: tuple[int, ...]) -> Iterator[Record]:
             example, problem = take(dict(row))
             if problem is not None:
                 raise HftrainError(
-                    f"data: dataset {source.dataset!r} row {index}: {problem}. Set the source's field names, or fix that row."
+                    f"data: dataset {source.dataset!r} row {index}: {problem}. "
+                    "Set the source's field names, or fix that row."
                 )
             yield Record(example, (index + 1, index + 1))
             continue

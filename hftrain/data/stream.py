@@ -27,11 +27,18 @@ import numpy as np
 
 from hftrain.data.chunking import MAX_BATCH_CHARS, MIN_BATCH_CHARS, SafeCut, TokenRun, next_batch
 from hftrain.data.shares import ShardSlice, Share, share_of
-from hftrain.data.sources import BadRecords, lines_in_every_part, list_shard_sizes, read_shard, shard_problem, splittable
+from hftrain.data.sources import (
+    BadRecords,
+    lines_in_every_part,
+    list_shard_sizes,
+    read_shard,
+    shard_problem,
+    splittable,
+)
 from hftrain.data.text_pieces import Record
 from hftrain.errors import HftrainError
 from hftrain.progress import phase
-from hftrain.recipe.schema import Source
+from hftrain.recipe.data_section import Source
 
 Split = Literal["train", "holdout", "all"]
 READ_RETRIES = 6  # transient read errors per shard position before giving up (backoff 0.5 s .. 30 s)
@@ -117,7 +124,9 @@ class DocumentStream:
             return None, share.mode == "every"
         if (s, shard) not in self._unsplit:
             plan = self.plans[s]
-            self._unsplit[s, shard] = not lines_in_every_part(plan.source, plan.shards[shard], self._size(s, shard), share.readers)
+            self._unsplit[s, shard] = not lines_in_every_part(
+                plan.source, plan.shards[shard], self._size(s, shard), share.readers
+            )
         return (None, True) if self._unsplit[s, shard] else (part, False)
 
     def _size(self, s: int, shard: int) -> int | None:
@@ -183,7 +192,9 @@ class DocumentStream:
                 yield from self._shard_docs(s, shard, cur, self._share(s))
                 cur["shard"] += 1
                 cur["pos"] = [0, 0]
-            if cur["docs"] == 0 and self.only is None:  # one shard alone may hold nothing: its source is checked as a whole
+            if (
+                cur["docs"] == 0 and self.only is None
+            ):  # one shard alone may hold nothing: its source is checked as a whole
                 raise HftrainError(self._nothing_read(s))
             if not self.loop:
                 return
@@ -199,11 +210,17 @@ class DocumentStream:
             if share.mode == "part" and any(self._unsplit.get((s, shard)) for shard in share.shards):
                 how += f" (every {nth} record of a shard whose ranges hold no line start)"
             return (
-                f"{plan.where}: logical reader {share.reader} of {share.readers} found no documents in {how} of {where}: the "
+                f"{plan.where}: logical reader {share.reader} of "
+                f"{share.readers} found no documents in {how} of {where}: the "
                 f"source has too few records (or too few shards with data) for {share.readers} readers, or one record "
-                "fills a whole part. Set data.readers lower (a multiple of processes x dataloader workers), or give more data."
+                "fills a whole part. Set data.readers lower (a multiple "
+                "of processes x dataloader workers), or give more data."
             )
-        what = "held-out documents (lower data.holdout_every or give data.validation)" if self.split == "holdout" else "documents"
+        what = (
+            "held-out documents (lower data.holdout_every or give data.validation)"
+            if self.split == "holdout"
+            else "documents"
+        )
         hint = ""
         if self.split == "train" and self.holdout_every:
             hint = (
@@ -238,7 +255,8 @@ class DocumentStream:
                 if kind == "transient" and failures <= READ_RETRIES:
                     delay = min(30.0, 0.5 * 2 ** (failures - 1))
                     print(
-                        f"hftrain: reading {name} failed ({type(err).__name__}: {err}); retry {failures} of {READ_RETRIES} in {delay:g}s",
+                        f"hftrain: reading {name} failed ({type(err).__name__}: {err}); retry {failures} of "
+                        f"{READ_RETRIES} in {delay:g}s",
                         file=sys.stderr,
                     )
                     time.sleep(delay)
@@ -290,7 +308,9 @@ class BlockStream:
                     return
                 order = np.arange(len(blocks))
                 if self.window > 1 and self.shuffle:
-                    order = np.random.default_rng(_mix(self.seed, self.worker.index, state["window"])).permutation(len(blocks))
+                    order = np.random.default_rng(_mix(self.seed, self.worker.index, state["window"])).permutation(
+                        len(blocks)
+                    )
                 for k in range(state["emitted"], len(blocks)):
                     pos = {"start": start, "window": state["window"], "emitted": k + 1}
                     if k + 1 == len(blocks):
@@ -319,10 +339,14 @@ class BlockStream:
         epochs = source_epochs(live)
         while len(blocks) < self.window and source_epochs(live) == epochs:
             need = (self.window - len(blocks)) * self.seq_len - len(tokens)
-            texts, ends, pending = next_batch(pieces, pending, self.cutter, max(MIN_BATCH_CHARS, min(MAX_BATCH_CHARS, 2 * need)))
+            texts, ends, pending = next_batch(
+                pieces, pending, self.cutter, max(MIN_BATCH_CHARS, min(MAX_BATCH_CHARS, 2 * need))
+            )
             if not texts:
                 break
-            ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+            ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)[
+                "input_ids"
+            ]
             for seq, end in zip(ids, ends):
                 tokens.add(seq, self.eos if end else None)
             blocks.extend(tokens.take_blocks(self.seq_len))

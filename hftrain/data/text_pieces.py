@@ -57,15 +57,22 @@ def sniff_problem(head: bytes, whole: bool) -> str | None:
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) or head.count(0) > BAD_SHARE * len(head):
         return "is not UTF-8 text (NUL bytes in its first 64 KiB: a binary file, or UTF-16/32 text)"
     sample = head[: _char_boundary(head, len(head))] if not whole else head
-    undecodable = sample.decode("utf-8", errors="replace").count("\ufffd") - sample.decode("utf-8", errors="ignore").count("\ufffd")
+    undecodable = sample.decode("utf-8", errors="replace").count("\ufffd") - sample.decode(
+        "utf-8", errors="ignore"
+    ).count("\ufffd")
     if undecodable > BAD_SHARE * len(sample):
-        return f"is not UTF-8 text ({undecodable} undecodable bytes in its first {len(sample):,}: a binary file, or another encoding)"
+        return (
+            f"is not UTF-8 text ({undecodable} undecodable bytes in its "
+            f"first {len(sample):,}: a binary file, or another encoding)"
+        )
     if whole and not head.strip():
         return "holds only whitespace (no text to train on)"
     return None
 
 
-def text_pieces(f: Any, seekable: bool, pos: tuple[int, ...], boundary: str, bad: Callable[[str], None]) -> Iterator[Record]:
+def text_pieces(
+    f: Any, seekable: bool, pos: tuple[int, ...], boundary: str, bad: Callable[[str], None]
+) -> Iterator[Record]:
     """Pieces of a plain text file from byte offset pos[0]; pos[1] documents completed before it, and pos[2]
     bytes of the current document already read when the position is inside one.
 
@@ -170,7 +177,9 @@ def _skip(f: Any, n: int) -> None:
         n -= len(got)
 
 
-def record_pieces(text: Any, before: tuple[int, int], after: tuple[int, int], skip: int = 0, key: int | None = None) -> Iterator[Record]:
+def record_pieces(
+    text: Any, before: tuple[int, int], after: tuple[int, int], skip: int = 0, key: int | None = None
+) -> Iterator[Record]:
     """One record's text as pieces of at most PIECE_CHARS (a dict, or a short text, is one Record).
 
     `before`: the position at the record's start; `after`: just after it; `skip`: characters already read;

@@ -125,10 +125,13 @@ def open_folder(root: str, options: dict[str, Any], where: str) -> TokenFolder:
     try:
         listing = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry for entry in fs.ls(path, detail=True)}
     except FileNotFoundError:
-        raise HftrainError(f"{where}: {root} does not exist; prepare it with `hftrain data prepare RECIPE --out {root}`.") from None
+        raise HftrainError(
+            f"{where}: {root} does not exist; prepare it with `hftrain data prepare RECIPE --out {root}`."
+        ) from None
     if OLD_MANIFEST in listing:
         raise HftrainError(
-            f"{where}: {root} holds packed blocks in the layout hftrain wrote before it prepared on datatrove ({OLD_MANIFEST}); "
+            f"{where}: {root} holds packed blocks in the layout hftrain "
+            f"wrote before it prepared on datatrove ({OLD_MANIFEST}); "
             f"hftrain no longer reads it. Prepare the data again: `hftrain data prepare RECIPE --out NEW_DIR`."
         )
     prepared = json.loads(fs.cat_file(join(path, PREPARED))) if PREPARED in listing else None
@@ -149,7 +152,8 @@ def open_folder(root: str, options: dict[str, Any], where: str) -> TokenFolder:
         tokenizer_name = tokenizer_name or tok
     if len(sizes) > 1:
         raise HftrainError(
-            f"{where}: the files in {root} disagree on the token size ({sorted(sizes)} bytes); its files come from different tokenizers."
+            f"{where}: the files in {root} disagree on the token size ({sorted(sizes)} bytes); its files come from "
+            "different tokenizers."
         )
     if prepared is not None:
         listed = {f["name"]: int(f["tokens"]) for f in prepared["files"]}
@@ -157,13 +161,22 @@ def open_folder(root: str, options: dict[str, Any], where: str) -> TokenFolder:
         if listed != found:
             missing = sorted(set(listed) - set(found)) or sorted(n for n in listed if listed[n] != found.get(n))
             extra = sorted(set(found) - set(listed))
-            what = f"{', '.join(missing[:3])} missing or changed" if missing else f"{', '.join(extra[:3])} not written by the prepare"
-            raise HftrainError(f"{where}: {root} is not as `hftrain data prepare` left it ({what}); restore it or prepare the data again.")
+            what = (
+                f"{', '.join(missing[:3])} missing or changed"
+                if missing
+                else f"{', '.join(extra[:3])} not written by the prepare"
+            )
+            raise HftrainError(
+                f"{where}: {root} is not as `hftrain data prepare` left "
+                f"it ({what}); restore it or prepare the data again."
+            )
     validation = None
     if "validation" in listing and listing["validation"].get("type") == "directory":
         validation = open_folder(join(root, "validation"), options, f"{where} (its validation/)")
     tokenizer_dir = join(root, "tokenizer") if "tokenizer" in listing else None
-    return TokenFolder(root, where, dict(options), sizes.pop(), tuple(files), tokenizer_name, prepared, validation, tokenizer_dir)
+    return TokenFolder(
+        root, where, dict(options), sizes.pop(), tuple(files), tokenizer_name, prepared, validation, tokenizer_dir
+    )
 
 
 def _refuse_unfinished(fs: Any, path: str, root: str, where: str) -> None:
@@ -201,19 +214,21 @@ def _refuse_interrupted_shuffles(names: list[str], root: str, where: str) -> Non
     for (_, rank), kinds in sorted(steps.items()):
         if "unshuffled" in kinds and len(kinds) > 1:
             raise HftrainError(
-                f"{where}: task {int(rank)} of {root} did not finish (both its unshuffled and its shuffled files are there); "
-                "run the prepare again to finish it."
+                f"{where}: task {int(rank)} of {root} did not finish (both its unshuffled and its shuffled files are "
+                "there); run the prepare again to finish it."
             )
 
 
-def _check_file(fs: Any, path: str, name: str, listing: dict[str, Any], root: str, where: str) -> tuple[TokenFile, int, str]:
+def _check_file(
+    fs: Any, path: str, name: str, listing: dict[str, Any], root: str, where: str
+) -> tuple[TokenFile, int, str]:
     """One .ds file with its index and metadata: (the file, its token size, the metadata's tokenizer)."""
     here = join(root, name)
     for ext in (".index", ".metadata"):
         if name + ext not in listing:
             raise HftrainError(
-                f"{where}: {here} has no {name}{ext}: the task that wrote it did not finish (or the file was copied alone); "
-                "run the prepare again."
+                f"{where}: {here} has no {name}{ext}: the task that wrote it did not finish (or the file was copied "
+                "alone); run the prepare again."
             )
     try:
         head, count = fs.cat_file(join(path, name + ".metadata")).decode().splitlines()[:2]
@@ -227,17 +242,27 @@ def _check_file(fs: Any, path: str, name: str, listing: dict[str, Any], root: st
         raise HftrainError(f"{where}: {here}.metadata says {token_size}-byte tokens; datatrove writes 2 or 4.")
     size = int(listing[name]["size"])
     if size % token_size:
-        raise HftrainError(f"{where}: {here} is truncated ({size} bytes is not a whole number of {token_size}-byte tokens); prepare again.")
+        raise HftrainError(
+            f"{where}: {here} is truncated ({size} bytes is not a "
+            f"whole number of {token_size}-byte tokens); prepare again."
+        )
     tokens = size // token_size
     index_size = int(listing[name + ".index"]["size"])
     if index_size % 8:
-        raise HftrainError(f"{where}: {here}.index is truncated ({index_size} bytes is not a whole number of uint64 ends); prepare again.")
-    last = int(np.frombuffer(fs.cat_file(join(path, name + ".index"), start=index_size - 8, end=index_size), "<u8")[0]) if index_size else 0
+        raise HftrainError(
+            f"{where}: {here}.index is truncated ({index_size} bytes "
+            "is not a whole number of uint64 ends); prepare again."
+        )
+    last = (
+        int(np.frombuffer(fs.cat_file(join(path, name + ".index"), start=index_size - 8, end=index_size), "<u8")[0])
+        if index_size
+        else 0
+    )
     if last != tokens or expected != tokens:
         cut = tokens < max(last, expected)
         raise HftrainError(
-            f"{where}: {here} {'is truncated' if cut else 'does not match its index'}: it holds {tokens:,} tokens, its index ends at "
-            f"{last:,} and its metadata says {expected:,}; prepare again (or restore the file)."
+            f"{where}: {here} {'is truncated' if cut else 'does not match its index'}: it holds {tokens:,} tokens, its "
+            f"index ends at {last:,} and its metadata says {expected:,}; prepare again (or restore the file)."
         )
     return TokenFile(name, tokens), token_size, tokenizer_name
 
@@ -254,8 +279,9 @@ def check_tokenizer(folder: TokenFolder, tokenizer: Any) -> str | None:
     )
     if folder.token_size != token_size_for(vocab):
         raise HftrainError(
-            f"{where}: {folder.root} holds {folder.token_size}-byte tokens, but the recipe's tokenizer has {vocab:,} ids "
-            f"({token_size_for(vocab)}-byte tokens): it was made with another tokenizer. {fix}, or prepare the data again."
+            f"{where}: {folder.root} holds {folder.token_size}-byte tokens, but the recipe's tokenizer has {vocab:,} "
+            f"ids ({token_size_for(vocab)}-byte tokens): it was made "
+            f"with another tokenizer. {fix}, or prepare the data again."
         )
     theirs = (folder.prepared or {}).get("tokenizer", {}).get("fingerprint")
     if theirs is None and folder.tokenizer_name.startswith("hftrain:"):
@@ -266,11 +292,13 @@ def check_tokenizer(folder: TokenFolder, tokenizer: Any) -> str | None:
         if os.path.isfile(folder.tokenizer_name):
             from transformers import PreTrainedTokenizerFast
 
-            theirs = tokenizer_fingerprint(PreTrainedTokenizerFast(tokenizer_file=folder.tokenizer_name, eos_token=tokenizer.eos_token))
+            theirs = tokenizer_fingerprint(
+                PreTrainedTokenizerFast(tokenizer_file=folder.tokenizer_name, eos_token=tokenizer.eos_token)
+            )
     if theirs is None:
         return (
-            f"{where}: {folder.root} was tokenized with {folder.tokenizer_name or 'an unnamed tokenizer'!r}, which hftrain cannot "
-            "compare with the recipe's; every token id read is checked against its vocabulary."
+            f"{where}: {folder.root} was tokenized with {folder.tokenizer_name or 'an unnamed tokenizer'!r}, which "
+            "hftrain cannot compare with the recipe's; every token id read is checked against its vocabulary."
         )
     if theirs != tokenizer_fingerprint(tokenizer):
         raise HftrainError(

@@ -66,7 +66,9 @@ class TrainingEvaluation:
         try:
             with torch.no_grad():
                 for task, texts in zip(self.tasks, self.texts):
-                    result = text_metrics.evaluate_texts(model, self.tokenizer, texts, [task.metric], task.context, task.stride)
+                    result = text_metrics.evaluate_texts(
+                        model, self.tokenizer, texts, [task.metric], task.context, task.stride
+                    )
                     out[f"{prefix}_{task_name(task)}_{task.metric}"] = result[task.metric][HEADLINE[task.metric]]
         finally:
             model.train(was_training)

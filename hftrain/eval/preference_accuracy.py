@@ -19,7 +19,9 @@ LOGIT_BUDGET_BYTES = 256e6
 the memory depends on seq_len and the vocabulary, not on how many held-out pairs there are (planning/memory.py)."""
 
 
-def _batches(rows: list[tuple[list[int], list[int]]], vocab: int, batch_size: int) -> list[list[tuple[list[int], list[int]]]]:
+def _batches(
+    rows: list[tuple[list[int], list[int]]], vocab: int, batch_size: int
+) -> list[list[tuple[list[int], list[int]]]]:
     """Consecutive rows, at most `batch_size` and LOGIT_BUDGET_BYTES of logits each (the same on every rank:
     under FSDP and ZeRO-3 every forward is a collective)."""
     batches: list[list[tuple[list[int], list[int]]]] = []

@@ -24,7 +24,13 @@ MAX_EVAL_ROWS = 200
 # (id, title, metrics key(s), y label, colour); each chart also draws the evaluations' eval_<key> where logged.
 CHARTS = [
     ("chart-loss", "Loss", "loss", "loss (nats/token)", "tab:blue"),
-    ("chart-reward-margin", "DPO reward margin (chosen - rejected)", "rewards/margins", "reward margin (nats)", "tab:olive"),
+    (
+        "chart-reward-margin",
+        "DPO reward margin (chosen - rejected)",
+        "rewards/margins",
+        "reward margin (nats)",
+        "tab:olive",
+    ),
     ("chart-reward-accuracy", "DPO reward accuracy", "rewards/accuracies", "share of pairs", "tab:cyan"),
     ("chart-grad-norm", "Gradient norm", "grad_norm", "gradient norm", "tab:orange"),
     ("chart-learning-rate", "Learning rate", "learning_rate", "learning rate", "tab:purple"),
@@ -33,15 +39,30 @@ CHARTS = [
 ]
 
 CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1160px; color: #222; }
-h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+body {
+  font-family: system-ui, -apple-system, "Segoe UI", sans-serif;
+  margin: 24px auto;
+  max-width: 1160px;
+  color: #222;
+}
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.2em; border-bottom: 1px solid #ddd; padding-bottom: 4px;}
 .path { color: #666; font-family: monospace; }
-table { border-collapse: collapse; margin: 8px 0 16px; } td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: left; }
+table { border-collapse: collapse; margin: 8px 0 16px;}
+td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: left;}
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .charts { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; }
-.charts figure { margin: 0; border: 1px solid #e3e3e3; padding: 4px; } .charts img { width: 100%; height: auto; display: block; }
-.note { color: #8a5a00; } pre { background: #f6f6f6; border: 1px solid #ddd; padding: 10px; overflow-x: auto; font-size: 0.85em; }
-blockquote { background: #f6f8ff; border-left: 4px solid #5b7db1; margin: 8px 0; padding: 8px 12px; white-space: pre-wrap; }
+.charts figure { margin: 0; border: 1px solid #e3e3e3; padding: 4px;}
+.charts img { width: 100%; height: auto; display: block;}
+.note { color: #8a5a00;}
+pre { background: #f6f6f6; border: 1px solid #ddd; padding: 10px; overflow-x: auto; font-size: 0.85em;}
+blockquote {
+  background: #f6f8ff;
+  border-left: 4px solid #5b7db1;
+  margin: 8px 0;
+  padding: 8px 12px;
+  white-space: pre-wrap;
+}
 """
 
 
@@ -115,7 +136,8 @@ def _fmt(value: Any) -> str:
 def _table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("", "")) -> str:
     head = f"<tr><th>{html.escape(header[0])}</th><th>{html.escape(header[1])}</th></tr>" if any(header) else ""
     body = "".join(
-        f'<tr><th>{html.escape(str(k))}</th><td class="{"num" if isinstance(v, (int, float)) else ""}">{html.escape(_fmt(v))}</td></tr>'
+        f"<tr><th>{html.escape(str(k))}</th><td "
+        f'class="{"num" if isinstance(v, (int, float)) else ""}">{html.escape(_fmt(v))}</td></tr>'
         for k, v in rows
     )
     return f"<table>{head}{body}</table>"
@@ -159,7 +181,9 @@ def summary_rows(results: dict[str, Any], records: list[dict[str, Any]]) -> list
         rows.append(
             (
                 "input-bound",
-                "yes: more data workers, a token folder (hftrain data prepare) or closer data" if results["input_bound"] else "no",
+                "yes: more data workers, a token folder (hftrain data prepare) or closer data"
+                if results["input_bound"]
+                else "no",
             )
         )
     for label, key in [
@@ -188,13 +212,19 @@ def eval_sections(run_dir: Path) -> str:
         try:
             rows = flatten(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            parts.append(f'<h3>{html.escape(path.name)}</h3><p class="note">not readable as JSON: {html.escape(str(err))}</p>')
+            parts.append(
+                f'<h3>{html.escape(path.name)}</h3><p class="note">not readable as JSON: {html.escape(str(err))}</p>'
+            )
             continue
-        more = f'<p class="note">... {len(rows) - MAX_EVAL_ROWS} more keys not shown</p>' if len(rows) > MAX_EVAL_ROWS else ""
+        more = (
+            f'<p class="note">... {len(rows) - MAX_EVAL_ROWS} more keys not shown</p>'
+            if len(rows) > MAX_EVAL_ROWS
+            else ""
+        )
         parts.append(f"<h3>{html.escape(path.name)}</h3>{_table(rows[:MAX_EVAL_ROWS], ('key', 'value'))}{more}")
-    return (
-        "".join(parts)
-        or "<p>No <code>eval*.json</code> files in the run directory (<code>hftrain eval ... --json RUN_DIR/eval_NAME.json</code> writes one).</p>"
+    return "".join(parts) or (
+        "<p>No <code>eval*.json</code> files in the run directory (<code>hftrain eval ... --json "
+        "RUN_DIR/eval_NAME.json</code> writes one).</p>"
     )
 
 
@@ -203,7 +233,11 @@ def find_recipe(run_dir: Path) -> Path | None:
     final = RunLayout(run_dir).final_recipe()
     if final.is_file():
         return final
-    found = [(step, p) for p in run_dir.glob(f"checkpoint-*/{RECIPE_FILE}") if (step := checkpoint_step(p.parent)) is not None]
+    found = [
+        (step, p)
+        for p in run_dir.glob(f"checkpoint-*/{RECIPE_FILE}")
+        if (step := checkpoint_step(p.parent)) is not None
+    ]
     return max(found)[1] if found else None
 
 
@@ -246,12 +280,17 @@ def write_report(run_dir: Path, out: Path | None = None, replace: bool = False) 
 
     stale = stale_results(results, records)
     if results:
-        summary = (f'<p class="note" id="stale">{html.escape(stale)}</p>' if stale else "") + _table(summary_rows(results, records))
+        summary = (f'<p class="note" id="stale">{html.escape(stale)}</p>' if stale else "") + _table(
+            summary_rows(results, records)
+        )
     else:
         summary = '<p class="note">No results.json: the run has not finished (the charts show it so far).</p>'
     samples = results.get("sample")
     samples = [samples] if isinstance(samples, str) else list(samples or [])
-    sample_html = "".join(f"<blockquote>{html.escape(str(s))}</blockquote>" for s in samples) or "<p>No sample in results.json.</p>"
+    sample_html = (
+        "".join(f"<blockquote>{html.escape(str(s))}</blockquote>" for s in samples)
+        or "<p>No sample in results.json.</p>"
+    )
     recipe_path = find_recipe(run_dir)
     if recipe_path is not None:
         recipe_html = (

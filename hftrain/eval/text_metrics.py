@@ -24,7 +24,7 @@ from typing import Any
 from hftrain.data.sources import BadRecords, list_shards, read_shard, shard_problem
 from hftrain.errors import HftrainError
 from hftrain.eval import METRICS
-from hftrain.recipe.schema import Source
+from hftrain.recipe.data_section import Source
 
 DEFAULT_MAX_CONTEXT = 1024
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -89,16 +89,22 @@ def _load_files(path: str, text_field: str, limit: int | None) -> list[str]:
 def _load_dataset(spec: str, text_field: str, limit: int | None) -> list[str]:
     parts = spec.removeprefix("hf:").split(":")
     if not parts[0] or len(parts) > 3:
-        raise HftrainError(f"--data {spec}: expected hf:NAME[:CONFIG[:SPLIT]], e.g. hf:wikitext:wikitext-103-raw-v1:test")
+        raise HftrainError(
+            f"--data {spec}: expected hf:NAME[:CONFIG[:SPLIT]], e.g. hf:wikitext:wikitext-103-raw-v1:test"
+        )
     name, config, split = (parts + ["", ""])[:3]
     import datasets
 
     try:
         data = datasets.load_dataset(name, config or None, split=split or "test")
     except Exception as err:  # datasets raises many types for "not found / no network"
-        raise HftrainError(f"--data {spec}: cannot load the dataset ({(str(err).splitlines() or [repr(err)])[0]})") from None
+        raise HftrainError(
+            f"--data {spec}: cannot load the dataset ({(str(err).splitlines() or [repr(err)])[0]})"
+        ) from None
     if text_field not in data.column_names:
-        raise HftrainError(f"--data {spec}: no column {text_field!r} (has: {', '.join(data.column_names)}); set --text-field")
+        raise HftrainError(
+            f"--data {spec}: no column {text_field!r} (has: {', '.join(data.column_names)}); set --text-field"
+        )
     if limit is not None:
         data = data.select(range(min(limit, len(data))))
     return list(data[text_field])
@@ -116,7 +122,9 @@ def _check_window(model: Any, context: int | None, stride: int | None) -> tuple[
     if context <= 0 or stride <= 0:
         raise HftrainError(f"--context and --stride must be positive (got context={context}, stride={stride})")
     if stride > context:
-        raise HftrainError(f"--stride {stride} is larger than --context {context}: tokens between windows would not be scored")
+        raise HftrainError(
+            f"--stride {stride} is larger than --context {context}: tokens between windows would not be scored"
+        )
     if context > limit:
         raise HftrainError(f"--context {context} is longer than the model's max_position_embeddings ({limit})")
     return context, stride
@@ -133,7 +141,9 @@ def windows(n: int, context: int, stride: int) -> Iterator[tuple[int, int, int]]
             break
 
 
-def _score(model: Any, tokenizer: Any, texts: list[str], context: int | None, stride: int | None) -> tuple[float, int, str]:
+def _score(
+    model: Any, tokenizer: Any, texts: list[str], context: int | None, stride: int | None
+) -> tuple[float, int, str]:
     """(total negative log-likelihood in nats, tokens scored, joined text). With stride < context every token after
     the first is scored once; with stride == context the first token of each window is not scored. (The guide
     counts `valid labels - 1` tokens in every window, one too few after the first; here the count is exact.)"""
@@ -159,14 +169,18 @@ def _score(model: Any, tokenizer: Any, texts: list[str], context: int | None, st
     return nll, scored, text
 
 
-def perplexity(model: Any, tokenizer: Any, texts: list[str], context: int | None = None, stride: int | None = None) -> dict[str, Any]:
+def perplexity(
+    model: Any, tokenizer: Any, texts: list[str], context: int | None = None, stride: int | None = None
+) -> dict[str, Any]:
     """{"perplexity", "loss" (mean nats/token), "tokens" (scored)}; context defaults to max_position_embeddings
     (at most 1024), stride to context // 2."""
     nll, tokens, _ = _score(model, tokenizer, texts, context, stride)
     return {"perplexity": math.exp(nll / tokens), "loss": nll / tokens, "tokens": tokens}
 
 
-def bits_per_byte(model: Any, tokenizer: Any, texts: list[str], context: int | None = None, stride: int | None = None) -> dict[str, Any]:
+def bits_per_byte(
+    model: Any, tokenizer: Any, texts: list[str], context: int | None = None, stride: int | None = None
+) -> dict[str, Any]:
     """The same scoring per UTF-8 byte of the joined text, in bits: {"bits_per_byte", "bytes", "tokens"}."""
     nll, tokens, text = _score(model, tokenizer, texts, context, stride)
     n_bytes = len(text.encode("utf-8"))
@@ -209,11 +223,18 @@ def last_word_accuracy(model: Any, tokenizer: Any, passages: list[str]) -> dict[
 
 
 def evaluate_texts(
-    model: Any, tokenizer: Any, texts: list[str], metrics: list[str], context: int | None = None, stride: int | None = None
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    metrics: list[str],
+    context: int | None = None,
+    stride: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """{metric name: its result} for each of `metrics` on `texts`."""
     if set(metrics) - set(METRICS):
-        raise HftrainError(f"unknown metric(s) {', '.join(sorted(set(metrics) - set(METRICS)))}; metrics are {', '.join(METRICS)}")
+        raise HftrainError(
+            f"unknown metric(s) {', '.join(sorted(set(metrics) - set(METRICS)))}; metrics are {', '.join(METRICS)}"
+        )
     windowed = {"perplexity": perplexity, "bits_per_byte": bits_per_byte}
     return {
         m: last_word_accuracy(model, tokenizer, texts)
@@ -268,7 +289,9 @@ def _offline() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | None = None, limit: int | None = None) -> dict[str, Any]:
+def run_lm_eval(
+    model_dir: str | Path, tasks: list[str], include_path: str | None = None, limit: int | None = None
+) -> dict[str, Any]:
     """lm-eval-harness tasks on a model directory, offline. hftrain's shipped tasks (hftrain/eval/tasks, e.g.
     local_lambada) are always available; include_path adds a directory of task YAMLs. Returns lm-eval's output."""
     if not (Path(model_dir) / "config.json").is_file():
@@ -290,7 +313,9 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
             manager = TaskManager(include_path=local)
         unknown = [task for task in tasks if task not in manager.all_tasks]
         if unknown:
-            raise HftrainError(f"--lm-eval: unknown task(s) {', '.join(unknown)}; add their YAMLs with --include-path DIR")
+            raise HftrainError(
+                f"--lm-eval: unknown task(s) {', '.join(unknown)}; add their YAMLs with --include-path DIR"
+            )
         device = "cuda" if torch.cuda.is_available() else "cpu"
         results = lm_eval.simple_evaluate(
             model="hf",

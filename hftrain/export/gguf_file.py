@@ -61,7 +61,8 @@ def _model_name(checkpoint: Path) -> str:
 
 
 def _is_model_dir(path: Path) -> bool:
-    """A standard model directory (final/, a single-process or DDP checkpoint, an export) that needs no consolidation."""
+    """A standard model directory (final/, a single-process or DDP checkpoint, an export) that needs no
+    consolidation."""
     from hftrain.checkpoint.adapter import is_adapter_dir
 
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file() and not is_adapter_dir(path)
@@ -81,7 +82,9 @@ def _write_file(model_dir: Path, out: Path, quant: str, name: str) -> Path:
         try:
             os.link(partial, out)  # fails if --out appeared meanwhile: never replaced
         except FileExistsError:
-            raise HftrainError(f"--out {out}: was created by something else while this export ran; this export kept nothing.") from None
+            raise HftrainError(
+                f"--out {out}: was created by something else while this export ran; this export kept nothing."
+            ) from None
     except OSError as err:
         raise HftrainError(f"--out {out}: could not write the GGUF file ({err.strerror or err}).") from None
     finally:
@@ -97,7 +100,9 @@ def _config(model_dir: Path) -> dict[str, Any]:
     raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     where = model_dir / "config.json"
     if raw.get("model_type") != "gpt_neox":
-        raise HftrainError(f"{where}: model_type {raw.get('model_type')!r}; GGUF export converts GPT-NeoX models (gpt_neox) only.")
+        raise HftrainError(
+            f"{where}: model_type {raw.get('model_type')!r}; GGUF export converts GPT-NeoX models (gpt_neox) only."
+        )
     config = AutoConfig.from_pretrained(model_dir)  # defaults filled in as transformers would load the model
     rope = dict(getattr(config, "rope_parameters", None) or {})
     factor = rope.get("partial_rotary_factor", getattr(config, "rotary_pct", 1.0))
@@ -140,7 +145,9 @@ def _tensors(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, str, tu
             if target is None:
                 if key.endswith(("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")):
                     continue  # buffers that older NeoX checkpoints saved; llama.cpp recomputes them
-                raise HftrainError(f"{model_dir / 'model.safetensors'}: tensor {key!r} has no GGUF name; not a GPT-NeoX weight.")
+                raise HftrainError(
+                    f"{model_dir / 'model.safetensors'}: tensor {key!r} has no GGUF name; not a GPT-NeoX weight."
+                )
             shape = tuple(f.get_slice(key).get_shape())
             listed.append((target, key, shape))
             head = key if target == "output.weight" else head
@@ -192,7 +199,11 @@ def _write(model_dir: Path, path: Path, quant: str, config: dict[str, Any], voca
     from safetensors import safe_open
 
     writer = gguf.GGUFWriter(str(path), arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.GPTNEOX])
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
+    file_type = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[quant]
     writer.add_name(config["name"])
     writer.add_context_length(config["context"])
     writer.add_embedding_length(config["width"])
@@ -234,7 +245,9 @@ def tokenizer_vocab(model_dir: Path, vocab_size: int) -> dict[str, Any]:
 
     where = model_dir / "tokenizer.json"
     if not where.is_file():
-        raise HftrainError(f"{model_dir}: no tokenizer.json; GGUF export needs the model's fast tokenizer beside its weights.")
+        raise HftrainError(
+            f"{model_dir}: no tokenizer.json; GGUF export needs the model's fast tokenizer beside its weights."
+        )
     spec = json.loads(where.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or not _byte_level(spec):
@@ -253,7 +266,11 @@ def tokenizer_vocab(model_dir: Path, vocab_size: int) -> dict[str, Any]:
         tokens[i] = token
         added = special.get(token)
         types[i] = (
-            gguf.TokenType.NORMAL if added is None else gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
+            gguf.TokenType.NORMAL
+            if added is None
+            else gguf.TokenType.CONTROL
+            if added.get("special")
+            else gguf.TokenType.USER_DEFINED
         )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -24,7 +24,14 @@ from hftrain.checkpoint.integrity import check_files
 from hftrain.errors import HftrainError
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
 
 
 def export(checkpoint: Path, out: Path, merge: bool = False) -> Path:
@@ -50,7 +57,9 @@ def _write(checkpoint: Path, out: Path, merge: bool) -> None:
 
     if is_adapter_dir(checkpoint):
         if not merge:
-            raise HftrainError(f"{checkpoint}: a LoRA adapter checkpoint; add --merge to write base + adapter as one model.")
+            raise HftrainError(
+                f"{checkpoint}: a LoRA adapter checkpoint; add --merge to write base + adapter as one model."
+            )
         merge_adapter(checkpoint, out, tokenizer_dir=checkpoint)
         return
     fsdp = sorted(checkpoint.glob("pytorch_model_fsdp_*"))
@@ -64,7 +73,8 @@ def _write(checkpoint: Path, out: Path, merge: bool) -> None:
             if adapter is not None:
                 if not merge:
                     raise HftrainError(
-                        f"{checkpoint}: a LoRA adapter checkpoint (sharded by FSDP); add --merge to write base + adapter as one model."
+                        f"{checkpoint}: a LoRA adapter checkpoint (sharded by FSDP); add --merge to write base + "
+                        "adapter as one model."
                     )
                 merge_adapter(adapter, out, tokenizer_dir=checkpoint)
                 return
@@ -77,9 +87,14 @@ def _write(checkpoint: Path, out: Path, merge: bool) -> None:
     elif (checkpoint / "latest").is_file():  # DeepSpeed
         from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
-        _consolidating(checkpoint, lambda: convert_zero_checkpoint_to_fp32_state_dict(str(checkpoint), str(out), safe_serialization=True))
+        _consolidating(
+            checkpoint,
+            lambda: convert_zero_checkpoint_to_fp32_state_dict(str(checkpoint), str(out), safe_serialization=True),
+        )
     elif not list(checkpoint.glob("model*.safetensors")):
-        raise HftrainError(f"{checkpoint}: no weights found (model.safetensors, FSDP shards or a DeepSpeed checkpoint).")
+        raise HftrainError(
+            f"{checkpoint}: no weights found (model.safetensors, FSDP shards or a DeepSpeed checkpoint)."
+        )
     for name in MODEL_FILES + TOKENIZER_FILES:
         if (checkpoint / name).is_file() and not (out / name).exists():
             shutil.copy2(checkpoint / name, out / name)

@@ -19,15 +19,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
 from hftrain.errors import HftrainError
+from hftrain.integrations.model_card import model_card
 from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
-from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.parts import PublishPart
-from hftrain.recipe.redaction import redact_value
 
 CARD = "README.md"
 PUSH_RETRIES = 3
@@ -48,114 +45,24 @@ def _retry(action: Callable[[], Any], what: str) -> Any:
             if attempt == PUSH_RETRIES or late or not retryable(err):
                 known = as_user_error(err, network.bound())
                 detail = str(known) if known is not None else f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                raise HftrainError(f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {detail}") from None
-            print(f"hftrain: {what} failed ({type(err).__name__}); retry {attempt} of {PUSH_RETRIES - 1}", file=sys.stderr, flush=True)
+                raise HftrainError(
+                    f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {detail}"
+                ) from None
+            print(
+                f"hftrain: {what} failed ({type(err).__name__}); retry {attempt} of {PUSH_RETRIES - 1}",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(2.0 * attempt)
 
 
-CARD_METRICS = (
-    "step",
-    "eval_loss",
-    "eval_perplexity",
-    "eval_preference_accuracy",
-    "eval_rewards/accuracies",
-    "eval_rewards/margins",
-    "tokens_per_s_median",
-    "mfu_median",
-)
-"""results.json values a model card's table shows, where the run has them."""
-
-
-def model_card(part: PublishPart, results: dict[str, Any], repo_id: str, has_plot: bool, revisions: Sequence[str] = ()) -> str:
-    """README.md with Hub metadata, the final metrics, the curves, the kept checkpoints' revisions and how to load the
-    model without hftrain."""
-    sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in part.train]  # no user:password@
-    rows = [(k, results.get(k)) for k in CARD_METRICS]
-    table = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None)
-    shape = part.from_pretrained or part.preset
-    card = f"""---
-{yaml.safe_dump(card_metadata(part), sort_keys=False).strip()}
----
-
-# {repo_id}
-
-A GPT-NeoX-style causal language model ({shape}, {_count(results)} parameters) trained with [hftrain](https://pypi.org/project/hftrain/) on {", ".join(map(str, sources))}.
-
-Training method: {training_method(part)}.
-
-## Results
-
-| metric | value |
-| --- | --- |
-{table}
-"""
-    if has_plot:
-        card += "\n![loss and gradient norm against step](training_curves.png)\n"
-    card += f"""
-## Use it
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained("{repo_id}")
-tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
-```
-
-The full training recipe (secrets removed) is in `hftrain_recipe.yaml`; per-step metrics in `metrics.jsonl`.
-"""
-    if revisions:
-        card += f"""
-## Checkpoints
-
-Kept checkpoints are branches of this repo ({len(revisions)}): {", ".join(f"`{r}`" for r in revisions)}.
-
-```python
-model = AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1]}")
-```
-"""
-    return card
-
-
-def card_metadata(part: PublishPart) -> dict[str, Any]:
-    """The model card's Hub metadata (its YAML header)."""
-    meta: dict[str, Any] = {
-        "library_name": "transformers",
-        "license": part.hub.license,
-        "pipeline_tag": "text-generation",
-        "tags": ["hftrain", "gpt_neox", "text-generation", *part.hub.tags],
-    }
-    if part.from_pretrained:
-        meta["base_model"] = part.from_pretrained
-    datasets = [s.dataset for s in part.train if s.dataset]
-    if datasets:
-        meta["datasets"] = datasets
-    meta["tags"] += OBJECTIVES[part.finetune.objective].card_tags
-    return meta
-
-
-def training_method(part: PublishPart) -> str:
-    """How the weights were trained, in words: objective, and which weights."""
-    weights = {
-        "full": "all weights",
-        "lora": "a LoRA adapter, merged",
-        "qlora": "a LoRA adapter over a 4-bit base (QLoRA), merged",
-        "lora_8bit": "a LoRA adapter over an 8-bit base, merged",
-    }[part.finetune.method]
-    kind = (
-        "supervised fine-tuning on instruction data"
-        if part.instruction_data
-        else ("fine-tuning" if part.from_pretrained else "pretraining")
-    )
-    beta = part.finetune.dpo.get("beta", 0.1)
-    return OBJECTIVES[part.finetune.objective].describe.format(kind=kind, weights=weights, beta=beta)
-
-
-def _count(results: dict[str, Any]) -> str:
-    total = results.get("parameters", {}).get("total")
-    return f"{total:,}" if isinstance(total, int) else "?"
-
-
 def bundle(
-    run_dir: Path, model_dir: Path, part: PublishPart, repo_id: str, revisions: Sequence[str] = (), into: Path | None = None
+    run_dir: Path,
+    model_dir: Path,
+    part: PublishPart,
+    repo_id: str,
+    revisions: Sequence[str] = (),
+    into: Path | None = None,
 ) -> Path:
     """A temporary folder (in `into`, else the system's) with the model, card, plot, metrics and recipe: what a push
     sends. The model's files are hard links where `into` is on their file system (they are never rewritten); the
@@ -171,12 +78,20 @@ def bundle(
         if path.is_file():
             shutil.copy2(path, out / path.name)
     results = read_json(layout.results, "the run's results") if layout.results.is_file() else {}
-    (out / CARD).write_text(model_card(part, results, repo_id, (out / RunLayout.PLOT_FILE).is_file(), revisions), encoding="utf-8")
+    (out / CARD).write_text(
+        model_card(part, results, repo_id, (out / RunLayout.PLOT_FILE).is_file(), revisions), encoding="utf-8"
+    )
     return out
 
 
 def push_folder(
-    folder: Path, repo_id: str, *, private: bool | None, revision: str | None, message: str, path_in_repo: str | None = None
+    folder: Path,
+    repo_id: str,
+    *,
+    private: bool | None,
+    revision: str | None,
+    message: str,
+    path_in_repo: str | None = None,
 ) -> str:
     """Upload a folder to the hub (creating the repo and branch if needed), each call retried."""
     from huggingface_hub import HfApi
@@ -184,7 +99,10 @@ def push_folder(
     api = HfApi()
     _retry(lambda: api.create_repo(repo_id, private=private, exist_ok=True), f"creating hub repo {repo_id}")
     if revision:
-        _retry(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True), f"creating branch {revision} of {repo_id}")
+        _retry(
+            lambda: api.create_branch(repo_id, branch=revision, exist_ok=True),
+            f"creating branch {revision} of {repo_id}",
+        )
     upload = dict(
         repo_id=repo_id,
         folder_path=str(folder),
@@ -196,7 +114,9 @@ def push_folder(
     return _retry(lambda: str(api.upload_folder(**upload)), f"pushing {folder} to {repo_id}")
 
 
-def copy_to_fsspec(folder: Path, url: str, storage_options: dict[str, Any] | None = None, name: Path | None = None) -> str:
+def copy_to_fsspec(
+    folder: Path, url: str, storage_options: dict[str, Any] | None = None, name: Path | None = None
+) -> str:
     """Copy a folder (a model, a checkpoint with its sharded state's subfolders) to s3:// (or any fsspec URL);
     returns the URL. `name`: the folder a message names (the checkpoint a staged copy was made from)."""
     import fsspec
@@ -256,10 +176,13 @@ class CheckpointPusher:
             self._copy_checkpoint(checkpoint, f"{self.part.hub.s3_uri.rstrip('/')}/{checkpoint.name}")
         if self.push_to_hub:
             self._push_checkpoint(
-                checkpoint, {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy]
+                checkpoint,
+                {"every_save": None, "checkpoint": "last-checkpoint", "all_checkpoints": checkpoint.name}[strategy],
             )
 
-    def _copy_checkpoint(self, checkpoint: Path, url: str, staged: Path | None = None, record: dict[str, Any] | None = None) -> None:
+    def _copy_checkpoint(
+        self, checkpoint: Path, url: str, staged: Path | None = None, record: dict[str, Any] | None = None
+    ) -> None:
         staged = staged or self.outbox.stage(checkpoint)  # rotation may delete the checkpoint before its turn
         options = self.part.hub.storage_options  # never journaled: it may hold keys
         self.outbox.submit(
@@ -274,7 +197,11 @@ class CheckpointPusher:
         )
 
     def _push_checkpoint(
-        self, checkpoint: Path, path_in_repo: str | None, staged: Path | None = None, record: dict[str, Any] | None = None
+        self,
+        checkpoint: Path,
+        path_in_repo: str | None,
+        staged: Path | None = None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         repo = (record or {}).get("repo") or self.repo_id()
         revision = (record or {}).get("revision", self.args.hub_revision)
@@ -290,7 +217,9 @@ class CheckpointPusher:
                 path_in_repo=path_in_repo,
             )
 
-        later = send_later(f"hftrain push {checkpoint} --repo-id {repo}" + (f" --revision {revision}" if revision else ""))
+        later = send_later(
+            f"hftrain push {checkpoint} --repo-id {repo}" + (f" --revision {revision}" if revision else "")
+        )
         self.outbox.submit(
             "the Hub",
             f"pushing {checkpoint.name} to {repo}",
@@ -301,7 +230,13 @@ class CheckpointPusher:
             target=None if path_in_repo == checkpoint.name else f"{repo}@{revision or 'main'}:{path_in_repo or '/'}",
             lane=f"{repo}@{revision or 'main'}",
             record=record
-            or {"kind": "hub", "checkpoint": checkpoint.name, "repo": repo, "revision": revision, "path_in_repo": path_in_repo},
+            or {
+                "kind": "hub",
+                "checkpoint": checkpoint.name,
+                "repo": repo,
+                "revision": revision,
+                "path_in_repo": path_in_repo,
+            },
             source=checkpoint,
         )
 
@@ -312,7 +247,10 @@ class CheckpointPusher:
         earlier = list(self.outbox.earlier)
         if not earlier:
             return
-        print(f"hftrain: an earlier launch of this run queued {len(earlier)} upload(s) it did not send: sending them now", flush=True)
+        print(
+            f"hftrain: an earlier launch of this run queued {len(earlier)} upload(s) it did not send: sending them now",
+            flush=True,
+        )
         run_dir = Path(self.args.output_dir)
         for entry in earlier:
             kind, checkpoint = entry.get("kind"), run_dir / str(entry.get("checkpoint", ""))
@@ -323,14 +261,19 @@ class CheckpointPusher:
             if not shares.get(str(kind)):
                 self.outbox.fail(
                     Failure(
-                        entry["service"], entry["what"], f"{why}; this launch's recipe does not send it", entry["later"], str(checkpoint)
+                        entry["service"],
+                        entry["what"],
+                        f"{why}; this launch's recipe does not send it",
+                        entry["later"],
+                        str(checkpoint),
                     ),
                     training=True,
                     record=entry,
                 )
             elif staged is None and not checkpoint.is_dir():
                 self.outbox.fail(
-                    Failure(entry["service"], entry["what"], f"{why}; {checkpoint.name} is gone", "", str(checkpoint)), record=entry
+                    Failure(entry["service"], entry["what"], f"{why}; {checkpoint.name} is gone", "", str(checkpoint)),
+                    record=entry,
                 )
             elif kind == "s3":
                 self._copy_checkpoint(checkpoint, entry["url"], staged, entry)
@@ -349,7 +292,12 @@ class CheckpointPusher:
                 done.append(copy_to_fsspec(final_dir, url, self.part.hub.storage_options))
             except Exception as err:
                 self.outbox.fail(
-                    Failure("S3", f"copying the final model to {url}", reason(err), send_later(f"hftrain push {run_dir} --to {url}")),
+                    Failure(
+                        "S3",
+                        f"copying the final model to {url}",
+                        reason(err),
+                        send_later(f"hftrain push {run_dir} --to {url}"),
+                    ),
                     training=False,
                 )
         revisions = self.revisions.branches() if self.revisions is not None else []
@@ -358,33 +306,48 @@ class CheckpointPusher:
             folder = bundle(run_dir, final_dir, self.part, repo, revisions, into=self.outbox.folder)
             try:
                 push_folder(
-                    folder, repo, private=self.args.hub_private_repo, revision=self.args.hub_revision, message="hftrain: final model"
+                    folder,
+                    repo,
+                    private=self.args.hub_private_repo,
+                    revision=self.args.hub_revision,
+                    message="hftrain: final model",
                 )
                 done.append(f"hub:{repo}")
             except Exception as err:
                 later = send_later(
-                    f"hftrain push {run_dir} --repo-id {repo}" + (f" --revision {self.args.hub_revision}" if self.args.hub_revision else "")
+                    f"hftrain push {run_dir} --repo-id {repo}"
+                    + (f" --revision {self.args.hub_revision}" if self.args.hub_revision else "")
                 )
-                self.outbox.fail(Failure("the Hub", f"pushing the final model to {repo}", reason(err), later), training=False)
+                self.outbox.fail(
+                    Failure("the Hub", f"pushing the final model to {repo}", reason(err), later), training=False
+                )
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
         return done, self.outbox.finish()
 
 
-def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None) -> str:
+def push_run(
+    path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None
+) -> str:
     """`hftrain push`: a run directory (its final model) or a model directory, to the hub or an fsspec URL."""
     from hftrain.recipe.load import read_part
 
     path = Path(path)
     final = RunLayout(path).final
     model_dir = final if (final / "config.json").is_file() else path
-    checkpoint = (model_dir / COMPLETE_MARKER).is_file()  # --to copies a checkpoint as it is (a sharded or adapter one too)
+    checkpoint = (
+        model_dir / COMPLETE_MARKER
+    ).is_file()  # --to copies a checkpoint as it is (a sharded or adapter one too)
     if not (model_dir / "config.json").is_file() and not (to and checkpoint):
         raise HftrainError(f"{path}: neither a run directory with final/ nor a model directory (no config.json).")
     run_dir = path if model_dir != path else path.parent
     recipe_file = model_dir / RECIPE_FILE
     saved = recipe_file.is_file()  # a run's model; else a model directory of its own, published with the defaults
-    part = read_part(PublishPart.of, recipe_file) if saved else read_part(PublishPart.of, model={"from_pretrained": str(model_dir)})
+    part = (
+        read_part(PublishPart.of, recipe_file)
+        if saved
+        else read_part(PublishPart.of, model={"from_pretrained": str(model_dir)})
+    )
     from hftrain import network
 
     network.configure(part.network_timeout_s)  # the run's own bound for its push
@@ -392,7 +355,9 @@ def push_run(path: Path, *, repo_id: str | None, to: str | None, private: bool |
         return copy_to_fsspec(model_dir, to, part.hub.storage_options)
     if not repo_id:
         raise HftrainError("push: give --repo-id NAMESPACE/NAME (or --to s3://bucket/path).")
-    folder = bundle(run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None)  # links, not a /tmp copy
+    folder = bundle(
+        run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None
+    )  # links, not a /tmp copy
     try:
         push_folder(folder, repo_id, private=private, revision=revision, message="hftrain push")
     finally:

@@ -1,7 +1,7 @@
 """Notebook conveniences: hftrain errors shown as one clear line, and multi-process training from a cell.
 
-`import hftrain` in IPython/Jupyter installs the error display. `hftrain.integrations.notebook.launch(recipe, 2)` trains in
-2 processes on the CLI's own launcher (`--accelerate-config`: accelerate launch on GPUs, gloo processes on CPU).
+`import hftrain` in IPython/Jupyter installs the error display. `hftrain.integrations.notebook.launch(recipe, 2)` trains
+in 2 processes on the CLI's own launcher (`--accelerate-config`: accelerate launch on GPUs, gloo processes on CPU).
 accelerate's notebook_launcher is not used: it refuses to fork once bitsandbytes is imported, and transformers
 imports bitsandbytes (when installed) as soon as TrainingArguments is, so it fails in any session that imported
 hftrain.
@@ -45,10 +45,14 @@ def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") 
         path = Path(tmp) / "recipe.yaml"
         path.touch(mode=0o600)  # the child processes need the recipe as it is, secrets included
         path.write_text(dump_yaml(recipe_to_dict(recipe, redact=False)), encoding="utf-8")
-        code = relaunch([str(path)], accelerate_config, num_processes, cpu=rehearsal.on_cpu(), checks=PlanPart.of(recipe))
+        code = relaunch(
+            [str(path)], accelerate_config, num_processes, cpu=rehearsal.on_cpu(), checks=PlanPart.of(recipe)
+        )
     final = RunLayout(Path(recipe.training.output_dir)).final
     if code != 0:
-        raise HftrainError(f"notebook launch: the {num_processes} training processes failed (exit {code}); see their output above.")
+        raise HftrainError(
+            f"notebook launch: the {num_processes} training processes failed (exit {code}); see their output above."
+        )
     if not (final / "config.json").is_file():
         raise HftrainError(f"notebook launch: the processes ended without writing {final}; see their output above.")
     return final

@@ -2,8 +2,8 @@
 and what its trackers report is guarded: an outside service that is slow or down never stops or slows a step.
 
 * In order. Uploads to one place (a branch of a repo) go in the order they were queued, a retried one included
-  (a push of checkpoint-20 never lands on main after checkpoint-40's); one whose destination a newer upload rewrites (hub_strategy
-  every_save or checkpoint) is replaced by it while it waits: the newer one carries it, nothing is lost.
+  (a push of checkpoint-20 never lands on main after checkpoint-40's); one whose destination a newer upload rewrites
+  (hub_strategy every_save or checkpoint) is replaced by it while it waits: the newer one carries it, nothing is lost.
 * Retried. Each upload is retried by the call it makes (hub._retry: back-off within faults.network_timeout_s);
   one that still fails is said ("training goes on") and tried again after RETRY_AFTER_S (30 s, 2 min, 10 min: an
   outage of minutes heals itself); one still waiting when training ends is tried then, once. A service that fails
@@ -67,7 +67,11 @@ def reason(err: BaseException) -> str:
     from hftrain.errors import HftrainError
 
     text = str(err).strip()
-    return text if isinstance(err, HftrainError) else f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    return (
+        text
+        if isinstance(err, HftrainError)
+        else f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    )
 
 
 def send_later(command: str) -> str:
@@ -158,7 +162,9 @@ class Outbox:
         dropped = None
         with self._cond:
             self._seq += 1
-            upload = _Upload(self._seq, service, what, send, later, staged, done, target, record, source, lane or service)
+            upload = _Upload(
+                self._seq, service, what, send, later, staged, done, target, record, source, lane or service
+            )
             if target is not None:
                 replaced = [u for u in self._waiting if u.target == target]
             for old in replaced:
@@ -179,13 +185,20 @@ class Outbox:
             self._cond.notify()
         for old in replaced:
             _remove(old.staged)
-            print(f"hftrain: {what} replaces {old.what} in the queue (it lands in the same place; training goes on).", flush=True)
+            print(
+                f"hftrain: {what} replaces {old.what} in the queue (it lands in the same place; training goes on).",
+                flush=True,
+            )
         if dropped is not None:
             _remove(dropped.staged)
             error = f"not sent: {dropped.service} is slow or down and a newer upload replaced it in the queue"
-            self.fail(Failure(dropped.service, dropped.what, error, dropped.later, str(dropped.source or "")), seq=dropped.seq)
+            self.fail(
+                Failure(dropped.service, dropped.what, error, dropped.later, str(dropped.source or "")), seq=dropped.seq
+            )
 
-    def fail(self, failure: Failure, training: bool = True, *, seq: int | None = None, record: dict[str, Any] | None = None) -> None:
+    def fail(
+        self, failure: Failure, training: bool = True, *, seq: int | None = None, record: dict[str, Any] | None = None
+    ) -> None:
         """Keep a failure and say it once. Its journal record (the queued upload's, `seq`, or an `earlier` one,
         `record`) stays until the run settles, so a killed launch's successor tries it again."""
         with self._cond:
@@ -226,7 +239,13 @@ class Outbox:
 
     def _entry(self, upload: _Upload) -> dict[str, Any]:
         staged = upload.staged.name if upload.staged is not None and upload.staged.parent == self.folder else None
-        return {**(upload.record or {}), "service": upload.service, "what": upload.what, "later": upload.later, "staged": staged}
+        return {
+            **(upload.record or {}),
+            "service": upload.service,
+            "what": upload.what,
+            "later": upload.later,
+            "staged": staged,
+        }
 
     def _write_journal(self) -> None:
         """Under the lock: what the run owes, written whole (a kill leaves the last complete version)."""
@@ -285,12 +304,15 @@ class Outbox:
                         self._down[upload.service] = reason(err)
                 if newer:
                     _remove(upload.staged)
-                    print(f"hftrain: {upload.what} failed ({reason(err)}); a newer upload to the same place replaces it.", flush=True)
+                    print(
+                        f"hftrain: {upload.what} failed ({reason(err)}); a newer upload to the same place replaces it.",
+                        flush=True,
+                    )
                     continue
                 if again:
                     print(
-                        f"hftrain: warning: {upload.what} failed ({reason(err)}); trying again in {RETRY_AFTER_S[upload.tries - 1]:.0f} s; "
-                        "training goes on.",
+                        f"hftrain: warning: {upload.what} failed ({reason(err)}); trying again in "
+                        f"{RETRY_AFTER_S[upload.tries - 1]:.0f} s; training goes on.",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -315,7 +337,9 @@ def _without_source(failure: Failure) -> Failure:
     if not failure.source or Path(failure.source).exists():
         return failure
     name = Path(failure.source).name
-    return replace(failure, later=f"it cannot be sent later: {name} was removed by checkpoint rotation (training.save_total_limit)")
+    return replace(
+        failure, later=f"it cannot be sent later: {name} was removed by checkpoint rotation (training.save_total_limit)"
+    )
 
 
 def _read_journal(path: Path) -> list[dict[str, Any]]:
@@ -324,7 +348,11 @@ def _read_journal(path: Path) -> list[dict[str, Any]]:
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # written whole and replaced: unreadable only if damaged by hand
-        print(f"hftrain: warning: {path} cannot be read; what an earlier launch queued is not sent again.", file=sys.stderr, flush=True)
+        print(
+            f"hftrain: warning: {path} cannot be read; what an earlier launch queued is not sent again.",
+            file=sys.stderr,
+            flush=True,
+        )
         return []
     return [e for e in entries if isinstance(e, dict) and "what" in e] if isinstance(entries, list) else []
 

@@ -51,7 +51,8 @@ class RevisionPublisher:
         earlier launch's journal entry, sent again to the repo it names)."""
         branch, repo = branch_of(step), (record or {}).get("repo") or self.repo_id
         later = (
-            f"send it later: `hftrain export {checkpoint} --merge --out DIR` then `hftrain push DIR --repo-id {repo} --revision {branch}`"
+            f"send it later: `hftrain export {checkpoint} --merge --out DIR` then `hftrain push DIR --repo-id {repo} "
+            f"--revision {branch}`"
         )
         self.outbox.submit(
             "the Hub",
@@ -74,7 +75,13 @@ class RevisionPublisher:
             model = export(checkpoint, Path(tmp) / "model", merge=True)  # a standard model, whatever the backend
             folder = bundle(run_dir, model, self.part, repo, into=Path(tmp))  # links to the export
             try:
-                push_folder(folder, repo, private=self.private, revision=branch, message=f"hftrain: {checkpoint.name} as {branch}")
+                push_folder(
+                    folder,
+                    repo,
+                    private=self.private,
+                    revision=branch,
+                    message=f"hftrain: {checkpoint.name} as {branch}",
+                )
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
         return branch

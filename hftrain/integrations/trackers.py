@@ -97,7 +97,9 @@ class TrackerQueue:
             self._events.clear()
             self._gave_up = True  # a call still hanging is not reported twice
         if head is not None and not gave_up:
-            error = f"{self._error}; still failing when the run ended" if self._error else "no answer before the run ended"
+            error = (
+                f"{self._error}; still failing when the run ended" if self._error else "no answer before the run ended"
+            )
             self.outbox.fail(Failure(self.name, head.what + _after(waiting), error, self.later), training=False)
         if self.dropped:
             what = f"{self.dropped} metric report{'s' if self.dropped > 1 else ''} to {self.name}"
@@ -122,7 +124,11 @@ class TrackerQueue:
                 if self._events and self._events[0] is event:
                     self._events.popleft()
                 if self._tries:
-                    print(f"hftrain: {self.name} answers again; its waiting reports are being sent.", file=sys.stderr, flush=True)
+                    print(
+                        f"hftrain: {self.name} answers again; its waiting reports are being sent.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self._tries = 0
 
     def _failed(self, event: _Event, err: Exception, closed: bool) -> bool:
@@ -169,12 +175,16 @@ class Trackers:
         self.outbox, self.bound_s = outbox, bound_s
         self.queues: dict[str, TrackerQueue] = {}
         handler = trainer.callback_handler
-        handler.callbacks = [self._wrap(cb) if type(cb).__module__ == integration_utils.__name__ else cb for cb in handler.callbacks]
+        handler.callbacks = [
+            self._wrap(cb) if type(cb).__module__ == integration_utils.__name__ else cb for cb in handler.callbacks
+        ]
 
     def _wrap(self, callback: Any) -> QueuedReporter:
         name = tracker_name(callback)
         run_dir = self.outbox.folder.parent
-        later = f"its metrics are in {RunLayout(run_dir).metrics}; " + send_later(f"hftrain push {run_dir} --report-to {name}")
+        later = f"its metrics are in {RunLayout(run_dir).metrics}; " + send_later(
+            f"hftrain push {run_dir} --report-to {name}"
+        )
         self.queues[name] = TrackerQueue(name, self.outbox, later)
         after = {"on_train_end": _reattach(os.environ.get("MLFLOW_RUN_ID"))} if name == "mlflow" else {}
         return QueuedReporter(callback, self.queues[name], after)
@@ -226,7 +236,9 @@ class Trackers:
         queue.put("starting the mlflow run", start)
 
         def end(status: str) -> None:
-            queue.put("ending the mlflow run", lambda: mlflow.active_run() is not None and mlflow.end_run(status=status))
+            queue.put(
+                "ending the mlflow run", lambda: mlflow.active_run() is not None and mlflow.end_run(status=status)
+            )
 
         return end
 
@@ -287,7 +299,9 @@ def _forward(event: str) -> Callable[..., Any]:
             if event in self.after:
                 self.after[event]()
 
-        self.queue.put(f"reporting to {self.queue.name} at step {state.global_step}", send, droppable=event in DROPPABLE)
+        self.queue.put(
+            f"reporting to {self.queue.name} at step {state.global_step}", send, droppable=event in DROPPABLE
+        )
         return None
 
     call.__name__ = event
@@ -314,7 +328,9 @@ def report_run(run_dir: Path, names: list[str]) -> int:
         raise HftrainError(f"{asked}: {err}") from None
     source = RunLayout(Path(run_dir)).metrics
     if not source.is_file():
-        raise HftrainError(f"{source} not found: {asked} sends a run's metrics.jsonl; give the run's directory (training.output_dir).")
+        raise HftrainError(
+            f"{source} not found: {asked} sends a run's metrics.jsonl; give the run's directory (training.output_dir)."
+        )
     try:
         callbacks = [kind() for kind in kinds]
     except (RuntimeError, ImportError) as err:  # a tracker not installed
@@ -338,7 +354,8 @@ def report_run(run_dir: Path, names: list[str]) -> int:
             wandb.finish()
     except Exception as err:
         raise HftrainError(
-            f"reporting {source} to {','.join(names)} failed ({reason(err)}); run the same command again once it answers."
+            f"reporting {source} to {','.join(names)} failed "
+            f"({reason(err)}); run the same command again once it answers."
         ) from None
     return len(records)
 
@@ -352,7 +369,9 @@ def _run_names(run_dir: Path) -> dict[str, str]:
     from transformers import TrainingArguments
 
     saved = RunLayout(run_dir).final / RECIPE_FILE
-    training = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("training") or {} if saved.is_file() else {}
+    training = (
+        (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("training") or {} if saved.is_file() else {}
+    )
     known = {f.name for f in dataclasses.fields(TrainingArguments)}
     names = {key: str(training[key]) for key in ("run_name", "project") if key in known and training.get(key)}
     return {"run_name": run_dir.resolve().name, **names}

@@ -215,13 +215,14 @@ exec {launch}
 """
 
 TORCHRUN_ELASTIC = """#!/usr/bin/env bash
-# Elastic: {min_nodes} to {nodes} nodes x {gpus} {unit} with the accelerate config {config_name} (torchrun's c10d rendezvous).
+# Elastic: {min_nodes} to {nodes} nodes x {gpus} {unit} with the accelerate config {config_name}
+# (torchrun's c10d rendezvous).
 # Run this same script on every node, each with HEAD_NODE, the address of the node that holds the rendezvous
 # (it must stay up: the nodes left restart through it):
 #   HEAD_NODE=10.0.0.1 ./THIS_FILE     (on every node; no NODE_RANK: the rendezvous places the ranks)
 # When a process fails or a node is lost, every node left stops its processes and starts them again with the nodes
-# there (at least MIN_NODES, default {min_nodes}), at most MAX_RESTARTS times (default {restarts}); a node started later joins at the
-# next restart. Each start resumes from the last complete checkpoint, with the global batch kept.
+# there (at least MIN_NODES, default {min_nodes}), at most MAX_RESTARTS times (default {restarts}); a node started
+# later joins at the next restart. Each start resumes from the last complete checkpoint, with the global batch kept.
 # training.output_dir must be on storage every node mounts: each start may place the ranks on other nodes.
 # MASTER_PORT (default 29500) must be free on the head node; NNODES (default {nodes}) is the most nodes taking part.
 # Arguments go to `hftrain train` (recipe overrides such as training.max_steps=1000).
@@ -245,7 +246,8 @@ SLURM = """#!/usr/bin/env bash
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@180
 #SBATCH --output=%x-%j.out
-# {nodes} nodes x {gpus} {unit} ({world} processes) with the accelerate config {config_name}. Submit with: sbatch THIS_FILE
+# {nodes} nodes x {gpus} {unit} ({world} processes) with the accelerate config {config_name}.
+# Submit with: sbatch THIS_FILE
 # On preemption SLURM sends SIGUSR1; hftrain saves a checkpoint, exits {code}, and the job requeues itself
 # and resumes from that checkpoint.
 set -uo pipefail
@@ -265,58 +267,54 @@ exit $status
 ELASTIC_RESTARTS = 3  # the elastic script's MAX_RESTARTS unless told
 
 
-def render(kind: str, nodes: int, gpus: int, recipe: str, config: str, overrides: list[str], cpu: bool = False, min_nodes: int = 0) -> str:
+def render(
+    kind: str,
+    nodes: int,
+    gpus: int,
+    recipe: str,
+    config: str,
+    overrides: list[str],
+    cpu: bool = False,
+    min_nodes: int = 0,
+) -> str:
     """The script for `kind` (torchrun | slurm). `config`: a shipped config name (ddp, fsdp, zero3, ...), resolved on
     each node, or a path valid on every node; `cpu`: a CPU rehearsal (gloo processes, `hftrain train --cpu`);
     `min_nodes` (torchrun): an elastic script, MIN_NODES..NNODES nodes with torchrun's restarts."""
-    world = nodes * gpus
     recipe_args = " ".join(shlex.quote(a) for a in [recipe, *overrides])
     common = {"recipe": recipe_args, "config": shlex.quote(config), "gpus": gpus, "cpu": " --cpu" if cpu else ""}
-    unit = "CPU processes" if cpu else "GPUs"
+    fields = {  # what every script says of itself (str.format leaves a template's unused ones aside)
+        "nodes": nodes,
+        "gpus": gpus,
+        "unit": "CPU processes" if cpu else "GPUs",
+        "world": nodes * gpus,
+        "config_name": config,
+        "timeout": RENDEZVOUS_TIMEOUT_S,
+        "find": _FIND,
+    }
     if min_nodes:
-        if kind != "torchrun":
-            raise HftrainError(
-                "--min-nodes: elastic restarts are for the torchrun script; a SLURM job is restarted by SLURM "
-                "(the script requeues itself after a preemption, on a fresh allocation of --nodes)."
-            )
-        if not 1 <= min_nodes <= nodes:
-            raise HftrainError(f"--min-nodes {min_nodes}: give 1 .. {nodes} (--nodes {nodes} is the most nodes).")
+        _check_elastic(kind, min_nodes, nodes)
         launch = _LAUNCH.format(**common, extra=' "$@"', nodes=_ELASTIC_NODES)
-        return TORCHRUN_ELASTIC.format(
-            nodes=nodes,
-            min_nodes=min_nodes,
-            gpus=gpus,
-            unit=unit,
-            config_name=config,
-            restarts=ELASTIC_RESTARTS,
-            timeout=RENDEZVOUS_TIMEOUT_S,
-            find=_FIND,
-            launch=launch,
-        )
+        return TORCHRUN_ELASTIC.format(**fields, min_nodes=min_nodes, restarts=ELASTIC_RESTARTS, launch=launch)
     if kind == "torchrun":
         launch = _LAUNCH.format(**common, extra=' "$@"', nodes=_STATIC_NODES.format(rank='"$NODE_RANK"'))
-        return TORCHRUN.format(
-            nodes=nodes,
-            gpus=gpus,
-            unit=unit,
-            world=world,
-            last=nodes - 1,
-            config_name=config,
-            timeout=RENDEZVOUS_TIMEOUT_S,
-            find=_FIND,
-            launch=launch,
-        )
-    launch = _LAUNCH.format(**common, extra="", nodes=_STATIC_NODES.format(rank="$SLURM_NODEID")).replace(" \\\n    ", " ")
+        return TORCHRUN.format(**fields, last=nodes - 1, launch=launch)
+    launch = _LAUNCH.format(**common, extra="", nodes=_STATIC_NODES.format(rank="$SLURM_NODEID"))
     return SLURM.format(
+        **fields,
         job=Path(recipe).stem,
-        nodes=nodes,
-        gpus=gpus,
-        unit=unit,
-        world=world,
         cpus=(1 if cpu else 8) * gpus,
         gpu_line="" if cpu else f"#SBATCH --gpus-per-node={gpus}\n",
         code=PREEMPTED_EXIT_CODE,
-        config_name=config,
-        find=_FIND,
-        launch=launch,
+        launch=launch.replace(" \\\n    ", " "),
     )
+
+
+def _check_elastic(kind: str, min_nodes: int, nodes: int) -> None:
+    """--min-nodes: an elastic torchrun script of at least 1 and at most --nodes nodes."""
+    if kind != "torchrun":
+        raise HftrainError(
+            "--min-nodes: elastic restarts are for the torchrun script; a SLURM job is restarted by SLURM "
+            "(the script requeues itself after a preemption, on a fresh allocation of --nodes)."
+        )
+    if not 1 <= min_nodes <= nodes:
+        raise HftrainError(f"--min-nodes {min_nodes}: give 1 .. {nodes} (--nodes {nodes} is the most nodes).")

@@ -19,10 +19,13 @@ from typing import Any
 from hftrain.checkpoint.files import read_json
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
-from hftrain.parallel.dims import Strategy, global_batch
+from hftrain.parallel.batch import global_batch
+from hftrain.parallel.dims import Strategy
 from hftrain.recipe.parts import PlanPart
 
-BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: single, DDP, ...
+BACKENDS = {
+    s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)
+}  # by label: single, DDP, ...
 FORCED = [
     "training.logging_steps=1",
     "training.save_strategy=no",
@@ -40,7 +43,9 @@ FORCED = [
 ]
 
 
-def parity(recipe_path: str, overrides: list[str], part: PlanPart, steps: int, backends: list[str], tolerance: float) -> int:
+def parity(
+    recipe_path: str, overrides: list[str], part: PlanPart, steps: int, backends: list[str], tolerance: float
+) -> int:
     total = global_batch(part.batch, 1)  # as one process runs it
     if total % 2:
         raise HftrainError(f"parity: the global batch ({total} sequences) must be even to split it over 2 processes.")
@@ -60,7 +65,13 @@ def parity(recipe_path: str, overrides: list[str], part: PlanPart, steps: int, b
             f"training.per_device_train_batch_size={total // 2}",
         ]
         if BACKENDS[label].accelerate_config is None:
-            cmd = ["train", recipe_path, *common, "training.gradient_accumulation_steps=2", "training.dataloader_num_workers=2"]
+            cmd = [
+                "train",
+                recipe_path,
+                *common,
+                "training.gradient_accumulation_steps=2",
+                "training.dataloader_num_workers=2",
+            ]
         else:
             cmd = [
                 "train",
@@ -116,7 +127,9 @@ def step_differences(reference: dict[str, Any], other: dict[str, Any], steps: It
 def format_table(runs: dict[str, dict[str, Any]], steps: int) -> str:
     labels = list(runs)
     head = f"{'step':>4}  " + "  ".join(f"{label + ' loss':>12} {label + ' gnorm':>13}" for label in labels)
-    kinds = "      " + "  ".join(f"{runs[label]['distributed_type'] + ' x' + str(runs[label]['world_size']):>26}" for label in labels)
+    kinds = "      " + "  ".join(
+        f"{runs[label]['distributed_type'] + ' x' + str(runs[label]['world_size']):>26}" for label in labels
+    )
     rows = [kinds, head]
     for step in range(1, steps + 1):
         cells = []

@@ -17,7 +17,8 @@ import yaml
 from hftrain.errors import HftrainError, NotShared
 from hftrain.launch.multinode import NodeGroup
 from hftrain.parallel import child_errors, rehearsal
-from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy, check_elastic_batch
+from hftrain.parallel.batch import check_elastic_batch
+from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy
 from hftrain.recipe.parts import PlanPart
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
@@ -32,7 +33,9 @@ def find_config(name: str) -> Path:
     if packaged.is_file():
         return packaged
     shipped = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml")))
-    raise HftrainError(f"--accelerate-config: no file {name!r} and no shipped config of that name; shipped: {shipped}, zero3")
+    raise HftrainError(
+        f"--accelerate-config: no file {name!r} and no shipped config of that name; shipped: {shipped}, zero3"
+    )
 
 
 def backend_of(config: Path) -> Strategy:
@@ -48,9 +51,15 @@ def backend_of(config: Path) -> Strategy:
 
 
 def relaunch(
-    train_args: list[str], config_name: str, nproc: int | None, cpu: bool, checks: PlanPart | None = None, nodes: NodeGroup = NodeGroup()
+    train_args: list[str],
+    config_name: str,
+    nproc: int | None,
+    cpu: bool,
+    checks: PlanPart | None = None,
+    nodes: NodeGroup = NodeGroup(),
 ) -> int:
-    """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit code."""
+    """Run `hftrain train TRAIN_ARGS` under the backend of `config_name` on this node of `nodes`; returns the exit
+    code."""
     config = find_config(config_name)
     backend = backend_of(config)
     said = False  # the memory fit, judged before any process starts
@@ -65,10 +74,16 @@ def relaunch(
         from hftrain.checkpoint.manager import ResumeSetting
 
         resume = ResumeSetting.of(checks.training_kwargs.get("resume_from_checkpoint"))
-        check_before_launch(resume, Path(checks.output_dir), backend, nproc or (2 if cpu or rehearsal.on_cpu() else None))
+        check_before_launch(
+            resume, Path(checks.output_dir), backend, nproc or (2 if cpu or rehearsal.on_cpu() else None)
+        )
         if nodes.elastic:
-            check_elastic_batch(checks.batch, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus()))
-        said = _warn_memory(checks, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu())
+            check_elastic_batch(
+                checks.batch, nodes.min_count, nodes.count, nproc or (2 if cpu or rehearsal.on_cpu() else _gpus())
+            )
+        said = _warn_memory(
+            checks, backend, nproc or (2 if cpu or rehearsal.on_cpu() else None), cpu or rehearsal.on_cpu()
+        )
     from hftrain.parallel.child_errors import MEMORY_WARNED_ENV
 
     warned = {MEMORY_WARNED_ENV: "1"} if said else {}  # the processes do not say it again
@@ -78,7 +93,11 @@ def relaunch(
 
 
 def accelerate_processes(
-    train_args: list[str], config: Path, nproc: int | None, nodes: NodeGroup = NodeGroup(), env: dict[str, str] | None = None
+    train_args: list[str],
+    config: Path,
+    nproc: int | None,
+    nodes: NodeGroup = NodeGroup(),
+    env: dict[str, str] | None = None,
 ) -> int:
     """`accelerate launch --config_file CONFIG -m hftrain train TRAIN_ARGS`, with accelerate's launcher in this
     process so that a failure is reported once (child_errors.py); returns the exit code."""
@@ -116,7 +135,7 @@ def _warn_memory(checks: PlanPart, backend: Any, processes: int | None, cpu: boo
     process starts (fit_this_run's HftrainError); fit_memory's choice is said by the processes that take it."""
     if processes is None or backend.value == "device_map":
         return False
-    from hftrain.parallel.dims import global_batch
+    from hftrain.parallel.batch import global_batch
     from hftrain.planning.estimates import plan
     from hftrain.planning.fit import fit_this_run
 
@@ -162,15 +181,24 @@ def supervise(hftrain_args: list[str], max_restarts: int, command: list[str] | N
             code = child[0].wait()
             if code in FINAL_EXIT_CODES or received:
                 if code not in (0, 130):
-                    print(f"hftrain: not restarted: {FINAL_EXIT_CODES.get(code, 'the job was told to stop')}.", file=sys.stderr, flush=True)
+                    print(
+                        f"hftrain: not restarted: {FINAL_EXIT_CODES.get(code, 'the job was told to stop')}.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return code if code >= 0 else 128 - code
             what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             if restarts >= max_restarts:
-                print(f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).", file=sys.stderr, flush=True)
+                print(
+                    f"hftrain: training died ({what}); no restarts left (--max-restarts {max_restarts}).",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return code if code > 0 else 1
             restarts += 1
             print(
-                f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last complete checkpoint.",
+                f"hftrain: training died ({what}); restart {restarts} of {max_restarts}, resuming from the last "
+                "complete checkpoint.",
                 file=sys.stderr,
                 flush=True,
             )

@@ -48,9 +48,12 @@ _METRICS = {
     "eval:bits_per_byte": "eval_bits_per_byte",
     "eval:perplexity": "eval_perplexity",
 }
-METRIC_DEFINITIONS = [{"Name": name, "Regex": f"^{METRICS_PREFIX} .* {key}={_NUMBER}"} for name, key in _METRICS.items()]
+METRIC_DEFINITIONS = [
+    {"Name": name, "Regex": f"^{METRICS_PREFIX} .* {key}={_NUMBER}"} for name, key in _METRICS.items()
+]
 
-ENTRY = '''"""Run by SageMaker's torchrun driver in every process: `hftrain train {recipe}` with the job's hyperparameters."""
+ENTRY = '''"""Run by SageMaker's torchrun driver in every process: `hftrain train {recipe}` with the job's
+hyperparameters."""
 import sys
 from pathlib import Path
 
@@ -93,7 +96,9 @@ def parse_channels(items: list[list[str]]) -> dict[str, str]:
     channels = {}
     for name, uri in items:
         if not re.fullmatch(r"[A-Za-z0-9\.\-_]{1,64}", name) or not uri.startswith("s3://"):
-            raise HftrainError(f"--channel {name} {uri}: expected NAME s3://bucket/prefix (NAME: letters, digits, . - _).")
+            raise HftrainError(
+                f"--channel {name} {uri}: expected NAME s3://bucket/prefix (NAME: letters, digits, . - _)."
+            )
         channels[name.lower()] = uri
     return channels
 
@@ -108,29 +113,37 @@ def check_recipe(part: SageMakerPart, channels: dict[str, str]) -> None:
             if value.startswith(CHANNEL):
                 if value[len(CHANNEL) :].partition("/")[0].lower() not in channels:
                     raise HftrainError(
-                        f"data {key} {value!r}: no such input channel; add --channel NAME s3://... to the launch-script command."
+                        f"data {key} {value!r}: no such input channel; add --channel NAME s3://... to the "
+                        "launch-script command."
                     )
                 continue
             raise HftrainError(
-                f"data {key} {value!r} is a path on this machine, which a SageMaker job cannot read. Upload it to S3 and "
-                "give the s3:// URL (hftrain streams it), or pass --channel NAME s3://... and use channel:NAME as the path."
+                f"data {key} {value!r} is a path on this machine, which a SageMaker job cannot read. Upload it to S3 "
+                "and give the s3:// URL (hftrain streams it), or pass "
+                "--channel NAME s3://... and use channel:NAME as the path."
             )
     resume, deepspeed = part.resume_from_checkpoint, part.deepspeed
     elsewhere = {  # every other file a job reads: where it should come from instead
         "model.from_pretrained": (part.from_pretrained, "give a hub id or an s3:// copy"),
         "tokenizer.path": (
             part.tokenizer_path,
-            "give a hub id (`hftrain push` a run's final/ shares its tokenizer), or train it in the job (tokenizer.train)",
+            "give a hub id (`hftrain push` a run's final/ shares its "
+            "tokenizer), or train it in the job (tokenizer.train)",
         ),
         "training.resume_from_checkpoint": (
             resume if isinstance(resume, str) else None,
             "a job resumes from its own checkpoints (SageMaker restores them): set it to true",
         ),
-        "training.deepspeed": (deepspeed if isinstance(deepspeed, str) else None, "pass the backend with --accelerate-config"),
+        "training.deepspeed": (
+            deepspeed if isinstance(deepspeed, str) else None,
+            "pass the backend with --accelerate-config",
+        ),
     }
     for key, (value, instead) in elsewhere.items():
         if value and "://" not in value and Path(value).expanduser().exists():
-            raise HftrainError(f"{key} {value!r} is a path on this machine, which a SageMaker job cannot read; {instead}.")
+            raise HftrainError(
+                f"{key} {value!r} is a path on this machine, which a SageMaker job cannot read; {instead}."
+            )
 
 
 def backend_environment(config_name: str | None) -> dict[str, str]:
@@ -141,11 +154,15 @@ def backend_environment(config_name: str | None) -> dict[str, str]:
     config = found_here(config_name)  # a file, or the shipped config a path names (script_checks.py)
     backend = launch.backend_of(config)
     if backend == "zero3":
-        raise HftrainError(f"{config}: DeepSpeed configs are not translated for SageMaker jobs; use an FSDP or DDP config.")
+        raise HftrainError(
+            f"{config}: DeepSpeed configs are not translated for SageMaker jobs; use an FSDP or DDP config."
+        )
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
 
-    parsed = launch_command_parser().parse_args(["--config_file", str(config), "--num_machines", "1", "--num_processes", "2", ENTRY_SCRIPT])
+    parsed = launch_command_parser().parse_args(
+        ["--config_file", str(config), "--num_machines", "1", "--num_processes", "2", ENTRY_SCRIPT]
+    )
     args, _, _ = _validate_launch_command(parsed)
     env = prepare_multi_gpu_env(args)
     return {key: str(value) for key, value in sorted(env.items()) if key.startswith(("ACCELERATE_", "FSDP_"))}
@@ -156,7 +173,9 @@ def requirements() -> list[str]:
     try:
         required = importlib.metadata.requires("hftrain") or []
     except importlib.metadata.PackageNotFoundError:
-        raise HftrainError("hftrain is not installed as a package (pip install -e .); its dependencies are unknown.") from None
+        raise HftrainError(
+            "hftrain is not installed as a package (pip install -e .); its dependencies are unknown."
+        ) from None
     return [r for r in required if "extra ==" not in r and not re.match(r"^torch\b", r)]
 
 
@@ -166,7 +185,10 @@ def stage_code(recipe_path: str | Path, dest: str | Path) -> Path:
 
     dest, recipe = Path(dest), Path(recipe_path)
     shutil.copytree(
-        Path(hftrain.__file__).parent, dest / "hftrain", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True
+        Path(hftrain.__file__).parent,
+        dest / "hftrain",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        dirs_exist_ok=True,
     )
     shutil.copy2(recipe, dest / recipe.name)
     (dest / "requirements.txt").write_text("\n".join(requirements()) + "\n", encoding="utf-8")

@@ -57,7 +57,9 @@ def current_job(environ: Any = None) -> Job | None:
     env = os.environ if environ is None else environ
     if not (env.get("SM_MODEL_DIR") or env.get("SM_TRAINING_ENV")):
         return None
-    channels = {key[len("SM_CHANNEL_") :].lower(): Path(value) for key, value in env.items() if key.startswith("SM_CHANNEL_")}
+    channels = {
+        key[len("SM_CHANNEL_") :].lower(): Path(value) for key, value in env.items() if key.startswith("SM_CHANNEL_")
+    }
     output = env.get("SM_OUTPUT_DATA_DIR")
     return Job(
         checkpoints=Path(env.get(CHECKPOINTS_VAR) or DEFAULT_CHECKPOINTS),
@@ -76,10 +78,18 @@ def in_job(raw: dict[str, Any], job: Job | None) -> dict[str, Any] | None:
     """The recipe's values (recipe_to_dict, unredacted) as they run in `job`: output_dir in the checkpoint
     directory, channel: paths resolved; None outside a job, where the recipe runs unchanged and a channel: path is
     an error that says so. The command that holds the recipe validates the result (cli/train.py)."""
-    uses_channels = [s for s in _sources(raw["data"]) for key in ("path", "pretokenized") if str(s.get(key) or "").startswith(CHANNEL)]
+    uses_channels = [
+        s
+        for s in _sources(raw["data"])
+        for key in ("path", "pretokenized")
+        if str(s.get(key) or "").startswith(CHANNEL)
+    ]
     if job is None:
         if uses_channels:
-            raise HftrainError("data: a channel:NAME path names a SageMaker input channel; it works only inside a SageMaker training job.")
+            raise HftrainError(
+                "data: a channel:NAME path names a SageMaker input "
+                "channel; it works only inside a SageMaker training job."
+            )
         return None
     for source in _sources(raw["data"]):
         for key in ("path", "pretokenized"):
@@ -124,7 +134,9 @@ def metric_lines_callback() -> Any:
     from transformers import TrainerCallback
 
     class MetricLinesCallback(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+        ) -> None:
             line = metrics_line(state.global_step, logs or {}) if state.is_world_process_zero else None
             if line:
                 print(line, flush=True)

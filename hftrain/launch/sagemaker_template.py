@@ -47,9 +47,13 @@ def main() -> str:
             distributed=Torchrun(),
             compute=Compute(instance_type=INSTANCE_TYPE, instance_count=INSTANCE_COUNT, volume_size_in_gb=VOLUME_GB,
                             enable_managed_spot_training=SPOT),
-            stopping_condition=StoppingCondition(max_runtime_in_seconds=int(MAX_RUN_HOURS * 3600),
-                                                 max_wait_time_in_seconds=int(2 * MAX_RUN_HOURS * 3600) if SPOT else None),
-            checkpoint_config=CheckpointConfig(s3_uri=f"s3://{{bucket}}/hftrain/{{JOB_NAME}}/checkpoints", local_path="{checkpoints}"),
+            stopping_condition=StoppingCondition(
+                max_runtime_in_seconds=int(MAX_RUN_HOURS * 3600),
+                max_wait_time_in_seconds=int(2 * MAX_RUN_HOURS * 3600) if SPOT else None,
+            ),
+            checkpoint_config=CheckpointConfig(
+                s3_uri=f"s3://{{bucket}}/hftrain/{{JOB_NAME}}/checkpoints", local_path="{checkpoints}"
+            ),
             hyperparameters=HYPERPARAMETERS,
             environment=ENVIRONMENT,
         ).with_metric_definitions([MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in hf.METRIC_DEFINITIONS])

@@ -73,7 +73,8 @@ def check_script(part: PlanPart, launch: ScriptLaunch) -> None:
     line where its processes could not run it."""
     from hftrain.launch.processes import backend_of
     from hftrain.model.finetune import check_strategy
-    from hftrain.parallel.dims import Strategy, check_elastic_batch
+    from hftrain.parallel.batch import check_elastic_batch
+    from hftrain.parallel.dims import Strategy
 
     config = launch_config(launch.config, launch.kind)
     check_strategy(part.model, Strategy.DDP if config is None else backend_of(config))
@@ -95,5 +96,6 @@ def check_readers(readers: int | None, workers: int, launch: ScriptLaunch) -> No
             per_gpu = "" if launch.per_node else " x the instance type's GPUs"
             raise HftrainError(
                 f"data.readers: {readers} logical readers cannot be split over {launch.describe(nodes)}{each}; set "
-                f"data.readers to a multiple of {processes * workers}{per_gpu}, or remove it (the default splits over any launch)."
+                f"data.readers to a multiple of {processes * workers}{per_gpu}, "
+                "or remove it (the default splits over any launch)."
             )

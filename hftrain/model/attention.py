@@ -74,7 +74,9 @@ def needs_mask(args: tuple, kwargs: dict[str, Any]) -> bool:
     if len(args) > 1:  # attention_mask and the rest given by position
         return True
     mask = kwargs.get("attention_mask")
-    return (mask is not None) or any(kwargs.get(key) is not None for key in ("position_ids", "cache", "past_key_values"))
+    return (mask is not None) or any(
+        kwargs.get(key) is not None for key in ("position_ids", "cache", "past_key_values")
+    )
 
 
 def _mask_when_needed(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:

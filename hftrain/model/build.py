@@ -18,7 +18,9 @@ from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.schema import DROPOUT_FIELDS
 
 
-def build_model(part: ModelPart, tokenizer: Any, tokenizer_is_new: bool, dims: ParallelDims | None = None) -> PreTrainedModel:
+def build_model(
+    part: ModelPart, tokenizer: Any, tokenizer_is_new: bool, dims: ParallelDims | None = None
+) -> PreTrainedModel:
     """The model a run starts from: pretrained weights, or a fresh preset model (seeded by training.seed).
     `dims`: the run's parallel dims (a quantized model is placed per process); None: one process."""
     m = part.model

@@ -33,7 +33,8 @@ def resolve_vocab_size(part: ModelPart, tokenizer_size: int, tokenizer_is_new: b
         if m.vocab_size < tokenizer_size:
             raise HftrainError(
                 f"model.vocab_size: {m.vocab_size} embedding rows cannot hold the tokenizer's {tokenizer_size} tokens. "
-                f"Raise model.vocab_size to at least {tokenizer_size}, or remove it to size the embedding automatically."
+                f"Raise model.vocab_size to at least {tokenizer_size}, "
+                "or remove it to size the embedding automatically."
             )
         return m.vocab_size
     preset = PRESETS[m.preset]
@@ -67,7 +68,11 @@ def preset_fields(part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool) 
 
 
 def build_config(
-    part: ModelPart, tokenizer_size: int, tokenizer_is_new: bool, eos_token_id: int | None, pad_token_id: int | None = None
+    part: ModelPart,
+    tokenizer_size: int,
+    tokenizer_is_new: bool,
+    eos_token_id: int | None,
+    pad_token_id: int | None = None,
 ) -> Any:
     """transformers' GPTNeoXConfig for a preset recipe."""
     from transformers import GPTNeoXConfig

@@ -63,7 +63,8 @@ def check_starting_weights(part: ModelPart) -> None:
         raise HftrainError(
             f"finetune.method: lora trains an adapter onto pretrained weights, but this recipe builds model.preset "
             f"{preset} from random weights (no model.from_pretrained). Set model.from_pretrained to a "
-            "checkpoint directory or Hub id (a pretraining run's final/ will do), or train every weight with finetune.method: full."
+            "checkpoint directory or Hub id (a pretraining run's final/ will do), or train every weight with "
+            "finetune.method: full."
         )
 
 
@@ -77,9 +78,9 @@ def check_strategy(part: ModelPart, strategy: Strategy) -> str:
     where = f"finetune.method={method} with parallelism.strategy={strategy} ({Strategy(strategy).label})"
     if strategy == "zero3":
         raise HftrainError(
-            f"{where}: not supported. DeepSpeed ZeRO-3 partitions weights as the model is built (zero.Init), which does "
-            "not support bitsandbytes' quantized weights (bitsandbytes#1249). Use --accelerate-config fsdp (qlora) or ddp, "
-            "or finetune.method=lora with ZeRO-3."
+            f"{where}: not supported. DeepSpeed ZeRO-3 partitions weights as the model is built (zero.Init), which "
+            "does not support bitsandbytes' quantized weights (bitsandbytes#1249). Use --accelerate-config fsdp "
+            "(qlora) or ddp, or finetune.method=lora with ZeRO-3."
         )
     if strategy == "fsdp" and method == "lora_8bit":
         raise HftrainError(
@@ -90,8 +91,9 @@ def check_strategy(part: ModelPart, strategy: Strategy) -> str:
         return q.bnb_4bit_quant_storage or "uint8"
     if q.bnb_4bit_quant_storage not in (None, q.bnb_4bit_compute_dtype):
         raise HftrainError(
-            f"finetune.quantization.bnb_4bit_quant_storage: {q.bnb_4bit_quant_storage} with FSDP; FSDP shards the 4-bit "
-            f"weights only when they are stored as the compute dtype: set it to {q.bnb_4bit_compute_dtype} (or remove it)."
+            f"finetune.quantization.bnb_4bit_quant_storage: {q.bnb_4bit_quant_storage} with FSDP; FSDP shards the "
+            "4-bit weights only when they are stored as the compute "
+            f"dtype: set it to {q.bnb_4bit_compute_dtype} (or remove it)."
         )
     return q.bnb_4bit_compute_dtype
 
@@ -138,12 +140,15 @@ def prepare_adapter(model: Any, part: ModelPart, gradient_checkpointing: bool) -
     options = dict(part.finetune.lora)
     targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model.config.model_type)
     if not targets:
-        raise HftrainError(f"finetune.lora.target_modules: no default for {model.config.model_type}; name the linear layers to adapt.")
+        raise HftrainError(
+            f"finetune.lora.target_modules: no default for {model.config.model_type}; name the linear layers to adapt."
+        )
     available = linear_names(model)
     unknown = [t for t in ([targets] if isinstance(targets, str) else targets) if t not in available]
     if unknown:
         raise HftrainError(
-            f"finetune.lora.target_modules: {', '.join(unknown)} match no linear layer of this model; its linear layers are: {', '.join(available)}."
+            f"finetune.lora.target_modules: {', '.join(unknown)} match no linear layer of this model; its linear "
+            f"layers are: {', '.join(available)}."
         )
     if method in QUANTIZED:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)

@@ -64,14 +64,18 @@ def causal_lm_loss(
     return _ChunkedCrossEntropy.apply(logits.reshape(-1, vocab_size), target, num_items_in_batch, ignore_index)
 
 
-def _sliced_cross_entropy(logits: torch.Tensor, target: torch.Tensor, num_items_in_batch: Any, ignore_index: int) -> torch.Tensor:
+def _sliced_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, num_items_in_batch: Any, ignore_index: int
+) -> torch.Tensor:
     """The compiled form: transformers' sum (or mean) of fp32 cross-entropies, a slice of rows at a time."""
     rows, vocab = logits.shape
     step = max(1, CHUNK_BYTES_COMPILED // (4 * vocab))
     total = torch.zeros((), dtype=torch.float32, device=logits.device)
     for start in range(0, rows, step):
         piece = logits[start : start + step].float()
-        total = total + torch.nn.functional.cross_entropy(piece, target[start : start + step], ignore_index=ignore_index, reduction="sum")
+        total = total + torch.nn.functional.cross_entropy(
+            piece, target[start : start + step], ignore_index=ignore_index, reduction="sum"
+        )
     if num_items_in_batch is None:
         return total / (target != ignore_index).sum()
     return total / torch.as_tensor(num_items_in_batch, device=logits.device)
@@ -79,10 +83,14 @@ def _sliced_cross_entropy(logits: torch.Tensor, target: torch.Tensor, num_items_
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, num_items_in_batch: Any, ignore_index: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, logits: torch.Tensor, target: torch.Tensor, num_items_in_batch: Any, ignore_index: int
+    ) -> torch.Tensor:
         rows, vocab = logits.shape
         valid = target != ignore_index
-        denominator = valid.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, device=logits.device)
+        denominator = (
+            valid.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, device=logits.device)
+        )
         weight = valid.float() / denominator  # d loss / d (row's cross-entropy)
         index = target.clamp(min=0)[:, None]
         grad = torch.empty_like(logits)

@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 
-def sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48, seed: int = 0, temperature: float = 0.8) -> str:
+def sample(
+    model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48, seed: int = 0, temperature: float = 0.8
+) -> str:
     """A continuation of `prompt` (top-k 40 at `temperature`; 0: greedy), leaving the model's train/eval mode as
     it was."""
     inputs = tokenizer(prompt, return_tensors="pt").to(model.device)

@@ -12,5 +12,9 @@ def allow(flag: bool, key: str, source: str | None) -> bool:
     """`flag`, after a warning (once per key and source in a process) when it lets `source`'s code run."""
     if flag and (key, str(source)) not in _warned:
         _warned.add((key, str(source)))
-        print(f"hftrain: warning: {key} is on: Python code shipped with {source} will run in this process.", file=sys.stderr, flush=True)
+        print(
+            f"hftrain: warning: {key} is on: Python code shipped with {source} will run in this process.",
+            file=sys.stderr,
+            flush=True,
+        )
     return flag

@@ -76,7 +76,9 @@ def flops_per_token(counts: dict[str, int], config: Any, seq_len: int, objective
     """6N + 12·L·d·T per trained token (forward a third, backward two thirds), times the objective's factor (under
     DPO the reference's forward on the same token adds a third: 8N + 16·L·d·T)."""
     matmul_params = counts["total"] - counts["embedding"]
-    return (6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len) * OBJECTIVES[objective].flops_factor
+    return (6.0 * matmul_params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len) * OBJECTIVES[
+        objective
+    ].flops_factor
 
 
 def is_plain_gpt_neox(config: Any) -> bool:
@@ -108,7 +110,12 @@ def of_gpt_neox(config: Any, seq_len: int, objective: str = "lm") -> ModelShape:
     total = embedding + layers * block + 2 * h + head
     counts = {"total": total, "embedding": embedding, "head": head, "non_embedding": total - embedding - head}
     return ModelShape(
-        config, counts, tuple(linears), GPT_NEOX_BLOCKS, (block,) * layers, flops_per_token(counts, config, seq_len, objective)
+        config,
+        counts,
+        tuple(linears),
+        GPT_NEOX_BLOCKS,
+        (block,) * layers,
+        flops_per_token(counts, config, seq_len, objective),
     )
 
 
@@ -128,7 +135,9 @@ def of_module(model: Any, seq_len: int, objective: str = "lm") -> ModelShape:
             blocks, block_params = name, tuple(sum(p.numel() for p in block.parameters()) for block in module)
             break
     counts = parameter_counts(model)
-    return ModelShape(model.config, counts, linears, blocks, block_params, flops_per_token(counts, model.config, seq_len, objective))
+    return ModelShape(
+        model.config, counts, linears, blocks, block_params, flops_per_token(counts, model.config, seq_len, objective)
+    )
 
 
 def parameter_counts(model: Any) -> dict[str, int]:

@@ -34,7 +34,9 @@ def gpt2_tokenizer() -> PreTrainedTokenizerBase:
     return tok
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, special_tokens: list[str]) -> PreTrainedTokenizerBase:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int, min_frequency: int, special_tokens: list[str]
+) -> PreTrainedTokenizerBase:
     """A byte-level BPE learnt with the `tokenizers` library; the first special token is EOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -63,7 +65,9 @@ def load_tokenizer(
     return tok, is_new
 
 
-def _load(part: ModelPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]) -> tuple[PreTrainedTokenizerBase, bool]:
+def _load(
+    part: ModelPart, output_dir: Path, training_texts: Callable[[int], Iterable[str]]
+) -> tuple[PreTrainedTokenizerBase, bool]:
     """The run's tokenizer and whether it is new to this run (trained here: vocabulary sized to fit it).
 
     ``training_texts(n)`` yields the first n training documents; only called when a tokenizer is trained.
@@ -76,15 +80,21 @@ def _load(part: ModelPart, output_dir: Path, training_texts: Callable[[int], Ite
         spec = section.train
         from hftrain.progress import phase
 
-        with phase(f"training a {spec.vocab_size:,}-token BPE tokenizer on the first {spec.max_documents:,} training documents"):
-            tok = train_bpe(training_texts(spec.max_documents), spec.vocab_size, spec.min_frequency, spec.special_tokens)
+        with phase(
+            f"training a {spec.vocab_size:,}-token BPE tokenizer on the first {spec.max_documents:,} training documents"
+        ):
+            tok = train_bpe(
+                training_texts(spec.max_documents), spec.vocab_size, spec.min_frequency, spec.special_tokens
+            )
         saved.mkdir(parents=True, exist_ok=True)
         tok.save_pretrained(saved)
         return tok, True
     if section.path is not None:
         tok = from_path(section)
         if tok.eos_token is None:
-            raise HftrainError(f"tokenizer.path: {section.path} has no eos_token; documents are joined with EOS, so it needs one.")
+            raise HftrainError(
+                f"tokenizer.path: {section.path} has no eos_token; documents are joined with EOS, so it needs one."
+            )
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         return tok, False
@@ -92,13 +102,17 @@ def _load(part: ModelPart, output_dir: Path, training_texts: Callable[[int], Ite
 
 
 def content_hash(tok: PreTrainedTokenizerBase) -> str:
-    """What a tokenizer maps text to, hashed: vocabulary, merges and added tokens (not padding or truncation settings)."""
+    """What a tokenizer maps text to, hashed: vocabulary, merges and added tokens (not padding or truncation
+    settings)."""
     import hashlib
 
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is not None:
         data = json.loads(backend.to_str())
-        content = {"model": data.get("model"), "added": sorted((t["id"], t["content"]) for t in data.get("added_tokens") or [])}
+        content = {
+            "model": data.get("model"),
+            "added": sorted((t["id"], t["content"]) for t in data.get("added_tokens") or []),
+        }
     else:
         content = {"vocab": sorted(tok.get_vocab().items())}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -122,9 +136,9 @@ def check_model_tokenizer(part: ModelPart, tok: PreTrainedTokenizerBase) -> None
     if content_hash(own) != content_hash(tok):
         given = f"tokenizer.builtin {section.builtin}" if section.builtin else f"tokenizer.path {section.path}"
         raise HftrainError(
-            f"tokenizer: {given} is not the tokenizer {m.from_pretrained} was trained with (their vocabularies or merges "
-            "differ), so every id would mean other text to the model. Remove the tokenizer section to use the model's own, "
-            "or set tokenizer.replace_model_tokenizer: true if a different tokenizer is intended."
+            f"tokenizer: {given} is not the tokenizer {m.from_pretrained} was trained with (their vocabularies or "
+            "merges differ), so every id would mean other text to the model. Remove the tokenizer section to use the "
+            "model's own, or set tokenizer.replace_model_tokenizer: true if a different tokenizer is intended."
         )
 
 
@@ -132,7 +146,8 @@ def from_path(section: TokenizerSection) -> PreTrainedTokenizerBase:
     """tokenizer.path loaded with transformers, or the message saying what to give instead."""
     try:
         return AutoTokenizer.from_pretrained(
-            section.path, trust_remote_code=allow(section.trust_remote_code, "tokenizer.trust_remote_code", section.path)
+            section.path,
+            trust_remote_code=allow(section.trust_remote_code, "tokenizer.trust_remote_code", section.path),
         )
     except (OSError, ValueError) as err:
         raise HftrainError(

@@ -30,7 +30,9 @@ from hftrain import _compat
 
 ERROR_DIR_ENV = "HFTRAIN_ERROR_DIR"
 ELASTIC_ENV = "HFTRAIN_ELASTIC_NODES"  # MIN:MAX nodes, set for the processes of an elastic launch (launch/multinode.py)
-MEMORY_WARNED_ENV = "HFTRAIN_MEMORY_WARNED"  # set by `hftrain train --accelerate-config` for its processes: the fit warned once
+MEMORY_WARNED_ENV = (
+    "HFTRAIN_MEMORY_WARNED"  # set by `hftrain train --accelerate-config` for its processes: the fit warned once
+)
 USER_ERROR = 2  # cli/__init__.py: "hftrain: error: MESSAGE"
 UNREACHABLE = 69  # EX_UNAVAILABLE: the other nodes did not join, or the head node cannot be reached (a restart may)
 # torch elastic's own lines about a failed worker and the workers it then stops; report() says it in one line
@@ -129,7 +131,10 @@ def root_failure(failed: Sequence[tuple[int, int, float]]) -> tuple[int, int]:
 
 
 def report(
-    errors: Sequence[ChildError], failed: Sequence[tuple[int, int, float]] = (), stopped_by: int | None = None, said: Collection[str] = ()
+    errors: Sequence[ChildError],
+    failed: Sequence[tuple[int, int, float]] = (),
+    stopped_by: int | None = None,
+    said: Collection[str] = (),
 ) -> int:
     """Print how the launch ended, once, and return its exit code. `failed`: (rank, exit code, time) of the processes
     that failed; `stopped_by`: the signal this launcher received (torch elastic passed it on to the processes);
@@ -243,7 +248,13 @@ class LiveErrors:
         return self.latest
 
 
-_RENDEZVOUS_FAILURES = {"DistStoreError", "DistNetworkError", "RendezvousTimeoutError", "RendezvousError", "RendezvousClosedError"}
+_RENDEZVOUS_FAILURES = {
+    "DistStoreError",
+    "DistNetworkError",
+    "RendezvousTimeoutError",
+    "RendezvousError",
+    "RendezvousClosedError",
+}
 
 
 def _rendezvous_failed(err: Exception) -> int:
@@ -299,7 +310,9 @@ def _signal_handlers_kept() -> Iterator[None]:
         yield
         return
     names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
-    signals = {getattr(signal, n.strip()) for n in names if isinstance(getattr(signal, n.strip(), None), signal.Signals)}
+    signals = {
+        getattr(signal, n.strip()) for n in names if isinstance(getattr(signal, n.strip(), None), signal.Signals)
+    }
     saved = {sig: signal.getsignal(sig) for sig in signals}
     try:
         yield

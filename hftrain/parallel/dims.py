@@ -21,13 +21,16 @@ import torch
 from hftrain import _compat
 from hftrain.errors import HftrainError
 from hftrain.parallel import rehearsal
+from hftrain.parallel.batch import derive_accumulation
 from hftrain.parallel.child_errors import ELASTIC_ENV, MEMORY_WARNED_ENV
 from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
+from hftrain.recipe.data_section import DataSection
 from hftrain.recipe.parts import BatchPart
-from hftrain.recipe.schema import DataSection
 
 SHIPPED_CONFIGS = Path(__file__).parents[1] / "accelerate_configs"  # accelerate_configs/ in a checkout links here
-DEEPSPEED_FILE_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # accelerate launch passes the YAML's deepspeed_config_file on as written
+DEEPSPEED_FILE_ENV = (
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # accelerate launch passes the YAML's deepspeed_config_file on as written
+)
 
 
 class Strategy(str, Enum):
@@ -83,7 +86,9 @@ class Strategy(str, Enum):
     @classmethod
     def of_accelerate_type(cls, distributed_type: str) -> Strategy | None:
         """The multi-process strategy of an accelerate config's distributed_type (None: not one hftrain launches)."""
-        return {"MULTI_GPU": cls.DDP, "MULTI_CPU": cls.DDP, "FSDP": cls.FSDP, "DEEPSPEED": cls.ZERO3}.get(distributed_type)
+        return {"MULTI_GPU": cls.DDP, "MULTI_CPU": cls.DDP, "FSDP": cls.FSDP, "DEEPSPEED": cls.ZERO3}.get(
+            distributed_type
+        )
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,9 @@ class LaunchEnv:
     elastic_most_nodes: int | None  # an elastic launch's MAX nodes (--nnodes MIN:MAX), None otherwise
     device: str  # cuda | cpu
     memory_warned: bool = False  # `hftrain train --accelerate-config` said the memory fit's warning before starting it
-    cpus: int = 1  # CPU cores this process may run on, shared by the node's processes (DataLoader workers come from them)
+    cpus: int = (
+        1  # CPU cores this process may run on, shared by the node's processes (DataLoader workers come from them)
+    )
 
     @classmethod
     def read(cls) -> LaunchEnv:
@@ -213,10 +220,13 @@ def locate_deepspeed_config(search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> No
         return  # none, an inline JSON, or a path that opens as it is
     if not value.endswith(".json") and "/" not in value:
         return  # accelerate also takes a base64-encoded config
-    found = next((folder / value for folder in search if not Path(value).is_absolute() and (folder / value).is_file()), None)
+    found = next(
+        (folder / value for folder in search if not Path(value).is_absolute() and (folder / value).is_file()), None
+    )
     if found is None:
         raise HftrainError(
-            f"the accelerate config's deepspeed_config.deepspeed_config_file: {value} does not exist (a relative path is "
+            "the accelerate config's deepspeed_config.deepspeed_config_file: "
+            f"{value} does not exist (a relative path is "
             f"read from the working directory, {Path.cwd()}). Give its absolute path in the accelerate YAML, or launch "
             "from the directory it is relative to."
         )
@@ -260,84 +270,6 @@ def resolve_strategy(wanted: str, launch: LaunchEnv) -> Strategy:
     )
 
 
-def global_batch(batch: BatchPart, processes: int, recorded: int | None = None, elastic_nodes: int | None = None, per_node: int = 1) -> int:
-    """Sequences per optimizer step, derived here alone: parallelism.global_batch_size, else the one `recorded` at a
-    continuing run's start (so that a run continued on another process count keeps its sequences per step), else
-    micro-batch x accumulation on every process: of `processes`, or, for an elastic launch, of all its MAX
-    `elastic_nodes` x `per_node` (so that it does not depend on how many nodes the first start happened to have).
-    A global_batch_size other than the recorded one is refused: each step would mean other tokens (tokens_seen jumps)."""
-    per_process = batch.micro_batch * int(batch.accumulation or 1)
-    if batch.global_batch_size and recorded and int(batch.global_batch_size) != int(recorded):
-        raise HftrainError(
-            f"parallelism.global_batch_size: {batch.global_batch_size} sequences per step, but this run started with {recorded} "
-            "(recorded in its hftrain_run.json): each step would train on another number of tokens (tokens_seen would jump). "
-            f"Remove parallelism.global_batch_size to keep {recorded}, or set training.output_dir to a new directory to start a new run."
-        )
-    if batch.global_batch_size or recorded:
-        return int(batch.global_batch_size or recorded)  # type: ignore[arg-type]
-    return per_process * (elastic_nodes * per_node if elastic_nodes else processes)
-
-
-def derive_accumulation(batch: BatchPart, launch: LaunchEnv, recorded: int | None = None, announce: bool = True) -> int:
-    """Gradient accumulation from the global batch (``global_batch``), refusing what does not divide and naming the
-    process counts that would."""
-    processes, micro, given = launch.processes, batch.micro_batch, batch.accumulation
-    total = global_batch(batch, processes, recorded, launch.elastic_most_nodes, launch.local_processes)
-    per_step = micro * processes
-    if total % per_step:
-        fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
-        what = (
-            f"{total} sequences"
-            if batch.global_batch_size
-            else f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which"
-            if recorded
-            else f"{total} sequences (micro-batch x accumulation on each process of all {launch.elastic_most_nodes} nodes)"
-        )
-        raise HftrainError(
-            f"parallelism.global_batch_size: {what} cannot be split into micro-batches of {micro} "
-            f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
-            f"With that micro-batch, {', '.join(map(str, fits)) or 'no'} process count(s) work; or change the micro-batch. "
-            "(Results do not depend on the device count only while the global batch stays the same.)"
-        )
-    accumulation = total // per_step
-    if given not in (None, accumulation) and batch.accumulation_given:
-        if batch.global_batch_size:
-            raise HftrainError(
-                f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
-                f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
-            )
-        if announce:
-            kept = "recorded at its start" if recorded else f"each process of all {launch.elastic_most_nodes} nodes of this elastic launch"
-            print(
-                f"hftrain: keeping this run's global batch of {total} sequences ({kept}): "
-                f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)",
-                flush=True,
-            )
-    return accumulation
-
-
-def check_elastic_batch(batch: BatchPart, least: int, most: int, per_node: int) -> None:
-    """Before an elastic launch: the global batch must split over every node count from MIN to MAX."""
-    total = global_batch(batch, 1, None, most, per_node)
-    micro = batch.micro_batch
-    bad = [n for n in range(least, most + 1) if total % (micro * per_node * n)]
-    if bad:
-        step = micro * per_node
-        raise HftrainError(
-            f"parallelism.global_batch_size: {total} sequences per step cannot be split over {', '.join(map(str, bad))} "
-            f"node(s) x {per_node} process(es) with micro-batches of {micro}, and this elastic "
-            f"launch (--nnodes {least}:{most}) may run on any node count from {least} to {most}. Set "
-            f"parallelism.global_batch_size to a multiple of {step} x each of those counts (e.g. {step * _lcm(least, most)}), "
-            "or narrow MIN:MAX."
-        )
-
-
-def _lcm(least: int, most: int) -> int:
-    import math
-
-    return math.lcm(*range(least, most + 1))
-
-
 def verify(trainer: Any, dims: ParallelDims) -> dict[str, Any]:
     """Check accelerate's real state against the run's dims; returns what the run really is."""
     acc, strategy = trainer.accelerator, dims.strategy
@@ -358,7 +290,8 @@ def verify(trainer: Any, dims: ParallelDims) -> dict[str, Any]:
                 f"`hftrain train RECIPE --accelerate-config {strategy.value} --nproc 2` (gloo processes)."
             )
         raise HftrainError(
-            f"parallelism: this run was to be {strategy.label} with {dims.processes} process(es), but {'; '.join(problems)}. {hint}"
+            f"parallelism: this run was to be {strategy.label} with {dims.processes} process(es), but "
+            f"{'; '.join(problems)}. {hint}"
         )
     return real
 

@@ -40,7 +40,11 @@ def connect(timeout_s: float) -> Any:
 
     host = agent_store == "false" and os.environ.get("RANK", "0") == "0"
     store = TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=host, multi_tenant=True, timeout=timedelta(seconds=timeout_s)
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=host,
+        multi_tenant=True,
+        timeout=timedelta(seconds=timeout_s),
     )
     if host:  # the server ends with the last object that holds it: the others' waits would fail
         _hosted.setdefault(_start(), store)
@@ -84,13 +88,16 @@ def _join(store: Any, rank: int, processes: int, timeout_s: float) -> str:
         if time.monotonic() > deadline:
             raise HftrainError(
                 f"not every process of the run started within {timeout_s:.0f} s (rank 0 heard from "
-                f"{int(store.add(f'hftrain/round/{token}/joined', 0))} of {processes - 1}); see the other ranks' output."
+                f"{int(store.add(f'hftrain/round/{token}/joined', 0))} "
+                f"of {processes - 1}); see the other ranks' output."
             )
         time.sleep(POLL_S)
     return token
 
 
-def agree(name: str, decide: Callable[[], dict[str, Any]], rank: int, processes: int, timeout_s: float = 600.0) -> dict[str, Any]:
+def agree(
+    name: str, decide: Callable[[], dict[str, Any]], rank: int, processes: int, timeout_s: float = 600.0
+) -> dict[str, Any]:
     """One decision for every process of the run: rank 0 makes it, the others read it from the launcher's store.
     Measured choices such as the speed defaults must agree: two DDP ranks in different precisions would train on,
     silently, with mixed gradients. Without that store (one process, or another launcher) every process decides

@@ -53,7 +53,13 @@ class Heartbeat:
     transport error will come, a collective with it waits until its timeout) ends this process with PeerLost's
     message and exit code; so does a store that stays unreachable as long (the head node is gone)."""
 
-    def __init__(self, dims: Any, checkpoint: Callable[[], str], peer_timeout_s: float | None = None, step: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        dims: Any,
+        checkpoint: Callable[[], str],
+        peer_timeout_s: float | None = None,
+        step: Callable[[], int] = lambda: 0,
+    ):
         from hftrain.parallel import launcher_store
 
         self.dims, self.checkpoint, self.step, self._stop = dims, checkpoint, step, threading.Event()
@@ -69,7 +75,10 @@ class Heartbeat:
         watched = watched if rank == 0 else [0]
         seen: dict[int, tuple[int, float]] = {}
         unreachable_since = None
-        moved, told = (self.step(), time.monotonic()), None  # (this process's step, when it last changed); the step in the store
+        moved, told = (
+            (self.step(), time.monotonic()),
+            None,
+        )  # (this process's step, when it last changed); the step in the store
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
             step = self.step()
@@ -105,15 +114,17 @@ class Heartbeat:
         """Every process's step (from the store) and this process's threads, on stderr: where a stuck run stands."""
         try:
             steps = [
-                self._store.get(_step_key(self._prefix, r)).decode() if self._store.check([_step_key(self._prefix, r)]) else "?"
+                self._store.get(_step_key(self._prefix, r)).decode()
+                if self._store.check([_step_key(self._prefix, r)])
+                else "?"
                 for r in range(self.dims.processes)
             ]
         except Exception:
             steps = ["?"] * self.dims.processes
         ranks = ", ".join(f"rank {r} at step {s}" for r, s in enumerate(steps))
         print(
-            f"hftrain: rank {self.dims.rank}: no optimizer step finished for {still_s:.0f} s ({ranks}); training goes on, "
-            f"this is a report ({STALL_REPORT_ENV}={self.stall_s:.0f}). Where this process's threads are:",
+            f"hftrain: rank {self.dims.rank}: no optimizer step finished for {still_s:.0f} s ({ranks}); training goes "
+            f"on, this is a report ({STALL_REPORT_ENV}={self.stall_s:.0f}). Where this process's threads are:",
             file=sys.stderr,
             flush=True,
         )
@@ -150,7 +161,9 @@ def lost_peers(dims: Any, failure: BaseException, checkpoint: str) -> PeerLost |
     lost = [r for r in range(dims.processes) if after[r] == before[r] and r != dims.rank]
     if not lost:
         return None
-    reason = str(failure).strip().splitlines()[0].split(". ")[0][:160] if str(failure).strip() else type(failure).__name__
+    reason = (
+        str(failure).strip().splitlines()[0].split(". ")[0][:160] if str(failure).strip() else type(failure).__name__
+    )
     return _lost(dims, lost, f"no beat for {LOST_AFTER_S:.0f} s after training failed ({reason})", checkpoint)
 
 
@@ -174,7 +187,10 @@ def _head_lost(checkpoint: str) -> PeerLost:
 def _next_steps(checkpoint: str) -> str:
     from hftrain.parallel.child_errors import ELASTIC_ENV
 
-    restarts, done = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    restarts, done = (
+        int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")),
+        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
     if os.environ.get(ELASTIC_ENV) and done < restarts:
         return (
             f"Training stopped; {checkpoint}. torchrun restarts the processes on the nodes left (restart {done + 1} "

@@ -10,9 +10,9 @@ finished 2-process run hung for good with ``~ProcessGroupGloo`` joining in the m
 Whether it happens is a race (more likely on a busy machine), so waiting cannot settle it; not tearing down does.
 
 So ``leave_training`` only waits at a barrier, and ``end_after_exit_handlers``, registered first by the program
-(cli/__init__.py) in each launched process and so run last among the exit handlers, ends a process whose process group is still there with
-``os._exit``: after every other exit handler (trackers, TensorBoard) and with its output flushed, before
-interpreter finalization would destroy the group. A process that never joined a group ends as usual.
+(cli/__init__.py) in each launched process and so run last among the exit handlers, ends a process whose process group
+is still there with ``os._exit``: after every other exit handler (trackers, TensorBoard) and with its output flushed,
+before interpreter finalization would destroy the group. A process that never joined a group ends as usual.
 """
 
 from __future__ import annotations

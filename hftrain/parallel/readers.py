@@ -2,7 +2,8 @@
 
 A run has L logical readers, fixed at its start (``data.readers``, else the default below) and recorded in
 the run directory. Reader r owns an equal share of every source (shares.py: whole shards, a part of every
-shard, or every L-th record) and yields its own block stream. The run's global block order is round-robin over the readers:
+shard, or every L-th record) and yields its own block stream. The run's global block order is round-robin over the
+readers:
 
     global block g  =  block g // L of reader g % L.
 
@@ -51,14 +52,17 @@ def default_workers(readers: int, processes: int, cpus_per_process: int) -> int:
     return max(w for w in range(1, most + 1) if per_rank % w == 0)
 
 
-def decide_readers(wanted: int | None, recorded: int | None, reader_limit: int | None, processes: int, workers: int) -> int:
+def decide_readers(
+    wanted: int | None, recorded: int | None, reader_limit: int | None, processes: int, workers: int
+) -> int:
     """The run's reader count: the one recorded at its start (a resumed run), else data.readers, else the default.
     Changing data.readers in the middle of a run is refused: the data order would change."""
     if recorded is not None:
         if wanted is not None and wanted != recorded:
             raise HftrainError(
                 f"data.readers: this run started with {recorded} logical readers, and its data order depends on that; "
-                f"remove data.readers={wanted} (or set it to {recorded}) to continue, or start a new training.output_dir."
+                f"remove data.readers={wanted} (or set it to {recorded}) to continue, or start a new "
+                "training.output_dir."
             )
         return recorded
     return wanted if wanted is not None else default_readers(reader_limit, processes, workers)
@@ -93,8 +97,8 @@ class ReaderLayout:
     def __post_init__(self) -> None:
         if self.readers % (self.processes * self.workers):
             raise HftrainError(
-                f"data.readers: this run reads its data with {self.readers} logical readers (fixed at its start), which "
-                f"cannot be split over {self.processes} process(es) x {self.workers} dataloader worker(s). "
+                f"data.readers: this run reads its data with {self.readers} logical readers (fixed at its start), "
+                f"which cannot be split over {self.processes} process(es) x {self.workers} dataloader worker(s). "
                 f"{working_launches(self.readers, self.workers)}"
             )
 
@@ -133,12 +137,14 @@ def merge_positions(saved: list[dict[str, Any]], layout: ReaderLayout, seq_len: 
     every reader's own position. Refuses positions this launch cannot continue exactly, saying why."""
     if not saved:
         raise HftrainError(
-            f"{where}: the checkpoint holds no data position (it was not written by hftrain); start a new training.output_dir."
+            f"{where}: the checkpoint holds no data position (it was not written by hftrain); start a new "
+            "training.output_dir."
         )
     if any(s.get("version") != STATE_VERSION for s in saved):
         raise HftrainError(
             f"{where}: the data position was saved by another hftrain version, which orders the data differently "
-            f"(data order version {saved[0].get('version', 1)}; this one reads version {STATE_VERSION}), so this version "
+            f"(data order version {saved[0].get('version', 1)}; this "
+            f"one reads version {STATE_VERSION}), so this version "
             "cannot continue it exactly. Finish the run with the hftrain version that started it, or start a new "
             "training.output_dir."
         )
@@ -151,16 +157,18 @@ def merge_positions(saved: list[dict[str, Any]], layout: ReaderLayout, seq_len: 
         )
     if {int(s.get("window", layout.window)) for s in saved} != {layout.window}:
         raise HftrainError(
-            f"{where}: the data position was saved with shuffle windows of {saved[0]['window']} blocks and this run has "
-            f"{layout.window}; set data.shuffle_window: {saved[0]['window']} to resume."
+            f"{where}: the data position was saved with shuffle windows of {saved[0]['window']} blocks and this run "
+            f"has {layout.window}; set data.shuffle_window: {saved[0]['window']} to resume."
         )
     if {int(s["seq_len"]) for s in saved} != {seq_len}:
         raise HftrainError(
-            f"{where}: the data position was saved with another data.seq_len; keep data.seq_len={saved[0]['seq_len']} to resume."
+            f"{where}: the data position was saved with another data.seq_len; "
+            f"keep data.seq_len={saved[0]['seq_len']} to resume."
         )
     if len(blocks) != 1:
         raise HftrainError(
-            f"{where}: the processes' data positions disagree ({sorted(blocks)} blocks consumed); the checkpoint is inconsistent."
+            f"{where}: the processes' data positions disagree ({sorted(blocks)} "
+            "blocks consumed); the checkpoint is inconsistent."
         )
     (consumed,) = blocks
     if consumed % layout.processes:
@@ -174,7 +182,9 @@ def merge_positions(saved: list[dict[str, Any]], layout: ReaderLayout, seq_len: 
     return {"blocks": consumed, "positions": positions}
 
 
-def rank_state(layout: ReaderLayout, rank: int, consumed_by_rank: int, positions: dict[str, Any], seq_len: int) -> dict[str, Any]:
+def rank_state(
+    layout: ReaderLayout, rank: int, consumed_by_rank: int, positions: dict[str, Any], seq_len: int
+) -> dict[str, Any]:
     """What one process writes into a checkpoint: its readers' positions and the run-wide block count."""
     return {
         "version": STATE_VERSION,

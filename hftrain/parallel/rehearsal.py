@@ -36,7 +36,8 @@ from hftrain.parallel import child_errors
 
 REHEARSAL_ENV = "HFTRAIN_CPU_REHEARSAL"  # ddp | fsdp | zero3
 ZERO3_ON_CPU = (
-    "a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with use_cpu, which turns DeepSpeed off"
+    "a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes "
+    "bf16 without a GPU only with use_cpu, which turns DeepSpeed off"
 )
 CONFIG_ENV = "HFTRAIN_ACCELERATE_CONFIG"  # the accelerate YAML the rehearsal follows
 
@@ -61,7 +62,12 @@ def process_env(config_path: Path, backend: str, nproc: int) -> dict[str, str]:
 
 
 def launch_processes(
-    hftrain_args: list[str], config_path: Path, backend: str, nproc: int, nodes: Any = None, env: dict[str, str] | None = None
+    hftrain_args: list[str],
+    config_path: Path,
+    backend: str,
+    nproc: int,
+    nodes: Any = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     """Run `python -m hftrain HFTRAIN_ARGS` in `nproc` gloo processes through torchrun; returns the exit code.
     torchrun's launcher runs in this process, so that a failure is reported once (child_errors.py). `nodes`: this
@@ -72,7 +78,9 @@ def launch_processes(
     node_args = nodes.torchrun_args(nproc) if nodes is not None else ["--standalone", "--nproc_per_node", str(nproc)]
     args = torchrun.parse_args([*node_args, "-m", "hftrain", *hftrain_args])
     elastic = nodes.elastic_env() if nodes is not None else {}
-    return child_errors.launch(lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic, **(env or {})}, args)
+    return child_errors.launch(
+        lambda: torchrun.run(args), {**process_env(config_path, backend, nproc), **elastic, **(env or {})}, args
+    )
 
 
 def prepare_process(backend: str) -> None:
@@ -114,13 +122,18 @@ def training_kwargs(kwargs: dict[str, Any], backend: str | None) -> dict[str, An
         kwargs.update(use_cpu=True, fsdp="full_shard auto_wrap", fsdp_config=fsdp)
     elif backend == "zero3":
         ds_file = deepspeed_file_of(config_path)
-        kwargs.update(use_cpu=False, deepspeed=str(ds_file) if ds_file else None, accelerator_config={"use_configured_state": True})
+        kwargs.update(
+            use_cpu=False,
+            deepspeed=str(ds_file) if ds_file else None,
+            accelerator_config={"use_configured_state": True},
+        )
     return kwargs
 
 
 def deepspeed_file_of(config_path: Path) -> Path | None:
     """The DeepSpeed JSON an accelerate YAML names (deepspeed_config.deepspeed_config_file), read relative to the
-    YAML's own folder as the shipped configs write it (also what hftrain's GPU launcher gives accelerate, launch/processes.py); None when it names none."""
+    YAML's own folder as the shipped configs write it (also what hftrain's GPU launcher gives accelerate,
+    launch/processes.py); None when it names none."""
     import yaml
 
     data = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}

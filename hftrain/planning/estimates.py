@@ -1,6 +1,7 @@
 """`hftrain plan` / `hftrain.plan(recipe)`: what a recipe's model is and what it costs to train, computed from
-the model's numbers (model/shape.py: nothing is built or allocated): parameters, FLOPs, memory per dtype, per fine-tuning method and per
-parallel strategy on N GPUs, with advice. Sizes and FLOPs come from model.shape.measure_model.
+the model's numbers (model/shape.py: nothing is built or allocated): parameters, FLOPs, memory per dtype, per
+fine-tuning method and per parallel strategy on N GPUs, with advice. Sizes and FLOPs come from
+model.shape.measure_model.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.model.shape import ModelShape, measure_model
-from hftrain.parallel.dims import global_batch
+from hftrain.parallel.batch import global_batch
 from hftrain.planning.fit import MARGIN, Fit, Machine, step_time
 from hftrain.planning.memory import CUDA_CONTEXT_BYTES
 from hftrain.recipe.objectives import OBJECTIVES
@@ -25,7 +26,9 @@ BNB_BLOCK = 64  # bitsandbytes 4-bit block size: one absmax per 64 weights
 def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
     shape = shape or measure_model(part.model)
     config, counts, per_token = shape.dims, shape.counts, shape.flops_per_token
-    rows = OBJECTIVES[part.finetune.objective].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
+    rows = OBJECTIVES[
+        part.finetune.objective
+    ].rows_per_example  # DPO: a pair's chosen and rejected answers, each up to seq_len
     tokens_per_step = global_batch(part.batch, 1) * part.data.seq_len * rows
     memory = {}
     for dtype, width in BYTES.items():
@@ -96,7 +99,12 @@ def finetune_memory(shape: ModelShape, part: PlanPart) -> dict[str, Any]:
     rest = total - quantized
     lora_state = {"gradients": 4 * adapter, "optimizer": ADAMW_STATE_BYTES * adapter}
     methods = {
-        "full": {"trainable": total, "weights": 4 * total, "gradients": 4 * total, "optimizer": ADAMW_STATE_BYTES * total},
+        "full": {
+            "trainable": total,
+            "weights": 4 * total,
+            "gradients": 4 * total,
+            "optimizer": ADAMW_STATE_BYTES * total,
+        },
         "lora": {"trainable": adapter, "weights": 4 * (total + adapter), **lora_state},
         "qlora": {"trainable": adapter, "weights": int(q4) + 4 * (rest + adapter), **lora_state},
         "lora_8bit": {"trainable": adapter, "weights": quantized + 4 * rows + 4 * (rest + adapter), **lora_state},
@@ -120,8 +128,10 @@ def _gb(n: float) -> str:
 def format_plan(info: dict[str, Any], name: str) -> str:
     s, p = info["shape"], info["parameters"]
     lines = [
-        f"model {name}: {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, vocab {s['vocab']:,}, context {s['context']:,}",
-        f"parameters: {p['total']:,} total = {p['embedding']:,} embedding + {p['head']:,} output head + {p['non_embedding']:,} non-embedding",
+        f"model {name}: {s['layers']} layers, hidden {s['hidden']}, "
+        f"{s['heads']} heads, vocab {s['vocab']:,}, context {s['context']:,}",
+        f"parameters: {p['total']:,} total = {p['embedding']:,} embedding + {p['head']:,} output head + "
+        f"{p['non_embedding']:,} non-embedding",
         f"training FLOPs per token: {info['train_flops_per_token']:.4g}  ({info['flops_formula']})",
         f"tokens per optimizer step per device: {info['tokens_per_step_per_device']:,} "
         f"-> {info['train_flops_per_step_per_device']:.4g} FLOPs",
@@ -130,13 +140,16 @@ def format_plan(info: dict[str, Any], name: str) -> str:
     ]
     for dtype, m in info["memory_bytes"].items():
         total = m["weights"] + m["gradients"] + m["optimizer"]
-        lines.append(f"  {dtype:<6} {_gb(m['weights']):>12} {_gb(m['gradients']):>12} {_gb(m['optimizer']):>12} {_gb(total):>12}")
+        lines.append(
+            f"  {dtype:<6} {_gb(m['weights']):>12} {_gb(m['gradients']):>12} {_gb(m['optimizer']):>12} {_gb(total):>12}"
+        )
     lines.append("  (bf16/fp16 autocast keeps fp32 weights: use the fp32 row; the bf16 row is for pure bf16 weights)")
     lines += format_finetune(info["finetune_bytes"], info["finetune_method"])
     if info["max_steps"] and info["max_steps"] > 0:
         tokens = info["max_steps"] * info["tokens_per_step_per_device"]
         lines.append(
-            f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs"
+            f"run: {info['max_steps']:,} steps x {info['tokens_per_step_per_device']:,} tokens per device = {tokens:,} "
+            f"tokens per device, {tokens * info['train_flops_per_token']:.4g} FLOPs"
         )
     return "\n".join(lines)
 
@@ -148,16 +161,22 @@ def format_fp8(info: dict[str, Any], setting: str | None, card_has_fp8: bool) ->
     if setting:
         lines = [fp8.describe(info["fp8_layers"], setting), f"  expect: {fp8.expectation(hidden)}"]
         if not card_has_fp8:
-            lines.append("  `hftrain train` refuses speed.fp8 here (no GPU with FP8); plan for one with --gpus N --gpu-type H100")
+            lines.append(
+                "  `hftrain train` refuses speed.fp8 here (no GPU with FP8); plan for one with --gpus N --gpu-type H100"
+            )
         return lines
     if card_has_fp8 and hidden >= fp8.PAYS_FROM_HIDDEN:
-        return [f"fp8: off; at hidden {hidden:,} speed.fp8: tensorwise may train faster ({fp8.PUBLISHED}; pip install 'hftrain[fp8]')"]
+        return [
+            f"fp8: off; at hidden {hidden:,} speed.fp8: tensorwise may "
+            f"train faster ({fp8.PUBLISHED}; pip install 'hftrain[fp8]')"
+        ]
     return []
 
 
 def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:
     lines = [
-        f"memory by fine-tuning method (AdamW; LoRA r={ft['lora_r']} on {', '.join(ft['targets'])}; the training state):",
+        f"memory by fine-tuning method (AdamW; LoRA r={ft['lora_r']} "
+        f"on {', '.join(ft['targets'])}; the training state):",
         f"  {'method':<10} {'trainable':>13} {'weights':>12} {'gradients':>12} {'optimizer':>12} {'total':>12}",
     ]
     for method, m in ft["methods"].items():
@@ -169,9 +188,9 @@ def format_finetune(ft: dict[str, Any], chosen: str) -> list[str]:
         )
     if ft["ratio_quantized_layers"] is not None:
         lines.append(
-            f"  qlora 4-bit weights / bf16: {ft['ratio_quantized_layers']:.3f} for the {ft['quantized_params']:,} quantized "
-            f"linear weights, {ft['ratio_whole_model']:.3f} for the whole model as loaded ({_gb(ft['qlora_loaded_bytes'])}; "
-            "embeddings, head and norms stay bf16)"
+            f"  qlora 4-bit weights / bf16: {ft['ratio_quantized_layers']:.3f} for the {ft['quantized_params']:,} "
+            f"quantized linear weights, {ft['ratio_whole_model']:.3f} for the whole model as loaded "
+            f"({_gb(ft['qlora_loaded_bytes'])}; embeddings, head and norms stay bf16)"
         )
     return lines
 
@@ -188,9 +207,15 @@ def format_peak(fit: Fit, machine: Machine) -> list[str]:
     for name, value in peak.parts.items():
         lines.append(f"  {name:<28} {_gb(value):>10}{PART_NOTES.get(name, '')}")
     other = "a training step" if peak.phase == "final evaluation" else "the final evaluation"
-    lines.append(f"predicted peak: {peak.total / 1e9:.2f} GB per process (at the {peak.phase}; {other}: {_gb(peak.other_phase_total)})")
+    lines.append(
+        f"predicted peak: {peak.total / 1e9:.2f} GB per process (at the {peak.phase}; {other}: "
+        f"{_gb(peak.other_phase_total)})"
+    )
     if s.device == "cuda":
-        lines.append(f"  (as torch.cuda.max_memory_allocated counts it; the CUDA context adds about {_gb(CUDA_CONTEXT_BYTES)} per GPU)")
+        lines.append(
+            "  (as torch.cuda.max_memory_allocated counts it; the CUDA "
+            f"context adds about {_gb(CUDA_CONTEXT_BYTES)} per GPU)"
+        )
     return lines
 
 
@@ -200,7 +225,9 @@ PART_NOTES = {
     "data pipeline": "  the shuffle windows read in this process (data.shuffle_window x seq_len, int32)",
     "activations": "  saved for backward, every layer (one at a time under gradient checkpointing)",
     "logits and loss": "  micro-batch x seq_len x vocab, with the loss's working set (DPO: TRL's fused head, in tiles)",
-    "reference weights": "  DPO: the frozen copy of the starting weights (full fine-tuning), sharded as the weights are",
+    "reference weights": (
+        "  DPO: the frozen copy of the starting weights (full fine-tuning), sharded as the weights are"
+    ),
     "autocast weight copies": "  bf16 copies of the matmul weights autocast keeps until backward",
     "kept freed blocks": "  the step's smaller freed tensors, kept by the allocator for reuse",
     "evaluation logits and loss": "  evaluation batch x seq_len x vocab, with log-probabilities",
@@ -213,7 +240,13 @@ def format_peak_table(part: PlanPart, info: dict[str, Any], machine: Machine, li
     from hftrain.planning.memory import predict_peak, run_shape
 
     methods = ("full", "lora", "qlora")
-    strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp", "zero3")
+    strategies = (
+        ("single",)
+        if machine.processes == 1
+        else GPU_STRATEGIES
+        if machine.device == "cuda"
+        else ("ddp", "fsdp", "zero3")
+    )
     usable = machine.memory_per_process * (1 - MARGIN)
     lines = [
         f"predicted peak per process by strategy and method (micro-batch {part.training.per_device_train_batch_size}; "
@@ -224,7 +257,9 @@ def format_peak_table(part: PlanPart, info: dict[str, Any], machine: Machine, li
         cells = []
         for method in methods:
             variant = replace(part, finetune=part.finetune.model_copy(update={"method": method}))
-            total = predict_peak(variant, info, run_shape(variant, machine.device, machine.processes, strategy), libraries).total
+            total = predict_peak(
+                variant, info, run_shape(variant, machine.device, machine.processes, strategy), libraries
+            ).total
             cells.append(f"{total / 1e9:>10,.2f}{'*' if total > usable else ' '}")
         lines.append("  " + f"{strategy:<16}" + "".join(f"{c:>12}" for c in cells))
     return lines
@@ -237,7 +272,9 @@ def format_fit(configured: Fit, chosen: Fit) -> list[str]:
         f"({configured.peak.total / 1e9:,.2f} GB of {configured.limit / 1e9:,.1f} GB usable per process)"
     ]
     lines.append(f"recommendation: {chosen.reason}")
-    lines.append("  (parallelism.fit_memory: true makes `hftrain train` take this micro-batch and gradient checkpointing)")
+    lines.append(
+        "  (parallelism.fit_memory: true makes `hftrain train` take this micro-batch and gradient checkpointing)"
+    )
     return lines
 
 
@@ -254,7 +291,8 @@ def format_time(
     """Step time, the run's hours and cost from the FLOPs, a stated MFU and the device's peak."""
     seconds = step_time(info, fit, peak_flops, mfu)
     lines = [
-        f"time: {seconds:,.2f} s per optimizer step = FLOPs / ({peak_flops / 1e12:,.1f} TFLOP/s {peak_source} x MFU {mfu:.2f}, {mfu_source})"
+        f"time: {seconds:,.2f} s per optimizer step = FLOPs / ({peak_flops / 1e12:,.1f} TFLOP/s {peak_source} x MFU "
+        f"{mfu:.2f}, {mfu_source})"
     ]
     steps = info["max_steps"]
     if steps:
@@ -262,5 +300,8 @@ def format_time(
         lines.append(f"run: {steps:,} steps = {hours:,.1f} hours on {machine.description}")
         if price_per_hour:
             devices = machine.processes if machine.device == "cuda" else 1
-            lines.append(f"cost: {hours * devices:,.1f} device-hours x ${price_per_hour:,.2f} = ${hours * devices * price_per_hour:,.0f}")
+            lines.append(
+                f"cost: {hours * devices:,.1f} device-hours x ${price_per_hour:,.2f} = "
+                f"${hours * devices * price_per_hour:,.0f}"
+            )
     return lines

@@ -4,7 +4,8 @@ and `parallelism.fit_memory: true` in `hftrain train`.
 The fit keeps the recipe's global batch (micro-batch x accumulation x processes) and searches, fastest first:
 strategy (DDP before FSDP before ZeRO-3; CPU offload last), gradient checkpointing off before on (it recomputes
 the forward: about a third more compute), then the largest micro-batch that divides each process's share of the
-global batch; the evaluation batch is capped at the micro-batch (its logits are often the larger peak). A choice fits when its predicted peak (memory.py) leaves MARGIN of the device's memory free.
+global batch; the evaluation batch is capped at the micro-batch (its logits are often the larger peak). A choice fits
+when its predicted peak (memory.py) leaves MARGIN of the device's memory free.
 
 A layout that cannot fit is told apart from one that might: the calibration's errors are (predicted - measured) /
 measured, within PLAN_ERROR, so a peak predicted at P is measured at P / (1 + PLAN_ERROR) or more. When that is
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hftrain.errors import HftrainError
-from hftrain.parallel.dims import global_batch
+from hftrain.parallel.batch import global_batch
 from hftrain.planning.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
 from hftrain.recipe.parts import BatchPart, PlanPart
 
@@ -30,8 +31,12 @@ MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and
 PLAN_ERROR = 0.12
 INSIST = "parallelism.memory_check: warn"  # the recipe key that trains anyway
 SEQ_STEP = 128  # what_would_fit's data.seq_len: a multiple of this
-GPU_MFU = 0.35  # assumed when nothing was measured: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3)
-CPU_MFU = 0.50  # assumed on a CPU before a run of the recipe measured it (pythia-160m steps here: 0.39-0.65 of the measured matmul peak, docs/planning.md)
+GPU_MFU = (
+    0.35  # assumed when nothing was measured: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3)
+)
+# assumed on a CPU before a run of the recipe measured it (pythia-160m steps here: 0.39-0.65 of the measured matmul
+# peak, docs/planning.md)
+CPU_MFU = 0.50
 GPU_STRATEGIES = ("ddp", "fsdp", "zero3", "zero3_offload")
 
 
@@ -69,11 +74,15 @@ def this_machine(processes: int = 1) -> Machine:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         count = torch.cuda.device_count()
-        return Machine("cuda", count, float(props.total_memory), f"{count} x {props.name} ({props.total_memory / GB:.0f} GB)")
+        return Machine(
+            "cuda", count, float(props.total_memory), f"{count} x {props.name} ({props.total_memory / GB:.0f} GB)"
+        )
     import psutil
 
     total = float(psutil.virtual_memory().total)
-    what = f"this CPU machine ({total / GB:.0f} GB RAM" + (f", shared by {processes} processes)" if processes > 1 else ")")
+    what = f"this CPU machine ({total / GB:.0f} GB RAM" + (
+        f", shared by {processes} processes)" if processes > 1 else ")"
+    )
     return Machine("cpu", processes, total / processes, what)
 
 
@@ -84,7 +93,9 @@ def as_configured(
     shape = run_shape(part, machine.device, machine.processes, strategy)
     share = global_batch(part.batch, machine.processes) // machine.processes
     peak = predict_peak(part, info, shape, libraries)
-    return Fit(shape, max(share // shape.micro_batch, 1), peak, machine.memory_per_process * (1 - MARGIN), "as the recipe says")
+    return Fit(
+        shape, max(share // shape.micro_batch, 1), peak, machine.memory_per_process * (1 - MARGIN), "as the recipe says"
+    )
 
 
 def choose(
@@ -101,9 +112,13 @@ def choose(
     share, rest = divmod(total or global_batch(part.batch, machine.processes), machine.processes)
     share = max(share, 1)
     micro = [m for m in range(share, 0, -1) if share % m == 0]
-    strategies = ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp")
+    strategies = (
+        ("single",) if machine.processes == 1 else GPU_STRATEGIES if machine.device == "cuda" else ("ddp", "fsdp")
+    )
     strategies = (strategy,) if strategy else strategies
-    order = [(s, False) for s in strategies if s != "zero3_offload"] + [(s, True) for s in strategies if s != "zero3_offload"]
+    order = [(s, False) for s in strategies if s != "zero3_offload"] + [
+        (s, True) for s in strategies if s != "zero3_offload"
+    ]
     order += [(s, c) for s in strategies if s == "zero3_offload" for c in (False, True)]
     limit = machine.memory_per_process * (1 - MARGIN)
     tried: list[Fit] = []
@@ -148,12 +163,17 @@ def _reason(fit: Fit, machine: Machine, bigger: Fit | None, tried: list[Fit], re
     ]
     if bigger is not None:
         why.append(f"micro-batch {bigger.shape.micro_batch} would need {bigger.peak.total / GB:,.2f} GB")
-    faster = [f for f in tried if f.shape.strategy != fit.shape.strategy or f.shape.checkpointing != fit.shape.checkpointing]
+    faster = [
+        f for f in tried if f.shape.strategy != fit.shape.strategy or f.shape.checkpointing != fit.shape.checkpointing
+    ]
     if faster:
         best = min(faster, key=lambda f: f.peak.total)
         why.append(f"no faster layout fits ({_describe(best)} needs {best.peak.total / GB:,.2f} GB)")
     if rest:
-        why.append(f"the global batch does not divide over {machine.processes} processes: {rest} sequences are dropped per step")
+        why.append(
+            f"the global batch does not divide over {machine.processes} "
+            f"processes: {rest} sequences are dropped per step"
+        )
     return "; ".join(why)
 
 
@@ -165,7 +185,9 @@ def certain_oom(fit: Fit, machine: Machine) -> bool:
     return fit.peak.total > machine.memory_per_process * (1 + PLAN_ERROR)
 
 
-def what_would_fit(part: PlanPart, info: dict[str, Any], machine: Machine, smallest: Fit, libraries: float | None = None) -> str:
+def what_would_fit(
+    part: PlanPart, info: dict[str, Any], machine: Machine, smallest: Fit, libraries: float | None = None
+) -> str:
     """Where nothing fits, what would, each predicted (memory.py) at micro-batch 1, with or without gradient
     checkpointing, with one thing changed: the largest data.seq_len, an adapter (for a model with trained weights to
     start from), more GPUs of this memory under FSDP or ZeRO-3; and always the memory a process would need."""
@@ -176,10 +198,17 @@ def what_would_fit(part: PlanPart, info: dict[str, Any], machine: Machine, small
         return min(predict_peak(m, info, replace(shape, checkpointing=c), libraries).total for c in (False, True))
 
     found = []
-    best, low, high = None, 1, (base.seq_len - 1) // SEQ_STEP  # data.seq_len in multiples of SEQ_STEP below the recipe's
+    best, low, high = (
+        None,
+        1,
+        (base.seq_len - 1) // SEQ_STEP,
+    )  # data.seq_len in multiples of SEQ_STEP below the recipe's
     while low <= high:  # the largest that fits (the peak grows with it)
         k = (low + high) // 2
-        need = lowest(replace(memory, data=memory.data.model_copy(update={"seq_len": k * SEQ_STEP})), replace(base, seq_len=k * SEQ_STEP))
+        need = lowest(
+            replace(memory, data=memory.data.model_copy(update={"seq_len": k * SEQ_STEP})),
+            replace(base, seq_len=k * SEQ_STEP),
+        )
         if need <= limit:
             best, low = (k * SEQ_STEP, need), k + 1
         else:
@@ -199,7 +228,8 @@ def what_would_fit(part: PlanPart, info: dict[str, Any], machine: Machine, small
                 found.append(f"{count} GPUs of this memory under FSDP or ZeRO-3 ({gb(need)} each)")
                 break
     found.append(
-        f"a process with {gb(smallest.peak.total / (1 - MARGIN))} of memory (the smallest layout with the {MARGIN:.0%} margin free)"
+        f"a process with {gb(smallest.peak.total / (1 - MARGIN))} of "
+        f"memory (the smallest layout with the {MARGIN:.0%} margin free)"
     )
     return "what would fit: " + "; or ".join(found)
 
@@ -255,11 +285,13 @@ def fit_this_run(
         chosen = choose(part, info, machine, libraries, strategy)
         needs = (
             f"training.per_device_train_batch_size={configured.shape.micro_batch} with gradient checkpointing "
-            f"{'on' if configured.shape.checkpointing else 'off'} needs about {configured.peak.total / GB:,.2f} GB per process "
-            f"(predicted peak, at the {configured.peak.phase})"
+            f"{'on' if configured.shape.checkpointing else 'off'} needs about {configured.peak.total / GB:,.2f} GB per "
+            f"process (predicted peak, at the {configured.peak.phase})"
         )
         if certain_oom(configured, machine) and refuse:
-            raise HftrainError(f"{needs}, {_certainly_over(machine)}. {_instead(part, info, machine, chosen, libraries)}")
+            raise HftrainError(
+                f"{needs}, {_certainly_over(machine)}. {_instead(part, info, machine, chosen, libraries)}"
+            )
         advice = f"parallelism.fit_memory: true would take {_describe(chosen)}" if chosen.fits else chosen.reason
         warning = (
             f"warning: {needs}, more than the {configured.limit / GB:,.1f} GB usable on {machine.description}; "
@@ -281,7 +313,9 @@ def fit_this_run(
             if certain_oom(chosen, machine)
             else f"within the plan's {PLAN_ERROR:.0%} error of the {gb(machine.memory_per_process)} a process has"
         )
-        return _fitted(batch, chosen, total), f"warning: parallelism.fit_memory: {chosen.reason}; training with that smallest layout, {why}"
+        return _fitted(
+            batch, chosen, total
+        ), f"warning: parallelism.fit_memory: {chosen.reason}; training with that smallest layout, {why}"
     return _fitted(batch, chosen, total), f"memory fit (parallelism.fit_memory): {chosen.reason}"
 
 
@@ -292,14 +326,20 @@ def _instead(part: PlanPart, info: dict[str, Any], machine: Machine, chosen: Fit
         keys = f"training.per_device_train_batch_size: {chosen.shape.micro_batch}, "
         keys += f"training.gradient_accumulation_steps: {chosen.accumulation}"
         keys += ", training.gradient_checkpointing: true" if chosen.shape.checkpointing else ""
-        advice = f"parallelism.fit_memory: true would take {_describe(chosen)} ({gb(chosen.peak.total)}), keeping the global batch ({keys})"
+        advice = (
+            f"parallelism.fit_memory: true would take {_describe(chosen)} ({gb(chosen.peak.total)}), keeping the "
+            f"global batch ({keys})"
+        )
     elif not certain_oom(chosen, machine):
         advice = (
             f"Nothing fits within the {MARGIN:.0%} margin; parallelism.fit_memory: true would take the smallest layout "
             f"({_describe(chosen)}: {gb(chosen.peak.total)}), within the plan's error: it may fit"
         )
     else:
-        advice = f"Nor would the smallest layout ({_describe(chosen)}: {gb(chosen.peak.total)}); {what_would_fit(part, info, machine, chosen, libraries)}"
+        advice = (
+            f"Nor would the smallest layout ({_describe(chosen)}: {gb(chosen.peak.total)}); "
+            f"{what_would_fit(part, info, machine, chosen, libraries)}"
+        )
     return f"{advice}. `hftrain plan` shows where the memory goes; to train as the recipe says anyway: {INSIST}."
 
 

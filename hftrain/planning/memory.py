@@ -7,8 +7,8 @@ A run's peak is the larger of two moments (measured per phase on CPUs, VmHWM res
   and the evaluation batch's logits with the loss's working set (transformers' cross-entropy:
   log-probabilities as large as the logits). With a 50k vocabulary this is often the larger one.
 On a CPU the whole process counts (RSS): the libraries' own footprint (measured here once, cached per library
-versions), hftrain's runtime (tokenizer, Trainer) and the data pipeline's shuffle windows come on top. On a GPU the figures are what
-torch's allocator hands out (`torch.cuda.max_memory_allocated`); the CUDA context is listed apart.
+versions), hftrain's runtime (tokenizer, Trainer) and the data pipeline's shuffle windows come on top. On a GPU the
+figures are what torch's allocator hands out (`torch.cuda.max_memory_allocated`); the CUDA context is listed apart.
 `benchmarks/plan_calibration.py` compares this with measured peaks on a grid of real runs.
 """
 
@@ -21,12 +21,20 @@ from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.parts import PlanPart
 
 GB = 1e9
-LIBRARIES_FALLBACK_BYTES = 0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)
+LIBRARIES_FALLBACK_BYTES = (
+    0.6e9  # CPU: the libraries' footprint before `hftrain plan` has measured it here (0.55 GB measured)
+)
 CPU_RUNTIME_BYTES = 150e6  # tokenizer, Trainer, thread pools, allocator slack: calibrated (plan_calibration.py)
 KEPT_AFTER_TRAINING = 1.25  # CPU: x the gradients' bytes, what glibc keeps of the steps' freed blocks (calibrated)
-ADAPTER_ACTIVATIONS = 1.65  # CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
-ADAPTER_BASE_COPY = 0.5  # CPU: and hold about half the fp32 base's bytes more during a step (peft's wrapped forward; calibrated)
-FUSED_HEAD_TILE = (4096, 32768)  # DPO: tokens x vocabulary TRL's fused LM head projects at a time (trl.kernels, TRL 1.16)
+# CPU: LoRA/QLoRA steps peak this much higher in activations than full training (calibrated; unmeasured on GPUs)
+ADAPTER_ACTIVATIONS = 1.65
+ADAPTER_BASE_COPY = (
+    0.5  # CPU: and hold about half the fp32 base's bytes more during a step (peft's wrapped forward; calibrated)
+)
+FUSED_HEAD_TILE = (
+    4096,
+    32768,
+)  # DPO: tokens x vocabulary TRL's fused LM head projects at a time (trl.kernels, TRL 1.16)
 CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context and kernels, outside the allocator (not in max_memory_allocated)
 LOGIT_BYTES = {  # working set per logit: (training step, evaluation)
     ("cpu-chunked", "fp32"): (8, 8),  # logits + the chunked loss's gradient (fused_loss.py); eval: + log-probs
@@ -88,7 +96,8 @@ def run_shape(
     return RunShape(
         device=device,
         processes=processes,
-        strategy=strategy or ("single" if processes == 1 else part.strategy if part.strategy not in ("auto", "single") else "ddp"),
+        strategy=strategy
+        or ("single" if processes == 1 else part.strategy if part.strategy not in ("auto", "single") else "ddp"),
         micro_batch=micro_batch or t.per_device_train_batch_size,
         eval_batch=min(eval_batch or t.per_device_eval_batch_size, part.data.eval_blocks),
         document_mask=part.data.masks_documents,
@@ -96,7 +105,9 @@ def run_shape(
         checkpointing=t.gradient_checkpointing if checkpointing is None else checkpointing,
         dtype="bf16" if bf16 else "fp32",
         attention=part.attention or "sdpa",
-        chunked_loss=device == "cpu" and not t.torch_compile and not OBJECTIVES[part.finetune.objective].tiled_loss_head,
+        chunked_loss=device == "cpu"
+        and not t.torch_compile
+        and not OBJECTIVES[part.finetune.objective].tiled_loss_head,
         objective=part.finetune.objective,
     )
 
@@ -160,31 +171,38 @@ def reference_bytes(part: PlanPart, info: dict[str, Any], shape: RunShape) -> fl
     return state_bytes(part, info, shape)["weights"]
 
 
-def predict_peak(part: PlanPart, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None) -> PeakPrediction:
-    """Peak bytes per process of the recipe (its `part`) run as `shape` (default: one CPU process as the recipe says); `info`
-    is `estimates.plan(PlanPart.of(recipe))`."""
+def logit_bytes(vocab: int, shape: RunShape) -> tuple[float, float]:
+    """Bytes of the logits and loss of one training micro-batch and of one evaluation batch."""
+    loss = "cpu-chunked" if shape.chunked_loss else "cuda-native" if shape.device == "cuda" else "native"
+    train_logit, eval_logit = LOGIT_BYTES[(loss, shape.dtype)]
+    if not OBJECTIVES[shape.objective].tiled_loss_head:
+        return (
+            train_logit * shape.micro_batch * shape.seq_len * vocab,
+            eval_logit * shape.eval_batch * shape.seq_len * vocab,
+        )
+    # TRL's fused head scores log-probabilities in tiles (no batch x seq_len x vocab logits); the evaluation's
+    # preference accuracy (eval/preference_accuracy.py) bounds its logits per forward
+    from hftrain.eval.preference_accuracy import LOGIT_BUDGET_BYTES
+
+    tokens, columns = FUSED_HEAD_TILE
+    # the fp32 tile, and half as much again for its log-sum-exp (calibrated: plan_calibration.py's DPO rows)
+    tile = 1.5 * 4 * min(tokens, 2 * shape.micro_batch * shape.seq_len) * min(columns, vocab)
+    per_row = 2 * 4 * shape.seq_len * vocab  # logits and log-probabilities of one held-out answer
+    return tile, max(tile, max(per_row, min(LOGIT_BUDGET_BYTES, 2 * shape.eval_batch * per_row)))
+
+
+def predict_peak(
+    part: PlanPart, info: dict[str, Any], shape: RunShape | None = None, libraries: float | None = None
+) -> PeakPrediction:
+    """Peak bytes per process of the recipe (its `part`) run as `shape` (default: one CPU process as the recipe says);
+    `info` is `estimates.plan(PlanPart.of(recipe))`."""
     shape = shape or run_shape(part)
     config = info["config"]
     state = state_bytes(part, info, shape)
     act = activations(config, shape)
     if part.finetune.method != "full" and shape.device == "cpu":
         act = act * ADAPTER_ACTIVATIONS + ADAPTER_BASE_COPY * 4 * info["parameters"]["total"]
-    loss = "cpu-chunked" if shape.chunked_loss else "cuda-native" if shape.device == "cuda" else "native"
-    train_logit, eval_logit = LOGIT_BYTES[(loss, shape.dtype)]
-    vocab = config.vocab_size
-    train_logits = train_logit * shape.micro_batch * shape.seq_len * vocab
-    eval_logits = eval_logit * shape.eval_batch * shape.seq_len * vocab
-    if OBJECTIVES[shape.objective].tiled_loss_head:
-        # TRL's fused head scores log-probabilities in tiles (no batch x seq_len x vocab logits); the evaluation's
-        # preference accuracy (eval/preference_accuracy.py) bounds its logits per forward
-        from hftrain.eval.preference_accuracy import LOGIT_BUDGET_BYTES
-
-        tokens, columns = FUSED_HEAD_TILE
-        # the fp32 tile, and half as much again for its log-sum-exp (calibrated: plan_calibration.py's DPO rows)
-        tile = 1.5 * 4 * min(tokens, 2 * shape.micro_batch * shape.seq_len) * min(columns, vocab)
-        per_row = 2 * 4 * shape.seq_len * vocab  # logits and log-probabilities of one held-out answer
-        train_logits = tile
-        eval_logits = max(tile, max(per_row, min(LOGIT_BUDGET_BYTES, 2 * shape.eval_batch * per_row)))
+    train_logits, eval_logits = logit_bytes(config.vocab_size, shape)
     if shape.device == "cpu":
         fixed = {
             "libraries": libraries if libraries is not None else library_footprint(),
@@ -252,10 +270,15 @@ def library_footprint(measure: bool = False) -> float:
     from hftrain import _cache
 
     versions = ",".join(
-        f"{p}={_version(metadata, p)}" for p in ("torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "deepspeed")
+        f"{p}={_version(metadata, p)}"
+        for p in ("torch", "transformers", "peft", "accelerate", "datasets", "bitsandbytes", "deepspeed")
     )
     cached = _cache.read_json("library_footprint.json")
-    if isinstance(cached, dict) and cached.get("versions") == versions and isinstance(cached.get("bytes"), (int, float)):
+    if (
+        isinstance(cached, dict)
+        and cached.get("versions") == versions
+        and isinstance(cached.get("bytes"), (int, float))
+    ):
         return float(cached["bytes"])
     if not measure:
         return LIBRARIES_FALLBACK_BYTES

@@ -78,7 +78,10 @@ def resolve(part: RunLengthPart, global_batch: int, folder_tokens: int | None) -
         if value is None or value <= 0:
             raise HftrainError(f"training.num_train_epochs: {value} is not a positive number of epochs.")
         steps = max(1, math.ceil(value * folder_tokens / per_step))
-        how = f"training.num_train_epochs={value:g} x {folder_tokens:,} prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
+        how = (
+            f"training.num_train_epochs={value:g} x {folder_tokens:,} "
+            f"prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
+        )
     note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
     beyond = [s for s in part.kept_steps if s > steps]  # given max_steps, the recipe's load refused these
     if beyond:

@@ -87,7 +87,9 @@ def dpo_loss_types() -> tuple[str, ...]:
     from trl import DPOConfig
 
     field = next((f for f in dataclasses.fields(DPOConfig) if f.name == "loss_type"), None)
-    listed = str(field.metadata.get("help", "") if field else "").partition("Possible values are:")[2].partition(". ")[0]
+    listed = (
+        str(field.metadata.get("help", "") if field else "").partition("Possible values are:")[2].partition(". ")[0]
+    )
     return tuple(re.findall(r"`'(\w+)'`", listed)) or DPO_LOSS_TYPES_TRL_1_16
 
 
@@ -99,7 +101,8 @@ def check_loss_types(value: list[str]) -> None:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ValueError(
-                f"dpo: loss_type: {name!r} is not a loss type TRL's DPOTrainer knows; {hint}give one or a list of: {', '.join(known)}"
+                f"dpo: loss_type: {name!r} is not a loss type TRL's DPOTrainer "
+                f"knows; {hint}give one or a list of: {', '.join(known)}"
             )
 
 
@@ -131,7 +134,9 @@ def check_dpo_values(dpo: dict[str, Any]) -> None:
             ):
                 lo = "" if low is None else f"{'>=' if low_ok else '>'} {low}"
                 hi = "" if high is None else f"{'<=' if high_ok else '<'} {high}"
-                raise ValueError(f"dpo: {key}: {v:g} is out of range; it must be {' and '.join(b for b in (lo, hi) if b)} ({why})")
+                raise ValueError(
+                    f"dpo: {key}: {v:g} is out of range; it must be {' and '.join(b for b in (lo, hi) if b)} ({why})"
+                )
 
 
 def _type_name(annotation: Any) -> str:
@@ -147,13 +152,15 @@ class FinetuneSection(Section):
     qlora and lora_8bit need model.from_pretrained."""
     lora: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}
     """peft LoraConfig keys (r, lora_alpha, lora_dropout, target_modules, bias, ...). target_modules defaults to
-    every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h)."""
+    every attention and MLP projection of the architecture (NeoX: query_key_value, dense, dense_h_to_4h,
+    dense_4h_to_h)."""
     quantization: QuantizationSection = QuantizationSection()
     """4-bit quantization of the base for qlora."""
     objective: Literal[tuple(OBJECTIVES)] = "lm"  # recipe/objectives.py: what each objective means to the run
     """lm: next-token loss (pretraining, or supervised fine-tuning on instruction data). dpo: Direct Preference
     Optimization on preference pairs (data format: preference), by TRL's DPOTrainer (pip install 'hftrain[dpo]').
-    The reference is the base with the adapter disabled (lora, qlora) or a frozen copy of the starting weights (full)."""
+    The reference is the base with the adapter disabled (lora, qlora) or a frozen copy of the starting weights
+    (full)."""
     dpo: dict[str, Any] = {}
     """TRL DPOConfig keys by their own names (beta, loss_type, label_smoothing, truncation_mode, ...); the
     TrainingArguments keys stay in the training section, and the sequence limit is data.seq_len."""
@@ -170,13 +177,17 @@ class FinetuneSection(Section):
         unknown = sorted(set(self.lora) - known)
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1)
-            raise ValueError(f"lora: {unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else ""))
+            raise ValueError(
+                f"lora: {unknown[0]!r} is not a LoraConfig key" + (f"; did you mean {close[0]}?" if close else "")
+            )
         return self
 
     @model_validator(mode="after")
     def _dpo_keys(self) -> FinetuneSection:
         if self.dpo and self.objective != "dpo":
-            raise ValueError("dpo: DPOConfig keys are set but finetune.objective is lm; set finetune.objective: dpo or remove them")
+            raise ValueError(
+                "dpo: DPOConfig keys are set but finetune.objective is lm; set finetune.objective: dpo or remove them"
+            )
         if self.objective != "dpo":
             return self
         try:
@@ -192,11 +203,14 @@ class FinetuneSection(Section):
                 raise ValueError(f"dpo: {key} is not taken: {DPO_KEYS_HFTRAIN_SETS[key]}")
             if key not in own:
                 where = (
-                    "; TrainingArguments keys go in the training section" if key in {f.name for f in dc.fields(TrainingArguments)} else ""
+                    "; TrainingArguments keys go in the training section"
+                    if key in {f.name for f in dc.fields(TrainingArguments)}
+                    else ""
                 )
                 close = difflib.get_close_matches(key, own, n=1)
                 raise ValueError(
-                    f"dpo: {key!r} is not a DPOConfig key{where}" + (f"; did you mean {close[0]}?" if close and not where else "")
+                    f"dpo: {key!r} is not a DPOConfig key{where}"
+                    + (f"; did you mean {close[0]}?" if close and not where else "")
                 )
         check_dpo_values(self.dpo)
         if self.method != "full" and self.dpo.get("sync_ref_model"):
@@ -205,7 +219,9 @@ class FinetuneSection(Section):
                 "disabled, so there is no reference copy to sync (TRL refuses it); use method: full or remove it"
             )
         targets = self.lora.get("target_modules") or []
-        if self.method != "full" and any(t in OUTPUT_HEADS for t in ([targets] if isinstance(targets, str) else targets)):
+        if self.method != "full" and any(
+            t in OUTPUT_HEADS for t in ([targets] if isinstance(targets, str) else targets)
+        ):
             raise ValueError(
                 "lora.target_modules: an adapter on the output head is never trained under DPO (TRL scores "
                 "log-probabilities from the head's weight directly); remove embed_out / lm_head"
@@ -215,7 +231,7 @@ class FinetuneSection(Section):
         weights = self.dpo.get("loss_weights")
         if weights is not None and len(weights) != len([losses] if isinstance(losses, str) else losses):
             raise ValueError(
-                f"dpo: loss_weights has {len(weights)} weight(s) for {len([losses] if isinstance(losses, str) else losses)} "
-                "loss_type(s); give one weight per loss type"
+                f"dpo: loss_weights has {len(weights)} weight(s) for "
+                f"{len([losses] if isinstance(losses, str) else losses)} loss_type(s); give one weight per loss type"
             )
         return self

@@ -46,7 +46,9 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------------------------------- loading
-def load_recipe(path: str | Path | None = None, overrides: list[str] | Mapping[str, Any] | None = None, **sections: Any) -> Recipe:
+def load_recipe(
+    path: str | Path | None = None, overrides: list[str] | Mapping[str, Any] | None = None, **sections: Any
+) -> Recipe:
     """Read, merge and validate a recipe.
 
     ``overrides`` is a list of ``dotted.key=value`` strings (the CLI form) or a nested dict; keyword arguments
@@ -147,7 +149,9 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     if error["type"] == "extra_forbidden":
         siblings = _field_names_at(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), siblings, n=1, cutoff=0.6)
-        hint = f"did you mean {_dotted(loc[:-1] + (close[0],))}?" if close else f"valid keys here: {', '.join(siblings)}"
+        hint = (
+            f"did you mean {_dotted(loc[:-1] + (close[0],))}?" if close else f"valid keys here: {', '.join(siblings)}"
+        )
         return path, f"{path}: unknown key; {hint}"
     message = str(error["msg"])
     if message.startswith("Value error, "):

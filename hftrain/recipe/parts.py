@@ -18,8 +18,9 @@ from hftrain.recipe.sections import SpeedSection
 
 if TYPE_CHECKING:
     from hftrain.data.loader import DataPlan
+    from hftrain.recipe.data_section import DataSection, Source
     from hftrain.recipe.finetune_section import FinetuneSection
-    from hftrain.recipe.schema import DataSection, ModelSection, Recipe, Source, TokenizerSection
+    from hftrain.recipe.schema import ModelSection, Recipe, TokenizerSection
     from hftrain.recipe.sections import CheckpointsSection, FaultsSection, HubSection, MonitorSection, ProfileSection
     from hftrain.recipe.training_section import TrainingSection
 
@@ -41,7 +42,9 @@ class ModelPart:
     @classmethod
     def of(cls, recipe: Recipe) -> ModelPart:
         m, tok, ft = recipe.model, recipe.tokenizer, recipe.finetune
-        return cls(m, tok, ft, seq_len=recipe.data.seq_len, seed=recipe.training.seed, max_memory=recipe.parallelism.max_memory)
+        return cls(
+            m, tok, ft, seq_len=recipe.data.seq_len, seed=recipe.training.seed, max_memory=recipe.parallelism.max_memory
+        )
 
     @property
     def from_pretrained(self) -> str | None:
@@ -70,7 +73,9 @@ class BatchPart:
     accumulation_given: bool  # written in the recipe (not only a default)
     gradient_checkpointing: bool
     fit_memory: bool  # parallelism.fit_memory: the fit may change the four above
-    memory_check: str = "refuse"  # parallelism.memory_check: a certain out-of-memory is refused, or warned (planning/fit.py)
+    memory_check: str = (
+        "refuse"  # parallelism.memory_check: a certain out-of-memory is refused, or warned (planning/fit.py)
+    )
 
     @classmethod
     def of(cls, recipe: Recipe) -> BatchPart:
@@ -87,7 +92,8 @@ class BatchPart:
         )
 
     def applied_to(self, recipe: Recipe) -> Recipe:
-        """The recipe as a run with this batch runs it (what its checkpoints record): unchanged when it is the recipe's own."""
+        """The recipe as a run with this batch runs it (what its checkpoints record): unchanged when it is the recipe's
+        own."""
         if self == BatchPart.of(recipe):
             return recipe
         training = recipe.training.model_copy(
@@ -210,9 +216,10 @@ class DataPart:
 class TrainerPart:
     """What the Trainer and its callbacks read (training/trainer_build.py, objectives.py, dpo.py): the run's data
     plan (the resolver's, data/loader.py), the validation set's size for its progress line (data.eval_blocks,
-    data.seq_len), training.logging_nan_inf_filter, the monitor section (metrics, evaluation tasks, sample, plot), the faults section (the non-finite
-    guard), which checkpoints are kept (the checkpoints section), the profile section, the model's part (DPO builds
-    its adapter, or its reference copy, from it) and the model's FLOPs per token (the MFU)."""
+    data.seq_len), training.logging_nan_inf_filter, the monitor section (metrics, evaluation tasks, sample, plot), the
+    faults section (the non-finite guard), which checkpoints are kept (the checkpoints section), the profile section,
+    the model's part (DPO builds its adapter, or its reference copy, from it) and the model's FLOPs per token (the
+    MFU)."""
 
     data: DataPlan
     monitor: MonitorSection
@@ -227,7 +234,9 @@ class TrainerPart:
     def of(cls, recipe: Recipe, data: DataPlan, flops_per_token: float) -> TrainerPart:
         nan_filter = recipe.training.logging_nan_inf_filter is not False
         model = ModelPart.of(recipe)
-        return cls(data, recipe.monitor, recipe.faults, recipe.checkpoints, recipe.profile, model, flops_per_token, nan_filter)
+        return cls(
+            data, recipe.monitor, recipe.faults, recipe.checkpoints, recipe.profile, model, flops_per_token, nan_filter
+        )
 
     @property
     def objective(self) -> Objective:

@@ -60,6 +60,7 @@ def preset_table() -> str:
     for name, p in PRESETS.items():
         vocab = p.vocab_size if p.published else "tok."
         rows.append(
-            f"{name:<12} {p.num_hidden_layers:>6} {p.hidden_size:>6} {p.num_attention_heads:>5} {vocab:>6} {p.max_position_embeddings:>7}"
+            f"{name:<12} {p.num_hidden_layers:>6} {p.hidden_size:>6} {p.num_attention_heads:>5} {vocab:>6} "
+            f"{p.max_position_embeddings:>7}"
         )
     return "\n".join(rows)

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 # Keys whose values never leave the process: redacted in saved recipes, logs and error messages.
-SECRET_KEY = re.compile(r"(?:^|_)(token|secret|password|passwd|api_key|secret_key|secret_access_key|private_key|credentials?)$", re.I)
+SECRET_KEY = re.compile(
+    r"(?:^|_)(token|secret|password|passwd|api_key|secret_key|secret_access_key|private_key|credentials?)$", re.I
+)
 
 
 STORAGE_SETTINGS = frozenset(
@@ -63,7 +65,11 @@ def redacted(data: Any, key: str = "", in_storage: bool = False) -> Any:
     """A copy of a nested structure with every secret removed: a secret-looking key's value replaced by *** (whole,
     when it is a mapping or list: e.g. a service-account `token: {client_email, private_key_id, ...}`), every
     storage option that is not a known setting (STORAGE_SETTINGS), and the user info of any URL."""
-    if key and (SECRET_KEY.search(key) or (in_storage and key not in STORAGE_SETTINGS)) and data not in (None, "", False, {}, []):
+    if (
+        key
+        and (SECRET_KEY.search(key) or (in_storage and key not in STORAGE_SETTINGS))
+        and data not in (None, "", False, {}, [])
+    ):
         return "***"
     if isinstance(data, Mapping):
         inside = in_storage or key == "storage_options"

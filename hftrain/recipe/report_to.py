@@ -24,7 +24,10 @@ ALONE = ("none", "all")  # no tracker / every tracker installed here: each means
 TRACKERS: dict[str, tuple[str, str | None]] = {
     "azure_ml": ("is_azureml_available", "azureml-sdk"),
     "comet_ml": ("is_comet_available", "comet-ml"),
-    "mlflow": ("is_mlflow_available", "mlflow-skinny"),  # the tracking client, as hftrain's `trackers` extra installs it
+    "mlflow": (
+        "is_mlflow_available",
+        "mlflow-skinny",
+    ),  # the tracking client, as hftrain's `trackers` extra installs it
     "neptune": ("is_neptune_available", "neptune"),
     "tensorboard": ("is_tensorboard_available", "tensorboard"),
     "trackio": ("is_trackio_available", "trackio"),
@@ -62,7 +65,9 @@ def check_names(report_to: Any) -> Any:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise ValueError(f"{name!r} is not a tracker transformers knows; {hint}give none, all, or some of: {', '.join(known)}")
+            raise ValueError(
+                f"{name!r} is not a tracker transformers knows; {hint}give none, all, or some of: {', '.join(known)}"
+            )
     return report_to
 
 
@@ -78,18 +83,20 @@ def check_installed(report_to: Any) -> None:
     if off:
         name = off[0]
         raise HftrainError(
-            f"{KEY}: {name} is turned off here ({TURNED_OFF[name]}=TRUE); unset {TURNED_OFF[name]}, or remove {name} from {KEY}."
+            f"{KEY}: {name} is turned off here ({TURNED_OFF[name]}=TRUE); "
+            f"unset {TURNED_OFF[name]}, or remove {name} from {KEY}."
         )
     if "kubeflow" in missing:
         raise HftrainError(
-            f"{KEY}: kubeflow reports to the Kubeflow TrainJob the run is in, and KUBEFLOW_TRAINER_SERVER_URL is not set here "
-            f"(a TrainJob sets it); run inside a Kubeflow TrainJob, or remove kubeflow from {KEY}."
+            f"{KEY}: kubeflow reports to the Kubeflow TrainJob the run is in, and KUBEFLOW_TRAINER_SERVER_URL is not "
+            f"set here (a TrainJob sets it); run inside a Kubeflow TrainJob, or remove kubeflow from {KEY}."
         )
     packages = " ".join(_package(integration_utils, name) for name in missing)
     what = "the library is" if len(missing) == 1 else "their libraries are"
     raise HftrainError(
         f"{KEY}: {' and '.join(missing)} cannot report: {what} not installed here; "
-        f"run `pip install {packages}`, or remove {'it' if len(missing) == 1 else 'them'} from {KEY} (none: no tracker)."
+        f"run `pip install {packages}`, or remove "
+        f"{'it' if len(missing) == 1 else 'them'} from {KEY} (none: no tracker)."
     )
 
 

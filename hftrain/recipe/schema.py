@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hftrain.recipe.finetune_section import DPO_KEYS_HFTRAIN_SETS, FinetuneSection, QuantizationSection  # noqa: F401 (re-exported)
+from hftrain.recipe.data_section import DataSection
+from hftrain.recipe.finetune_section import FinetuneSection
 from hftrain.recipe.objectives import OBJECTIVES
 from hftrain.recipe.presets import PRESETS
 from hftrain.recipe.sections import (
@@ -85,20 +86,31 @@ class ModelSection(Section):
     def _known_preset(cls, name: str | None) -> str | None:
         if name is not None and name not in PRESETS:
             close = difflib.get_close_matches(name, PRESETS, n=1)
-            raise ValueError(f"unknown preset {name!r}; " + (f"did you mean {close[0]}?" if close else "see `hftrain presets`"))
+            raise ValueError(
+                f"unknown preset {name!r}; " + (f"did you mean {close[0]}?" if close else "see `hftrain presets`")
+            )
         return name
 
     @model_validator(mode="after")
     def _a_shape_to_build(self) -> ModelSection:
         if self.preset is None and self.from_pretrained is None:
             raise ValueError(
-                "preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained"
+                "preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or "
+                "model.from_pretrained"
             )
         return self
 
     def architecture_overrides(self) -> dict[str, Any]:
         """The GPTNeoXConfig shape fields this recipe sets explicitly (dropout is training behaviour, not shape)."""
-        skip = {"preset", "from_pretrained", "revision", "trust_remote_code", "attn_implementation", "pad_vocab_multiple", *DROPOUT_FIELDS}
+        skip = {
+            "preset",
+            "from_pretrained",
+            "revision",
+            "trust_remote_code",
+            "attn_implementation",
+            "pad_vocab_multiple",
+            *DROPOUT_FIELDS,
+        }
         return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 
 
@@ -148,166 +160,6 @@ class TokenizerSection(Section):
         return self
 
 
-# ------------------------------------------------------------------------------------------------ data
-class Source(Section):
-    """One stream of documents. Give exactly one of path, dataset or builtin."""
-
-    path: str | None = None
-    """A file, directory or glob (local, file://, s3://, ...): .txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet."""
-    dataset: str | None = None
-    """A Hugging Face datasets name or local dataset script/dir, read with load_dataset(streaming=True)."""
-    dataset_config: str | None = None
-    """The dataset's configuration name (load_dataset's second argument)."""
-    split: str = "train"
-    """The split of `dataset` to read."""
-    builtin: Literal["python-docs"] | None = None
-    """Text that ships with every Python: python-docs is the docstrings of the standard library (PSF license)."""
-    pretokenized: str | None = None
-    """A token folder in datatrove's tokenized layout (*.ds, *.ds.index, *.ds.metadata), local or a URL: written by
-    `hftrain data prepare` or by datatrove's DocumentTokenizer. Read in blocks of data.seq_len without tokenizing;
-    several, with weights, are a mixture."""
-    text_field: str = "text"
-    """The column/key holding the text (jsonl, parquet, datasets)."""
-    document_boundary: Literal["file", "blank_line", "line"] = "file"
-    """Plain text files: file = each file is one document (one EOS at its end); blank_line = documents are
-    separated by one or more empty lines; line = each non-empty line is a document. Files are read in
-    bounded pieces whatever their size, and a long document is tokenized in pieces cut where the tokenizer's
-    pre-tokenizer splits, so its tokens are those of the whole document."""
-    format: Literal["auto", "txt", "jsonl", "parquet", "prompt_completion", "chat", "preference"] = "auto"
-    """File format; auto decides by extension (.gz/.zst compression is always detected). prompt_completion
-    (JSONL with prompt and completion) and chat (JSONL with messages) are instruction data: the loss is on the
-    completion / assistant tokens only. preference: pairs for finetune.objective dpo, JSONL (or a dataset) with
-    prompt, chosen and rejected strings, or chosen and rejected message lists (an optional prompt list first)."""
-    prompt_field: str = "prompt"
-    """prompt_completion: the key of the prompt."""
-    completion_field: str = "completion"
-    """prompt_completion: the key of the completion."""
-    messages_field: str = "messages"
-    """chat: the key of the list of {role, content} messages."""
-    chosen_field: str = "chosen"
-    """preference: the key of the preferred answer (a string, or a list of messages)."""
-    rejected_field: str = "rejected"
-    """preference: the key of the answer that is not preferred."""
-    weight: float = Field(default=1.0, gt=0)
-    """Relative share of this source in a mixture."""
-    storage_options: dict[str, Any] = {}
-    """fsspec options for this source's URL, e.g. {endpoint_url: http://host:9000} for an S3-compatible store.
-    By default s3:// credentials and endpoint come from the standard AWS environment and config, gs:// ones from
-    the standard Google environment (GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata server; {token: anon} for public data)."""
-
-    @model_validator(mode="after")
-    def _exactly_one_origin(self) -> Source:
-        given = [k for k in ("path", "dataset", "builtin", "pretokenized") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of path, dataset, builtin or pretokenized (got {', '.join(given) or 'none'})")
-        return self
-
-
-def data_kind(fmt: str) -> str:
-    """text, instruction (prompt_completion, chat) or preference: what a source's records are."""
-    return "instruction" if fmt in ("prompt_completion", "chat") else "preference" if fmt == "preference" else "text"
-
-
-def _as_list(value: Any) -> Any:
-    return [value] if isinstance(value, dict) else value
-
-
-MAX_SEQ_LEN = 2**20  # a million tokens per sequence: beyond any NeoX context, and any one GPU's activations
-MAX_TRAIN_TOKENS = 10**15  # about 30x the largest published pretraining runs: a bigger number is a typo, not a plan
-
-
-class DataSection(Section):
-    """Where the text comes from and how it becomes fixed-length training blocks."""
-
-    train: list[Source] = [Source(builtin="python-docs")]
-    """Training source, or a list of sources (a mixture)."""
-    validation: Source | None = None
-    """A separate validation source. When given, no training data is held out."""
-    holdout_every: int = Field(default=50, ge=2)
-    """Without a validation source, every N-th training document is held out for validation."""
-    eval_blocks: int = Field(default=32, gt=0)
-    """How many seq_len blocks the validation set holds (read once, kept in memory)."""
-    train_tokens: int | None = Field(default=None, gt=0)
-    """Size the run in tokens instead of steps: max_steps = ceil(train_tokens / (global batch x seq_len)).
-    training.max_steps, when also set, wins (see docs/recipes-and-data.md, "Run length")."""
-    seq_len: int = Field(default=256, gt=1)
-    """Tokens per training block. Documents are joined with EOS and cut into blocks of exactly this length."""
-    shuffle_window: int | None = Field(default=None, ge=1)
-    """Blocks each logical reader shuffles together (deterministic from training.seed); 1 disables shuffling.
-    Default: about 4M tokens over all readers (8,192 blocks per reader at seq_len 64 with 8 readers, 256 at
-    2048), fixed at the run's start. Bigger mixes more documents; the first step and a resume tokenize one window."""
-    packing: bool = True
-    """Instruction data: pack several short examples into one block (best fit within each shuffle window; each
-    attends only to itself, on every attention kernel); false pads each example to seq_len instead."""
-    document_masking: bool | None = None
-    """Each document attends only to itself (and its first token is not predicted from the one before). Default:
-    on for packed instruction examples, off for pretraining text (documents joined with EOS attend to the ones
-    before them in their block, as Pythia was trained). `hftrain data inspect RECIPE --check-packing` checks it."""
-    readers: int | None = Field(default=None, gt=0)
-    """Logical readers, each owning an equal share of every source (whole shards, or a part of each); fixed at the
-    run's start. The data order (and so the losses) is the same on any launch whose processes x dataloader
-    workers divides it, and a checkpoint resumes onto any such launch. Default: 8 (fewer if a source has fewer
-    shards), times whatever the first launch needs."""
-    on_bad_record: Literal["fail", "skip"] = "fail"
-    """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
-
-    _wrap_train = field_validator("train", mode="before")(_as_list)
-
-    @field_validator("train")
-    @classmethod
-    def _some_training_data(cls, sources: list[Source]) -> list[Source]:
-        if not sources:
-            raise ValueError("an empty list: give at least one source, e.g. {path: data.jsonl} or {builtin: python-docs}")
-        return sources
-
-    @field_validator("seq_len", "train_tokens")
-    @classmethod
-    def _within_reach(cls, value: int | None, info: Any) -> int | None:
-        limit = {"seq_len": MAX_SEQ_LEN, "train_tokens": MAX_TRAIN_TOKENS}[info.field_name]
-        if value is not None and value > limit:
-            what = "tokens per sequence" if info.field_name == "seq_len" else "training tokens"
-            raise ValueError(f"{value:,} {what} is more than hftrain trains (at most {limit:,}); check the number (a misplaced exponent?)")
-        return value
-
-    @model_validator(mode="after")
-    def _one_kind_of_data(self) -> DataSection:
-        if len({s.pretokenized is None for s in self.train}) > 1:
-            raise ValueError(
-                "train: token folders (pretokenized) mix only with other token folders; prepare the text sources too "
-                "(`hftrain data prepare`), or give only text sources"
-            )
-        kinds = {data_kind(s.format) for s in self.train + ([self.validation] if self.validation else [])}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"train/validation: {' and '.join(sorted(kinds))} data cannot be mixed; give sources of one kind "
-                "(plain text, instruction data: prompt_completion or chat, or preference pairs)"
-            )
-        if self.document_masking is False and self.packing and self.instruction_data:
-            raise ValueError(
-                "document_masking: false would let packed instruction examples attend to each other; remove "
-                "it (examples are always kept apart), or set data.packing: false to pad each example instead"
-            )
-        return self
-
-    @property
-    def instruction_data(self) -> bool:
-        return data_kind(self.train[0].format) == "instruction"
-
-    @property
-    def preference_data(self) -> bool:
-        return data_kind(self.train[0].format) == "preference"
-
-    @property
-    def packs_documents(self) -> bool:
-        """Whether one block may hold several documents that must not see each other."""
-        return bool(self.document_masking) or (self.instruction_data and self.packing)
-
-    @property
-    def masks_documents(self) -> bool:
-        """Whether each document (instruction example) attends only to itself."""
-        return self.instruction_data or bool(self.document_masking)
-
-
 class Recipe(Section):
     """One whole run: model, tokenizer, data, training hyper-parameters and reporting."""
 
@@ -339,19 +191,24 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _the_model_brings_its_tokenizer(self) -> Recipe:
         tok, source = self.tokenizer, self.model.from_pretrained
-        if source and not any(getattr(tok, kind) is not None for kind in ("builtin", "path", "train") if kind in tok.model_fields_set):
+        if source and not any(
+            getattr(tok, kind) is not None for kind in ("builtin", "path", "train") if kind in tok.model_fields_set
+        ):
             tok.path, tok.builtin = source, None  # the model's own tokenizer travels with it
         elif source and tok.train is not None and not tok.replace_model_tokenizer:
             raise ValueError(
-                f"tokenizer.train: a new tokenizer for {source}, whose embeddings were trained with its own; remove the "
-                "tokenizer section to use the model's, or set tokenizer.replace_model_tokenizer: true if that is intended"
+                f"tokenizer.train: a new tokenizer for {source}, whose embeddings were trained with its own; remove "
+                "the tokenizer section to use the model's, or set "
+                "tokenizer.replace_model_tokenizer: true if that is intended"
             )
         return self
 
     @model_validator(mode="after")
     def _quantized_needs_weights(self) -> Recipe:
         if self.finetune.method in ("qlora", "lora_8bit") and not self.model.from_pretrained:
-            raise ValueError(f"finetune.method {self.finetune.method} quantizes pretrained weights: set model.from_pretrained")
+            raise ValueError(
+                f"finetune.method {self.finetune.method} quantizes pretrained weights: set model.from_pretrained"
+            )
         return self
 
     @model_validator(mode="after")
@@ -359,8 +216,8 @@ class Recipe(Section):
         wants_pairs, pairs = OBJECTIVES[self.finetune.objective].data_format == "preference", self.data.preference_data
         if wants_pairs and not pairs:
             raise ValueError(
-                f"finetune.objective {self.finetune.objective} trains on preference pairs: set format: preference on data.train "
-                "(records with prompt, chosen and rejected)"
+                f"finetune.objective {self.finetune.objective} trains on preference pairs: set format: preference on "
+                "data.train (records with prompt, chosen and rejected)"
             )
         if pairs and not wants_pairs:
             raise ValueError(
@@ -377,7 +234,9 @@ class Recipe(Section):
                 "and training.hub_model_id"
             )
         if self.checkpoints.push_revisions and not (self.checkpoints.schedule or self.checkpoints.steps):
-            raise ValueError("checkpoints.push_revisions: no checkpoint is kept; set checkpoints.schedule or checkpoints.steps")
+            raise ValueError(
+                "checkpoints.push_revisions: no checkpoint is kept; set checkpoints.schedule or checkpoints.steps"
+            )
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
-"""The recipe's smaller sections (parallelism, hub, checkpoints, faults, monitor, profile) and the base every section shares; schema.py
-holds the others and the whole Recipe. Each field is documented right under it, for `hftrain explain`."""
+"""The recipe's smaller sections (parallelism, hub, checkpoints, faults, monitor, profile) and the base every section
+shares; schema.py holds the others and the whole Recipe. Each field is documented right under it, for `hftrain
+explain`."""
 
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ class CheckpointsSection(Section):
         if self.schedule is not None:
             kept.add(0)
             until, every = self._log_part()
-            kept |= {1 << k for k in range(max(min(until, max_steps), 1).bit_length()) if 1 << k <= min(until, max_steps)}
+            kept |= {
+                1 << k for k in range(max(min(until, max_steps), 1).bit_length()) if 1 << k <= min(until, max_steps)
+            }
             if every is not None:
                 kept |= set(range((until // every + 1) * every, max_steps + 1, every))
         return sorted(kept)
@@ -217,7 +220,8 @@ class ParallelismSection(Section):
     recommends for the memory at hand (each GPU's, or this machine's RAM shared by its processes) under the launched
     strategy, keeping the global batch (accumulation derived), and prints the choice. Unlike TrainingArguments'
     auto_find_batch_size, which halves the micro-batch after a CUDA out-of-memory error at run time and changes the
-    global batch with it, this is decided on paper before step 1 and keeps the global batch (and so the run's losses)."""
+    global batch with it, this is decided on paper before step 1 and keeps the global batch (and so the run's
+    losses)."""
     memory_check: Literal["refuse", "warn"] = "refuse"
     """What `train` does with a layout that would certainly run out of memory: its predicted peak (`hftrain plan`) over
     each process's whole memory by more than the prediction's measured error (12%, docs/planning.md), whether the

@@ -61,7 +61,8 @@ def _steps_to_train(value: Any) -> Any:
 def _no_token_in_recipes(value: Any) -> Any:
     if value:
         raise ValueError(
-            "tokens never go in a recipe (it is saved with every checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
+            "tokens never go in a recipe (it is saved with every "
+            "checkpoint); remove it and set HF_TOKEN or run `hf auth login`"
         )
     return value
 

@@ -80,7 +80,9 @@ def read_transformers() -> dict[str, Any]:
         else:
             default = None
         default = default.value if isinstance(default, enum.Enum) else default
-        fields.append({"name": f.name, "type": encode(hints.get(f.name, Any)), "default": default, "help": f.metadata.get("help")})
+        fields.append(
+            {"name": f.name, "type": encode(hints.get(f.name, Any)), "default": default, "help": f.metadata.get("help")}
+        )
     return {"version": TABLE_VERSION, "fields": fields, "trackers": list(INTEGRATION_TO_CALLBACK)}
 
 
@@ -144,7 +146,8 @@ def decode(encoded: Any) -> Any:
 def _enum(named: str, values: tuple[Any, ...]) -> type[enum.Enum]:
     """A str enum with transformers' values and name (a recipe gives the value; TrainingArguments takes it)."""
     module, _, name = named.rpartition(".")
-    made = enum.Enum(name, {f"V{i}": value for i, value in enumerate(values)}, type=str, module=module)  # type: ignore[call-overload]
+    members = {f"V{i}": value for i, value in enumerate(values)}
+    made = enum.Enum(name, members, type=str, module=module)  # type: ignore[call-overload]
     made.__qualname__ = name
     return made
 

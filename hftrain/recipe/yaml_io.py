@@ -28,7 +28,9 @@ RecipeLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 RecipeLoader.add_implicit_resolver(
@@ -54,7 +56,10 @@ class StrictRecipeLoader(RecipeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given on line {seen[key].line + 1}); keep one of them", key_node.start_mark
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {seen[key].line + 1}); keep one of them",
+                    key_node.start_mark,
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
@@ -87,7 +92,9 @@ def dump_yaml(data: Any) -> str:
 
 def read_recipe_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise HftrainError(f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml).")
+        raise HftrainError(
+            f"{path}: recipe file not found. Shipped recipes live in recipes/ (try recipes/quickstart.yaml)."
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -106,6 +113,7 @@ def read_recipe_file(path: Path) -> dict[str, Any]:
         )
     if not isinstance(data, dict):
         raise HftrainError(
-            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a {type(data).__name__}."
+            f"{path}: a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a "
+            f"{type(data).__name__}."
         )
     return data

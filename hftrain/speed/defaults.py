@@ -1,7 +1,7 @@
 """Speed defaults: autocast dtype (bf16 / fp16 / tf32) and torch.compile, decided per run by measurement on the
 device the run uses, where the recipe leaves them unset. A recipe that sets ``training.bf16``, ``training.fp16``,
-``training.tf32``, ``training.torch_compile`` or ``training.optim`` keeps its choice; a resumed run keeps the choices recorded at
-its start (the CheckpointManager records them), so its losses continue exactly.
+``training.tf32``, ``training.torch_compile`` or ``training.optim`` keeps its choice; a resumed run keeps the choices
+recorded at its start (the CheckpointManager records them), so its losses continue exactly.
 
 How each lever is decided (probe.py measures, this module decides; the decision is pure, so tests feed
 it the measurements of any machine):
@@ -53,10 +53,11 @@ from hftrain.speed.probe import (
 )
 
 DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
-# share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring. CUDA bf16: hftrain
-# at pythia-160m, 8 x 2,048 tokens on an H200 (2026-11-27, ../shared/notes/gpu-peers.md) ran 210,865 tokens/s eager and
-# 266,764 compiled: the compiled step takes 0.79 of the eager one. fp16 fuses the same casts (taken as bf16's); fp32
-# and tf32 on a GPU were not measured (the matmuls, which compile leaves alone, are a larger share of the step).
+# share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring. CUDA bf16:
+# hftrain at pythia-160m, 8 x 2,048 tokens on an H200 (2026-11-27, ../shared/notes/gpu-peers.md) ran 210,865 tokens/s
+# eager and 266,764 compiled: the compiled step takes 0.79 of the eager one. fp16 fuses the same casts (taken as
+# bf16's); fp32 and tf32 on a GPU were not measured (the matmuls, which compile leaves alone, are a larger share of the
+# step).
 COMPILE_SAVING = {
     ("cpu", "fp32"): 0.0,
     ("cpu", "bf16"): 0.3,
@@ -107,7 +108,9 @@ class SpeedPlan:
     values: dict[str, Any] = field(default_factory=dict)  # TrainingArguments keys hftrain set
     reasons: list[str] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
-    chunked_loss: bool = False  # hftrain's chunked cross-entropy (model/fused_loss.py), decided in training/arguments.py
+    chunked_loss: bool = (
+        False  # hftrain's chunked cross-entropy (model/fused_loss.py), decided in training/arguments.py
+    )
     fp8: str | None = None  # speed.fp8's recipe (speed/fp8.py), checked here before the probe: the model's layers
 
     def to_json(self) -> dict[str, Any]:
@@ -118,7 +121,9 @@ class SpeedPlan:
         return cls(dict(data["values"]), list(data["reasons"]), dict(data["measured"]))
 
 
-def choose_dtype(part: SpeedPart, measured: Measurement | None, device: torch.device, strategy: str = "single") -> tuple[str, str]:
+def choose_dtype(
+    part: SpeedPart, measured: Measurement | None, device: torch.device, strategy: str = "single"
+) -> tuple[str, str]:
     """ "fp32" or the autocast dtype to train in, with the reason."""
     if part.method in ("qlora", "lora_8bit"):
         return "fp32", "quantized fine-tuning uses its own compute dtype"
@@ -164,7 +169,10 @@ def choose_compile(
         return False, "it was measured to save nothing for this device and precision"
     warmup = compile_warmup_s(device_type, layers, warm)
     saving = eager_seconds * saving_share
-    about = f"~{eager_seconds / 60:.0f} min eager, saves ~{saving:.0f} s against a ~{warmup:.0f} s {'warm' if warm else 'cold'} compile"
+    about = (
+        f"~{eager_seconds / 60:.0f} min eager, saves ~{saving:.0f} s against a ~{warmup:.0f} s "
+        f"{'warm' if warm else 'cold'} compile"
+    )
     if saving < 2 * warmup:
         return False, f"a short run ({about}): the compile would not pay back"
     return True, f"a long run ({about}): the compile pays back"
@@ -197,7 +205,9 @@ def decide(
         dtype = next((key for key in ("bf16", "fp16", "tf32") if kwargs.get(key)), dtype)  # the recipe's own, if set
         step = measured.seconds.get(dtype, measured.seconds["fp32"]) if measured else float("inf")
         share = COMPILE_SAVING.get((device.type, dtype), 0.0)
-        on, why = choose_compile(part, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share, device.type, layers)
+        on, why = choose_compile(
+            part, kwargs, strategy, kwargs["max_steps"] * step, warm_compile, share, device.type, layers
+        )
         plan.values["torch_compile"] = on
         plan.reasons.append(f"torch_compile={'on' if on else 'off'} ({why})")
     return plan
@@ -206,7 +216,9 @@ def decide(
 def undecided(kwargs: dict[str, Any]) -> list[str]:
     """What `decide` would choose for these TrainingArguments keys: the autocast dtype unless the recipe sets any
     precision key, torch.compile unless it sets torch_compile. Empty: the speed probe has nothing to decide."""
-    return ([] if any(key in kwargs for key in PRECISION_KEYS) else ["dtype"]) + ([] if "torch_compile" in kwargs else ["torch_compile"])
+    return ([] if any(key in kwargs for key in PRECISION_KEYS) else ["dtype"]) + (
+        [] if "torch_compile" in kwargs else ["torch_compile"]
+    )
 
 
 def device_levers(chosen: set[str], values: dict[str, Any], device: DeviceFacts) -> tuple[dict[str, Any], list[str]]:
@@ -221,7 +233,10 @@ def device_levers(chosen: set[str], values: dict[str, Any], device: DeviceFacts)
         reasons.append(f"tf32 for the fp32 matmuls beside bf16 ({device.label})")
     if "optim" not in chosen and device.type == "cuda":
         out["optim"] = FUSED_ADAMW
-        reasons.append(f"optim={FUSED_ADAMW} (fused AdamW on CUDA: one kernel for all parameters, a non-finite step skipped on the device)")
+        reasons.append(
+            f"optim={FUSED_ADAMW} (fused AdamW on CUDA: one kernel for "
+            "all parameters, a non-finite step skipped on the device)"
+        )
     return out, reasons
 
 
@@ -229,7 +244,9 @@ def kept_here(kept: dict[str, Any], device: DeviceFacts) -> tuple[dict[str, Any]
     """What a continuing run keeps from its start, less what this device cannot do: tf32 recorded on an Ampere card
     is left unset on one without TF32 (TrainingArguments refuses tf32=True there)."""
     if kept.get("tf32") and not device.tf32:
-        return {k: v for k, v in kept.items() if k != "tf32"}, [f"tf32 from the run's start left unset: no TF32 on {device.label}"]
+        return {k: v for k, v in kept.items() if k != "tf32"}, [
+            f"tf32 from the run's start left unset: no TF32 on {device.label}"
+        ]
     return kept, []
 
 
@@ -238,7 +255,12 @@ def dtype_keys(device: torch.device) -> tuple[str, ...]:
     return PRECISION_KEYS if device.type == "cuda" else ("bf16",)
 
 
-PROBE_OPTIONS = ("hidden_act", "rotary_pct", "use_parallel_residual", "tie_word_embeddings")  # config keys a layer's work depends on
+PROBE_OPTIONS = (
+    "hidden_act",
+    "rotary_pct",
+    "use_parallel_residual",
+    "tie_word_embeddings",
+)  # config keys a layer's work depends on
 
 
 def probe_shape(part: SpeedPart, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:
@@ -261,7 +283,9 @@ def probe_shape(part: SpeedPart, kwargs: dict[str, Any], shape: ModelShape) -> P
     )
 
 
-def decide_here(part: SpeedPart, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device) -> SpeedPlan:
+def decide_here(
+    part: SpeedPart, kwargs: dict[str, Any], strategy: str, shape: ModelShape, device: torch.device
+) -> SpeedPlan:
     """Measure on `device` (or read this machine's cached measurement) and decide."""
     if device.type == "cpu" and strategy == "zero3":  # fp32 only, compile never: nothing a measurement would decide
         return decide(part, kwargs, strategy, None, device, warm_compile=False)

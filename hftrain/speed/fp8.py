@@ -79,7 +79,8 @@ def describe(counts: dict[str, int], fp8: str) -> str:
     odd = f", {counts['unaligned']} with dims not multiples of {ALIGN}" if counts["unaligned"] else ""
     return (
         f"fp8 ({fp8}, torchao): {counts['converted']} of {counts['linear']} linear layers in FP8 matmuls, in blocks "
-        f"1-{counts['blocks'] - 2} of 0-{counts['blocks'] - 1}; the output head, the first and last block{odd} stay in high precision"
+        f"1-{counts['blocks'] - 2} of 0-{counts['blocks'] - 1}; the output "
+        f"head, the first and last block{odd} stay in high precision"
     )
 
 
@@ -96,8 +97,8 @@ def expectation(hidden: int) -> str:
         verdict = f"hidden {hidden:,}: a few percent at best"
     else:
         verdict = (
-            f"hidden {hidden:,}: FP8 may be slower than bf16 (below ~{MAY_LOSE_BELOW_HIDDEN:,} its casts and scales cost "
-            "more than the small matmuls save)"
+            f"hidden {hidden:,}: FP8 may be slower than bf16 (below ~{MAY_LOSE_BELOW_HIDDEN:,} its casts and scales "
+            "cost more than the small matmuls save)"
         )
     return f"{verdict}; published: {PUBLISHED}; FP8 pays from hidden ~{PAYS_FROM_HIDDEN:,}"
 
@@ -150,7 +151,8 @@ def check(
         )
     if strategy == "zero3":
         raise HftrainError(
-            f"{what} with parallelism.strategy=zero3: not supported; torchao documents its FP8 layers with FSDP2 and DDP, "
+            f"{what} with parallelism.strategy=zero3: not supported; "
+            "torchao documents its FP8 layers with FSDP2 and DDP, "
             f"not with DeepSpeed's weights partitioned as the model is built (zero.Init); use --accelerate-config fsdp "
             f"(or ddp), or remove {KEY}."
         )
@@ -160,10 +162,14 @@ def check(
             f"multiples of {ALIGN} stay in high precision; it has {len(shape.block_params)} blocks); remove {KEY}."
         )
     if not (installed if installed is not None else importlib.util.find_spec("torchao") is not None):
-        raise HftrainError(f"{what} needs torchao, which is not installed: pip install 'hftrain[fp8]' (or remove {KEY}).")
+        raise HftrainError(
+            f"{what} needs torchao, which is not installed: pip install 'hftrain[fp8]' (or remove {KEY})."
+        )
 
 
-def check_here(fp8: str | None, device: torch.device, recipe_kwargs: dict[str, Any], method: str, strategy: str, shape: ModelShape) -> None:
+def check_here(
+    fp8: str | None, device: torch.device, recipe_kwargs: dict[str, Any], method: str, strategy: str, shape: ModelShape
+) -> None:
     """`check` for the device this process trains on (its compute capability and name read from CUDA)."""
     if fp8:
         card = torch.cuda.get_device_name(device) if device.type == "cuda" else ""

@@ -41,7 +41,9 @@ def peak_flops_here(device: torch.device, dtype: torch.dtype) -> tuple[float, st
     kept = _cache.read_json(PEAKS_FILE)
     kept = kept if isinstance(kept, dict) else {}
     if isinstance(kept.get(key), dict) and kept[key].get("flops", 0) > 0:
-        return float(kept[key]["flops"]), f"measured on this machine on {kept[key]['date']} ({_cache.cache_dir() / PEAKS_FILE})"
+        return float(
+            kept[key]["flops"]
+        ), f"measured on this machine on {kept[key]['date']} ({_cache.cache_dir() / PEAKS_FILE})"
     flops = measure_peak_flops(device, dtype)
     _cache.write_json(PEAKS_FILE, {**kept, key: {"flops": flops, "date": time.strftime("%Y-%m-%d")}}, indent=1)
     return flops, "measured here now"

@@ -10,9 +10,9 @@ context and micro-batch, in fp32 and under each candidate autocast dtype, and ad
 The dtypes take turns in two rounds (fp32, bf16, then bf16, fp32) and each keeps its faster round: timed once
 each, one after the other, a busy moment on a shared machine had cached bf16 at 1.15x fp32 on a Xeon where bf16
 runs at half of fp32, and every later run of that shape trained at 0.79x the plain Trainer (benchmarks/
-throughput.py, small shape). It takes 2-24 s on a 2-core CPU (more for a wide model with a long context); the result is cached per machine,
-library versions and shape in ``~/.cache/hftrain/speed.json`` (HFTRAIN_CACHE_DIR moves it), so later runs of the
-same shape decide at once.
+throughput.py, small shape). It takes 2-24 s on a 2-core CPU (more for a wide model with a long context); the result is
+cached per machine, library versions and shape in ``~/.cache/hftrain/speed.json`` (HFTRAIN_CACHE_DIR moves it), so later
+runs of the same shape decide at once.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from hftrain import _cache
 from hftrain.model import fused_loss
 from hftrain.speed.hardware import cpu_description
 
-CACHE_VERSION = 5  # 5: dtypes timed in alternating rounds (a busy moment had flipped a cached choice); 4: glibc malloc thresholds pinned on CPUs (_compat.keep_freed_memory); 3: the chunked loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
+# 5: dtypes timed in alternating rounds (a busy moment had flipped a cached choice); 4:
+# glibc malloc thresholds pinned on CPUs (_compat.keep_freed_memory); 3: the chunked
+# loss on CPUs (fused_loss.py); 2: whole-step estimates (1 timed the matmuls only)
+CACHE_VERSION = 5
 PROBE_SECONDS = 0.25  # per candidate dtype and round, after one warm-up pass
 PROBE_BUDGET_S = 60.0  # a probe expected to take longer is skipped (defaults.decide_here says so)
 
@@ -72,7 +75,10 @@ def machine_id(device: torch.device) -> str:
         hardware = torch.cuda.get_device_name(device)
     else:
         hardware = cpu_description()
-    return f"{hardware}|threads={torch.get_num_threads()}|torch={torch.__version__}|transformers={transformers.__version__}"
+    return (
+        f"{hardware}|threads={torch.get_num_threads()}|torch={torch.__version__}|"
+        f"transformers={transformers.__version__}"
+    )
 
 
 def candidates(device: torch.device) -> list[str]:
@@ -174,9 +180,12 @@ def _time_dtypes(shape: ProbeShape, device: torch.device) -> dict[str, float]:
     layer_model = _probe_model(shape, 1, 8, device).gpt_neox  # fed embeddings: its own (tiny) vocabulary is unused
     optimizer = _optimizer_seconds(shape.parameters, device)
     slowdown = {
-        d: _small_matmul_seconds(device, d) / _small_matmul_seconds(device, "fp32") if d != "fp32" else 1.0 for d in candidates(device)
+        d: _small_matmul_seconds(device, d) / _small_matmul_seconds(device, "fp32") if d != "fp32" else 1.0
+        for d in candidates(device)
     }
-    probed = [d for d in slowdown if slowdown[d] <= TOO_SLOW]  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): not probed further
+    probed = [
+        d for d in slowdown if slowdown[d] <= TOO_SLOW
+    ]  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): not probed further
     compute = {d: float("inf") for d in probed}
     for order in (probed, probed[::-1]):  # the dtypes take turns, twice, in opposite orders: a busy moment of a shared
         for dtype in order:  # machine lands on each, and the faster round of each counts (it is cached)
@@ -222,7 +231,9 @@ def _probe_model(shape: ProbeShape, layers: int, vocab: int, device: torch.devic
         return GPTNeoXForCausalLM(config).train()
 
 
-def _train_pass(model: torch.nn.Module, device: torch.device, autocast: torch.dtype | None, **inputs: torch.Tensor) -> None:
+def _train_pass(
+    model: torch.nn.Module, device: torch.device, autocast: torch.dtype | None, **inputs: torch.Tensor
+) -> None:
     """One forward + backward of `model`: its loss, or (a bare layer stack) the sum of its output."""
     with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
         out = model(**inputs)

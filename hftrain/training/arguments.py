@@ -42,13 +42,24 @@ def start_record(args: TrainingArguments, dims: ParallelDims) -> dict[str, Any]:
     """What a run records at its start and keeps when it continues (CheckpointManager.recorded_start)."""
     levers = {key: value for key in speed.LEVER_KEYS if (value := getattr(args, key)) is not None}
     readers = dims.readers
-    return {"speed": levers, "global_batch": dims.global_batch, "readers": readers.readers, "shuffle_window": readers.window}
+    return {
+        "speed": levers,
+        "global_batch": dims.global_batch,
+        "readers": readers.readers,
+        "shuffle_window": readers.window,
+    }
 
 
-HFTRAIN_KEYS = ("resume_from_checkpoint", "push_to_hub", "save_total_limit")  # read by hftrain (module docstring), not the Trainer
+HFTRAIN_KEYS = (
+    "resume_from_checkpoint",
+    "push_to_hub",
+    "save_total_limit",
+)  # read by hftrain (module docstring), not the Trainer
 
 
-def argument_values(recipe_kwargs: dict[str, Any], dims: ParallelDims, length: RunLength, device: str) -> dict[str, Any]:
+def argument_values(
+    recipe_kwargs: dict[str, Any], dims: ParallelDims, length: RunLength, device: str
+) -> dict[str, Any]:
     """The TrainingArguments values for this run's dims and length, before the speed levers (``set_up``). Pure:
     `recipe_kwargs` are the training section's keys; `device` the launch's (cuda | cpu)."""
     kwargs = {key: value for key, value in recipe_kwargs.items() if key not in HFTRAIN_KEYS}
@@ -68,7 +79,11 @@ def non_blocking_copies(kwargs: dict[str, Any]) -> dict[str, Any]:
     a blocking copy waits for every kernel queued before it, so the host could not queue the next step ahead. A
     recipe that sets non_blocking, turns pinning off or gives accelerator_config as a file keeps its own."""
     config = kwargs.get("accelerator_config")
-    if kwargs.get("dataloader_pin_memory") is False or not (config is None or isinstance(config, dict)) or "non_blocking" in (config or {}):
+    if (
+        kwargs.get("dataloader_pin_memory") is False
+        or not (config is None or isinstance(config, dict))
+        or "non_blocking" in (config or {})
+    ):
         return {}
     return {"accelerator_config": {**(config or {}), "non_blocking": True}}
 
@@ -90,7 +105,9 @@ def set_up(
     device = training_device(resolved, dims)
     fp8_setting = speed_part.section.fp8
     fp8.check_here(fp8_setting, device, dict(resolved), model.finetune.method, dims.strategy, shape)
-    storage = node_disks.storage_settings(dict(resolved), output_dir, dims)  # several nodes: a shared disk or each its own
+    storage = node_disks.storage_settings(
+        dict(resolved), output_dir, dims
+    )  # several nodes: a shared disk or each its own
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
     compiled, why = fp8.compile_for(fp8_setting, dict(resolved))  # speed.fp8 with torch_compile unset: on
     plan = speed_defaults(speed_part, {**resolved, **storage, **compiled}, dims, shape, recorded.get("speed"), device)
@@ -98,7 +115,9 @@ def set_up(
     plan = SpeedPlan({**compiled, **plan.values}, [*why, *plan.reasons, *([memory] if memory else [])], plan.measured)
     # hftrain's chunked cross-entropy where speed.loss says (auto: eager training on a CPU), unless DPO's own head
     choice = speed_part.section.loss
-    plan.chunked_loss = fused_loss.applies(device, bool(values.get("torch_compile")), choice) and not model.objective.tiled_loss_head
+    plan.chunked_loss = (
+        fused_loss.applies(device, bool(values.get("torch_compile")), choice) and not model.objective.tiled_loss_head
+    )
     if plan.chunked_loss:
         why_chunked = "eager training on a CPU" if choice == "auto" else "speed.loss=chunked"
         plan.reasons.append(f"loss: cross-entropy in chunks, no fp32 copy of all the logits ({why_chunked})")
@@ -122,7 +141,12 @@ def training_device(kwargs: dict[str, Any], dims: ParallelDims) -> torch.device:
 
 
 def speed_defaults(
-    part: SpeedPart, kwargs: dict[str, Any], dims: ParallelDims, shape: ModelShape, recorded: dict[str, Any] | None, device: torch.device
+    part: SpeedPart,
+    kwargs: dict[str, Any],
+    dims: ParallelDims,
+    shape: ModelShape,
+    recorded: dict[str, Any] | None,
+    device: torch.device,
 ) -> SpeedPlan:
     """bf16 / fp16 / tf32 / torch_compile / optim where the recipe leaves them unset: as recorded at the run's start
     (a resumed run), else decided by measurement on this device (speed/defaults.py), the same in every process; then

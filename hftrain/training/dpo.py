@@ -68,13 +68,20 @@ def _trainer_class() -> type:
         """TRL's DPOTrainer behind hftrain's overrides (see the module docstring)."""
 
         def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-            """hftrain writes the model card (integrations/hub.py), naming the method; TRL's would go to the run's root."""
+            """hftrain writes the model card (integrations/hub.py), naming the method; TRL's would go to the run's
+            root."""
 
     return PreferenceTrainer
 
 
 def preference_trainer(
-    part: ModelPart, options: TrainerOptions, model: Any, args: Any, tokenizer: Any, callbacks: list[Any], tokenizer_is_new: bool = False
+    part: ModelPart,
+    options: TrainerOptions,
+    model: Any,
+    args: Any,
+    tokenizer: Any,
+    callbacks: list[Any],
+    tokenizer_is_new: bool = False,
 ) -> HftrainTrainer:
     """The DPO trainer: TRL's reference (adapter disabled, or a frozen copy of the starting
     weights), TRL's evaluation set and collator, hftrain's stream and held-out preference accuracy."""

@@ -30,13 +30,22 @@ class InputCheckCallback(TrainerCallback):
         self.line: str | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
-        if args.device.type != "cuda" or not state.is_world_process_zero or not isinstance(train_dataloader, ResumableLoader):
+        if (
+            args.device.type != "cuda"
+            or not state.is_world_process_zero
+            or not isinstance(train_dataloader, ResumableLoader)
+        ):
             return
         o, dataset = self.options, train_dataloader.dataset
         consumed = consumed_tokens_per_s(o.flops_per_token, o.peak_flops, self.mfu, bool(args.gradient_checkpointing))
-        how = f"{self.mfu:.0%} of its {o.peak_flops / 1e12:,.0f} TFLOP/s peak at {o.flops_per_token:.3g} FLOPs per token, as `hftrain plan` times a step"
+        how = (
+            f"{self.mfu:.0%} of its {o.peak_flops / 1e12:,.0f} TFLOP/s peak at {o.flops_per_token:.3g} FLOPs per "
+            "token, as `hftrain plan` times a step"
+        )
         per_worker = tokens_per_s(dataset.plan, dataset.tokenizer, dataset.layout.readers, self.seconds)
         pretokenized = dataset.plan.pretokenized
-        self.line = input_warning(consumed, per_worker, args.dataloader_num_workers, o.input_bound_threshold, pretokenized, how)
+        self.line = input_warning(
+            consumed, per_worker, args.dataloader_num_workers, o.input_bound_threshold, pretokenized, how
+        )
         if self.line:
             print(f"hftrain: {self.line}", flush=True)

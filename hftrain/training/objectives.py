@@ -33,7 +33,9 @@ def build_trainer(
     tokenizer_is_new: bool,
 ) -> HftrainTrainer:
     """The objective's Trainer (training/trainer_build.py gathers what it is built from)."""
-    return BUILDERS[part.objective.name].trainer(part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
+    return BUILDERS[part.objective.name].trainer(
+        part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new
+    )
 
 
 def _lm_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
@@ -91,8 +93,15 @@ def _dpo_trainer(
 
 @dataclass(frozen=True)
 class Builders:
-    arguments: Callable[[dict[str, Any], FinetuneSection, int], Any]  # the training section's keys -> its TrainingArguments
-    trainer: Callable[..., HftrainTrainer]  # (part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
+    arguments: Callable[
+        [dict[str, Any], FinetuneSection, int], Any
+    ]  # the training section's keys -> its TrainingArguments
+    trainer: Callable[
+        ..., HftrainTrainer
+    ]  # (part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
 
 
-BUILDERS: dict[str, Builders] = {"lm": Builders(_lm_arguments, _lm_trainer), "dpo": Builders(_dpo_arguments, _dpo_trainer)}
+BUILDERS: dict[str, Builders] = {
+    "lm": Builders(_lm_arguments, _lm_trainer),
+    "dpo": Builders(_dpo_arguments, _dpo_trainer),
+}

@@ -25,13 +25,24 @@ from hftrain.data.loader import DataPlan, plan_data
 from hftrain.model.finetune import check_starting_weights
 from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel import dims as parallel
+from hftrain.parallel.batch import global_batch
 from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
 from hftrain.parallel.readers import default_readers, default_workers
 from hftrain.planning import run_length
 from hftrain.planning.run_length import RunLength
-from hftrain.recipe.parts import BatchPart, CheckpointPart, ModelPart, PlanPart, PublishPart, RunLengthPart, SpeedPart, TrainerPart
+from hftrain.recipe.data_section import DataSection
+from hftrain.recipe.parts import (
+    BatchPart,
+    CheckpointPart,
+    ModelPart,
+    PlanPart,
+    PublishPart,
+    RunLengthPart,
+    SpeedPart,
+    TrainerPart,
+)
 from hftrain.recipe.report_to import check_installed
-from hftrain.recipe.schema import DataSection, Recipe
+from hftrain.recipe.schema import Recipe
 from hftrain.training.arguments import argument_values
 from hftrain.training.run_record import AsRun
 
@@ -66,7 +77,9 @@ class RunSpec:
 def recorded_start(recipe: Recipe) -> dict[str, Any]:
     """What a continuing run in the recipe's output_dir recorded at its start (empty for a new run)."""
     resume = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
-    return CheckpointManager(RunLayout(Path(recipe.training.output_dir)), CheckpointPart.of(recipe), resume, None).recorded_start()
+    return CheckpointManager(
+        RunLayout(Path(recipe.training.output_dir)), CheckpointPart.of(recipe), resume, None
+    ).recorded_start()
 
 
 def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunSpec:
@@ -105,7 +118,9 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         trainer=TrainerPart.of(recipe, data, shape.flops_per_token),
         publish=PublishPart.of(recipe),
     )
-    CheckpointManager(RunLayout(output_dir), checkpoints, resume, None).check_same_run()  # before the probe and the model
+    CheckpointManager(
+        RunLayout(output_dir), checkpoints, resume, None
+    ).check_same_run()  # before the probe and the model
     return spec
 
 
@@ -123,7 +138,9 @@ def became(dims: ParallelDims, batch: BatchPart, length: RunLength, recipe_yaml:
     )
 
 
-def loader_workers(kwargs: dict[str, Any], launch: LaunchEnv, data: DataSection, recorded: dict[str, Any], reader_limit: int | None) -> int:
+def loader_workers(
+    kwargs: dict[str, Any], launch: LaunchEnv, data: DataSection, recorded: dict[str, Any], reader_limit: int | None
+) -> int:
     """training.dataloader_num_workers; unset, 0 on a CPU (a worker would take a core from the matmuls) and on CUDA
     readers.default_workers: a divisor of the readers the run has without workers (recorded by a resumed run,
     data.readers, else the default), so the dims, the loader and the arguments agree and the data order is the same."""
@@ -141,7 +158,8 @@ def fit_batch(
 ) -> tuple[BatchPart, str | None]:
     """parallelism.fit_memory's micro-batch and checkpointing, or a warning when the recipe's will not fit (fit.py),
     at the run's global batch (a continuing run keeps the one it recorded at its start). A layout that would certainly
-    run out of memory is an HftrainError here, before any tokenizer, model or data is loaded (parallelism.memory_check)."""
+    run out of memory is an HftrainError here, before any tokenizer, model or data is loaded
+    (parallelism.memory_check)."""
     batch = BatchPart.of(recipe)
     if strategy is Strategy.DEVICE_MAP:
         return batch, None
@@ -149,9 +167,11 @@ def fit_batch(
     from hftrain.planning.fit import fit_this_run
 
     part = PlanPart.of(recipe)
-    total = parallel.global_batch(batch, launch.processes, recorded, launch.elastic_most_nodes, launch.local_processes)
+    total = global_batch(batch, launch.processes, recorded, launch.elastic_most_nodes, launch.local_processes)
     name = "single" if strategy is Strategy.SINGLE else strategy.value
-    fitted, note = fit_this_run(part, plan(part, shape), launch.processes, launch.local_processes, name, launch.device, total)
+    fitted, note = fit_this_run(
+        part, plan(part, shape), launch.processes, launch.local_processes, name, launch.device, total
+    )
     if note and not batch.fit_memory and launch.memory_warned:
         note = None  # `hftrain train --accelerate-config` said it once before starting the processes
     return fitted, note

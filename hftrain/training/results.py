@@ -16,7 +16,9 @@ def median(values: list[float]) -> float | None:
     return ordered[len(ordered) // 2]
 
 
-def build_results(step: int, metrics: dict[str, float], log_history: list[dict[str, Any]], run_facts: dict[str, Any]) -> dict[str, Any]:
+def build_results(
+    step: int, metrics: dict[str, float], log_history: list[dict[str, Any]], run_facts: dict[str, Any]
+) -> dict[str, Any]:
     """results.json: the final evaluation, median throughput and MFU over the log lines, and `run_facts`
     (step-time split, precision, compile, parameters, distribution, skipped records)."""
     rates = [e["tokens_per_s"] for e in log_history if "tokens_per_s" in e]
@@ -38,7 +40,8 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
         f"final checkpoint: {final_dir}",
         f"validation loss {results['eval_loss']:.4f}"
         + (
-            f", perplexity {results['eval_perplexity']:.2f}, bits per byte {results.get('eval_bits_per_byte', float('nan')):.3f}"
+            f", perplexity {results['eval_perplexity']:.2f}, bits per byte "
+            f"{results.get('eval_bits_per_byte', float('nan')):.3f}"
             if "eval_perplexity" in results
             else ""
         ),  # a DPO loss is no next-token loss: no perplexity
@@ -55,20 +58,27 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
     fill = results.get("packing_fill")
     if fill is not None and fill < 1:
         lines.append(
-            f"packing: {100 * fill:.1f}% of the block tokens this process trained on are real tokens, {100 * (1 - fill):.1f}% padding"
+            f"packing: {100 * fill:.1f}% of the block tokens this process trained on are real tokens, "
+            f"{100 * (1 - fill):.1f}% padding"
         )
     if results.get("time_to_first_step_s") is not None:
-        lines.append(f"start-up: {results['time_to_first_step_s']:.1f} s from process start to the end of the first step (not in tokens/s)")
+        lines.append(
+            f"start-up: {results['time_to_first_step_s']:.1f} s from "
+            "process start to the end of the first step (not in tokens/s)"
+        )
     if results["tokens_per_s_median"]:
         lines.append(
-            f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median, steady state), MFU {100 * (results['mfu_median'] or 0):.2f}%"
+            f"throughput: {results['tokens_per_s_median']:,.0f} tokens/s (median, steady state), MFU "
+            f"{100 * (results['mfu_median'] or 0):.2f}%"
         )
     if results.get("data_wait_frac") is not None:
         if results["input_bound"]:
             lines.append(input_bound_advice(results["data_wait_frac"], threshold, workers))
         else:
             split = ", ".join(
-                f"{name.replace('_', ' ')} {100 * results[f'{name}_frac']:.0f}%" for name in PHASES if f"{name}_frac" in results
+                f"{name.replace('_', ' ')} {100 * results[f'{name}_frac']:.0f}%"
+                for name in PHASES
+                if f"{name}_frac" in results
             )
             lines.append(f"step time: {split}; peak memory {results['peak_mem_gb']:.2f} GB")
     return lines

@@ -64,7 +64,9 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     try:
         _compat.quiet_optional_warnings()  # before resolving imports the libraries (a logger level and an import check)
         _compat.skip_unneeded_imports()
-        spec = resolve(recipe, LaunchEnv.read(), recorded_start(recipe))  # reads only; refuses before output_dir is touched
+        spec = resolve(
+            recipe, LaunchEnv.read(), recorded_start(recipe)
+        )  # reads only; refuses before output_dir is touched
         with owning(str(spec.output_dir), "training.output_dir"):
             return run(spec, callbacks)
     finally:
@@ -86,7 +88,9 @@ def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
         announce(spec.length, speed, resume)
     model = build_model_for(spec.model, spec.data, speed, args, dims, tokenizer, tokenizer_is_new)
     outbox = Outbox(Path(args.output_dir), owner=args.should_save)  # the outside services' journal
-    trainer, reporters = build_trainer(spec.trainer, args, dims, model, tokenizer, tokenizer_is_new, checkpoints, resume, outbox, callbacks)
+    trainer, reporters = build_trainer(
+        spec.trainer, args, dims, model, tokenizer, tokenizer_is_new, checkpoints, resume, outbox, callbacks
+    )
     pusher = checkpoint_pusher(spec.publish, args, outbox)
     pusher.recover()  # what a killed launch of this run queued and did not send
     checkpoints.on_publish.append(pusher.on_checkpoint)
@@ -115,7 +119,9 @@ def prepare_output(
     """The output directory claimed, the tokenizer, and where the run resumes. The main process prepares the shared
     directory (and trains a tokenizer) before the others read it."""
     with args.main_process_first(desc="preparing the output directory"):
-        checkpoints.claim(args.should_save, start_record(args, dims))  # should_save: each node's first process on node-local disks
+        checkpoints.claim(
+            args.should_save, start_record(args, dims)
+        )  # should_save: each node's first process on node-local disks
         tokenizer, is_new = load_tokenizer(model, checkpoints.layout.root, lambda n: first_documents(data, n))
         resume = common_resume(checkpoints.resume_point(args.should_save), checkpoints.complete(), dims, unreadable)
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
@@ -126,14 +132,22 @@ def prepare_output(
             print(f"hftrain: {note}", flush=True)
     if data.section.preference_data:  # before the model loads: pairs DPO cannot learn from
         source = data.section.train[0]
-        said = same_answers(first_pairs(data, SAME_ANSWERS_SAMPLE), tokenizer, f"data.train ({source.path or source.dataset})")
+        said = same_answers(
+            first_pairs(data, SAME_ANSWERS_SAMPLE), tokenizer, f"data.train ({source.path or source.dataset})"
+        )
         if said and args.process_index == 0:
             print(f"hftrain: warning: {said}", flush=True)
     return tokenizer, is_new, resume
 
 
 def build_model_for(
-    part: ModelPart, data: DataPlan, speed: SpeedPlan, args: Any, dims: ParallelDims, tokenizer: Any, tokenizer_is_new: bool
+    part: ModelPart,
+    data: DataPlan,
+    speed: SpeedPlan,
+    args: Any,
+    dims: ParallelDims,
+    tokenizer: Any,
+    tokenizer_is_new: bool,
 ) -> Any:
     """The model as this run trains it: its kernel, its loss, its FP8 layers, its fine-tuning method, its placement."""
     model = build_model(part, tokenizer, tokenizer_is_new, dims)
@@ -166,7 +180,9 @@ def announce(length: RunLength, speed: SpeedPlan, resume: Path | None) -> None:
 def checkpoint_pusher(part: PublishPart, args: Any, outbox: Outbox) -> CheckpointPusher:
     """What shares the run's checkpoints (Hub, S3, revisions), through the run's outbox: a service that is down
     never stops or slows training (outbox.py)."""
-    return CheckpointPusher(part, args, part.push_to_hub, outbox, revisions.publisher(part, args, part.push_to_hub, outbox))
+    return CheckpointPusher(
+        part, args, part.push_to_hub, outbox, revisions.publisher(part, args, part.push_to_hub, outbox)
+    )
 
 
 def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
@@ -174,8 +190,13 @@ def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
     options = trainer.options
     preemption, checkpoints = options.preemption, options.checkpoints
     latest = checkpoints.latest
-    where = lambda: f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"  # noqa: E731
-    heartbeat = liveness.Heartbeat(options.dims, where, step=lambda: trainer.state.global_step)  # a lost or stuck node is named
+
+    def where() -> str:
+        return f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"
+
+    heartbeat = liveness.Heartbeat(
+        options.dims, where, step=lambda: trainer.state.global_step
+    )  # a lost or stuck node is named
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except Exception as failure:
@@ -194,11 +215,16 @@ def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
         )
 
 
-def already_finished(trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, known: dict[str, Any], resume: Path) -> Run:
+def already_finished(
+    trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, known: dict[str, Any], resume: Path
+) -> Run:
     """The checkpoint is at max_steps: nothing to train (the Trainer would still take one more step)."""
     from transformers.trainer_callback import TrainerState
 
-    print(f"hftrain: {resume} is already at training.max_steps={trainer.args.max_steps}; nothing to train (raise max_steps to continue).")
+    print(
+        f"hftrain: {resume} is already at training.max_steps={trainer.args.max_steps}; nothing to train (raise "
+        "max_steps to continue)."
+    )
     trainer.state = TrainerState.load_from_json(str(resume / TRAINER_STATE_FILE))
     checkpoints = trainer.options.checkpoints
     layout = checkpoints.layout
@@ -237,7 +263,11 @@ def finish(trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, know
 def run_facts(trainer: HftrainTrainer) -> dict[str, Any]:
     """What results.json records about how the run ran, beyond its metrics."""
     loader, options = trainer.train_loader, trainer.options
-    skipped = 0 if loader is None else sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
+    skipped = (
+        0
+        if loader is None
+        else sum(int(p.get("start", {}).get("docs", {}).get("skipped", 0)) for p in loader.positions.values())
+    )
     return {
         **options.metrics.run_split(),
         "bf16": trainer.args.bf16,
@@ -262,6 +292,8 @@ def share(pusher: CheckpointPusher, layout: RunLayout) -> list[Failure]:
         failures = pusher.outbox.finish()
     if failures and layout.results.is_file():
         results = read_json(layout.results, "the run's results")
-        layout.results.write_text(json.dumps({**results, "not_shared": [f.to_json() for f in failures]}, indent=2), encoding="utf-8")
+        layout.results.write_text(
+            json.dumps({**results, "not_shared": [f.to_json() for f in failures]}, indent=2), encoding="utf-8"
+        )
     pusher.outbox.settle()  # what was owed is sent or written down: the journal goes
     return failures

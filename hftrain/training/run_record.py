@@ -69,7 +69,9 @@ class Run:
         """The loss / grad-norm curves: shown inline in a notebook, else the PNG's path."""
         from hftrain.training.plot import plot_curves
 
-        path = self.plot_path or plot_curves(self.log_history, RunLayout(self.output_dir).plot, title=str(self.output_dir))
+        path = self.plot_path or plot_curves(
+            self.log_history, RunLayout(self.output_dir).plot, title=str(self.output_dir)
+        )
         try:
             from IPython.display import Image
 
@@ -77,7 +79,14 @@ class Run:
         except ImportError:
             return path
 
-    def push(self, repo_id: str | None = None, *, to: str | None = None, private: bool | None = None, revision: str | None = None) -> str:
+    def push(
+        self,
+        repo_id: str | None = None,
+        *,
+        to: str | None = None,
+        private: bool | None = None,
+        revision: str | None = None,
+    ) -> str:
         """Share the final model: to the hub (repo_id) or to an s3:// / fsspec URL (to)."""
         from hftrain.integrations.hub import push_run
 

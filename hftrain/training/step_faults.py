@@ -67,7 +67,9 @@ class StepFlags:
 
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
-    def of_step(self, step: int, nonfinite: torch.Tensor | None = None, norm: Any = None, keep: bool = True) -> torch.Tensor:
+    def of_step(
+        self, step: int, nonfinite: torch.Tensor | None = None, norm: Any = None, keep: bool = True
+    ) -> torch.Tensor:
         """Optimizer step `step`'s flags, agreed by every process (on the device; nothing is read back here).
         `nonfinite`: this process saw a non-finite value in the step (a boolean tensor on the device); `norm`: the
         step's gradient norm (a tensor or a float), for the message; `keep`: pending until the host reads them."""
@@ -136,7 +138,9 @@ def host(tensor: torch.Tensor) -> np.ndarray:
 
 
 class NonFiniteGuard(TrainerCallback):
-    def __init__(self, policy: FaultsSection, latest_checkpoint: Callable[[], Path | None], flags: StepFlags | None = None):
+    def __init__(
+        self, policy: FaultsSection, latest_checkpoint: Callable[[], Path | None], flags: StepFlags | None = None
+    ):
         self.policy, self.latest_checkpoint, self.flags = policy, latest_checkpoint, flags
         self.skipped_steps: list[int] = []
         self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this optimizer step's micro-batches (device)
@@ -156,7 +160,9 @@ class NonFiniteGuard(TrainerCallback):
         if self.flags is None:
             self.flags = StepFlags(args.device, args.world_size)
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(
+        self, args: Any, state: Any, control: Any, optimizer: Any = None, model: Any = None, **kwargs: Any
+    ) -> None:
         step = state.global_step + 1
         norm = local(self._grad_norm.detach()) if isinstance(self._grad_norm, torch.Tensor) else self._grad_norm
         bad = self._step_flag(model, norm)
@@ -209,7 +215,11 @@ class NonFiniteGuard(TrainerCallback):
                 "Lower training.learning_rate, check the data, or set faults.on_nonfinite=skip."
             )
         self.skipped_steps.append(step)
-        print(f"hftrain: non-finite loss or gradient norm at step {step}: step skipped ({len(self.skipped_steps)} so far)", flush=True)
+        print(
+            "hftrain: non-finite loss or gradient norm at step "
+            f"{step}: step skipped ({len(self.skipped_steps)} so far)",
+            flush=True,
+        )
 
 
 def on_device_skip(optimizer: Any) -> Any:
@@ -219,7 +229,11 @@ def on_device_skip(optimizer: Any) -> Any:
     while hasattr(inner, "optimizer"):  # accelerate's AcceleratedOptimizer (itself an Optimizer) holds torch's
         inner = inner.optimizer
     scaled = getattr(optimizer, "scaler", None) is not None  # fp16: the GradScaler sets found_inf itself
-    fused = isinstance(inner, torch.optim.Optimizer) and inner.defaults.get("fused") and getattr(inner, "_step_supports_amp_scaling", False)
+    fused = (
+        isinstance(inner, torch.optim.Optimizer)
+        and inner.defaults.get("fused")
+        and getattr(inner, "_step_supports_amp_scaling", False)
+    )
     return inner if fused and not scaled else None
 
 

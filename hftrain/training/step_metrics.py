@@ -196,15 +196,22 @@ class StepMetrics:
             return
         if self.is_main:
             self._warned_input_bound = True
-            print(f"hftrain: warning: {input_bound_advice(fraction, threshold, self.options.dataloader_workers)}", flush=True)
+            print(
+                f"hftrain: warning: {input_bound_advice(fraction, threshold, self.options.dataloader_workers)}",
+                flush=True,
+            )
 
     def run_split(self) -> dict[str, Any]:
         """The run-wide share of step time per phase, peak memory and the input-bound verdict (results.json)."""
-        out: dict[str, Any] = {f"{name}_frac": round(f, 4) for name in PHASES if (f := self.timer.run_fraction(name)) is not None}
+        out: dict[str, Any] = {
+            f"{name}_frac": round(f, 4) for name in PHASES if (f := self.timer.run_fraction(name)) is not None
+        }
         out["peak_mem_gb"] = round(peak_memory_gb(self.device), 3)
         out["time_to_first_step_s"] = self.time_to_first_step_s
         wait = out.get("data_wait_frac")
-        out["input_bound"] = wait is not None and wait > self.options.input_bound_threshold and self.timer.intervals >= 2
+        out["input_bound"] = (
+            wait is not None and wait > self.options.input_bound_threshold and self.timer.intervals >= 2
+        )
         return out
 
 

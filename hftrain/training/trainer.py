@@ -92,7 +92,9 @@ class HftrainTrainer(Trainer):
         args, options, resume = self.args, self.options, None
         if options.resume_from is not None:
             saved = options.checkpoints.data_positions(options.resume_from)
-            resume = merge_positions(saved, options.dims.readers, options.data.section.seq_len, str(options.resume_from))
+            resume = merge_positions(
+                saved, options.dims.readers, options.data.section.seq_len, str(options.resume_from)
+            )
         dataset = PackedDataset(options.data, self.processing_class, args.process_index, options.dims.readers, resume)
         tokenizer = self.processing_class
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

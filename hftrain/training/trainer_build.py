@@ -60,7 +60,10 @@ def build_trainer(
     section = part.data.section
     collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
     if is_main and section.packs_documents:
-        print(f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}", flush=True)
+        print(
+            f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}",
+            flush=True,
+        )
     metrics_options = metrics_options_for(part, args, dims)
     metrics = StepMetrics(metrics_options, args.device, is_main, counts_tokens=section.preference_data)
     flags = StepFlags(args.device, args.world_size)
@@ -75,10 +78,16 @@ def build_trainer(
         ThroughputClockCallback(metrics),
         *([KeptCheckpointsCallback(part.kept)] if part.kept.keeps_any else []),
         guard,
-        *([ProfilerCallback(part.profile, checkpoints.layout.root, args.process_index)] if part.profile.start_step is not None else []),
+        *(
+            [ProfilerCallback(part.profile, checkpoints.layout.root, args.process_index)]
+            if part.profile.start_step is not None
+            else []
+        ),
         preemption,
     ]
-    options = TrainerOptions(dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume)
+    options = TrainerOptions(
+        dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume
+    )
     trainer = objectives.build_trainer(part, options, model, args, tokenizer, collate, ours, tokenizer_is_new)
     reporters = trackers.Trackers(trainer, outbox, part.faults.network_timeout_s)
     return trainer, reporters

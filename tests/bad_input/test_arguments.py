@@ -23,7 +23,11 @@ VALUES = [
         ["launch-script", "{recipe}", "--nodes", "0"],
         "argument --nodes: 0 cannot work: give a whole number of 1 or more",
     ),
-    ("--gpus-per-node -1", ["launch-script", "{recipe}", "--gpus-per-node", "-1"], "argument --gpus-per-node: -1 cannot work"),
+    (
+        "--gpus-per-node -1",
+        ["launch-script", "{recipe}", "--gpus-per-node", "-1"],
+        "argument --gpus-per-node: -1 cannot work",
+    ),
     (
         "--instance-count 0",
         ["launch-script", "{recipe}", "--kind", "sagemaker", "--instance-count", "0"],
@@ -34,14 +38,26 @@ VALUES = [
         ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "0"],
         "argument --nproc: 0 cannot work: give a whole number of 1 or more",
     ),
-    ("train --nproc -1", ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "-1"], "argument --nproc: -1 cannot work"),
+    (
+        "train --nproc -1",
+        ["train", "{recipe}", "--accelerate-config", "ddp", "--nproc", "-1"],
+        "argument --nproc: -1 cannot work",
+    ),
     (
         "--max-restarts -1",
         ["train", "{recipe}", "--max-restarts", "-1"],
         "argument --max-restarts: -1 cannot work: give a whole number of 0 or more",
     ),
-    ("--max-restarts two", ["train", "{recipe}", "--max-restarts", "two"], "argument --max-restarts: 'two' is not a whole number"),
-    ("plan --mfu 35", ["plan", "{recipe}", "--mfu", "35"], "argument --mfu: 35 cannot work: give a number above 0 and at most 1"),
+    (
+        "--max-restarts two",
+        ["train", "{recipe}", "--max-restarts", "two"],
+        "argument --max-restarts: 'two' is not a whole number",
+    ),
+    (
+        "plan --mfu 35",
+        ["plan", "{recipe}", "--mfu", "35"],
+        "argument --mfu: 35 cannot work: give a number above 0 and at most 1",
+    ),
     ("plan --gpus 0", ["plan", "{recipe}", "--gpus", "0"], "argument --gpus: 0 cannot work"),
     (
         "plan --gpu-mem-gb nan",
@@ -63,14 +79,20 @@ VALUES = [
     (
         "train_tokens 10^30",
         ["train", "{recipe}", "training.max_steps=-1", "data.train_tokens=1000000000000000000000000000000"],
-        "data.train_tokens: 1,000,000,000,000,000,000,000,000,000,000 training tokens is more than hftrain trains (at most 1,000,000,000,000,000)",
+        "data.train_tokens: 1,000,000,000,000,000,000,000,000,000,000 training tokens is more than hftrain trains (at "
+        "most 1,000,000,000,000,000)",
     ),
     (
         "seq_len 10^9",
         ["train", "{recipe}", "data.seq_len=1000000000"],
-        "data.seq_len: 1,000,000,000 tokens per sequence is more than hftrain trains (at most 1,048,576); check the number",
+        "data.seq_len: 1,000,000,000 tokens per sequence is more "
+        "than hftrain trains (at most 1,048,576); check the number",
     ),
-    ("seq_len 10^9 in plan", ["plan", "{recipe}", "data.seq_len=1000000000"], "data.seq_len: 1,000,000,000 tokens per sequence"),
+    (
+        "seq_len 10^9 in plan",
+        ["plan", "{recipe}", "data.seq_len=1000000000"],
+        "data.seq_len: 1,000,000,000 tokens per sequence",
+    ),
 ]
 
 
@@ -154,8 +176,14 @@ def test_max_restarts_does_not_rerun_a_configuration_error(tmp_path, recipe_file
     data.write_text("{not json\n" + data.read_text(encoding="utf-8"), encoding="utf-8")
     before = data.read_bytes()
     result = subprocess.run(
-        [sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "hftrain", "train", str(recipe_file), "--max-restarts", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 2 and result.stderr.count(f"{data}:1: not valid JSON") == 1, result.stderr[-2000:]
-    assert "hftrain: not restarted: a problem in the recipe or data" in result.stderr and "restart 1 of" not in result.stderr
+    assert (
+        "hftrain: not restarted: a problem in the recipe or data" in result.stderr
+        and "restart 1 of" not in result.stderr
+    )
     assert "Traceback" not in result.stderr and data.read_bytes() == before

@@ -86,7 +86,9 @@ def test_the_fit_of_a_large_model_is_said_at_once_and_its_probe_skipped(capsys, 
     )
     assert code == 2 and "stopped by the test" in printed, printed[-3000:]
     assert re.search(
-        r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )", decided["said before"], re.M
+        r"^hftrain: (warning: parallelism.fit_memory: |memory fit \(parallelism.fit_memory\): )",
+        decided["said before"],
+        re.M,
     ), decided["said before"][-3000:]
     assert "measuring this CPU's step speed" not in decided["said before"] + printed, printed[-3000:]
     reasons = "; ".join(decided["speed"].reasons)
@@ -107,12 +109,22 @@ def test_the_probe_budget_keeps_the_shapes_it_pays_for(monkeypatch, machine):
     from hftrain.speed import probe
     from hftrain.speed.probe import PROBE_BUDGET_S, ProbeShape, expected_seconds
 
-    monkeypatch.setattr(probe, "_small_matmul_seconds", lambda device, dtype: 2 * 256**3 / (MATMUL_GFLOPS[machine] * 1e9))
+    monkeypatch.setattr(
+        probe, "_small_matmul_seconds", lambda device, dtype: 2 * 256**3 / (MATMUL_GFLOPS[machine] * 1e9)
+    )
     cpu = torch.device("cpu")
 
     def shape(tokens, seq, hidden, layers, vocab):
         return ProbeShape(
-            tokens=tokens, seq=seq, hidden=hidden, intermediate=4 * hidden, heads=8, vocab=vocab, layers=layers, parameters=0, options=()
+            tokens=tokens,
+            seq=seq,
+            hidden=hidden,
+            intermediate=4 * hidden,
+            heads=8,
+            vocab=vocab,
+            layers=layers,
+            parameters=0,
+            options=(),
         )
 
     assert expected_seconds(shape(16 * 128, 128, 128, 4, 4096), cpu) < PROBE_BUDGET_S / 20  # the quickstart

@@ -36,11 +36,15 @@ def test_start_over_moves_the_earlier_run_aside_and_never_mixes_them(capsys, rec
     run_dir = tmp_path / "run"
     assert cli(capsys, "train", str(recipe_file))[0] == 0
     earlier = tree_digest(run_dir)
-    code, printed = cli(capsys, "train", str(recipe_file), "training.resume_from_checkpoint=false", "training.max_steps=6")
+    code, printed = cli(
+        capsys, "train", str(recipe_file), "training.resume_from_checkpoint=false", "training.max_steps=6"
+    )
     assert code == 0 and "moved the earlier run to" in printed
     (aside,) = run_dir.glob("previous-*")
     tokenizer = {k: v for k, v in earlier.items() if k.startswith(RunLayout.TOKENIZER_DIR + "/")}
-    own = {k: v for k, v in earlier.items() if k not in tokenizer and k != ".hftrain.lock"}  # the lock stays: the directory's
+    own = {
+        k: v for k, v in earlier.items() if k not in tokenizer and k != ".hftrain.lock"
+    }  # the lock stays: the directory's
     assert tokenizer and tree_digest(aside) == own  # byte for byte
     assert {k: v for k, v in tree_digest(run_dir).items() if k in tokenizer} == tokenizer  # reused, not retrained
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
@@ -89,9 +93,14 @@ def test_an_explicit_resume_path_that_does_not_load_is_refused(capsys, recipe_fi
     newest = tmp_path / "run" / "checkpoint-4"
     (newest / "trainer_state.json").write_text('{"global_step": 4, "log_hist')
     before = tree_digest(tmp_path / "run")
-    code, printed = cli(capsys, "train", str(recipe_file), f"training.resume_from_checkpoint={newest}", "training.max_steps=6")
+    code, printed = cli(
+        capsys, "train", str(recipe_file), f"training.resume_from_checkpoint={newest}", "training.max_steps=6"
+    )
     assert code == 2 and "Traceback" not in printed
-    assert f"training.resume_from_checkpoint: {newest} cannot be loaded (trainer_state.json: truncated (28 bytes of " in printed
+    assert (
+        f"training.resume_from_checkpoint: {newest} cannot be loaded (trainer_state.json: truncated (28 bytes of "
+        in printed
+    )
     assert tree_digest(tmp_path / "run") == before
 
 
@@ -141,7 +150,8 @@ MORE_CASES = [
         "preset null",
         ["train", "{recipe}", "model.preset=null"],
         None,
-        "model: preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or model.from_pretrained",
+        "model: preset is null and from_pretrained is not set; give model.preset (see `hftrain presets`) or "
+        "model.from_pretrained",
     ),
     (
         "no training data",
@@ -153,8 +163,8 @@ MORE_CASES = [
         "git-lfs pointer as weights",
         ["train", "{recipe}", *_MODEL],
         ("model.safetensors", LFS),
-        "model.from_pretrained: {model}/model.safetensors: a git-lfs pointer, not the weights (the repository was cloned "
-        "without its LFS files). Run `git lfs pull` in that repository, or download the model again.",
+        "model.from_pretrained: {model}/model.safetensors: a git-lfs pointer, not the weights (the repository was "
+        "cloned without its LFS files). Run `git lfs pull` in that repository, or download the model again.",
     ),
     (
         "truncated weights",
@@ -190,13 +200,15 @@ MORE_CASES = [
         "a different builtin tokenizer",
         ["plan", "{recipe}", *_MODEL, "tokenizer.builtin=gpt2"],
         None,
-        "tokenizer: tokenizer.builtin gpt2 is not the tokenizer {model} was trained with (their vocabularies or merges differ)",
+        "tokenizer: tokenizer.builtin gpt2 is not the tokenizer {model} "
+        "was trained with (their vocabularies or merges differ)",
     ),
     (
         "a tokenizer trained anew",
         ["plan", "{recipe}", "model.from_pretrained={model}"],
         None,
-        "tokenizer.train: a new tokenizer for {model}, whose embeddings were trained with its own; remove the tokenizer section",
+        "tokenizer.train: a new tokenizer for {model}, whose embeddings "
+        "were trained with its own; remove the tokenizer section",
     ),
 ]
 
@@ -283,8 +295,8 @@ OWNED = [
         "prepare over a finished prepare",
         "prepared.json",
         ["data", "prepare", "{recipe}", "--out", "{tmp}/run"],
-        "--out {tmp}/run: already holds prepared data (prepared.json); nothing was changed. Prepare into a new directory, "
-        "or delete {tmp}/run first to prepare it again.",
+        "--out {tmp}/run: already holds prepared data (prepared.json); nothing was changed. Prepare into a new "
+        "directory, or delete {tmp}/run first to prepare it again.",
     ),
     (
         "prepare over the packed blocks of an older hftrain",
@@ -302,7 +314,9 @@ OWNED = [
 
 
 @pytest.mark.parametrize("name, there, argv, expected", OWNED, ids=[c[0] for c in OWNED])
-def test_a_directory_owned_by_another_launch_or_not_by_hftrain_is_left_as_it_was(capsys, work, monkeypatch, name, there, argv, expected):
+def test_a_directory_owned_by_another_launch_or_not_by_hftrain_is_left_as_it_was(
+    capsys, work, monkeypatch, name, there, argv, expected
+):
     from ..checkpoint.test_output_lock import hold
 
     monkeypatch.delenv("HFTRAIN_RUN_TOKEN", raising=False)

@@ -21,8 +21,16 @@ MEANINGLESS = [
         ["train", "{recipe}", *PAIRS, "finetune.dpo={{beta: -0.1}}"],
         "dpo: beta: -0.1 is out of range; it must be > 0 (the strength of the preference against the reference",
     ),
-    ("DPO beta 0", ["train", "{recipe}", *PAIRS, "finetune.dpo={{beta: 0}}"], "dpo: beta: 0 is out of range; it must be > 0"),
-    ("DPO beta not a number", ["train", "{recipe}", *PAIRS, "finetune.dpo={{beta: strong}}"], "dpo: beta: 'strong' is not a number"),
+    (
+        "DPO beta 0",
+        ["train", "{recipe}", *PAIRS, "finetune.dpo={{beta: 0}}"],
+        "dpo: beta: 0 is out of range; it must be > 0",
+    ),
+    (
+        "DPO beta not a number",
+        ["train", "{recipe}", *PAIRS, "finetune.dpo={{beta: strong}}"],
+        "dpo: beta: 'strong' is not a number",
+    ),
     ("DPO beta true", ["train", "{recipe}", *PAIRS, "finetune.dpo={{beta: true}}"], "dpo: beta: true is not a number"),
     (
         "DPO label smoothing that flips",
@@ -42,7 +50,8 @@ MEANINGLESS = [
     (
         "full DPO on a preset",
         ["train", "{recipe}", *PAIRS],
-        "finetune.objective: dpo aligns a trained model's preferences, but this recipe builds model.preset cpu-tiny from random weights",
+        "finetune.objective: dpo aligns a trained model's preferences, "
+        "but this recipe builds model.preset cpu-tiny from random weights",
     ),
     (
         "LoRA DPO on a preset",
@@ -61,13 +70,22 @@ MEANINGLESS = [
     ),
     (
         "SageMaker job with a local tokenizer",
-        ["launch-script", "{recipe}", "--kind", "sagemaker", S3_DATA, "tokenizer.train=null", "tokenizer.path={notdir}"],
+        [
+            "launch-script",
+            "{recipe}",
+            "--kind",
+            "sagemaker",
+            S3_DATA,
+            "tokenizer.train=null",
+            "tokenizer.path={notdir}",
+        ],
         "tokenizer.path '{notdir}' is a path on this machine, which a SageMaker job cannot read",
     ),
     (
         "SageMaker job resuming a local checkpoint",
         ["launch-script", "{recipe}", "--kind", "sagemaker", S3_DATA, "training.resume_from_checkpoint={notdir}"],
-        "training.resume_from_checkpoint '{notdir}' is a path on this machine, which a SageMaker job cannot read; a job resumes from its own",
+        "training.resume_from_checkpoint '{notdir}' is a path on this machine, which a SageMaker job cannot read; a "
+        "job resumes from its own",
     ),
 ]
 
@@ -88,7 +106,9 @@ def test_the_dpo_values_a_user_would_give_still_load(recipe_file, work):
     """The bounds refuse only what cannot work: TRL's defaults and the usual settings load."""
     import hftrain
 
-    (work / "pairs.jsonl").write_text(json.dumps({"prompt": "Q?", "chosen": " yes", "rejected": " no"}) + "\n", encoding="utf-8")
+    (work / "pairs.jsonl").write_text(
+        json.dumps({"prompt": "Q?", "chosen": " yes", "rejected": " no"}) + "\n", encoding="utf-8"
+    )
     base = [f"data.train={{path: {work}/pairs.jsonl, format: preference}}", "finetune.objective=dpo"]
     for dpo in (
         "{beta: 0.1}",

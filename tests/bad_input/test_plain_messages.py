@@ -46,14 +46,15 @@ PLAIN = [
     (
         "push --report-to where no run is",
         ["push", "{notdir}", "--report-to", "tensorboard"],
-        "{notdir}/metrics.jsonl not found: --report-to tensorboard sends a run's metrics.jsonl; give the run's directory",
+        "{notdir}/metrics.jsonl not found: --report-to tensorboard "
+        "sends a run's metrics.jsonl; give the run's directory",
         None,
     ),
     (
         "bf16 in a ZeRO-3 rehearsal on a CPU",
         ["train", "{recipe}", "--accelerate-config", "zero3", "training.bf16=true"],
-        "training.bf16: true, but a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU only with "
-        "use_cpu, which turns DeepSpeed off. Add training.bf16=false to the command line",
+        "training.bf16: true, but a ZeRO-3 rehearsal on CPU trains in fp32: TrainingArguments takes bf16 without a GPU "
+        "only with use_cpu, which turns DeepSpeed off. Add training.bf16=false to the command line",
         None,
     ),
 ]
@@ -88,7 +89,9 @@ def test_the_hubs_refusal_is_not_retried_and_keeps_its_reason():
     reason = "Invalid rev id: exp..2. A branch name must not contain '..' (git check-ref-format); see the docs."
     request = httpx.Request("POST", "http://hub.example/api/models/me/model/branch/exp..2")
     response = httpx.Response(400, request=request, json={"error": reason}, headers={"X-Error-Message": reason})
-    err = HfHubHTTPError(f"400 Client Error: Bad Request for url: {request.url}\n\n{reason}", response=response, server_message=reason)
+    err = HfHubHTTPError(
+        f"400 Client Error: Bad Request for url: {request.url}\n\n{reason}", response=response, server_message=reason
+    )
     found = as_user_error(err)
     assert found is not None and not retryable(err)
     assert str(found).endswith(f"400: the Hub refused the request: {reason}"), str(found)

@@ -20,21 +20,36 @@ RECIPES = [
         ["train", "{recipe}", "training.learnig_rate=1"],
         "training.learnig_rate: unknown key; did you mean training.learning_rate?",
     ),
-    ("wrong type", None, ["train", "{recipe}", "training.max_steps=many"], "training.max_steps: Input should be a valid integer"),
+    (
+        "wrong type",
+        None,
+        ["train", "{recipe}", "training.max_steps=many"],
+        "training.max_steps: Input should be a valid integer",
+    ),
     (
         "unknown preset",
         None,
         ["train", "{recipe}", "model.preset=pythia-160"],
         "model.preset: unknown preset 'pythia-160'; did you mean pythia-160m?",
     ),
-    ("token in recipe", None, ["train", "{recipe}", "training.hub_token=hf_abc"], "training.hub_token: tokens never go in a recipe"),
+    (
+        "token in recipe",
+        None,
+        ["train", "{recipe}", "training.hub_token=hf_abc"],
+        "training.hub_token: tokens never go in a recipe",
+    ),
     (
         "two tokenizers",
         None,
         ["train", "{recipe}", "tokenizer.builtin=gpt2"],
         "tokenizer: give only one of builtin, path or train (got builtin, train)",
     ),
-    ("no max_steps", None, ["train", "{recipe}", "training.max_steps=-1"], "training.max_steps: required. hftrain streams its data"),
+    (
+        "no max_steps",
+        None,
+        ["train", "{recipe}", "training.max_steps=-1"],
+        "training.max_steps: required. hftrain streams its data",
+    ),
     (  # refused with the recipe, as a key out of range (before: taken as unset, "required", after the Trainer loaded)
         "zero max_steps",
         None,
@@ -47,10 +62,25 @@ RECIPES = [
         ["train", "{recipe}", "data.train.path={tmp}/nope.jsonl"],
         "data.train[0].path: no file matches '{tmp}/nope.jsonl'",
     ),
-    ("empty glob", None, ["train", "{recipe}", "data.train.path={tmp}/*.parquet"], "data.train[0].path: no file matches '{tmp}/*.parquet'"),
+    (
+        "empty glob",
+        None,
+        ["train", "{recipe}", "data.train.path={tmp}/*.parquet"],
+        "data.train[0].path: no file matches '{tmp}/*.parquet'",
+    ),
     ("malformed line", None, ["train", "{recipe}", "data.train.path={bad}"], "{bad}:2: not valid JSON"),
-    ("missing field", None, ["train", "{recipe}", "data.train.path={field}"], "{field}:1: no string field 'text' (has: body)"),
-    ("empty corpus", None, ["train", "{recipe}", "data.train.path={empty}"], "data.train[0]: no documents found in {empty}"),
+    (
+        "missing field",
+        None,
+        ["train", "{recipe}", "data.train.path={field}"],
+        "{field}:1: no string field 'text' (has: body)",
+    ),
+    (
+        "empty corpus",
+        None,
+        ["train", "{recipe}", "data.train.path={empty}"],
+        "data.train[0]: no documents found in {empty}",
+    ),
     (
         "seq_len too long",
         None,
@@ -102,7 +132,9 @@ RECIPES = [
     ),
     (
         "alias bomb",
-        "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, "
+        "*b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, "
+        "*d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
         ["plan", "{recipe}"],
         "not valid YAML (aliases expand it to more than 100,000 values; write the values out)",
     ),
@@ -144,7 +176,9 @@ def test_a_whole_value_replaces_and_a_dotted_key_edits(recipe_file):
     """The README's S3 example gave "exactly one of path, dataset, builtin" when data.train={...} was merged."""
     quick = hftrain.load_recipe("recipes/quickstart.yaml", ['data.train={path: "s3://corpus/*.jsonl.gz"}'])
     assert [s.path for s in quick.data.train] == ["s3://corpus/*.jsonl.gz"] and quick.data.train[0].builtin is None
-    later = hftrain.load_recipe(recipe_file, ["data.train={path: a.jsonl, text_field: body}", "data.train.path=b.jsonl"])
+    later = hftrain.load_recipe(
+        recipe_file, ["data.train={path: a.jsonl, text_field: body}", "data.train.path=b.jsonl"]
+    )
     assert (later.data.train[0].path, later.data.train[0].text_field) == ("b.jsonl", "body")  # the new value, edited
     twice = hftrain.load_recipe(recipe_file, ["training.max_steps=5", "training.max_steps=7"])
     assert twice.training.max_steps == 7  # left to right, the later one wins

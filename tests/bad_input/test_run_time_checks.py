@@ -29,21 +29,22 @@ ROWS = [
     (
         "a: a tracker not installed",
         ["train", "{recipe}", "training.report_to=[tensorboard, wandb]"],
-        "training.report_to: wandb cannot report: the library is not installed here; run `pip install wandb`, or remove it "
-        "from training.report_to (none: no tracker).",
+        "training.report_to: wandb cannot report: the library is not installed here; run `pip install wandb`, or "
+        "remove it from training.report_to (none: no tracker).",
         "no wandb",
     ),
     (
         "a: a tracker name transformers does not know",
         ["train", "{recipe}", "training.report_to=wandbb"],
-        "training.report_to: 'wandbb' is not a tracker transformers knows; did you mean wandb? give none, all, or some of: ",
+        "training.report_to: 'wandbb' is not a tracker transformers "
+        "knows; did you mean wandb? give none, all, or some of: ",
         None,
     ),
     (
         "b: a misspelt DPO loss type in a list",
         ["train", "{recipe}", *PAIRS, *PRETRAINED, "finetune.dpo={{loss_type: [sigmoid, bco_pari]}}"],
-        "dpo: loss_type: 'bco_pari' is not a loss type TRL's DPOTrainer knows; did you mean bco_pair? give one or a list of: "
-        "sigmoid, hinge, ipo,",
+        "dpo: loss_type: 'bco_pari' is not a loss type TRL's DPOTrainer knows; did you mean bco_pair? give one or a "
+        "list of: sigmoid, hinge, ipo,",
         "base model",
     ),
     (
@@ -55,9 +56,9 @@ ROWS = [
     (
         "d: a resumed run given another global batch",
         ["train", "{recipe}", "parallelism.global_batch_size=16"],
-        "parallelism.global_batch_size: 16 sequences per step, but this run started with 8 (recorded in its hftrain_run.json): "
-        "each step would train on another number of tokens (tokens_seen would jump). Remove parallelism.global_batch_size to "
-        "keep 8, or set training.output_dir to a new directory to start a new run.",
+        "parallelism.global_batch_size: 16 sequences per step, but this run started with 8 (recorded in its "
+        "hftrain_run.json): each step would train on another number of tokens (tokens_seen would jump). Remove "
+        "parallelism.global_batch_size to keep 8, or set training.output_dir to a new directory to start a new run.",
         "a run at step 2",
     ),
     (
@@ -82,8 +83,8 @@ ROWS = [
     (
         "f: a resumed run with another tokenizer",
         ["train", "{recipe}", "tokenizer.train.vocab_size=288"],
-        "training.output_dir: {tmp}/run holds a run whose tokenizer differ from this recipe's. Continuing it would mix two "
-        "runs. Set training.output_dir to a new directory, or delete {tmp}/run to start fresh.",
+        "training.output_dir: {tmp}/run holds a run whose tokenizer differ from this recipe's. Continuing it would mix "
+        "two runs. Set training.output_dir to a new directory, or delete {tmp}/run to start fresh.",
         "a run at step 2",
     ),
 ]
@@ -101,11 +102,13 @@ def _prepare(work, what: str, monkeypatch) -> None:
         from hftrain.model.tokenizer import gpt2_tokenizer
 
         base = work / "base"
-        GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=50304).save_pretrained(
-            base
-        )
+        GPTNeoXConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=50304
+        ).save_pretrained(base)
         gpt2_tokenizer().save_pretrained(base)
-    elif what == "a run at step 2":  # what a run of r.yaml leaves: its start record (global batch 8), one complete checkpoint
+    elif (
+        what == "a run at step 2"
+    ):  # what a run of r.yaml leaves: its start record (global batch 8), one complete checkpoint
         import hftrain
         from hftrain.checkpoint.layout import COMPLETE_MARKER
         from hftrain.recipe.parts import CheckpointPart
@@ -113,7 +116,9 @@ def _prepare(work, what: str, monkeypatch) -> None:
         identity = CheckpointPart.of(hftrain.load_recipe(work / "r.yaml")).identity
         (work / "run" / "checkpoint-2").mkdir(parents=True)
         (work / "run" / "checkpoint-2" / COMPLETE_MARKER).write_text('{"step": 2}', encoding="utf-8")
-        (work / "run" / "hftrain_run.json").write_text(json.dumps({"fingerprint": identity, "global_batch": 8}), encoding="utf-8")
+        (work / "run" / "hftrain_run.json").write_text(
+            json.dumps({"fingerprint": identity, "global_batch": 8}), encoding="utf-8"
+        )
 
 
 @pytest.mark.parametrize("name, argv, expected, prepared", ROWS, ids=[r[0] for r in ROWS])
@@ -135,10 +140,14 @@ def test_a_run_time_check_comes_before_any_work(capsys, monkeypatch, work, name,
         from hftrain.training.dpo import dpo_arguments
 
         recipe = load_recipe(work / "r.yaml", [word.format(**places) for word in argv[2:]])
-        config = dpo_arguments({"output_dir": str(work / "dpo"), "use_cpu": True, "report_to": "none"}, recipe.finetune.dpo, 64)
+        config = dpo_arguments(
+            {"output_dir": str(work / "dpo"), "use_cpu": True, "report_to": "none"}, recipe.finetune.dpo, 64
+        )
         assert config.loss_type == ["ipo"], config.loss_type
         return
     assert SET_UP not in printed, printed[-2000:]
     after = tree_digest(work)
-    lock = after.pop("run/.hftrain.lock", None)  # `hftrain train` owns the output_dir first; in one that exists it stays, empty
+    lock = after.pop(
+        "run/.hftrain.lock", None
+    )  # `hftrain train` owns the output_dir first; in one that exists it stays, empty
     assert after == before and lock in (None, EMPTY)  # no tokenizer, no start record, no script

@@ -34,7 +34,10 @@ def test_planted_secrets_never_leak(tmp_path, s3_server, capsys, monkeypatch):
     bucket = s3_server.make_bucket()
     s3_server.put(f"{bucket}/c.jsonl", "".join(f'{{"text": "{d}"}}\n' for d in make_documents(300)))
     raw = tiny_recipe(tmp_path / "unused", tmp_path / "run", max_steps=6, save_steps=3)
-    raw["data"]["train"] = {"path": f"s3://{bucket}/c.jsonl", "storage_options": {"secret": s3_server.secret + "", "key": s3_server.key}}
+    raw["data"]["train"] = {
+        "path": f"s3://{bucket}/c.jsonl",
+        "storage_options": {"secret": s3_server.secret + "", "key": s3_server.key},
+    }
     trackers = [name for name in ("trackio", "wandb", "mlflow") if importlib.util.find_spec(name)]
     raw["training"]["report_to"] = ["tensorboard", *trackers]  # and what each tracker stores (test_trackers.py)
     raw["monitor"]["plot"] = True
@@ -43,7 +46,9 @@ def test_planted_secrets_never_leak(tmp_path, s3_server, capsys, monkeypatch):
     env = {**os.environ, **s3_server.env(), **tracker_env(tmp_path / "trackers"), **SECRETS}
     env["AWS_SECRET_ACCESS_KEY"] = s3_server.secret  # the endpoint needs the real one; the planted ones ride along
     env["HFTRAIN_TEST_PLANTED"] = SECRETS["AWS_SECRET_ACCESS_KEY"]
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     bad_recipe = yaml.safe_load(recipe.read_text())
     bad_recipe["training"]["learnig_rate"] = 1
@@ -72,7 +77,10 @@ PLANTED = {
     "header": ("storage_options", {"client_kwargs": {"headers": {"Authorization": "Bearer PLANTEDheader0123"}}}),
     "custom credential field": ("storage_options", {"account_key": "PLANTEDaccountKEY0123"}),
     "access key id": ("storage_options", {"key": "AKIAPLANTEDKEYID0123"}),
-    "endpoint with user info": ("storage_options", {"endpoint_url": "https://admin:PLANTEDendpointPW@store.example:9000"}),
+    "endpoint with user info": (
+        "storage_options",
+        {"endpoint_url": "https://admin:PLANTEDendpointPW@store.example:9000"},
+    ),
     "data URL with user info": ("path", "https://reader:PLANTEDpathPW@data.example/corpus.jsonl"),
 }
 
@@ -84,9 +92,14 @@ def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, ki
     from hftrain.recipe.parts import CheckpointPart, PublishPart
 
     where, value = PLANTED[kind]
-    secret = next(word for word in str(value).replace("'", " ").replace(":", " ").replace("@", " ").split() if "PLANTED" in word)
+    secret = next(
+        word for word in str(value).replace("'", " ").replace(":", " ").replace("@", " ").split() if "PLANTED" in word
+    )
     raw = yaml.safe_load((work / "r.yaml").read_text())
-    raw["data"]["train"] = {"path": str(work / "good.jsonl"), "storage_options": {"anon": True, "config_kwargs": {"read_timeout": 7}}}
+    raw["data"]["train"] = {
+        "path": str(work / "good.jsonl"),
+        "storage_options": {"anon": True, "config_kwargs": {"read_timeout": 7}},
+    }
     if where == "path":
         raw["data"]["train"]["path"] = value
     else:
@@ -101,7 +114,9 @@ def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, ki
         (work / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
         code = main(["data", "inspect", str(work / "r.yaml")])
         printed = capsys.readouterr()
-        assert code == 2 and secret not in printed.err + printed.out and "https://***@data.example" in printed.err, printed.err
+        assert code == 2 and secret not in printed.err + printed.out and "https://***@data.example" in printed.err, (
+            printed.err
+        )
 
 
 # Class 4, every network client bounded: an http(s):// data source at a server that accepts and never answers is an
@@ -125,7 +140,10 @@ def test_a_silent_http_source_is_an_error_within_the_bound(capsys, work, silent_
     took = time.monotonic() - started
     printed = capsys.readouterr()
     assert code == 2, printed.err[-2000:]
-    assert f"cannot list {url!r}: the endpoint: no answer within the network time limit (2 s, retries included)" in printed.err
+    assert (
+        f"cannot list {url!r}: the endpoint: no answer within the network time limit (2 s, retries included)"
+        in printed.err
+    )
     assert "Traceback" not in printed.err + printed.out and silent_server.connections
     assert took < 15, took
     assert tree_digest(work) == before

@@ -26,7 +26,10 @@ from ..support.checks import assert_export_refused, assert_same_steps, copy_chec
 from ..support.cli import EXPECTED_TYPE, in_background, in_process, kill_at_checkpoint, messages, run_in_process
 from ..support.reference_runs import SAVE, STEPS, train
 
-SHARD = {"fsdp": "pytorch_model_fsdp_0/__1_0.distcp", "zero3": f"global_step{STEPS}/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+SHARD = {
+    "fsdp": "pytorch_model_fsdp_0/__1_0.distcp",
+    "zero3": f"global_step{STEPS}/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+}
 
 
 @pytest.mark.slow
@@ -40,7 +43,11 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, b
     kill -9 test, on DDP)."""
     two = backend_run(backend, 2)
     results = json.loads(RunLayout(two).results.read_text())
-    assert (results["distributed_type"], results["world_size"], results["data_readers"]) == (EXPECTED_TYPE[backend], 2, 8)
+    assert (results["distributed_type"], results["world_size"], results["data_readers"]) == (
+        EXPECTED_TYPE[backend],
+        2,
+        8,
+    )
     for rank in (0, 1):
         assert (two / f"checkpoint-{SAVE}" / layout.data_state_file(rank)).is_file()
     said = (two.parent / "launch.log").read_text()
@@ -85,8 +92,8 @@ def test_sharded_backend_matches_one_process_resumes_and_exports(sharded_yaml, b
     cut, whole = (aside / shard).stat().st_size, (two / f"checkpoint-{STEPS}" / shard).stat().st_size
     assert code == 2, printed[-3000:]
     assert messages(printed) == [  # one message, before any process starts
-        f"hftrain: error: training.resume_from_checkpoint: {aside} cannot be loaded ({shard}: truncated ({cut:,} bytes of "
-        f"{whole:,} recorded in hftrain_complete.json))."
+        f"hftrain: error: training.resume_from_checkpoint: {aside} cannot be loaded ({shard}: truncated ({cut:,} bytes "
+        f"of {whole:,} recorded in hftrain_complete.json))."
     ]
 
 
@@ -134,7 +141,9 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
     for run in (straight, run_dir):
         assert [ckpt.checkpoint_step(c) for c in ckpt.complete_checkpoints(run)] == kept, run
     # step 0, the initialization, written once when each run started (not again at the resume): the seed's weights
-    assert (straight / "initial" / "model.safetensors").read_bytes() == (run_dir / "initial" / "model.safetensors").read_bytes()
+    assert (straight / "initial" / "model.safetensors").read_bytes() == (
+        run_dir / "initial" / "model.safetensors"
+    ).read_bytes()
 
 
 @pytest.mark.slow(seconds=80)  # the suite's order: the longest files start first (tests/conftest.py)
@@ -145,5 +154,7 @@ def test_parity_elastic_prints_its_summary(sharded_yaml, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[-3].split()[:4] == ["backend", "1", "vs", "2"] and lines[-2].startswith("DDP ")
-    loss_diff, norm_diff = (float(x) for x in lines[-1].removeprefix("elastic: max relative loss diff ").split(", grad-norm diff "))
+    loss_diff, norm_diff = (
+        float(x) for x in lines[-1].removeprefix("elastic: max relative loss diff ").split(", grad-norm diff ")
+    )
     assert loss_diff < 1e-5 and norm_diff < 1e-4

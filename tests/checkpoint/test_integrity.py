@@ -69,7 +69,11 @@ def test_the_marker_records_every_file_with_sizes_and_checksums_of_the_small_one
 
 
 DAMAGE = {  # name: (file, damage, what unreadable() says)
-    "cut short": (SHARD, cut_short, f"{SHARD}: truncated ({BIG // 2:,} bytes of {BIG:,} recorded in {COMPLETE_MARKER})"),
+    "cut short": (
+        SHARD,
+        cut_short,
+        f"{SHARD}: truncated ({BIG // 2:,} bytes of {BIG:,} recorded in {COMPLETE_MARKER})",
+    ),
     "missing": (
         "pytorch_model_fsdp_0/.metadata",
         Path.unlink,
@@ -96,7 +100,10 @@ def test_each_damage_is_named_and_an_explicit_resume_of_it_refused(tmp_path, dam
     assert integrity.unreadable(checkpoint) == expected
     with pytest.raises(HftrainError) as info:
         manager.CheckpointManager(
-            RunLayout(tmp_path), CheckpointPart.of(load_recipe(None, {})), manager.ResumeSetting.of(str(checkpoint)), None
+            RunLayout(tmp_path),
+            CheckpointPart.of(load_recipe(None, {})),
+            manager.ResumeSetting.of(str(checkpoint)),
+            None,
         ).resume_point()
     assert str(info.value) == f"training.resume_from_checkpoint: {checkpoint} cannot be loaded ({expected})."
 
@@ -123,7 +130,9 @@ def test_records_of_several_listers_merge_and_all_are_checked(tmp_path):
     marker["files"] = integrity.merge([marker["files"], integrity.record(node, rank=8), {}])
     assert sorted(marker["files"]) == ["rank0", "rank8"]
     (checkpoint / COMPLETE_MARKER).write_text(json.dumps(marker))
-    assert integrity.unreadable(checkpoint) == f"optimizer_0/__1_0.distcp: missing ({COMPLETE_MARKER} lists it, 10 bytes)"
+    assert (
+        integrity.unreadable(checkpoint) == f"optimizer_0/__1_0.distcp: missing ({COMPLETE_MARKER} lists it, 10 bytes)"
+    )
     shutil.copytree(node / "optimizer_0", checkpoint / "optimizer_0")
     assert integrity.unreadable(checkpoint) is None
     marker["files"] = {"rank0": {"latest": {"size": "12"}}}
@@ -176,7 +185,10 @@ def test_export_never_leaves_a_partial_out_and_two_at_once_do_not_mix(tmp_path, 
     if meanwhile == "the disk fills":
         assert "No space left on device" in printed and not out.exists()
     else:
-        assert f"hftrain: error: --out {out}: was filled by something else (another export?) while this export ran" in printed
+        assert (
+            f"hftrain: error: --out {out}: was filled by something else (another export?) while this export ran"
+            in printed
+        )
         assert os.listdir(out) == ["theirs.safetensors"]  # nothing of this export mixed in
     assert not list(tmp_path.glob(".exported*"))  # its staging removed
     monkeypatch.setattr(shutil, "copy2", real)
@@ -218,5 +230,8 @@ def test_a_lora_adapter_cut_short_is_set_aside_and_its_export_refused(pretrained
     assert_export_refused(capsys, run_dir / "checkpoint-2", "adapter_model.safetensors", "--merge")
     code, printed = cli(capsys, "train", str(recipe), "training.max_steps=3")
     assert code == 0, printed[-3000:]
-    assert f"hftrain: warning: {run_dir / 'checkpoint-2'} cannot be loaded (adapter_model.safetensors: truncated (" in printed
+    assert (
+        f"hftrain: warning: {run_dir / 'checkpoint-2'} cannot be loaded (adapter_model.safetensors: truncated ("
+        in printed
+    )
     assert f"resuming from {run_dir / 'checkpoint-1'}" in printed

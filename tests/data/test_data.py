@@ -57,7 +57,9 @@ def test_formats_read_the_same_documents(tmp_path):
 
 def test_custom_text_field(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", ["hello there"], field="body")
-    plan = plan_data(load_recipe(None, {"data": {"train": {"path": str(tmp_path / "a.jsonl"), "text_field": "body"}}}).data, 0)
+    plan = plan_data(
+        load_recipe(None, {"data": {"train": {"path": str(tmp_path / "a.jsonl"), "text_field": "body"}}}).data, 0
+    )
     stream = DocumentStream(plan.train, seed=0, loop=False)
     assert list(stream.documents(stream.fresh_state())) == ["hello there"]
 
@@ -94,7 +96,8 @@ def global_order(plan, tok, layout, count, resume=None, micro=2):
     rank g % P's sample g // P), and each rank's saved state after them."""
     P = layout.processes
     ranks = [
-        ResumableLoader(PackedDataset(plan, tok, p, layout, resume), micro, layout.workers if layout.workers > 1 else 0) for p in range(P)
+        ResumableLoader(PackedDataset(plan, tok, p, layout, resume), micro, layout.workers if layout.workers > 1 else 0)
+        for p in range(P)
     ]
     per_rank = []
     for loader in ranks:
@@ -166,7 +169,9 @@ def test_a_position_saved_with_another_window_is_refused():
 
 def test_the_order_check_can_fail(tmp_path, tok):
     """Without the rotation of worker slots, a resumed 2-worker loader would start from the wrong reader."""
-    plan = plan_data(data_section(write_jsonl(tmp_path / "a.jsonl", make_documents(50)), seq_len=32, shuffle_window=8), 0)
+    plan = plan_data(
+        data_section(write_jsonl(tmp_path / "a.jsonl", make_documents(50)), seq_len=32, shuffle_window=8), 0
+    )
     straight, _ = global_order(plan, tok, ReaderLayout(4, 1, 2, 8), 40)
     _, saved = global_order(plan, tok, ReaderLayout(4, 1, 2, 8), 6, micro=3)  # 6 samples: next one is from slot 0
     resume = merge_positions(saved, ReaderLayout(4, 1, 2, 8), 32, "c")
@@ -178,7 +183,10 @@ def test_the_order_check_can_fail(tmp_path, tok):
 def test_a_launch_that_cannot_divide_the_readers_is_refused():
     with pytest.raises(HftrainError) as info:
         ReaderLayout(readers=4, processes=3, workers=1, window=8)
-    assert "4 logical readers (fixed at its start), which cannot be split over 3 process(es) x 1 dataloader worker(s)" in str(info.value)
+    assert (
+        "4 logical readers (fixed at its start), which cannot be split over 3 process(es) x 1 dataloader worker(s)"
+        in str(info.value)
+    )
     assert "1, 2, 4 process(es) work" in str(info.value)
     saved = [{"version": STATE_VERSION, "readers": 8, "blocks": 16, "seq_len": 32, "positions": {}}]
     with pytest.raises(HftrainError) as info:
@@ -187,8 +195,8 @@ def test_a_launch_that_cannot_divide_the_readers_is_refused():
     with pytest.raises(HftrainError) as info:
         merge_positions([{"version": 1, "workers": {}}], ReaderLayout(4, 1, 1, 8), 32, "ckpt")
     assert (
-        f"saved by another hftrain version, which orders the data differently (data order version 1; this one reads version {STATE_VERSION})"
-        in str(info.value)
+        "saved by another hftrain version, which orders the data differently (data order version 1; this one reads "
+        f"version {STATE_VERSION})" in str(info.value)
     )
 
 
@@ -225,7 +233,15 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
         write_jsonl(tmp_path / "corpus" / f"part-{s}.jsonl", [d for i, d in enumerate(docs) if i % shards == s])
     val = write_jsonl(tmp_path / "val.jsonl", ["held out text"])
     section = load_recipe(
-        None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "validation": {"path": str(val)}, "seq_len": 16, "shuffle_window": 1}}
+        None,
+        {
+            "data": {
+                "train": {"path": str(tmp_path / "corpus")},
+                "validation": {"path": str(val)},
+                "seq_len": 16,
+                "shuffle_window": 1,
+            }
+        },
     ).data
     plan = plan_data(section, 0)
     parts = {}
@@ -249,7 +265,10 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
     if shards == 8:
         owners = {d.split(" doc")[0]: key for key, part in parts.items() for d in part}
         assert (
-            all({d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key} for key, part in parts.items())
+            all(
+                {d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key}
+                for key, part in parts.items()
+            )
             and len(owners) == 8
         )  # each shard read by exactly one reader
 
@@ -280,7 +299,9 @@ def test_holdout_is_disjoint_from_training(tmp_path, tok):
 def test_validation_source_replaces_holdout(tmp_path, tok):
     train = write_jsonl(tmp_path / "t.jsonl", make_documents(100))
     val = write_jsonl(tmp_path / "v.jsonl", ["validation text " * 50])
-    section = load_recipe(None, {"data": {"train": {"path": str(train)}, "validation": {"path": str(val)}, "seq_len": 8}}).data
+    section = load_recipe(
+        None, {"data": {"train": {"path": str(train)}, "validation": {"path": str(val)}, "seq_len": 8}}
+    ).data
     blocks = validation_blocks(plan_data(section, 0), tok)
     assert "validation text" in tok.decode(blocks[0]["input_ids"])
 
@@ -338,7 +359,9 @@ def test_hugging_face_dataset_source_streams(tmp_path):
     """`dataset:` goes through datasets.load_dataset(streaming=True); a local data directory needs no hub."""
     docs = make_documents(30)
     write_jsonl(tmp_path / "ds" / "train.jsonl", docs)
-    plan = plan_data(load_recipe(None, {"data": {"train": {"dataset": str(tmp_path / "ds"), "split": "train"}}}).data, 0)
+    plan = plan_data(
+        load_recipe(None, {"data": {"train": {"dataset": str(tmp_path / "ds"), "split": "train"}}}).data, 0
+    )
     stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
     state = stream.fresh_state()
     it = stream.documents(state)
@@ -351,7 +374,9 @@ def test_hugging_face_dataset_source_streams(tmp_path):
 def test_weighted_mixture_is_deterministic_and_follows_the_weights(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [f"alpha {i}" for i in range(300)])
     b = write_jsonl(tmp_path / "b.jsonl", [f"beta {i}" for i in range(300)])
-    section = load_recipe(None, {"data": {"train": [{"path": str(a), "weight": 3}, {"path": str(b), "weight": 1}]}}).data
+    section = load_recipe(
+        None, {"data": {"train": [{"path": str(a), "weight": 3}, {"path": str(b), "weight": 1}]}}
+    ).data
 
     def draw(seed, n=2000):
         plan = plan_data(section, seed)
@@ -364,4 +389,6 @@ def test_weighted_mixture_is_deterministic_and_follows_the_weights(tmp_path):
     share = sum(d.startswith("alpha") for d in first) / len(first)
     assert 0.72 < share < 0.78  # 3:1
     alphas = [d for d in first if d.startswith("alpha")][:300]
-    assert sorted(alphas) == sorted(f"alpha {i}" for i in range(300))  # each source: no document repeated within its epoch
+    assert sorted(alphas) == sorted(
+        f"alpha {i}" for i in range(300)
+    )  # each source: no document repeated within its epoch

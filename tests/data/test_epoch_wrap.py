@@ -23,7 +23,9 @@ def epoch_at(checkpoint) -> int:
 @pytest.mark.slow
 def test_resumed_twice_around_an_epoch_wrap_gives_the_same_losses(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", make_documents(70))
-    raw = tiny_recipe(data, tmp_path / "straight", max_steps=40, save_steps=10, save_total_limit=10, dataloader_num_workers=2)
+    raw = tiny_recipe(
+        data, tmp_path / "straight", max_steps=40, save_steps=10, save_total_limit=10, dataloader_num_workers=2
+    )
     raw["data"]["shuffle_window"] = 4
     raw["monitor"]["sample_max_new_tokens"] = 0
 
@@ -32,7 +34,10 @@ def test_resumed_twice_around_an_epoch_wrap_gives_the_same_losses(tmp_path):
 
     run(tmp_path / "straight")
     straight = checkpoint_losses(tmp_path / "straight")
-    assert epoch_at(tmp_path / "straight" / "checkpoint-10") == 0 and epoch_at(tmp_path / "straight" / "checkpoint-30") >= 1
+    assert (
+        epoch_at(tmp_path / "straight" / "checkpoint-10") == 0
+        and epoch_at(tmp_path / "straight" / "checkpoint-30") >= 1
+    )
 
     copy_checkpoint(tmp_path / "straight", tmp_path / "first", "checkpoint-10")  # killed before the wrap
     run(tmp_path / "first")

@@ -33,7 +33,10 @@ def read_all(path: str, **source) -> list[str]:
 
 def put_shards(gcs, prefix: str, docs: list[str], shards: int) -> list[str]:
     size = -(-len(docs) // shards)
-    return [gcs.put(f"{prefix}/part-{i:03d}.jsonl.gz", gzip.compress(jsonl(docs[i * size : (i + 1) * size]))) for i in range(shards)]
+    return [
+        gcs.put(f"{prefix}/part-{i:03d}.jsonl.gz", gzip.compress(jsonl(docs[i * size : (i + 1) * size])))
+        for i in range(shards)
+    ]
 
 
 def test_every_format_streams_from_gcs_like_local_files(gcs, tmp_path):
@@ -86,7 +89,9 @@ def test_recipe_storage_options_reach_gcs_and_are_redacted(gcs, monkeypatch):
         "private_key_id": "abc123",
         "private_key": "-----BEGIN PRIVATE KEY-----xyz",
     }
-    recipe = load_recipe(None, {"data": {"train": {"path": "gs://open/x.jsonl", "storage_options": {"token": service_account}}}})
+    recipe = load_recipe(
+        None, {"data": {"train": {"path": "gs://open/x.jsonl", "storage_options": {"token": service_account}}}}
+    )
     saved = yaml.safe_dump(recipe_to_dict(recipe))
     assert "token: '***'" in saved
     assert not any(v in saved for v in ("abc123", "PRIVATE KEY", "me@p.iam"))
@@ -109,7 +114,9 @@ def test_missing_gcs_paths_are_named(gcs):
             read_all(path)
         assert str(info.value).startswith(f"data.train[0].path: no file matches {path!r}"), str(info.value)
 
-    plan = plan_data(load_recipe(None, {"data": {"train": {"path": "gs://bkt/corpus/*.jsonl.gz"}}}).data, 0)  # listed now ...
+    plan = plan_data(
+        load_recipe(None, {"data": {"train": {"path": "gs://bkt/corpus/*.jsonl.gz"}}}).data, 0
+    )  # listed now ...
     (gcs.root / "bkt/corpus/part-002.jsonl.gz").unlink()  # ... gone when read
     stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
     with pytest.raises(HftrainError, match=r"gs://bkt/corpus/part-002.jsonl.gz: is missing"):
@@ -121,5 +128,6 @@ def test_gcs_without_gcsfs_says_which_extra_to_install(monkeypatch):
     with pytest.raises(HftrainError) as info:
         read_all("gs://bkt/corpus/*.jsonl.gz")
     assert str(info.value) == (
-        "data.train[0].path: 'gs://bkt/corpus/*.jsonl.gz' is on Google Cloud Storage, which needs gcsfs: pip install 'hftrain[gcs]'."
+        "data.train[0].path: 'gs://bkt/corpus/*.jsonl.gz' is on Google "
+        "Cloud Storage, which needs gcsfs: pip install 'hftrain[gcs]'."
     )

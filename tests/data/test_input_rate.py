@@ -23,7 +23,9 @@ from hftrain.training.step_metrics import MetricsOptions
 
 
 def launch(device: str, cpus: int, processes: int = 1) -> LaunchEnv:
-    return LaunchEnv(processes, processes, 0, 0, Strategy.SINGLE if processes == 1 else Strategy.DDP, None, None, device, cpus=cpus)
+    return LaunchEnv(
+        processes, processes, 0, 0, Strategy.SINGLE if processes == 1 else Strategy.DDP, None, None, device, cpus=cpus
+    )
 
 
 def section(**data):
@@ -54,7 +56,10 @@ def test_loader_workers_by_device(env, training, data, readers, limit, workers):
 
 def arguments_on(device: str, **training):
     return argument_values(
-        {"max_steps": 5, **training}, SimpleNamespace(accumulation=1, rehearsal=None), SimpleNamespace(max_steps=5), device
+        {"max_steps": 5, **training},
+        SimpleNamespace(accumulation=1, rehearsal=None),
+        SimpleNamespace(max_steps=5),
+        device,
     )
 
 
@@ -64,8 +69,12 @@ def test_batches_are_copied_without_a_wait_on_cuda_unless_the_recipe_says_otherw
         "split_batches": False,
         "non_blocking": True,
     }
-    assert arguments_on("cuda", accelerator_config={"non_blocking": False})["accelerator_config"] == {"non_blocking": False}
-    assert "accelerator_config" not in arguments_on("cuda", dataloader_pin_memory=False)  # no pinned memory: a copy waits anyway
+    assert arguments_on("cuda", accelerator_config={"non_blocking": False})["accelerator_config"] == {
+        "non_blocking": False
+    }
+    assert "accelerator_config" not in arguments_on(
+        "cuda", dataloader_pin_memory=False
+    )  # no pinned memory: a copy waits anyway
     assert "accelerator_config" not in arguments_on("cuda", use_cpu=True)
     assert "accelerator_config" not in arguments_on("cpu")
 
@@ -85,7 +94,9 @@ def test_the_loader_pins_and_copies_its_batches_on_cuda(monkeypatch, device, pin
 
     calls = []
     monkeypatch.setattr(data_loader, "pinned", lambda t: calls.append("pin") or t)
-    monkeypatch.setattr(accelerate.utils, "send_to_device", lambda b, d, non_blocking: calls.append(("send", d.type, non_blocking)) or b)
+    monkeypatch.setattr(
+        accelerate.utils, "send_to_device", lambda b, d, non_blocking: calls.append(("send", d.type, non_blocking)) or b
+    )
     placement = Placement(torch.device(device) if device else None, pin, non_blocking)
     batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long), "labels": torch.zeros(2, 4, dtype=torch.long)}
     assert placement(batch) == batch
@@ -94,7 +105,9 @@ def test_the_loader_pins_and_copies_its_batches_on_cuda(monkeypatch, device, pin
 
 def test_the_placement_follows_the_training_arguments():
     args = SimpleNamespace(
-        device=torch.device("cuda", 1), dataloader_pin_memory=True, accelerator_config=SimpleNamespace(non_blocking=True)
+        device=torch.device("cuda", 1),
+        dataloader_pin_memory=True,
+        accelerator_config=SimpleNamespace(non_blocking=True),
     )
     assert Placement.of(args) == Placement(torch.device("cuda", 1), True, True)
     args.accelerator_config = {"non_blocking": False}
@@ -102,7 +115,8 @@ def test_the_placement_follows_the_training_arguments():
 
 
 # tokens/s: pythia-160m on an H200 consumed 266,764 (notes/gpu-peers.md); one process tokenized the built-in corpus
-# at about 617,000 (2048-token blocks) and read prepared shards at about 11,000,000 through a worker (benchmarks/data_throughput.py)
+# at about 617,000 (2048-token blocks) and read prepared shards at about 11,000,000 through a worker
+# (benchmarks/data_throughput.py)
 H200_160M, RAW, SHARDS = 266_764, 617_000, 11_000_000
 KEEPS_UP_CASES = [  # consumed, per worker, workers, pretokenized -> share of each step waiting, warned
     (H200_160M, RAW, 0, False, 0.30, True),  # tokenized between steps: the 5-6% (one window 31%) seen there
@@ -120,7 +134,10 @@ def test_the_input_keeps_up_or_train_says_so(consumed, per_worker, workers, pret
     line = input_warning(consumed, per_worker, workers, 0.2, pretokenized, "as planned")
     assert (line is not None) is warned
     if warned:
-        assert line.startswith("warning: the input may not keep up") and f"training.dataloader_num_workers (now {workers};" in line
+        assert (
+            line.startswith("warning: the input may not keep up")
+            and f"training.dataloader_num_workers (now {workers};" in line
+        )
         assert ("`hftrain data prepare`" in line) is not pretokenized  # prepared shards need no second preparation
 
 

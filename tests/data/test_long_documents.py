@@ -36,7 +36,17 @@ def long_text(chars: int, seed: int = 0) -> str:
     long word, digits, contractions."""
     rng = random.Random(seed)
     docs = [d for d in (module_docstrings(f) for f in python_docs_files()[:400]) if d]
-    extras = ["  ", "\n\n\n", " \t ", "naïve café — 東京 🙂 ", "x" * 3000, " 1234567890 ", "it's don't ", "\r\n", "    "]
+    extras = [
+        "  ",
+        "\n\n\n",
+        " \t ",
+        "naïve café — 東京 🙂 ",
+        "x" * 3000,
+        " 1234567890 ",
+        "it's don't ",
+        "\r\n",
+        "    ",
+    ]
     parts, size = [], 0
     while size < chars:
         part = rng.choice(docs) if rng.random() < 0.7 else rng.choice(extras)
@@ -91,7 +101,9 @@ def test_cutting_anywhere_would_change_the_tokens(tokenizers):
     """The check above can fail: tokenizing fixed-size parts (the silent fallback) gives other tokens."""
     tok = tokenizers["gpt2"]
     text = long_text(50_000)
-    naive = [i for k in range(0, len(text), 4093) for i in tok(text[k : k + 4093], add_special_tokens=False)["input_ids"]]
+    naive = [
+        i for k in range(0, len(text), 4093) for i in tok(text[k : k + 4093], add_special_tokens=False)["input_ids"]
+    ]
     assert naive != tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -144,7 +156,11 @@ def test_a_file_is_read_in_bounded_pieces(tmp_path, monkeypatch):
     section = load_recipe(None, {"data": {"train": {"path": str(path)}}}).data
     stream = DocumentStream(plan_data(section, 0).train, seed=0, shuffle=False, loop=False)
     sizes = [len(text) for text, _ in stream.pieces(stream.fresh_state())]
-    assert sum(sizes) == 2_000_000 and max(sizes) <= max(text_pieces.PIECE_BYTES, text_pieces.SNIFF_BYTES) and len(sizes) >= 30
+    assert (
+        sum(sizes) == 2_000_000
+        and max(sizes) <= max(text_pieces.PIECE_BYTES, text_pieces.SNIFF_BYTES)
+        and len(sizes) >= 30
+    )
 
 
 @pytest.mark.slow
@@ -182,7 +198,9 @@ NOT_TEXT = {
 def test_a_file_that_is_not_text_is_named(tmp_path, tokenizers, name):
     case = NOT_TEXT[name]
     content, expected = (
-        case if isinstance(case, tuple) else (case, "is not UTF-8 text (NUL bytes in its first 64 KiB: a binary file, or UTF-16/32 text)")
+        case
+        if isinstance(case, tuple)
+        else (case, "is not UTF-8 text (NUL bytes in its first 64 KiB: a binary file, or UTF-16/32 text)")
     )
     bad = tmp_path / name
     bad.write_bytes(content)
@@ -212,7 +230,8 @@ def test_globs_read_only_known_extensions_like_directories(tmp_path):
         plan_data(load_recipe(None, {"data": {"train": {"path": str(folder / "*.csv")}}}).data, 0)
     assert str(err.value) == (
         f"data.train[0].path: {str(folder / '*.csv')!r} matches 1 file(s) (.csv) but none with a known extension "
-        "(.txt, .md, .text, .jsonl, .json, .ndjson, .parquet, optionally compressed); set data.train[0].format to read them anyway."
+        "(.txt, .md, .text, .jsonl, .json, .ndjson, .parquet, optionally "
+        "compressed); set data.train[0].format to read them anyway."
     )
     forced = load_recipe(None, {"data": {"train": {"path": str(folder / "*.csv"), "format": "txt"}}}).data
     assert [Path(s).name for s in plan_data(forced, 0).train[0].shards] == ["b.csv"]
@@ -231,7 +250,9 @@ def test_a_run_killed_inside_a_long_document_resumes_with_the_same_losses(tmp_pa
     recipe.write_text(yaml.safe_dump(raw))
     cmd = [sys.executable, "-m", "hftrain", "train", str(recipe)]
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*cmd, f"training.output_dir={killed}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cmd, f"training.output_dir={killed}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 300
     while not (killed / "checkpoint-16").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -242,7 +263,9 @@ def test_a_run_killed_inside_a_long_document_resumes_with_the_same_losses(tmp_pa
     assert len(cursor["pos"]) == 3 and cursor["pos"][2] > 0  # inside the document
     again = subprocess.run([*cmd, f"training.output_dir={killed}"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    straight = subprocess.run([*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600)
+    straight = subprocess.run(
+        [*cmd, f"training.output_dir={tmp_path / 'straight'}"], capture_output=True, text=True, timeout=600
+    )
     assert straight.returncode == 0, straight.stderr[-2000:]
     resumed, reference = checkpoint_losses(killed), checkpoint_losses(tmp_path / "straight")
     assert sorted(resumed) == list(range(1, 25))

@@ -28,7 +28,9 @@ def varlen_causal(module, query, key, value, attention_mask, dropout=0.0, scalin
         return causal_only(module, query, key, value, attention_mask, scaling=scaling)
     bounds = cu_seq_lens_q.tolist()
     spans = [
-        torch.nn.functional.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling
+        )
         for a, b in zip(bounds[:-1], bounds[1:])
     ]
     return torch.cat(spans, dim=2).transpose(1, 2).contiguous(), None
@@ -41,17 +43,27 @@ AttentionInterface.register("varlen_causal", varlen_causal)
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory):
     root = tmp_path_factory.mktemp("packing")
-    base = {"model": {"preset": "cpu-tiny"}, "training": {"per_device_train_batch_size": 4, "output_dir": str(root / "run")}}
+    base = {
+        "model": {"preset": "cpu-tiny"},
+        "training": {"per_device_train_batch_size": 4, "output_dir": str(root / "run")},
+    }
     examples = {
         **base,
         "data": {
-            "train": {"path": str(write_examples(root / "x.jsonl", instructions(60, 4))), "format": "prompt_completion"},
+            "train": {
+                "path": str(write_examples(root / "x.jsonl", instructions(60, 4))),
+                "format": "prompt_completion",
+            },
             "seq_len": 64,
         },
     }
     text = {
         **base,
-        "data": {"train": {"path": str(write_jsonl(root / "docs.jsonl", make_documents(60)))}, "seq_len": 96, "document_masking": True},
+        "data": {
+            "train": {"path": str(write_jsonl(root / "docs.jsonl", make_documents(60)))},
+            "seq_len": 96,
+            "document_masking": True,
+        },
     }
     (root / "examples.yaml").write_text(yaml.safe_dump(examples), encoding="utf-8")
     return {
@@ -69,7 +81,9 @@ def test_every_cpu_kernel_keeps_instruction_examples_apart(recipes, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("check-packing: first micro-batch of 4 block(s) x 64 tokens,")
     for kernel in ("eager", "sdpa", "flex_attention"):
-        assert any(line.startswith(f"check-packing: {kernel} max |diff| ") and line.endswith(" ok") for line in lines), lines
+        assert any(
+            line.startswith(f"check-packing: {kernel} max |diff| ") and line.endswith(" ok") for line in lines
+        ), lines
     assert main(["data", "inspect", str(recipes["examples"]), "--blocks", "1"]) == 0
     assert "--- block 0 (64 tokens) ---" in capsys.readouterr().out  # instruction blocks as trained
 
@@ -86,12 +100,17 @@ def test_document_masked_pretraining_keeps_documents_apart(recipes):
 def test_the_check_fails_where_documents_see_each_other(recipes):
     part = recipes["examples_part"]
     lines, ok = check_packing(part, kernels={"causal_only": ROWS, "varlen_causal": ROWS})  # today's layout, batch 4
-    assert not ok and lines[-1].startswith("check-packing: packed documents are not kept apart on causal_only, varlen_causal:")
+    assert not ok and lines[-1].startswith(
+        "check-packing: packed documents are not kept apart on causal_only, varlen_causal:"
+    )
     assert "FAILED (above 0.0001: documents see each other)" in lines[1]
     lines, ok = check_packing(part, kernels={"varlen_causal": FLATTENED})  # what hftrain gives flash attention
     assert ok, lines
+
     # without use_cache=False, a GPT-NeoX config's use_cache: true skips transformers' packed-sequence mask
-    leaky = lambda kernel, form: lambda samples: {k: v for k, v in PackedCollator(kernel)(samples).items() if k != "use_cache"}  # noqa: E731
+    def leaky(kernel, form):
+        return lambda samples: {k: v for k, v in PackedCollator(kernel)(samples).items() if k != "use_cache"}
+
     lines, ok = check_packing(part, kernels={"sdpa": ROWS}, collator=leaky)
     assert not ok, lines
 
@@ -111,7 +130,11 @@ def test_packed_loss_is_the_documents_loss_taken_alone(recipes, kernel):
         total, count = 0.0, 0
         for sample in samples:
             ids = sample["input_ids"]
-            ends = [0] + [i + 1 for i in range(len(ids)) if ids[i] == tokenizer.eos_token_id and i + 1 < len(ids)] + [len(ids)]
+            ends = (
+                [0]
+                + [i + 1 for i in range(len(ids)) if ids[i] == tokenizer.eos_token_id and i + 1 < len(ids)]
+                + [len(ids)]
+            )
             for a, b in zip(ends[:-1], ends[1:]):
                 if b - a > 1:
                     total += float(model(input_ids=ids[a:b][None], labels=ids[a:b][None]).loss) * (b - a - 1)

@@ -21,7 +21,10 @@ CHATS = [
             {"role": "user", "content": "What does json.dumps do?"},
             {"role": "assistant", "content": "Serialize obj to a JSON str."},
         ],
-        "rejected": [{"role": "user", "content": "What does json.dumps do?"}, {"role": "assistant", "content": "Merge sorted inputs."}],
+        "rejected": [
+            {"role": "user", "content": "What does json.dumps do?"},
+            {"role": "assistant", "content": "Merge sorted inputs."},
+        ],
     },
     {
         "prompt": [{"role": "user", "content": "And os.getcwd?"}],
@@ -89,7 +92,9 @@ def dpo_recipe(tmp_path, train, validation=None, **data):
 
 
 def test_pairs_stream_resumes_where_they_stopped(tmp_path):
-    recipe = dpo_recipe(tmp_path, SHIPPED / "preference_train.jsonl", SHIPPED / "preference_validation.jsonl", shuffle_window=16)
+    recipe = dpo_recipe(
+        tmp_path, SHIPPED / "preference_train.jsonl", SHIPPED / "preference_validation.jsonl", shuffle_window=16
+    )
     plan, tokenizer = plan_data(recipe.data, 0), gpt2()
     stream = train_blocks(plan, tokenizer, Worker(), 16)
     items = []
@@ -100,19 +105,31 @@ def test_pairs_stream_resumes_where_they_stopped(tmp_path):
     resumed = [item[0] for item, _ in zip(stream.blocks(items[24][1]), range(15))]
     assert resumed == [pair for pair, _ in items[25:40]]
     assert [p for p, _ in items[:16]] != [
-        encode_pair(tokenizer, r) for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])
+        encode_pair(tokenizer, r)
+        for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])
     ]  # shuffled
     held_out = validation_pairs(plan)
-    assert len(held_out) == 8 and held_out[0]["prompt"].startswith("What does the Python function ipaddress.num_addresses")
+    assert len(held_out) == 8 and held_out[0]["prompt"].startswith(
+        "What does the Python function ipaddress.num_addresses"
+    )
 
 
 @pytest.mark.parametrize(
     "line, problem",
     [
-        ({"chosen": "c", "rejected": "r"}, "needs a string 'prompt' beside string 'chosen' and 'rejected' (has: chosen, rejected)"),
+        (
+            {"chosen": "c", "rejected": "r"},
+            "needs a string 'prompt' beside string 'chosen' and 'rejected' (has: chosen, rejected)",
+        ),
         ({"prompt": "p", "chosen": "c"}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
-        ({"prompt": "p", "chosen": "c", "rejected": 3}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
-        ({"chosen": [{"role": "user"}], "rejected": []}, "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists"),
+        (
+            {"prompt": "p", "chosen": "c", "rejected": 3},
+            "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists",
+        ),
+        (
+            {"chosen": [{"role": "user"}], "rejected": []},
+            "needs 'prompt', 'chosen' and 'rejected': three strings, or message lists",
+        ),
     ],
 )
 def test_a_bad_pair_names_its_file_and_line(tmp_path, line, problem):
@@ -134,14 +151,23 @@ def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
             {"data": {"train": {"path": str(pairs), "format": "preference"}}},
             "preference pairs (format: preference) train with finetune.objective: dpo",
         ),
-        ({"finetune": {"objective": "dpo"}}, "finetune.objective dpo trains on preference pairs: set format: preference on data.train"),
+        (
+            {"finetune": {"objective": "dpo"}},
+            "finetune.objective dpo trains on preference pairs: set format: preference on data.train",
+        ),
         ({"finetune": {"dpo": {"beta": 0.2}}}, "DPOConfig keys are set but finetune.objective is lm"),
         (
-            {"finetune": {"objective": "dpo", "dpo": {"betta": 0.2}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+            {
+                "finetune": {"objective": "dpo", "dpo": {"betta": 0.2}},
+                "data": {"train": {"path": str(pairs), "format": "preference"}},
+            },
             "'betta' is not a DPOConfig key; did you mean beta?",
         ),
         (
-            {"finetune": {"objective": "dpo", "dpo": {"max_length": 512}}, "data": {"train": {"path": str(pairs), "format": "preference"}}},
+            {
+                "finetune": {"objective": "dpo", "dpo": {"max_length": 512}},
+                "data": {"train": {"path": str(pairs), "format": "preference"}},
+            },
             "max_length is not taken: the longest prompt + answer is data.seq_len; set that",
         ),
         (
@@ -168,7 +194,11 @@ def test_preference_settings_are_checked_when_the_recipe_is_read(tmp_path):
         ),
         (
             {
-                "finetune": {"objective": "dpo", "method": "lora", "lora": {"target_modules": ["query_key_value", "embed_out"]}},
+                "finetune": {
+                    "objective": "dpo",
+                    "method": "lora",
+                    "lora": {"target_modules": ["query_key_value", "embed_out"]},
+                },
                 "data": {"train": {"path": str(pairs), "format": "preference"}},
             },
             "lora.target_modules: an adapter on the output head is never trained",
@@ -214,7 +244,13 @@ def test_pairs_read_the_same_from_a_local_file_s3_and_a_hugging_face_dataset(tmp
         recipe = load_recipe(
             None,
             {
-                "data": {"train": {**train, "format": "preference"}, "seq_len": 64, "eval_blocks": 4, "shuffle_window": 1, "readers": 1},
+                "data": {
+                    "train": {**train, "format": "preference"},
+                    "seq_len": 64,
+                    "eval_blocks": 4,
+                    "shuffle_window": 1,
+                    "readers": 1,
+                },
                 "finetune": {"objective": "dpo"},
                 "training": {"output_dir": str(tmp_path / "run")},
             },
@@ -232,7 +268,11 @@ def test_pairs_read_the_same_from_a_local_file_s3_and_a_hugging_face_dataset(tmp
     ("same", "of", "expected"),
     [
         (0, 10, None),  # every pair teaches something: nothing said
-        (3, 10, "data.train (pairs.jsonl): 3 of the first 10 preference pairs have the same chosen and rejected answer"),
+        (
+            3,
+            10,
+            "data.train (pairs.jsonl): 3 of the first 10 preference pairs have the same chosen and rejected answer",
+        ),
         (6, 10, "most pairs are like that"),  # refused
     ],
 )
@@ -252,7 +292,9 @@ def test_pairs_whose_answers_are_one_are_counted_and_refused_when_most_are(same,
         said = same_answers(records, tokenizer, "data.train (pairs.jsonl)")
         assert said == expected or said.startswith(expected)
     chats = [{**CHATS[0], "rejected": CHATS[0]["chosen"]}, CHATS[1]]
-    assert same_answers(chats, tokenizer, "chats").startswith("chats: 1 of the first 2")  # the run's tokenizer untouched:
+    assert same_answers(chats, tokenizer, "chats").startswith(
+        "chats: 1 of the first 2"
+    )  # the run's tokenizer untouched:
     assert tokenizer.chat_template is None
 
 
@@ -263,7 +305,9 @@ def test_a_dpo_run_on_pairs_with_one_answer_is_refused_before_its_model_loads(tm
     from tests.support.cli import in_process
 
     base = tmp_path / "base"  # DPO starts from pretrained weights: a tiny model with the GPT-2 vocabulary
-    config = GPTNeoXConfig(vocab_size=50304, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = GPTNeoXConfig(
+        vocab_size=50304, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     GPTNeoXForCausalLM(config).save_pretrained(base)
     gpt2().save_pretrained(base)
 
@@ -278,11 +322,18 @@ def test_a_dpo_run_on_pairs_with_one_answer_is_refused_before_its_model_loads(tm
                 "tokenizer": {"path": str(base)},
                 "data": {"train": {"path": str(data), "format": "preference"}, "seq_len": 64, "eval_blocks": 4},
                 "finetune": {"objective": "dpo", "method": "full"},
-                "training": {"output_dir": str(tmp_path / "run"), "max_steps": 2, "bf16": False, "torch_compile": False},
+                "training": {
+                    "output_dir": str(tmp_path / "run"),
+                    "max_steps": 2,
+                    "bf16": False,
+                    "torch_compile": False,
+                },
             }
         )
     )
     monkeypatch.setattr(run, "build_model", lambda *a, **k: pytest.fail("the model was built before the refusal"))
     code, printed = in_process(capsys, "train", str(recipe))
     assert code == 2 and "Traceback" not in printed, printed[-2000:]
-    assert f"data.train ({data}): 40 of the first 40 preference pairs have the same chosen and rejected answer" in printed, printed[-2000:]
+    assert (
+        f"data.train ({data}): 40 of the first 40 preference pairs have the same chosen and rejected answer" in printed
+    ), printed[-2000:]

@@ -151,7 +151,9 @@ def test_missing_and_corrupt_shards_are_named(s3):
     s3fs.S3FileSystem.clear_instance_cache()  # a new run lists the bucket afresh
     with pytest.raises(HftrainError, match=r"part-001.jsonl.gz: is corrupt"):
         read_all(section)
-    skipping = load_recipe(None, {"data": {"train": {"path": f"s3://{bucket}/corpus/*.jsonl.gz"}, "on_bad_record": "skip"}}).data
+    skipping = load_recipe(
+        None, {"data": {"train": {"path": f"s3://{bucket}/corpus/*.jsonl.gz"}, "on_bad_record": "skip"}}
+    ).data
     from hftrain.data.sources import BadRecords
 
     plan = plan_data(skipping, 0)
@@ -164,7 +166,9 @@ def test_missing_and_corrupt_shards_are_named(s3):
 def test_loader_resumes_exactly_on_s3(s3):
     bucket = s3.make_bucket()
     upload_shards(s3, bucket, make_documents(200), shards=6)
-    section = load_recipe(None, {"data": {"train": {"path": f"s3://{bucket}/corpus/"}, "seq_len": 32, "shuffle_window": 8}}).data
+    section = load_recipe(
+        None, {"data": {"train": {"path": f"s3://{bucket}/corpus/"}, "seq_len": 32, "shuffle_window": 8}}
+    ).data
     plan, tok = plan_data(section, 0), gpt2_tokenizer()
     layout = ReaderLayout(readers=2, processes=1, workers=2, window=8)
     first = ResumableLoader(PackedDataset(plan, tok, 0, layout), 4, 2)
@@ -176,7 +180,9 @@ def test_loader_resumes_exactly_on_s3(s3):
         next(it)
     saved = json.loads(json.dumps(mid.state_dict()))
     del it
-    resumed = iter(ResumableLoader(PackedDataset(plan, tok, 0, layout, merge_positions([saved], layout, 32, "c")), 4, 2))
+    resumed = iter(
+        ResumableLoader(PackedDataset(plan, tok, 0, layout, merge_positions([saved], layout, 32, "c")), 4, 2)
+    )
     assert all((next(resumed)["input_ids"] == b).all() for b in straight[11:])
 
 

@@ -75,7 +75,9 @@ def test_unequal_shards_are_drawn_in_proportion_to_their_size(tmp_path, tok):
 def test_the_proportion_check_can_fail(tmp_path, tok, monkeypatch):
     """With every L-th shard per reader (the old dealing), the smallest shard is drawn 1/8 of the time."""
     monkeypatch.setattr(
-        SourcePlan, "share", lambda self, w: Share("whole", tuple(range(w.index, len(self.shards), w.count)), w.index, w.count)
+        SourcePlan,
+        "share",
+        lambda self, w: Share("whole", tuple(range(w.index, len(self.shards), w.count)), w.index, w.count),
     )
     drawn, size = draw_shares(tmp_path, tok)
     assert drawn["apple"] > 4 * size["apple"]
@@ -86,7 +88,9 @@ def test_equal_shards_are_dealt_whole_and_unequal_ones_split():
     assert share_of([100] * 8, True, 3, 8) == Share("whole", (3,), 3, 8)
     assert share_of([100] * 16, False, 0, 8).mode == "whole"
     assert share_of([10, 20, 30, 40, 50, 60, 70, 80], True, 0, 8).mode == "part"
-    assert share_of([10, 20, 30, 40, 50, 60, 70, 80], False, 0, 8).mode == "whole"  # compressed: read once, even if unequal
+    assert (
+        share_of([10, 20, 30, 40, 50, 60, 70, 80], False, 0, 8).mode == "whole"
+    )  # compressed: read once, even if unequal
     assert share_of([100, 200], False, 1, 8) == Share("every", (0, 1), 1, 8)
     assert share_of([100, 200], True, 1, 8) == Share("part", (0, 1), 1, 8)
     assert share_of([5, 500], True, 0, 1).mode == "whole"
@@ -105,7 +109,11 @@ def test_many_shards_of_random_size_are_dealt_whole_within_the_balance():
 
 def test_a_part_is_the_readers_slice_and_the_longer_parts_go_round():
     assert [ShardSlice(k, 3).span(10) for k in range(3)] == [(0, 3), (3, 6), (6, 10)]
-    assert [Share("part", (0, 1, 2), r, 3).part(1) for r in range(3)] == [ShardSlice(1, 3), ShardSlice(2, 3), ShardSlice(0, 3)]
+    assert [Share("part", (0, 1, 2), r, 3).part(1) for r in range(3)] == [
+        ShardSlice(1, 3),
+        ShardSlice(2, 3),
+        ShardSlice(0, 3),
+    ]
     assert Share("whole", (0,), 1, 3).part(0) is None
 
 
@@ -271,8 +279,8 @@ def test_a_reader_with_no_record_of_its_own_says_so(tmp_path):
     with pytest.raises(HftrainError) as info:
         read_all(plan, 3)
     assert (
-        f"found no documents in its part of every shard (every 3rd record of a shard whose ranges hold no line start) of {tmp_path / 'a.jsonl'}"
-        in str(info.value)
+        "found no documents in its part of every shard (every 3rd record of a shard whose ranges hold no line start) "
+        f"of {tmp_path / 'a.jsonl'}" in str(info.value)
     )
     assert "Set data.readers lower" in str(info.value)
 
@@ -293,7 +301,12 @@ def test_data_inspect_says_how_the_readers_share_each_source(tmp_path):
 
     for i, n in enumerate([900, 2500, 4000]):
         write_jsonl(tmp_path / "corpus" / f"part-{i}.jsonl", make_documents(n, seed=i))
-    recipe = load_recipe(None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "seq_len": 32}, "tokenizer": {"builtin": "gpt2"}})
+    recipe = load_recipe(
+        None, {"data": {"train": {"path": str(tmp_path / "corpus")}, "seq_len": 32}, "tokenizer": {"builtin": "gpt2"}}
+    )
     text = inspect(DataPart.of(recipe), blocks=1)
     assert "data.train[0]: " in text and "3 shard(s)" in text
-    assert "3 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)" in text
+    assert (
+        "3 readers share it: each reads a part of every shard (byte, row or block ranges: the shards differ in size)"
+        in text
+    )

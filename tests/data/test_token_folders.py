@@ -49,7 +49,9 @@ def folder_digest(root: Path) -> dict[str, str]:
     return {k: v for k, v in tree_digest(root).items() if not k.startswith("logs/") and k != ".hftrain.lock"}
 
 
-def datatrove_folder(out: Path, texts: list[str], tokenizer_json: str, tasks: int = 2, eos: str = "<|endoftext|>") -> Path:
+def datatrove_folder(
+    out: Path, texts: list[str], tokenizer_json: str, tasks: int = 2, eos: str = "<|endoftext|>"
+) -> Path:
     """A folder written by datatrove's own DocumentTokenizer, as a user of another tool would write it."""
 
     def documents(data, rank: int = 0, world_size: int = 1):
@@ -63,7 +65,9 @@ def datatrove_folder(out: Path, texts: list[str], tokenizer_json: str, tasks: in
 
 def test_a_prepared_folder_holds_the_tokens_training_would_read_at_any_seq_len(tmp_path):
     raw = gpt2_recipe(corpus(tmp_path), tmp_path / "unused")
-    prepared = prepare(DataPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1), shuffle=False, task_mb=0)
+    prepared = prepare(
+        DataPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1), shuffle=False, task_mb=0
+    )
     names = [f["name"] for f in prepared["files"]]
     assert prepared["tasks"] == 3 and len(names) == 3 and prepared["token_size"] == 2
     assert (tmp_path / "prep" / "tokenizer" / "tokenizer.json").is_file() and prepared["validation_tokens"] >= 8 * 32
@@ -96,7 +100,12 @@ def test_tasks_group_input_files_by_size_and_never_split_one(tmp_path):
     raw = tiny_recipe(tmp_path / "c", tmp_path / "u")
     raw["data"]["train"] = [{"path": str(tmp_path / "c")}, {"path": str(tmp_path / "d.jsonl")}]
     plan = plan_data(load_recipe(None, raw).data, 0)
-    assert task_units(plan, 60) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4), (0, 5)], [(1, 0)]]  # a source starts a task
+    assert task_units(plan, 60) == [
+        [(0, 0), (0, 1)],
+        [(0, 2), (0, 3)],
+        [(0, 4), (0, 5)],
+        [(1, 0)],
+    ]  # a source starts a task
     assert task_units(plan, 0) == [[(0, k)] for k in range(6)] + [[(1, 0)]]
 
 
@@ -130,7 +139,8 @@ def test_the_folder_is_the_same_for_any_workers_task_split_and_killed_task(tmp_p
 
 @pytest.fixture(scope="module")
 def made_by_datatrove(tmp_path_factory):
-    """A folder of datatrove's own DocumentTokenizer (2 tasks) and the tokenizer.json it names (hftrain's trained one)."""
+    """A folder of datatrove's own DocumentTokenizer (2 tasks) and the tokenizer.json it names (hftrain's trained
+    one)."""
     root = tmp_path_factory.mktemp("datatrove")
     raw = tiny_recipe(corpus(root), root / "unused")
     from hftrain.data.loader import first_documents
@@ -142,7 +152,10 @@ def made_by_datatrove(tmp_path_factory):
     tokenizer, _ = load_tokenizer(ModelPart.of(recipe), root / "tok-work", lambda n: first_documents(plan, n))
     tokenizer.save_pretrained(root / "tokenizer")
     folder = datatrove_folder(
-        root / "folder", make_documents(1200, seed=3), str(root / "tokenizer" / "tokenizer.json"), eos=tokenizer.eos_token
+        root / "folder",
+        make_documents(1200, seed=3),
+        str(root / "tokenizer" / "tokenizer.json"),
+        eos=tokenizer.eos_token,
     )
     return root, folder
 
@@ -163,14 +176,22 @@ def _cut(path: Path, n: int) -> None:
 
 
 BAD_FOLDERS = [
-    ("old layout", lambda c: (c / "manifest.json").write_text("{}"), "holds packed blocks in the layout hftrain wrote before"),
+    (
+        "old layout",
+        lambda c: (c / "manifest.json").write_text("{}"),
+        "holds packed blocks in the layout hftrain wrote before",
+    ),
     (
         "no index",
         lambda c: (_first(c).parent / (_first(c).name + ".index")).unlink(),
         r"has no 00000_00000_doc_shuffled.ds.index: the task that wrote it did not finish",
     ),
     ("no metadata", lambda c: (_first(c).parent / (_first(c).name + ".metadata")).unlink(), r"has no .*\.ds\.metadata"),
-    ("truncated", lambda c: _cut(_first(c), 4), r"00000_00000_doc_shuffled.ds is truncated: it holds [\d,]+ tokens, its index ends at"),
+    (
+        "truncated",
+        lambda c: _cut(_first(c), 4),
+        r"00000_00000_doc_shuffled.ds is truncated: it holds [\d,]+ tokens, its index ends at",
+    ),
     ("odd bytes", lambda c: _cut(_first(c), 1), r"is truncated \([\d]+ bytes is not a whole number of 2-byte tokens\)"),
     (
         "index",
@@ -190,7 +211,8 @@ BAD_FOLDERS = [
             (c / "logs" / "executor.json").write_text('{"world_size": 2}'),
             (c / "logs" / "completions" / "00000").touch(),
         ],
-        r"is a prepare that did not finish \(tasks 1 of 2 have not finished: no logs/completions marker\)\. Run the same",
+        r"is a prepare that did not finish \(tasks 1 of 2 have not "
+        r"finished: no logs/completions marker\)\. Run the same",
     ),
 ]
 
@@ -260,7 +282,10 @@ def _synthetic(out: Path, low: int, files: int, tokens: int) -> Path:
     rng = np.random.default_rng(low)
     for f in range(files):
         file = TokenizedFile(
-            get_datafolder(str(out)), f"{f:05d}_x.ds", tokenizer_name_or_path="some/hub-tokenizer", save_final_metadata=True
+            get_datafolder(str(out)),
+            f"{f:05d}_x.ds",
+            tokenizer_name_or_path="some/hub-tokenizer",
+            save_final_metadata=True,
         )
         file.write(rng.integers(low, low + 50, tokens).tolist(), None)
         file.close()
@@ -270,7 +295,11 @@ def _synthetic(out: Path, low: int, files: int, tokens: int) -> Path:
 def test_a_mixture_of_folders_draws_by_weight_and_resumes_exactly(tmp_path):
     a, b = _synthetic(tmp_path / "a", 0, 3, 3200), _synthetic(tmp_path / "b", 100, 2, 3200)
     raw = tiny_recipe(tmp_path, tmp_path / "run")
-    raw["data"] = {"train": [{"pretokenized": str(a), "weight": 3}, {"pretokenized": str(b), "weight": 1}], "seq_len": 16, "eval_blocks": 4}
+    raw["data"] = {
+        "train": [{"pretokenized": str(a), "weight": 3}, {"pretokenized": str(b), "weight": 1}],
+        "seq_len": 16,
+        "eval_blocks": 4,
+    }
     plan = plan_data(load_recipe(None, raw).data, 0)
     layout = ReaderLayout(readers=2, processes=1, workers=1, window=8)
     straight = iter(ResumableLoader(PackedDataset(plan, None, 0, layout), 4, 0))
@@ -282,11 +311,15 @@ def test_a_mixture_of_folders_draws_by_weight_and_resumes_exactly(tmp_path):
     for _ in range(37):
         next(it)
     saved = json.loads(json.dumps(first.state_dict()))
-    resumed = iter(ResumableLoader(PackedDataset(plan, None, 0, layout, merge_positions([saved], layout, 16, "c")), 4, 0))
+    resumed = iter(
+        ResumableLoader(PackedDataset(plan, None, 0, layout, merge_positions([saved], layout, 16, "c")), 4, 0)
+    )
     assert all((next(resumed)["input_ids"] == e).all() for e in expected[37:])
     assert isinstance(train_blocks(plan, None, Worker(), 8), FolderMixture)
     with pytest.raises(HftrainError, match="token folders \\(pretokenized\\) mix only with other token folders"):
-        load_recipe(None, {**raw, "data": {**raw["data"], "train": [{"pretokenized": str(a)}, {"path": str(tmp_path)}]}})
+        load_recipe(
+            None, {**raw, "data": {**raw["data"], "train": [{"pretokenized": str(a)}, {"path": str(tmp_path)}]}}
+        )
 
 
 @pytest.mark.slow
@@ -331,7 +364,14 @@ def test_a_datatrove_folder_trains_and_resumes_after_kill_9_on_another_process_c
     from ..support.reference_runs import train
 
     root, folder = made_by_datatrove
-    raw = tiny_recipe(root / "corpus", tmp_path / "unused", max_steps=18, save_steps=3, per_device_train_batch_size=2, eval_strategy="no")
+    raw = tiny_recipe(
+        root / "corpus",
+        tmp_path / "unused",
+        max_steps=18,
+        save_steps=3,
+        per_device_train_batch_size=2,
+        eval_strategy="no",
+    )
     raw["model"].update(hidden_dropout=0, attention_dropout=0)
     raw["monitor"]["sample_max_new_tokens"] = 0
     raw["parallelism"] = {"global_batch_size": 8}
@@ -374,7 +414,10 @@ def test_executor_flags_that_cannot_work_get_one_line(tmp_path, monkeypatch):
     for how, said in [
         (PrepareHow(executor="slurm"), "--executor slurm: give --partition"),
         (PrepareHow(tasks=2, task_offset=1), r"--tasks 2 --task-offset 1: this data has 2 task\(s\)"),
-        (PrepareHow(executor="slurm", partition="p", task_offset=1), "--tasks/--task-offset share the task space between plain machines"),
+        (
+            PrepareHow(executor="slurm", partition="p", task_offset=1),
+            "--tasks/--task-offset share the task space between plain machines",
+        ),
     ]:
         with pytest.raises(HftrainError, match=said):
             prepare(part, out, how, task_mb=0)

@@ -1,4 +1,5 @@
-"""hftrain.eval.text_metrics and `hftrain eval`: sliding-window perplexity, bits per byte, last-word accuracy, data loading, the CLI, lm-eval."""
+"""hftrain.eval.text_metrics and `hftrain eval`: sliding-window perplexity, bits per byte, last-word accuracy, data
+loading, the CLI, lm-eval."""
 
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ def test_sliding_window_perplexity_matches_an_independent_computation(trained):
 
     overlapped = ev.perplexity(model, tok, texts, context=32, stride=8)
     assert overlapped["tokens"] == n - 1
-    # each token scored once, in the first window that ends after it: after the first window, with >= 24 tokens before it
+    # each token scored once, in the first window that ends after it: after the first window, with >= 24 tokens before
+    # it
     assert overlapped["loss"] == pytest.approx(independent_strided_loss(model, ids, 32, 8), rel=1e-5)
     assert overlapped["loss"] != pytest.approx(flat["loss"], rel=1e-4)
 
@@ -159,7 +161,12 @@ def test_last_word_accuracy_trained_vs_untrained(trained, untrained):
 
 
 def test_last_word_accuracy_exact_counts(trained):
-    passages = ["the red cat sees the", "the big dog chases the", "the red cat sees the zebra", "the old owl likes the giraffe"]
+    passages = [
+        "the red cat sees the",
+        "the big dog chases the",
+        "the red cat sees the zebra",
+        "the old owl likes the giraffe",
+    ]
     assert ev.last_word_accuracy(*trained, passages) == {"accuracy": 0.5, "correct": 2, "total": 4}
     with pytest.raises(HftrainError, match="no context before its last word"):
         ev.last_word_accuracy(*trained, ["alone"])
@@ -175,7 +182,11 @@ def test_last_word_accuracy_equals_greedy_decoding(trained):
         ctx = tok(context, add_special_tokens=False).input_ids
         want = tok(context + target, add_special_tokens=False).input_ids[len(ctx) :]
         out = model.generate(
-            torch.tensor([ctx]), max_new_tokens=len(want), min_new_tokens=len(want), do_sample=False, pad_token_id=tok.eos_token_id
+            torch.tensor([ctx]),
+            max_new_tokens=len(want),
+            min_new_tokens=len(want),
+            do_sample=False,
+            pad_token_id=tok.eos_token_id,
         )
         expected += out[0, len(ctx) :].tolist() == want
     result = ev.last_word_accuracy(model, tok, passages)
@@ -265,7 +276,10 @@ def test_cli_prints_a_table_and_writes_json(pretrained_run, trained, tmp_path, c
 def test_cli_last_word_accuracy_with_limit(pretrained_run, tmp_path, capsys):
     data = write_jsonl(tmp_path / "passages.jsonl", predictable_passages(10))
     assert (
-        eval_command.run(parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "last_word_accuracy", "--limit", "4"), [])
+        eval_command.run(
+            parse(str(pretrained_run.final_dir), "--data", str(data), "--metric", "last_word_accuracy", "--limit", "4"),
+            [],
+        )
         == 0
     )
     rows = {tuple(line.split()[:2]): line.split()[2] for line in capsys.readouterr().out.splitlines()[1:]}
@@ -300,7 +314,8 @@ def test_task_yaml_data_files_resolve_against_the_yaml(tmp_path):
     src = tmp_path / "tasks" / "sub"
     src.mkdir(parents=True)
     (src / "t.yaml").write_text(
-        "task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: d.jsonl\n    train: [a.jsonl, s3://b/k.jsonl]\n",
+        "task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        "    test: d.jsonl\n    train: [a.jsonl, s3://b/k.jsonl]\n",
         encoding="utf-8",
     )
     (src / "f.yaml").write_text("task: f\nprocess_docs: !function utils.process\n", encoding="utf-8")
@@ -318,10 +333,17 @@ def lm_eval_installed() -> None:
 
 
 @pytest.mark.slow
-def test_lm_eval_shipped_task_and_include_path_agree_with_our_scoring(lm_eval_installed, pretrained_run, trained, tmp_path, capsys):
+def test_lm_eval_shipped_task_and_include_path_agree_with_our_scoring(
+    lm_eval_installed, pretrained_run, trained, tmp_path, capsys
+):
     # The shipped local_lambada task (natural English: the tiny model gets ~nothing right), through the CLI.
     out = tmp_path / "lm_eval.json"
-    assert eval_command.run(parse(str(pretrained_run.final_dir), "--lm-eval", "local_lambada", "--limit", "3", "--json", str(out)), []) == 0
+    assert (
+        eval_command.run(
+            parse(str(pretrained_run.final_dir), "--lm-eval", "local_lambada", "--limit", "3", "--json", str(out)), []
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "local_lambada" in printed and "acc,none" in printed
     saved = json.loads(out.read_text())["lm_eval"]
@@ -334,7 +356,9 @@ def test_lm_eval_shipped_task_and_include_path_agree_with_our_scoring(lm_eval_in
     write_jsonl(tasks / "data" / "mine.jsonl", passages)
     shipped = (ev.TASKS_DIR / "local_lambada.yaml").read_text(encoding="utf-8")
     (tasks / "mine.yaml").write_text(
-        shipped.replace("task: local_lambada", "task: my_lambada").replace("test: local_lambada.jsonl", "test: data/mine.jsonl"),
+        shipped.replace("task: local_lambada", "task: my_lambada").replace(
+            "test: local_lambada.jsonl", "test: data/mine.jsonl"
+        ),
         encoding="utf-8",
     )
     results = ev.run_lm_eval(pretrained_run.final_dir, ["my_lambada"], include_path=str(tasks))["results"]["my_lambada"]

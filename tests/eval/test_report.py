@@ -23,7 +23,12 @@ from ..support.checks import read_metrics
 CHART_IDS = ["chart-loss", "chart-grad-norm", "chart-learning-rate", "chart-tokens-per-s"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # matplotlib's tab: colours of the four charts' lines (loss, grad norm, learning rate, tokens/s).
-LINE_COLOURS = {"tab:blue": (31, 119, 180), "tab:orange": (255, 127, 14), "tab:purple": (148, 103, 189), "tab:red": (214, 39, 40)}
+LINE_COLOURS = {
+    "tab:blue": (31, 119, 180),
+    "tab:orange": (255, 127, 14),
+    "tab:purple": (148, 103, 189),
+    "tab:red": (214, 39, 40),
+}
 
 
 def img_tags(page: str) -> dict[str, str]:
@@ -52,7 +57,9 @@ def test_report_is_self_contained_with_charts_sample_and_recipe(report: Path, pr
     assert report == RunLayout(run_dir).report
     page = report.read_text(encoding="utf-8")
     assert "<script" not in page.lower() and "@import" not in page
-    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I), "a reference to an external resource"
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I), (
+        "a reference to an external resource"
+    )
     assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", page, re.I), "CSS loading an external resource"
 
     tags = img_tags(page)
@@ -79,12 +86,16 @@ def test_report_escapes_text_and_shows_evals_and_data_wait(pretrained_run, tmp_p
     evil = '<script>alert("x")</script> & <b>'
     lines = read_metrics(src)
     lines = [{**rec, "data_wait_frac": 0.1 + 0.01 * rec["step"]} if "loss" in rec else rec for rec in lines]
-    RunLayout(run_dir).metrics.write_text("".join(json.dumps(rec) + "\n" for rec in lines) + '{"step": 9', encoding="utf-8")
+    RunLayout(run_dir).metrics.write_text(
+        "".join(json.dumps(rec) + "\n" for rec in lines) + '{"step": 9', encoding="utf-8"
+    )
     results = json.loads(RunLayout(src).results.read_text(encoding="utf-8"))
     RunLayout(run_dir).results.write_text(json.dumps({**results, "sample": evil}), encoding="utf-8")
     recipe = RunLayout(src).final_recipe().read_text(encoding="utf-8") + f"# {evil}\n"
     RunLayout(run_dir).final_recipe().write_text(recipe, encoding="utf-8")
-    (run_dir / "eval_heldout.json").write_text(json.dumps({"model_dir": "final", "results": {"perplexity": 12.5, "bits_per_byte": 1.25}}))
+    (run_dir / "eval_heldout.json").write_text(
+        json.dumps({"model_dir": "final", "results": {"perplexity": 12.5, "bits_per_byte": 1.25}})
+    )
 
     out = tmp_path / "elsewhere" / "r.html"
     parser = argparse.ArgumentParser()
@@ -113,10 +124,16 @@ def test_report_of_a_run_that_went_on_says_its_results_are_not_final(pretrained_
     with RunLayout(run_dir).metrics.open("a", encoding="utf-8") as f:
         f.write(json.dumps({"step": done + 5, "loss": 1.0, "learning_rate": 1e-4, "grad_norm": 0.5}) + "\n")
     assert run(add_parser(argparse.ArgumentParser().add_subparsers()).parse_args([str(run_dir)]), []) == 0
-    expected = f"results.json is from step {done:,}, and metrics.jsonl goes on to step {done + 5:,}: the run is still training"
+    expected = (
+        f"results.json is from step {done:,}, and metrics.jsonl goes on to step {done + 5:,}: the run is still training"
+    )
     assert expected in capsys.readouterr().out
     assert expected in html.unescape((run_dir / "report.html").read_text())
-    assert all((run_dir / name).read_bytes() == data for name, data in before.items() if name not in ("metrics.jsonl", "report.html"))
+    assert all(
+        (run_dir / name).read_bytes() == data
+        for name, data in before.items()
+        if name not in ("metrics.jsonl", "report.html")
+    )
 
 
 def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
@@ -135,7 +152,12 @@ def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
         "--disable-dev-shm-usage",
         f"--user-data-dir={profile}",
     ]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(profile), "XDG_CONFIG_HOME": str(profile), "XDG_CACHE_HOME": str(profile)}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(profile),
+        "XDG_CONFIG_HOME": str(profile),
+        "XDG_CACHE_HOME": str(profile),
+    }
     return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=60, env=env)
 
 

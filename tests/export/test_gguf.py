@@ -25,7 +25,12 @@ from ..support.checks import tree_digest
 from ..support.cli import in_process as cli
 from ..support.data import finetune_recipe, make_documents, tiny_recipe, write_jsonl
 
-PROMPTS = ["def train(model, data):\n    return", "The quick brown fox jumps over", "Return the  number of\titems, 42 or 7.", "the fox is"]
+PROMPTS = [
+    "def train(model, data):\n    return",
+    "The quick brown fox jumps over",
+    "Return the  number of\titems, 42 or 7.",
+    "the fox is",
+]
 NEW_TOKENS = 8
 
 
@@ -54,7 +59,17 @@ def llama(path: Path):
 
     with mock.patch.object(native, "llama_model_default_params", plain_buffers):
         # f32 KV cache (GGML_TYPE_F32 = 0): only the weights' type differs between the files compared
-        return Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, type_k=0, type_v=0, n_threads=2, seed=0, verbose=False)
+        return Llama(
+            model_path=str(path),
+            n_ctx=128,
+            n_batch=128,
+            logits_all=True,
+            type_k=0,
+            type_v=0,
+            n_threads=2,
+            seed=0,
+            verbose=False,
+        )
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:
@@ -90,7 +105,9 @@ def compare(model_dir: Path, files: dict[str, Path]) -> dict[str, float]:
             assert (ours.argmax(-1) == theirs.argmax(-1))[clear].all(), (quant, prompt)
             checked += int(clear.sum())
             if quant == "f32":
-                assert [set(r) for r in np.argsort(-ours)[:, :5]] == [set(r) for r in np.argsort(-theirs)[:, :5]], prompt
+                assert [set(r) for r in np.argsort(-ours)[:, :5]] == [set(r) for r in np.argsort(-theirs)[:, :5]], (
+                    prompt
+                )
         assert checked >= len(PROMPTS) * 3, quant  # the top-1 check saw most positions
         if quant == "f32":
             assert worst <= 0.01, worst
@@ -212,15 +229,32 @@ def _word_level(d: Path) -> None:
 
 
 REFUSALS = {  # name: (damage to a copy of the variant, extra arguments, the message)
-    "not gpt_neox": (_llama_config, [], "config.json: model_type 'llama'; GGUF export converts GPT-NeoX models (gpt_neox) only."),
-    "relu": (_relu, [], "config.json: cannot be converted to GGUF faithfully: hidden_act 'relu' (llama.cpp's GPT-NeoX computes GELU)."),
+    "not gpt_neox": (
+        _llama_config,
+        [],
+        "config.json: model_type 'llama'; GGUF export converts GPT-NeoX models (gpt_neox) only.",
+    ),
+    "relu": (
+        _relu,
+        [],
+        "config.json: cannot be converted to GGUF faithfully: hidden_act 'relu' (llama.cpp's GPT-NeoX computes GELU).",
+    ),
     "not byte-level BPE": (
         _word_level,
         [],
-        'tokenizer.json: a WordLevel tokenizer with pre-tokenizer {"type": "Whitespace"}; GGUF export converts byte-level BPE tokenizers',
+        'tokenizer.json: a WordLevel tokenizer with pre-tokenizer {"type": "Whitespace"}; GGUF export converts '
+        "byte-level BPE tokenizers",
     ),
-    "no tokenizer": (lambda d: (d / "tokenizer.json").unlink(), [], "no tokenizer.json; GGUF export needs the model's fast tokenizer"),
-    "out exists": (lambda d: (d.parent / "out.gguf").write_bytes(b"mine"), [], "out.gguf: exists; give a new file name"),
+    "no tokenizer": (
+        lambda d: (d / "tokenizer.json").unlink(),
+        [],
+        "no tokenizer.json; GGUF export needs the model's fast tokenizer",
+    ),
+    "out exists": (
+        lambda d: (d.parent / "out.gguf").write_bytes(b"mine"),
+        [],
+        "out.gguf: exists; give a new file name",
+    ),
     "out folder missing": (lambda d: None, ["--out", "nowhere/out.gguf"], "its folder"),
     "quant without gguf": (lambda d: None, ["--format", "hf", "--out", "dir"], "--quant applies to --format gguf"),
 }

@@ -21,6 +21,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import torch
 
     if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="gpu tier: no CUDA device here (run it on a GPU machine: bash scripts/gpu_check.sh)")
+        skip = pytest.mark.skip(
+            reason="gpu tier: no CUDA device here (run it on a GPU machine: bash scripts/gpu_check.sh)"
+        )
         for item in gpu_items:
             item.add_marker(skip)

@@ -25,7 +25,9 @@ def record(item: str, name: str, numbers: dict[str, Any]) -> None:
     if not directory:
         return
     Path(directory).mkdir(parents=True, exist_ok=True)
-    (Path(directory) / f"{name}.json").write_text(json.dumps({"item": item, "test": name, "numbers": numbers}, indent=2, default=str))
+    (Path(directory) / f"{name}.json").write_text(
+        json.dumps({"item": item, "test": name, "numbers": numbers}, indent=2, default=str)
+    )
 
 
 def env() -> dict[str, str]:
@@ -39,7 +41,9 @@ def env() -> dict[str, str]:
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
     result = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    )
     return result
 
 

@@ -16,7 +16,10 @@ from . import support
 
 pytestmark = pytest.mark.gpu
 ITEM = "backends"
-EXPECTED = {"fsdp": ("FSDP", check_fsdp, check_fsdp_checkpoint), "zero3": ("DEEPSPEED", check_zero3, check_zero3_checkpoint)}
+EXPECTED = {
+    "fsdp": ("FSDP", check_fsdp, check_fsdp_checkpoint),
+    "zero3": ("DEEPSPEED", check_zero3, check_zero3_checkpoint),
+}
 CONFIG = {"fsdp": "fsdp", "zero3": "deepspeed_zero3"}
 
 
@@ -41,7 +44,11 @@ def test_sharded_backend_trains_resumes_exactly_and_exports(tmp_path, backend, w
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     recipe_file = support.write_recipe(small_recipe(tmp_path, straight), tmp_path / "recipe.yaml")
     support.accelerate(
-        CONFIG[backend], world, str(support.ROOT / "tests" / "support" / "backend_probe.py"), str(recipe_file), str(tmp_path / "probe")
+        CONFIG[backend],
+        world,
+        str(support.ROOT / "tests" / "support" / "backend_probe.py"),
+        str(recipe_file),
+        str(tmp_path / "probe"),
     )
     r = support.results(straight)
     assert (r["distributed_type"], r["world_size"]) == (kind, world)
@@ -49,7 +56,9 @@ def test_sharded_backend_trains_resumes_exactly_and_exports(tmp_path, backend, w
     checkpoint_summary = check_checkpoint(straight / "checkpoint-6", world)
 
     copy_checkpoint(straight, resumed, "checkpoint-3")  # resume from step 3, as a killed run would have left it
-    support.accelerate(CONFIG[backend], world, "-m", "hftrain", "train", str(recipe_file), f"training.output_dir={resumed}")
+    support.accelerate(
+        CONFIG[backend], world, "-m", "hftrain", "train", str(recipe_file), f"training.output_dir={resumed}"
+    )
     a, b = support.logged(straight), support.logged(resumed)
     resume_diff = max(abs(a[s] - b[s]) / abs(a[s]) for s in (4, 5, 6))
     assert resume_diff < 1e-4, (a, b)

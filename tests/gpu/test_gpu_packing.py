@@ -18,10 +18,15 @@ def _recipes(tmp_path):
     from hftrain.recipe.parts import DataPart
 
     data = support.ROOT / "recipes" / "finetune" / "data" / "train.jsonl"
-    base = {"model": {"preset": "pythia-14m"}, "training": {"per_device_train_batch_size": 4, "output_dir": str(tmp_path / "r")}}
+    base = {
+        "model": {"preset": "pythia-14m"},
+        "training": {"per_device_train_batch_size": 4, "output_dir": str(tmp_path / "r")},
+    }
     return {
         "examples": DataPart.of(
-            load_recipe(None, {**base, "data": {"train": {"path": str(data), "format": "prompt_completion"}, "seq_len": 256}})
+            load_recipe(
+                None, {**base, "data": {"train": {"path": str(data), "format": "prompt_completion"}, "seq_len": 256}}
+            )
         ),
         "documents": DataPart.of(load_recipe(None, {**base, "data": {"seq_len": 512, "document_masking": True}})),
     }

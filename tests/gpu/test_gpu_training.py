@@ -85,7 +85,9 @@ def test_quickstart_bf16_compiled(tmp_path, peaks):
     out = tmp_path / "quickstart"
     raw = quickstart_recipe(out)
     support.hftrain("train", str(support.write_recipe(raw, tmp_path / "quickstart.yaml")))
-    numbers = check_and_record("quickstart_bf16_compile", out, raw["data"]["seq_len"], peaks, {"steps": QUICKSTART_STEPS})
+    numbers = check_and_record(
+        "quickstart_bf16_compile", out, raw["data"]["seq_len"], peaks, {"steps": QUICKSTART_STEPS}
+    )
     assert numbers["torch_compile"] is True
 
 

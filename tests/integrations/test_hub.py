@@ -27,7 +27,9 @@ def digest(directory):
 def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp_path, corpus, capsys):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5)
-    raw["training"].update(push_to_hub=True, hub_model_id="tester/tiny-neox", hub_private_repo=True, hub_strategy="checkpoint")
+    raw["training"].update(
+        push_to_hub=True, hub_model_id="tester/tiny-neox", hub_private_repo=True, hub_strategy="checkpoint"
+    )
     raw["monitor"]["plot"] = True
     run = hftrain.train(hftrain.load_recipe(None, raw))
     final_files = digest(run.final_dir)
@@ -70,14 +72,26 @@ def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path, monkeypat
     from hftrain.integrations import hub
 
     staged, real_push = [], hub.push_folder
-    monkeypatch.setattr(hub, "push_folder", lambda folder, *args, **kwargs: staged.append(folder) or real_push(folder, *args, **kwargs))
+    monkeypatch.setattr(
+        hub, "push_folder", lambda folder, *args, **kwargs: staged.append(folder) or real_push(folder, *args, **kwargs)
+    )
     env = local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache")
     result = run_in_process(
-        "push", str(pretrained_run.output_dir), "--repo-id", "tester/cli", "--revision", "dev", "--private", env=env, exact_env=True
+        "push",
+        str(pretrained_run.output_dir),
+        "--repo-id",
+        "tester/cli",
+        "--revision",
+        "dev",
+        "--private",
+        env=env,
+        exact_env=True,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "pushed: hub:tester/cli@dev" in result.stdout
-    assert staged and all(Path(folder).parent == Path(pretrained_run.output_dir) for folder in staged)  # beside the model: hard links
+    assert staged and all(
+        Path(folder).parent == Path(pretrained_run.output_dir) for folder in staged
+    )  # beside the model: hard links
     assert not list(Path(pretrained_run.output_dir).glob("hftrain-push-*"))  # and removed
     assert TOKEN not in result.stdout + result.stderr
     repo = local_hub.repo("tester/cli")
@@ -92,7 +106,10 @@ def test_push_to_s3(s3, pretrained_run):
     assert url == f"s3://{bucket}/models/tiny"
     keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]}
     assert {"models/tiny/model.safetensors", "models/tiny/config.json", "models/tiny/tokenizer.json"} <= keys
-    assert s3.get(f"{bucket}/models/tiny/model.safetensors") == (pretrained_run.final_dir / "model.safetensors").read_bytes()
+    assert (
+        s3.get(f"{bucket}/models/tiny/model.safetensors")
+        == (pretrained_run.final_dir / "model.safetensors").read_bytes()
+    )
 
 
 def test_unreachable_hub_is_retried_and_reported(local_hub, monkeypatch, pretrained_run):
@@ -184,7 +201,10 @@ def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monke
     said = printed.out + printed.err
 
     kept = [1, 2, 4, 5]
-    assert sorted(int(c.name.split("-")[1]) for c in run_dir.glob("checkpoint-*")) == [*kept, 8]  # + the newest rotating one
+    assert sorted(int(c.name.split("-")[1]) for c in run_dir.glob("checkpoint-*")) == [
+        *kept,
+        8,
+    ]  # + the newest rotating one
     assert "hftrain: pushed checkpoint-1 to tester/pythia-style as revision step1" in said
     assert (
         "hftrain: warning: pushing checkpoint-2 as revision step2 of tester/pythia-style failed (pushing" in said
@@ -205,5 +225,7 @@ def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monke
             torch.testing.assert_close(remote(ids).logits, local(ids).logits, rtol=0, atol=0)
     main = AutoModelForCausalLM.from_pretrained("tester/pythia-style", token=TOKEN).eval()
     with torch.no_grad():
-        torch.testing.assert_close(main(ids).logits, AutoModelForCausalLM.from_pretrained(RunLayout(run_dir).final).eval()(ids).logits)
+        torch.testing.assert_close(
+            main(ids).logits, AutoModelForCausalLM.from_pretrained(RunLayout(run_dir).final).eval()(ids).logits
+        )
     assert TOKEN not in said

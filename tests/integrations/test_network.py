@@ -44,7 +44,9 @@ def test_the_default_bound_is_at_most_60_seconds_retries_included():
         s3 = network.s3_options()["config_kwargs"]
         backoff = sum(min(1.7**i * 0.1, 15) for i in range(network.S3FS_ATTEMPTS))  # s3fs's own retry loop
         attempts = network.S3FS_ATTEMPTS * s3["retries"]["total_max_attempts"]  # botocore's inside each of s3fs's
-        assert attempts * s3["read_timeout"] + backoff + network.S3FS_ATTEMPTS * 2.0 <= 60  # + botocore's back-off (<= 2 s)
+        assert (
+            attempts * s3["read_timeout"] + backoff + network.S3FS_ATTEMPTS * 2.0 <= 60
+        )  # + botocore's back-off (<= 2 s)
         assert s3["retries"]["total_max_attempts"] * s3["connect_timeout"] <= 60
         assert network.gcs_options()["requests_timeout"] <= 60
         http = network.http_options()["client_kwargs"]["timeout"]
@@ -55,7 +57,11 @@ def test_the_default_bound_is_at_most_60_seconds_retries_included():
         assert get_session().timeout.read is not None and get_session().timeout.read <= 60 / PUSH_RETRIES
         assert constants.HF_HUB_ETAG_TIMEOUT <= 60 and constants.HF_HUB_DOWNLOAD_TIMEOUT <= 60
         merged = network.storage_options_with_timeouts("s3://b/k", {"config_kwargs": {"read_timeout": 5}, "anon": True})
-        assert merged["anon"] and merged["config_kwargs"]["read_timeout"] == 5 and merged["config_kwargs"]["connect_timeout"] == 7.5
+        assert (
+            merged["anon"]
+            and merged["config_kwargs"]["read_timeout"] == 5
+            and merged["config_kwargs"]["connect_timeout"] == 7.5
+        )
     finally:
         network.configure()
 
@@ -93,7 +99,9 @@ def _model_dir(tmp_path: Path, bound: float | None) -> Path:
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "gpt_neox"}', encoding="utf-8")
     if bound is not None:
-        (model / "hftrain_recipe.yaml").write_text(yaml.safe_dump({"faults": {"network_timeout_s": bound}}), encoding="utf-8")
+        (model / "hftrain_recipe.yaml").write_text(
+            yaml.safe_dump({"faults": {"network_timeout_s": bound}}), encoding="utf-8"
+        )
     return model
 
 
@@ -105,7 +113,9 @@ def test_push_to_a_silent_hub_names_it(silent_server, tmp_path, monkeypatch):
     result, took = _run(["push", str(_model_dir(tmp_path, BOUND)), "--repo-id", "tester/silent"], env)
     printed = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in printed, printed[-2000:]
-    assert "creating hub repo tester/silent failed after" in result.stderr and silent_server.url in result.stderr, result.stderr
+    assert "creating hub repo tester/silent failed after" in result.stderr and silent_server.url in result.stderr, (
+        result.stderr
+    )
     assert "no answer within the network time limit (3 s" in result.stderr
     assert took < 60 and "hf_test" not in printed
 
@@ -126,7 +136,8 @@ def test_a_refused_token_says_to_set_hf_token(tmp_path, monkeypatch):
     printed = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in printed, printed[-2000:]
     expected = (
-        f"creating hub repo tester/denied failed after 1 attempt: {endpoint}: 401 Unauthorized: the Hub refused the token. Set HF_TOKEN"
+        f"creating hub repo tester/denied failed after 1 attempt: {endpoint}: "
+        "401 Unauthorized: the Hub refused the token. Set HF_TOKEN"
     )
     assert expected in result.stderr, result.stderr
     assert "hf_PLANTED_wrong_token" not in printed

@@ -28,7 +28,9 @@ def test_finetune_lora_notebook_runs_top_to_bottom(tmp_path, docs_model):
     source = ROOT / "notebooks" / "finetune_lora.ipynb"
     nb = nbformat.read(source, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")  # outputs stripped in the repo
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path / "notebooks")}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path / "notebooks")}}
+    ).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "run.plot() shows the curves inline"

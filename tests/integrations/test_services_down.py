@@ -36,7 +36,11 @@ def closed_port() -> int:
 # (service, the words of its line in the final message, the command its line gives)
 SERVICES = [
     ("the Hub", "pushing the final model to tester/down failed", "`hftrain push {run} --repo-id tester/down`"),
-    ("S3", "copying the final model to s3://bucket/models/final failed", "`hftrain push {run} --to s3://bucket/models/final`"),
+    (
+        "S3",
+        "copying the final model to s3://bucket/models/final failed",
+        "`hftrain push {run} --to s3://bucket/models/final`",
+    ),
     ("mlflow", "starting the mlflow run and ", "failed (MlflowException: API request to"),  # the reports held behind it
     ("mlflow", "reports after it failed", "metrics.jsonl; send it later: `hftrain push {run} --report-to mlflow`"),
 ]
@@ -50,7 +54,11 @@ def run_with_every_service_down(tmp_path, corpus):
     raw["training"].update(push_to_hub=True, hub_model_id="tester/down", hub_strategy="every_save")
     raw["hub"] = {
         "s3_uri": "s3://bucket/models",
-        "storage_options": {"key": "k", "secret": SECRET, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}},
+        "storage_options": {
+            "key": "k",
+            "secret": SECRET,
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
+        },
     }
     raw["faults"] = {"network_timeout_s": 2}
     recipe = tmp / "r.yaml"
@@ -58,7 +66,9 @@ def run_with_every_service_down(tmp_path, corpus):
     return recipe, tmp / "run", port
 
 
-def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_every_service_down, local_hub, monkeypatch, capsys):
+def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(
+    run_with_every_service_down, local_hub, monkeypatch, capsys
+):
     recipe, run_dir, port = run_with_every_service_down
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     local_hub.stop()  # huggingface_hub points at it: connections refused
@@ -68,7 +78,9 @@ def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_ever
     seconds = time.monotonic() - started
     assert code == 76, (code, printed[-4000:])  # before: exit 2 at the first save ("creating hub repo ... failed")
     assert "Traceback" not in printed and TOKEN not in printed and SECRET not in printed, printed[-4000:]
-    assert (run_dir / "checkpoint-6" / "hftrain_complete.json").is_file(), sorted(p.name for p in run_dir.iterdir())  # save_total_limit 1
+    assert (run_dir / "checkpoint-6" / "hftrain_complete.json").is_file(), sorted(
+        p.name for p in run_dir.iterdir()
+    )  # save_total_limit 1
     assert (run_dir / "final" / "model.safetensors").is_file()
     assert not (run_dir / ".hftrain-outbox").exists()  # staged copies removed, sent or not
     results = json.loads((run_dir / "results.json").read_text())
@@ -82,12 +94,17 @@ def test_a_run_whose_hub_s3_and_tracker_are_down_trains_to_its_end(run_with_ever
         assert words in line and later.format(run=run_dir) in line, (service, line)
     assert ".hftrain-outbox" not in printed  # messages name the checkpoint, not its staged copy
     # every failure was said when it happened, with training going on
-    assert "hftrain: warning: copying checkpoint-2 to s3://bucket/models/checkpoint-2 failed (" in printed, printed[-4000:]
+    assert "hftrain: warning: copying checkpoint-2 to s3://bucket/models/checkpoint-2 failed (" in printed, printed[
+        -4000:
+    ]
     # the Hub's every_save pushes land in one place: a waiting one is replaced by the newer one, not reported
-    assert re.search(r"hftrain: warning: pushing checkpoint-\d to tester/down failed \(.*training goes on", printed), printed[-4000:]
+    assert re.search(r"hftrain: warning: pushing checkpoint-\d to tester/down failed \(.*training goes on", printed), (
+        printed[-4000:]
+    )
     assert "training goes on" in printed and "hftrain: warning: starting the mlflow run failed" in printed
     assert (
-        "hftrain: warning: starting the mlflow run failed (MlflowException: API request to" in printed and "trying again in 30 s" in printed
+        "hftrain: warning: starting the mlflow run failed (MlflowException: API request to" in printed
+        and "trying again in 30 s" in printed
     )
     assert "reporting to mlflow" not in printed  # the reports waited behind the run's start, none tried alone
     assert seconds < 120, seconds  # each service's failure costs its network bound (2 s here), never a stall
@@ -130,7 +147,9 @@ def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, c
     assert sent == ["first", *[f"checkpoint-{s}" for s in range(6 - STAGED_LIMIT, 6)]]
     outbox.settle()  # the run's end is written
     assert not (tmp_path / ".hftrain-outbox").exists()
-    assert all((c / "model.safetensors").read_bytes() == b"w" * 10 for c in checkpoints)  # staging never moves the originals
+    assert all(
+        (c / "model.safetensors").read_bytes() == b"w" * 10 for c in checkpoints
+    )  # staging never moves the originals
 
 
 def test_a_failed_upload_is_tried_again_while_training_goes_on(tmp_path, monkeypatch, capsys):
@@ -159,7 +178,10 @@ def test_a_failed_upload_is_tried_again_while_training_goes_on(tmp_path, monkeyp
     assert sent == ["flaky"] and tries == {"flaky": 3, "down": 4}  # the first try and 3 more while training
     assert [f.what for f in failures] == ["copying down"] and failures[0].later == "send it later: `push down`"
     said = capsys.readouterr().err
-    assert "hftrain: warning: pushing flaky failed (ConnectionError: flaky refused); trying again in 0 s; training goes on." in said
+    assert (
+        "hftrain: warning: pushing flaky failed (ConnectionError: "
+        "flaky refused); trying again in 0 s; training goes on." in said
+    )
     assert "pushing flaky failed (ConnectionError: flaky refused); send it later" not in said
 
 
@@ -210,7 +232,13 @@ def test_a_tracker_that_comes_back_gets_every_report_in_order(tmp_path, monkeypa
         ("down", "reporting to down at step 1 and 3 reports after it", "ConnectionError: tracker refused")
     ]
     said = capsys.readouterr().err
-    assert said.count("hftrain: warning: reporting to flaky at step 1 failed (ConnectionError: tracker refused); trying again in 0 s") == 2
+    assert (
+        said.count(
+            "hftrain: warning: reporting to flaky at step 1 failed "
+            "(ConnectionError: tracker refused); trying again in 0 s"
+        )
+        == 2
+    )
     assert "(and every 10 min after)" in said and "hftrain: flaky answers again" in said
 
 

@@ -40,7 +40,9 @@ def tracked(tmp_path_factory):
     recipe = root / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
     env = {**os.environ, **tracker_env(root)}
-    result = subprocess.run([sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "hftrain", "train", str(recipe)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 

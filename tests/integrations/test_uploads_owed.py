@@ -142,8 +142,16 @@ CASES = [
         {"checkpoint-1": 2},
         [
             ("checkpoint-1", "ConnectionError: checkpoint-1 refused", "push checkpoint-1"),
-            ("checkpoint-2", "not tried: the Hub failed just before (ConnectionError: checkpoint-1 refused)", "push checkpoint-2"),
-            ("checkpoint-3", "not tried: the Hub failed just before (ConnectionError: checkpoint-1 refused)", "push checkpoint-3"),
+            (
+                "checkpoint-2",
+                "not tried: the Hub failed just before (ConnectionError: checkpoint-1 refused)",
+                "push checkpoint-2",
+            ),
+            (
+                "checkpoint-3",
+                "not tried: the Hub failed just before (ConnectionError: checkpoint-1 refused)",
+                "push checkpoint-3",
+            ),
         ],
     ),
     (
@@ -170,11 +178,13 @@ CASES = [
 
 
 @pytest.mark.parametrize("case, refusals, landed, tries, failed", CASES, ids=[c[0].__name__ for c in CASES])
-def test_uploads_go_in_order_and_a_service_down_costs_one_wait(tmp_path, monkeypatch, case, refusals, landed, tries, failed):
+def test_uploads_go_in_order_and_a_service_down_costs_one_wait(
+    tmp_path, monkeypatch, case, refusals, landed, tries, failed
+):
     """Before: the three pushes to one place were all sent, or two dropped as failures when staged (exit 76); a
     retried push landed after the ones queued behind it (checkpoint-2 and -3 overwrote by an older checkpoint-1);
-    each waiting push was tried in turn after the last step (a network bound each, for a silent service); a rotated checkpoint's
-    failure gave a command naming a folder that no longer exists."""
+    each waiting push was tried in turn after the last step (a network bound each, for a silent service); a rotated
+    checkpoint's failure gave a command naming a folder that no longer exists."""
     monkeypatch.setattr(module, "RETRY_AFTER_S", (0.2 if case is retried_keeps_its_place else 60.0, 60.0, 60.0))
     monkeypatch.setattr(network, "_bound", 1.0)  # faults.network_timeout_s
     service, outbox = Service(refusals), Outbox(tmp_path / "run")
@@ -197,8 +207,17 @@ def test_what_a_killed_launch_owed_waits_in_the_journal(tmp_path, monkeypatch):
     service = Service({"checkpoint-1": None, "checkpoint-2": None})
     killed = Outbox(run)
     staged = killed.stage(folders["checkpoint-2"])
-    killed.submit("the Hub", "revision step1", service.send("checkpoint-1"), "later 1", record={"kind": "revision", "step": 1})
-    killed.submit("S3", "copying checkpoint-2", service.send("checkpoint-2"), "later 2", staged, record={"kind": "s3", "url": "s3://b/c"})
+    killed.submit(
+        "the Hub", "revision step1", service.send("checkpoint-1"), "later 1", record={"kind": "revision", "step": 1}
+    )
+    killed.submit(
+        "S3",
+        "copying checkpoint-2",
+        service.send("checkpoint-2"),
+        "later 2",
+        staged,
+        record={"kind": "s3", "url": "s3://b/c"},
+    )
     (run / OUTBOX_DIR / "stray").mkdir()  # a copy half-staged when the launch died
     service.gate.set()
     _wait(lambda: len(service.tries) == 2)  # both tried once and waiting for their next try
@@ -222,7 +241,9 @@ def _hub_recipe(tmp_path: Path, corpus: Path, **extra) -> tuple[Path, Path]:
     return recipe, run_dir
 
 
-def test_a_hub_that_answers_500_and_recovers_ends_the_run_with_everything_sent(tmp_path, corpus, local_hub, monkeypatch, capsys):
+def test_a_hub_that_answers_500_and_recovers_ends_the_run_with_everything_sent(
+    tmp_path, corpus, local_hub, monkeypatch, capsys
+):
     """hub_strategy every_save while the Hub answers 500 until the last checkpoint is written: the pushes that
     failed are replaced by newer ones (nothing reported), main gets them in order, the run exits 0 with
     not_shared empty. Before: checkpoint-2's push, dropped from the queue, was a failed service: exit 76, and its
@@ -239,8 +260,13 @@ def test_a_hub_that_answers_500_and_recovers_ends_the_run_with_everything_sent(t
     monkeypatch.setattr(local_hub, "_handle", outage_then_recovery)
     code, printed = in_process(capsys, "train", str(recipe))
     assert code == 0, printed[-3000:]
-    assert "pushing checkpoint-2 to tester/owed failed" in printed and "training goes on" in printed  # said as it happened
-    assert "replaces pushing checkpoint-2 to tester/owed in the queue" in printed or "replaces pushing checkpoint-4" in printed
+    assert (
+        "pushing checkpoint-2 to tester/owed failed" in printed and "training goes on" in printed
+    )  # said as it happened
+    assert (
+        "replaces pushing checkpoint-2 to tester/owed in the queue" in printed
+        or "replaces pushing checkpoint-4" in printed
+    )
     results = json.loads((run_dir / "results.json").read_text())
     assert results.get("not_shared", []) == []
     repo = local_hub.repo("tester/owed")
@@ -281,7 +307,11 @@ def test_revisions_queued_before_a_kill_are_pushed_by_the_resumed_run(tmp_path, 
     raw["training"].update(save_steps=1, save_total_limit=1, max_steps=5)
     raw["checkpoints"] = {"steps": [1, 2, 3], "push_revisions": True}
     recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    env = {**local_hub.subprocess_env(), "HF_TOKEN": TOKEN, "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there
+    env = {
+        **local_hub.subprocess_env(),
+        "HF_TOKEN": TOKEN,
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+    }  # nothing listens there
     died = subprocess.run(
         [sys.executable, "-c", KILLED_AFTER_STEP_3, "train", str(recipe)],
         capture_output=True,
@@ -315,7 +345,10 @@ def test_a_silent_s3_endpoint_costs_one_bound_per_copy(tmp_path, silent_server):
     network.configure(2.0)
     try:
         started = time.monotonic()
-        with pytest.raises(HftrainError, match=r"reaching s3://bucket/m/checkpoint-1: no answer within 2 s \(faults.network_timeout_s\)"):
+        with pytest.raises(
+            HftrainError,
+            match=r"reaching s3://bucket/m/checkpoint-1: no answer within 2 s \(faults.network_timeout_s\)",
+        ):
             copy_to_fsspec(folder, "s3://bucket/m/checkpoint-1", options)
         assert time.monotonic() - started < 2 * 2.0  # one bound, and the thread's start (before: about 4 bounds)
     finally:

@@ -52,25 +52,40 @@ def test_accelerates_launcher_hands_torchrun_min_max_and_the_c10d_endpoint(monke
     assert {k: seen["args"][k] for k in TORCHRUN_ARGS} == TORCHRUN_ARGS
     assert seen["args"]["nproc_per_node"] == "2" and not seen["args"]["standalone"]
     assert seen["env"][ELASTIC_ENV] == "1:2" and seen["env"][multinode.SHARED_STORE_OFF] == "1"
-    static = captured_launch(monkeypatch, lambda: launch.accelerate_processes(["r.yaml"], config_file, 2, NodeGroup(2, 1, "10.0.0.1")))
-    assert static["args"]["nnodes"] == "2" and static["args"]["rdzv_backend"] == "static" and ELASTIC_ENV not in static["env"]
+    static = captured_launch(
+        monkeypatch, lambda: launch.accelerate_processes(["r.yaml"], config_file, 2, NodeGroup(2, 1, "10.0.0.1"))
+    )
+    assert (
+        static["args"]["nnodes"] == "2"
+        and static["args"]["rdzv_backend"] == "static"
+        and ELASTIC_ENV not in static["env"]
+    )
 
 
 def test_the_cpu_rehearsal_hands_torchrun_the_same(monkeypatch):
     config = ROOT / "hftrain" / "accelerate_configs" / "ddp.yaml"
-    seen = captured_launch(monkeypatch, lambda: rehearsal.launch_processes(["train", "r.yaml"], config, "ddp", 1, ELASTIC))
+    seen = captured_launch(
+        monkeypatch, lambda: rehearsal.launch_processes(["train", "r.yaml"], config, "ddp", 1, ELASTIC)
+    )
     assert {k: seen["args"][k] for k in TORCHRUN_ARGS} == TORCHRUN_ARGS
     assert seen["args"]["rdzv_conf"] == "join_timeout=300,last_call_timeout=30"
     assert seen["env"][ELASTIC_ENV] == "1:2" and seen["env"][multinode.SHARED_STORE_OFF] == "1"
 
 
 def test_the_elastic_script_and_what_is_refused(tmp_path, capsys):
-    script = multinode.render("torchrun", 4, 8, "recipes/pretrain/pythia-1b.yaml", "fsdp", ["training.max_steps=100"], min_nodes=2)
+    script = multinode.render(
+        "torchrun", 4, 8, "recipes/pretrain/pythia-1b.yaml", "fsdp", ["training.max_steps=100"], min_nodes=2
+    )
     (tmp_path / "elastic.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "elastic.sh")]).returncode == 0
-    assert '--nnodes "$MIN_NODES:$NNODES" --max-restarts "$MAX_RESTARTS"' in script and "NODE_RANK" not in script.split("set -euo")[1]
     assert (
-        'MIN_NODES="${MIN_NODES:-2}"' in script and 'MAX_RESTARTS="${MAX_RESTARTS:-3}"' in script and "storage every node mounts" in script
+        '--nnodes "$MIN_NODES:$NNODES" --max-restarts "$MAX_RESTARTS"' in script
+        and "NODE_RANK" not in script.split("set -euo")[1]
+    )
+    assert (
+        'MIN_NODES="${MIN_NODES:-2}"' in script
+        and 'MAX_RESTARTS="${MAX_RESTARTS:-3}"' in script
+        and "storage every node mounts" in script
     )
     with pytest.raises(HftrainError, match="--min-nodes: elastic restarts are for the torchrun script"):
         multinode.render("slurm", 4, 8, "r.yaml", "fsdp", [], min_nodes=2)
@@ -111,7 +126,8 @@ def exit_code(argv: list[str]) -> int:
 def test_the_global_batch_of_an_elastic_run_is_max_nodes_and_must_split_over_min_to_max(monkeypatch):
     """A run whose first start had fewer nodes than MAX (they join within the rendezvous' last call, or not) would
     fix its global batch to that start's; then MAX nodes could not split it (seen: node 1 joined, both refused)."""
-    from hftrain.parallel.dims import LaunchEnv, check_elastic_batch, derive_accumulation
+    from hftrain.parallel.batch import check_elastic_batch, derive_accumulation
+    from hftrain.parallel.dims import LaunchEnv
     from hftrain.recipe.parts import BatchPart
 
     recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}, "training": {"per_device_train_batch_size": 8}})
@@ -150,7 +166,9 @@ def test_node_local_disks_are_refused_for_an_elastic_launch_and_save_on_each_nod
     assert node_disks.storage_settings({}, tmp_path, dims) == {}  # one directory every node mounts: elastic is fine
 
 
-def test_an_elastic_launch_says_what_its_processes_said_at_once_and_exits_0_after_restarts(tmp_path, monkeypatch, capfd):
+def test_an_elastic_launch_says_what_its_processes_said_at_once_and_exits_0_after_restarts(
+    tmp_path, monkeypatch, capfd
+):
     """torchrun restarts the processes after a failure and returns normally once they finish: before, the message of
     the restarted attempt was printed only at the end, and decided the exit code (76 for a run that finished)."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))

@@ -93,7 +93,9 @@ def train_on_nodes(script: Path, dirs: list[Path]) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
-def test_two_node_agents_on_their_own_disks_train_like_two_processes_on_one_node(tmp_path, sharded_yaml, backend_run, backend, request):
+def test_two_node_agents_on_their_own_disks_train_like_two_processes_on_one_node(
+    tmp_path, sharded_yaml, backend_run, backend, request
+):
     """Part 1: the same per-step losses as 2 processes on one node (the shared run of reference_runs.py; DDP, with one
     shared directory: the lost-node test below). Part 2: with a directory per node, every node holds every
     checkpoint whole, its marker naming its own part of the merged record; a resume in which each node restores
@@ -121,7 +123,9 @@ def test_two_node_agents_on_their_own_disks_train_like_two_processes_on_one_node
         copy_checkpoint(source, target, f"checkpoint-{SAVE}")
     if backend == "zero3":  # complete on node 0 only (node 1 was killed first)
         shutil.copytree(dirs[0] / f"checkpoint-{STEPS}", resumed[0] / f"checkpoint-{STEPS}")
-    else:  # as SageMaker's checkpoint_s3_uri: every instance uploads its copy to one prefix, a restart downloads it on each
+    else:
+        # as SageMaker's checkpoint_s3_uri: every instance uploads
+        # its copy to one prefix, a restart downloads it on each
         through_one_s3_prefix(request.getfixturevalue("s3"), resumed)
     said = train_on_nodes(script, resumed)
     if backend == "zero3":
@@ -143,7 +147,9 @@ def through_one_s3_prefix(s3, dirs: list[Path]) -> None:
     assert (dirs[1] / f"checkpoint-{SAVE}" / COMPLETE_MARKER).is_file()
 
 
-def start_two_nodes(script: Path, args: list[str], run_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def start_two_nodes(
+    script: Path, args: list[str], run_dir: Path, extra_env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     """Both node agents running `script ARGS`, once checkpoint-10 is complete in `run_dir` (training goes on)."""
     env = {
         **os.environ,
@@ -155,7 +161,11 @@ def start_two_nodes(script: Path, args: list[str], run_dir: Path, extra_env: dic
     }
     agents = [
         subprocess.Popen(
-            ["bash", str(script), *args], env={**env, "NODE_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ["bash", str(script), *args],
+            env={**env, "NODE_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for r in (0, 1)
     ]
@@ -180,8 +190,8 @@ def survivor(agent: subprocess.Popen, since: float) -> tuple[float, list[str], s
 
 def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, long_recipe, ddp_40_steps):
     """Parts 1 and 3, DDP with one directory for both nodes: until the kill, the per-step losses of 2 processes on
-    one node. Then node 1's agent and its rank are killed (kill -9) in the middle of the run. Node 0 stops within a bound
-    (gloo fails at once; liveness.py watches the beats for 4 s), one line naming rank 1 and node 1 and the
+    one node. Then node 1's agent and its rank are killed (kill -9) in the middle of the run. Node 0 stops within a
+    bound (gloo fails at once; liveness.py watches the beats for 4 s), one line naming rank 1 and node 1 and the
     checkpoint to continue from, exit 76. The same script started again with NNODES=1 continues from the last
     complete checkpoint on the one node left (1 process, the global batch kept) with the uninterrupted run's losses."""
     from hftrain.checkpoint.manager import complete_checkpoints
@@ -195,7 +205,9 @@ def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, l
     took, lines, _ = survivor(agents[0], time.monotonic())
     last = complete_checkpoints(run_dir)[-1]
     assert took < 30 and f"the last complete checkpoint is {last}" in lines[0]
-    [(code, said)] = node_agents(script, free_port(), ranks=(0,), nnodes=1, per_node={0: [f"training.output_dir={run_dir}"]})
+    [(code, said)] = node_agents(
+        script, free_port(), ranks=(0,), nnodes=1, per_node={0: [f"training.output_dir={run_dir}"]}
+    )
     assert code == 0, said[-3000:]
     resumed_at = int(last.name.split("-")[1])
     assert 10 <= resumed_at < 40 and json.loads((run_dir / "results.json").read_text())["world_size"] == 1
@@ -231,9 +243,13 @@ class Node:
     def __init__(self, script: Path, env: dict[str, str], args: list[str]):
         import threading
 
-        self.proc = subprocess.Popen(["bash", str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            ["bash", str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True)
+        self.reader = threading.Thread(
+            target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True
+        )
         self.reader.start()
 
     @property
@@ -339,7 +355,10 @@ def test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back(tmp_pat
         # after "resuming" got there (CI of this session: node 1's agent then failed to reach the store)
         third = Node(script, env, args)
         first.wait_for("hftrain: resuming")
-        print(f"elastic: node 1 named {named:.1f} s after the kill; node 0 resumed {time.monotonic() - killed:.1f} s after it")
+        print(
+            f"elastic: node 1 named {named:.1f} s after the kill; node "
+            f"0 resumed {time.monotonic() - killed:.1f} s after it"
+        )
         assert first.finish() == 0 and third.finish() == 0, first.said[-3000:] + third.said[-3000:]
     finally:
         for node in (first, second):
@@ -391,7 +410,9 @@ def test_a_node_whose_head_never_comes_says_so_in_one_line_and_exits_69(tmp_path
     )
     said = done.stdout + done.stderr
     assert done.returncode == 69, said[-3000:]
-    assert "hftrain: the nodes did not all join the rendezvous (The client socket has timed out after 3000ms" in said, said[-3000:]
+    assert "hftrain: the nodes did not all join the rendezvous (The client socket has timed out after 3000ms" in said, (
+        said[-3000:]
+    )
     for noise in ("frame #", "socket.cpp", "TCPStore.cpp", "Traceback"):
         assert noise not in said, (noise, said[-3000:])
     assert time.monotonic() - started < 120

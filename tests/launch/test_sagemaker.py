@@ -39,7 +39,9 @@ def _captured(line: str) -> dict[str, float]:
 
 
 def test_metric_definitions_capture_hftrain_metric_lines():
-    line = metrics_line(10, {"loss": 2.5, "learning_rate": 6e-4, "tokens_per_s": 1234.5, "mfu": 0.31, "data_wait_frac": 0.02})
+    line = metrics_line(
+        10, {"loss": 2.5, "learning_rate": 6e-4, "tokens_per_s": 1234.5, "mfu": 0.31, "data_wait_frac": 0.02}
+    )
     assert _captured(line) == {
         "train:loss": 2.5,
         "train:learning_rate": 6e-4,
@@ -90,23 +92,31 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     # moto's IAM has no SimulatePrincipalPolicy: the SDK's client-side role check is switched off (its own variable)
     env = {**os.environ, "SAGEMAKER_VALIDATE_ROLE": "false"}
     with recorded_requests(s3.endpoint_url) as seen:
-        submitted = subprocess.run([sys.executable, "launch_tiny.py"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+        submitted = subprocess.run(
+            [sys.executable, "launch_tiny.py"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+        )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     (request,) = sagemaker_calls(seen, "CreateTrainingJob")
 
     assert re.fullmatch(
-        r"\d+\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.10-gpu-py313", request["AlgorithmSpecification"]["TrainingImage"]
+        r"\d+\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.10-gpu-py313",
+        request["AlgorithmSpecification"]["TrainingImage"],
     )
     assert request["ResourceConfig"] == {"InstanceType": "ml.g5.12xlarge", "InstanceCount": 2, "VolumeSizeInGB": 200}
     assert request["RoleArn"] == role and request["TrainingJobName"].startswith("hftrain-tiny-")
     assert request["EnableManagedSpotTraining"] is True
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 24 * 3600, "MaxWaitTimeInSeconds": 48 * 3600}
-    assert request["CheckpointConfig"] == {"S3Uri": f"s3://{bucket}/hftrain/hftrain-tiny/checkpoints", "LocalPath": "/opt/ml/checkpoints"}
+    assert request["CheckpointConfig"] == {
+        "S3Uri": f"s3://{bucket}/hftrain/hftrain-tiny/checkpoints",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     assert request["HyperParameters"] == {"training.max_steps": "50", "training.learning_rate": "1e-3"}
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == METRIC_DEFINITIONS
     environment = request["Environment"]
     assert environment["HFTRAIN_SAGEMAKER_CHECKPOINTS"] == "/opt/ml/checkpoints"
-    assert environment["ACCELERATE_USE_FSDP"] == "true" and environment["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "GPTNeoXLayer"
+    assert (
+        environment["ACCELERATE_USE_FSDP"] == "true" and environment["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "GPTNeoXLayer"
+    )
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
     assert channels["extra"] == f"s3://{bucket}/extra" and set(channels) == {"code", "sm_drivers", "extra"}
 
@@ -117,9 +127,13 @@ def test_launcher_submits_the_job_moto_receives(s3, tmp_path):
     assert source["entry_script"] == ENTRY_SCRIPT and source["requirements"] == "requirements.txt"
     assert "torchrun" in s3.get(channels["sm_drivers"] + "/distributed_drivers/torchrun_driver.py").decode()
     assert (
-        b"hftrain.cli" in s3.get(channels["code"] + "/" + ENTRY_SCRIPT) and s3.get(channels["code"] + "/tiny.yaml") == recipe.read_bytes()
+        b"hftrain.cli" in s3.get(channels["code"] + "/" + ENTRY_SCRIPT)
+        and s3.get(channels["code"] + "/tiny.yaml") == recipe.read_bytes()
     )
-    assert s3.get(channels["code"] + "/hftrain/launch/sagemaker_job.py") == Path("hftrain/launch/sagemaker_job.py").read_bytes()
+    assert (
+        s3.get(channels["code"] + "/hftrain/launch/sagemaker_job.py")
+        == Path("hftrain/launch/sagemaker_job.py").read_bytes()
+    )
     required = s3.get(channels["code"] + "/requirements.txt").decode().splitlines()
     assert any(r.startswith("transformers") for r in required) and not any(re.match(r"torch\b", r) for r in required)
 
@@ -134,7 +148,9 @@ def test_launch_script_refuses_data_a_job_cannot_read(tmp_path):
     assert result.returncode == 2 and "a SageMaker job cannot read" in result.stderr and "s3://" in result.stderr
 
 
-def _container(root: Path, code: Path, channel: Path, hyperparameters: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def _container(
+    root: Path, code: Path, channel: Path, hyperparameters: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, **job_environment(root, hyperparameters, {"train": channel})}
     return [sys.executable, str(code / ENTRY_SCRIPT)], env
 

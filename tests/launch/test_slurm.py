@@ -1,8 +1,8 @@
 """A real SLURM (slurmctld + slurmd on this machine, tests/support/slurm.py): the script `hftrain launch-script --kind
 slurm --cpu` writes is submitted with sbatch, preempted the way SLURM warns before a preemption (SIGUSR1 to the
 batch shell, `--signal=B:USR1@180`), saves, exits 75, is requeued by its own script, waits (Reason=BeginTime) until
-released, resumes and finishes with the uninterrupted run's losses. And `hftrain data prepare --executor slurm` on 2 node
-agents: datatrove's array job and the job that depends on it give the folder one machine gives."""
+released, resumes and finishes with the uninterrupted run's losses. And `hftrain data prepare --executor slurm` on 2
+node agents: datatrove's array job and the job that depends on it give the folder one machine gives."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses(tmp_path, slurm, long_recipe, ddp_40_steps):
+def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses(
+    tmp_path, slurm, long_recipe, ddp_40_steps
+):
     """The job runs the 40 steps of reference_runs.py's recipe, whose uninterrupted run it is compared with."""
     run_dir, script = tmp_path / "run", tmp_path / "job.sh"
     rendered = run_in_process(
@@ -55,10 +57,15 @@ def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses
         deadline = time.monotonic() + timeout
         while True:
             fields = slurm.job(job)
-            state = f"{fields['JobState']} (Reason={fields['Reason']}, Restarts={fields['Restarts']}, ExitCode={fields['ExitCode']})"
+            state = (
+                f"{fields['JobState']} (Reason={fields['Reason']}, Restarts={fields['Restarts']}, "
+                f"ExitCode={fields['ExitCode']})"
+            )
             if not states or states[-1] != state:
                 states.append(state)
-            done = fields["JobState"] in until and (reason is None or fields["JobState"] != "PENDING" or fields["Reason"] == reason)
+            done = fields["JobState"] in until and (
+                reason is None or fields["JobState"] != "PENDING" or fields["Reason"] == reason
+            )
             if done or time.monotonic() > deadline:
                 return fields
             time.sleep(0.2)
@@ -83,11 +90,16 @@ def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # a requeued job waits; release it
     fields = watch({"COMPLETED", "FAILED"})
     print("job states, as scontrol show job recorded them:\n  " + "\n  ".join(states))
-    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (states, (tmp_path / f"recipe-{job}.out").read_text()[-3000:])
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (
+        states,
+        (tmp_path / f"recipe-{job}.out").read_text()[-3000:],
+    )
     # COMPLETING (SLURM cleaning up the job's processes) shows between RUNNING and PENDING when a poll lands in it.
     named = [s.split()[0] for s in states if not s.startswith("COMPLETING")]
     seen = [s for i, s in enumerate(named) if i == 0 or s != named[i - 1]]
-    assert seen[-4:] == ["RUNNING", "PENDING", "RUNNING", "COMPLETED"] and "Reason=BeginTime, Restarts=1" in "".join(states), states
+    assert seen[-4:] == ["RUNNING", "PENDING", "RUNNING", "COMPLETED"] and "Reason=BeginTime, Restarts=1" in "".join(
+        states
+    ), states
     log = (tmp_path / f"recipe-{job}.out").read_text()
     assert f"resuming from {run_dir / f'checkpoint-{saved}'}" in log
     assert_resumed_matches(ddp_40_steps, metrics_losses(run_dir), range(saved + 1, 41), "requeued")
@@ -95,7 +107,8 @@ def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses
 
 def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
     """`hftrain data prepare --executor slurm` on a real SLURM of 2 node agents: an array job of the tasks (on both
-    agents), then the job that finishes the folder after them; the folder equals the one prepared here, byte for byte."""
+    agents), then the job that finishes the folder after them; the folder equals the one prepared here, byte for
+    byte."""
     import json
 
     import yaml
@@ -150,6 +163,9 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
         argv = [*argv[:1], str(tmp_path / "too-big"), *argv[2:-1], "100000"]  # 100 TB per CPU: sbatch refuses the job
         refused = run_cli("data", "prepare", str(recipe), *argv, env=env)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-        assert "hftrain: error: --executor slurm: sbatch refused the job (its message is above); check --partition" in refused.stderr
+        assert (
+            "hftrain: error: --executor slurm: sbatch refused the job (its message is above); check --partition"
+            in refused.stderr
+        )
     finally:
         cluster.stop()

@@ -75,12 +75,15 @@ def test_the_maskless_kernel_computes_what_sdpa_computes():
     prompt = batch["input_ids"][:1, :6]
     reference.eval(), maskless.eval()
     assert torch.equal(
-        reference.generate(prompt, max_new_tokens=8, do_sample=False), maskless.generate(prompt, max_new_tokens=8, do_sample=False)
+        reference.generate(prompt, max_new_tokens=8, do_sample=False),
+        maskless.generate(prompt, max_new_tokens=8, do_sample=False),
     )
     padded = torch.ones(2, T, dtype=torch.long)
     padded[1, 20:] = 0
     ids = batch["input_ids"][:2]
-    assert torch.allclose(reference(ids, attention_mask=padded).logits, maskless(ids, attention_mask=padded).logits, atol=1e-6)
+    assert torch.allclose(
+        reference(ids, attention_mask=padded).logits, maskless(ids, attention_mask=padded).logits, atol=1e-6
+    )
     assert maskless.config._attn_implementation == attention.CAUSAL_SDPA  # back after a forward that needed a mask
 
 

@@ -33,9 +33,13 @@ def test_each_method_lowers_held_out_loss(pretrained_run, tmp_path, method, gain
     before, after = held_out_losses(run)
     assert after < before - gain, (method, before, after)  # loss on the answers only, on held-out examples
     final = run.final_dir
-    assert (final / "model.safetensors").is_file() and json.loads((final / "config.json").read_text())["model_type"] == "gpt_neox"
+    assert (final / "model.safetensors").is_file() and json.loads((final / "config.json").read_text())[
+        "model_type"
+    ] == "gpt_neox"
     results = json.loads((run.output_dir / "results.json").read_text())
-    assert results["document_masking"] is True and 0.85 < results["packing_fill"] < 1  # 4 examples of 14-15 tokens per 64
+    assert (
+        results["document_masking"] is True and 0.85 < results["packing_fill"] < 1
+    )  # 4 examples of 14-15 tokens per 64
     if method != "full":
         model = run.trainer.model
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -50,15 +54,21 @@ def test_each_method_lowers_held_out_loss(pretrained_run, tmp_path, method, gain
 
 @pytest.mark.slow
 def test_merged_export_loads_without_peft_and_matches_base_plus_adapter(pretrained_run, tmp_path, capsys):
-    run = hftrain.train(load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "lora", max_steps=6, save_steps=6)))
+    run = hftrain.train(
+        load_recipe(None, finetune_recipe(pretrained_run.final_dir, tmp_path, "lora", max_steps=6, save_steps=6))
+    )
     checkpoint = tmp_path / "lora" / "checkpoint-6"
     assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
-    assert (checkpoint / "adapter_model.safetensors").stat().st_size < (pretrained_run.final_dir / "model.safetensors").stat().st_size / 3
+    assert (checkpoint / "adapter_model.safetensors").stat().st_size < (
+        pretrained_run.final_dir / "model.safetensors"
+    ).stat().st_size / 3
     out = tmp_path / "merged"
     code, printed = in_process(capsys, "export", str(checkpoint), "--merge", "--out", str(out))
     assert code == 0, printed[-2000:]
     ids = [[5, 9, 33, 120, 7, 64]]
-    model = run.trainer.accelerator.unwrap_model(run.trainer.model, keep_fp32_wrapper=False).eval()  # without the autocast
+    model = run.trainer.accelerator.unwrap_model(
+        run.trainer.model, keep_fp32_wrapper=False
+    ).eval()  # without the autocast
     with torch.no_grad():  # wrapper accelerate puts on forward where the speed defaults chose bf16 (an AMX CPU, a GPU)
         expected = model(input_ids=torch.tensor(ids)).logits
     script = (
@@ -113,14 +123,18 @@ def test_packed_examples_do_not_attend_to_each_other(pretrained_run, tmp_path):
         },
     ).data
     plan = plan_data(section, 0)
-    stream = ExampleStream(DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 64, window=4, packing=True)
+    stream = ExampleStream(
+        DocumentStream(plan.train, seed=0, shuffle=False, loop=False), tok, 64, window=4, packing=True
+    )
     block = next(b for b, _ in stream.blocks(stream.fresh_state()))
     starts = np.flatnonzero(block[2] == 0)
     assert len(starts) >= 3  # several examples share the block
     model = AutoModelForCausalLM.from_pretrained(pretrained_run.final_dir).eval()
     second = slice(starts[1], starts[2])
     with torch.no_grad():
-        packed = model(input_ids=torch.tensor(block[0])[None], position_ids=torch.tensor(block[2])[None]).logits[0, second]
+        packed = model(input_ids=torch.tensor(block[0])[None], position_ids=torch.tensor(block[2])[None]).logits[
+            0, second
+        ]
         alone = model(input_ids=torch.tensor(block[0][second])[None]).logits[0]
     torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-4)
 
@@ -128,14 +142,20 @@ def test_packed_examples_do_not_attend_to_each_other(pretrained_run, tmp_path):
 def test_bad_finetune_settings(pretrained_run, tmp_path):
     raw = finetune_recipe(pretrained_run.final_dir, tmp_path, "lora")
     raw["finetune"]["lora"]["target_modules"] = ["q_proj"]
-    with pytest.raises(HftrainError, match="q_proj match no linear layer of this model; its linear layers are: dense, dense_4h_to_h"):
+    with pytest.raises(
+        HftrainError, match="q_proj match no linear layer of this model; its linear layers are: dense, dense_4h_to_h"
+    ):
         hftrain.train(load_recipe(None, raw))
-    with pytest.raises(HftrainError, match="finetune.method qlora quantizes pretrained weights: set model.from_pretrained"):
+    with pytest.raises(
+        HftrainError, match="finetune.method qlora quantizes pretrained weights: set model.from_pretrained"
+    ):
         load_recipe(None, {"finetune": {"method": "qlora"}})
     bad = write_examples(tmp_path / "bad.jsonl", [{"prompt": "x"}])
     raw = finetune_recipe(pretrained_run.final_dir, tmp_path, "lora")
     raw["data"]["train"]["path"] = str(bad)
-    with pytest.raises(HftrainError, match=r"bad.jsonl:1: needs string fields 'prompt' and 'completion' \(has: prompt\)"):
+    with pytest.raises(
+        HftrainError, match=r"bad.jsonl:1: needs string fields 'prompt' and 'completion' \(has: prompt\)"
+    ):
         hftrain.train(load_recipe(None, raw))
 
 

@@ -86,14 +86,18 @@ def test_auto_applies_to_eager_cpu_training_only_and_speed_loss_decides_otherwis
     assert not fused_loss.applies(cpu, compiled=True)  # measured: torch.compile fuses the loss itself there
     assert not fused_loss.applies(cuda, compiled=False)
     for device, compiled in [(cpu, False), (cpu, True), (cuda, True)]:
-        assert fused_loss.applies(device, compiled, "chunked") and not fused_loss.applies(device, compiled, "transformers")
+        assert fused_loss.applies(device, compiled, "chunked") and not fused_loss.applies(
+            device, compiled, "transformers"
+        )
 
 
 @pytest.mark.parametrize("num_items_in_batch", [None, 111])
 def test_compiled_it_is_transformers_loss_and_gradient_in_fp32(monkeypatch, num_items_in_batch):
     """Traced by torch.compile, the loss takes its sliced form (no fp32 copy of all the logits): transformers' value
     and gradient within 1e-6, masked labels included. aot_eager traces forward and backward as inductor would."""
-    monkeypatch.setattr(fused_loss, "CHUNK_BYTES_COMPILED", 16 * 4 * VOCAB)  # 16-row slices: 150 rows end in a partial one
+    monkeypatch.setattr(
+        fused_loss, "CHUNK_BYTES_COMPILED", 16 * 4 * VOCAB
+    )  # 16-row slices: 150 rows end in a partial one
     logits, labels = _batch(3)
     calls = {"sliced": 0}
     real = fused_loss._sliced_cross_entropy
@@ -105,12 +109,16 @@ def test_compiled_it_is_transformers_loss_and_gradient_in_fp32(monkeypatch, num_
     monkeypatch.setattr(fused_loss, "_sliced_cross_entropy", counted)
     torch._dynamo.reset()
     compiled = torch.compile(fused_loss.causal_lm_loss, backend="aot_eager", fullgraph=True)
-    ref, ref_grad = _loss_and_grad(ForCausalLMLoss, logits, labels, torch.float32, num_items_in_batch=num_items_in_batch)
+    ref, ref_grad = _loss_and_grad(
+        ForCausalLMLoss, logits, labels, torch.float32, num_items_in_batch=num_items_in_batch
+    )
     loss, grad = _loss_and_grad(compiled, logits, labels, torch.float32, num_items_in_batch=num_items_in_batch)
     assert calls["sliced"] >= 1  # the compiled form ran (traced), not the eager autograd.Function
     assert abs(loss.item() - ref.item()) <= 1e-6 * abs(ref.item())
     assert torch.allclose(grad, ref_grad, rtol=1e-6, atol=1e-9)
-    unmasked, _ = _loss_and_grad(compiled, logits, labels.clamp(min=0), torch.float32, num_items_in_batch=num_items_in_batch)
+    unmasked, _ = _loss_and_grad(
+        compiled, logits, labels.clamp(min=0), torch.float32, num_items_in_batch=num_items_in_batch
+    )
     assert abs(unmasked.item() - ref.item()) > 1e-5 * abs(ref.item())  # the comparison sees a mask that is not applied
 
 

@@ -66,9 +66,13 @@ def test_every_architecture_field_is_overridable():
 
 def test_new_tokenizer_vocab_is_padded_to_the_multiple():
     recipe = load_recipe(None, {"model": {"preset": "pythia-70m"}})
-    assert build_config(ModelPart.of(recipe), 4000, True, 0).vocab_size == 4096  # a trained tokenizer: padded, not 50304
+    assert (
+        build_config(ModelPart.of(recipe), 4000, True, 0).vocab_size == 4096
+    )  # a trained tokenizer: padded, not 50304
     assert build_config(ModelPart.of(recipe), 50257, False, 0).vocab_size == 50304  # the published size when it fits
-    assert build_config(ModelPart.of(recipe), 60000, False, 0).vocab_size == 60032  # a bigger tokenizer: padded, never cut
+    assert (
+        build_config(ModelPart.of(recipe), 60000, False, 0).vocab_size == 60032
+    )  # a bigger tokenizer: padded, never cut
     assert padded_vocab_size(129, 64) == 192
 
 
@@ -76,7 +80,10 @@ def test_new_tokenizer_vocab_is_padded_to_the_multiple():
     "model, message",
     [
         ({"preset": "pyhtia-70m"}, "model.preset: unknown preset 'pyhtia-70m'; did you mean pythia-70m?"),
-        ({"preset": "pythia-70m", "num_attention_heads": 7}, "hidden_size 512 is not divisible by num_attention_heads 7"),
+        (
+            {"preset": "pythia-70m", "num_attention_heads": 7},
+            "hidden_size 512 is not divisible by num_attention_heads 7",
+        ),
     ],
 )
 def test_bad_model_sections(model, message):
@@ -115,7 +122,11 @@ def test_dropout_applies_to_presets_and_to_pretrained_models_alike(pretrained_ru
     model = load_pretrained(ModelPart.of(recipe))
     assert model.config.hidden_dropout == 0.1 and model.config.attention_dropout == 0.0
     with pytest.raises(HftrainError, match="hidden_size cannot change the shape of a from_pretrained model"):
-        load_pretrained(ModelPart.of(load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_size": 32}})))
+        load_pretrained(
+            ModelPart.of(
+                load_recipe(None, {"model": {"from_pretrained": str(pretrained_run.final_dir), "hidden_size": 32}})
+            )
+        )
 
 
 def test_the_end_of_run_sample_takes_its_temperature_from_the_monitor_section(pretrained_run):

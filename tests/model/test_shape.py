@@ -19,7 +19,10 @@ from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.presets import PRESETS
 
 VARIANTS = {
-    **{name: {**p.config_fields(), "vocab_size": p.config_fields()["vocab_size"] or 4096} for name, p in PRESETS.items()},
+    **{
+        name: {**p.config_fields(), "vocab_size": p.config_fields()["vocab_size"] or 4096}
+        for name, p in PRESETS.items()
+    },
     "no attention bias": {
         "num_hidden_layers": 3,
         "hidden_size": 96,
@@ -38,7 +41,13 @@ VARIANTS = {
 
 
 def numbers(shape) -> tuple:
-    return (shape.counts, sorted(shape.linears, key=lambda linear: linear.name), shape.blocks, shape.block_params, shape.flops_per_token)
+    return (
+        shape.counts,
+        sorted(shape.linears, key=lambda linear: linear.name),
+        shape.blocks,
+        shape.block_params,
+        shape.flops_per_token,
+    )
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -55,12 +64,16 @@ def recipe_part(model: dict) -> ModelPart:
     return ModelPart.of(hftrain.load_recipe(None, {"model": model, "training": {"max_steps": 10, "output_dir": "x"}}))
 
 
-@pytest.mark.parametrize("model", [{"preset": "pythia-160m"}, {"preset": "cpu-small", "hidden_size": 96, "intermediate_size": 200}])
+@pytest.mark.parametrize(
+    "model", [{"preset": "pythia-160m"}, {"preset": "cpu-small", "hidden_size": 96, "intermediate_size": 200}]
+)
 def test_a_preset_recipe_is_counted_from_its_fields_as_the_model_train_builds(model, monkeypatch):
     """A preset recipe's numbers come from its fields and GPTNeoXConfig's defaults (config_view, no transformers),
     and are those of the model `hftrain train` builds from transformers' config of the same recipe; pythia-160m's
     is Pythia's published size."""
-    monkeypatch.setattr(model_shape, "meta_model", lambda *a: pytest.fail("transformers' GPT-NeoX is counted, not built"))
+    monkeypatch.setattr(
+        model_shape, "meta_model", lambda *a: pytest.fail("transformers' GPT-NeoX is counted, not built")
+    )
     part = recipe_part(model)
     shape = measure_model(part)
     assert {k: getattr(GPTNeoXConfig(), k) for k in GPT_NEOX_DEFAULTS} == GPT_NEOX_DEFAULTS
@@ -80,7 +93,9 @@ def test_a_checkpoint_with_its_own_modeling_code_is_counted_from_its_modules(mon
     config.auto_map = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
     assert not model_shape.is_plain_gpt_neox(config) and model_shape.is_plain_gpt_neox(GPTNeoXConfig())
     with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(GPTNeoXConfig(**{k: v for k, v in config.to_dict().items() if k != "auto_map"}))
+        built = AutoModelForCausalLM.from_config(
+            GPTNeoXConfig(**{k: v for k, v in config.to_dict().items() if k != "auto_map"})
+        )
     monkeypatch.setattr(model_shape, "tokenizer_size_estimate", lambda part: (500, False))
     monkeypatch.setattr(model_shape, "config_view", lambda part, size, new: (config, lambda: config))
     monkeypatch.setattr(model_shape, "meta_model", lambda part, c: built)

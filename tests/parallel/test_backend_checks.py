@@ -56,7 +56,9 @@ class Runs:
         return raw
 
     def get(self, method: str, backend: str) -> tuple[list[dict[str, Any]], Path]:
-        if method != "pretrain" and backend != "single":  # the 2-process fine-tuning runs test_finetune_distributed checks too
+        if (
+            method != "pretrain" and backend != "single"
+        ):  # the 2-process fine-tuning runs test_finetune_distributed checks too
             observations, folder = self.finetune_probe(method, backend)
             return observations, folder / "out"
         if (method, backend) not in self.done:
@@ -94,7 +96,9 @@ def test_fsdp_parameters_are_dtensor_shards_of_exact_size(runs):
     for when in ("train_begin", "step_end"):
         summary = check_fsdp(observations, world=2, when=when)
         assert summary["params"] > 20 and sum(summary["local_numel"]) == summary["full_numel"]
-        assert abs(summary["local_numel"][0] - summary["local_numel"][1]) < 0.02 * summary["full_numel"]  # about half each
+        assert (
+            abs(summary["local_numel"][0] - summary["local_numel"][1]) < 0.02 * summary["full_numel"]
+        )  # about half each
     embed = observations[1]["step_end"]["params"]["gpt_neox.embed_in.weight"]
     assert embed["dtensor"]["local_shape"] == [embed["shape"][0] // 2, embed["shape"][1]]  # e.g. [192, 64] of [384, 64]
 
@@ -113,7 +117,9 @@ def test_fsdp_checks_reject_the_ddp_fallback(runs):
     """The same recipe under DDP (what accelerate silently runs for an FSDP config on CPU) fails every FSDP check."""
     ddp, ddp_out = runs.get("pretrain", "ddp")
     assert results(ddp_out)["distributed_type"] == "MULTI_CPU"
-    with pytest.raises(NotWhatWasAsked, match=r"gpt_neox.embed_in.weight is a plain Parameter of shape \[384, 64\], not a DTensor"):
+    with pytest.raises(
+        NotWhatWasAsked, match=r"gpt_neox.embed_in.weight is a plain Parameter of shape \[384, 64\], not a DTensor"
+    ):
         check_fsdp(ddp, world=2)
     with pytest.raises(NotWhatWasAsked, match="has no pytorch_model_fsdp_0/"):
         check_fsdp_checkpoint(checkpoint(ddp_out), world=2)
@@ -136,7 +142,8 @@ def test_fsdp_checks_reject_replicated_or_whole_shards_and_missing_rank_files(ru
         for p in obs["step_end"]["params"].values():
             p["dtensor"]["local_shape"] = p["shape"]
     with pytest.raises(
-        NotWhatWasAsked, match=r"rank 0: gpt_neox.embed_in.weight of shape \[384, 64\] holds \[384, 64\], expected \[192, 64\]"
+        NotWhatWasAsked,
+        match=r"rank 0: gpt_neox.embed_in.weight of shape \[384, 64\] holds \[384, 64\], expected \[192, 64\]",
     ):
         check_fsdp(whole, world=2)
     with pytest.raises(NotWhatWasAsked, match="expected observations from 4 rank"):
@@ -166,7 +173,9 @@ def test_zero3_parameters_are_partitioned_with_exact_local_sizes(runs):
         summary = check_zero3(observations, world=2, when=when)
         assert summary["local_numel"][0] == summary["local_numel"][1] >= summary["full_numel"] / 2
     embed = observations[0]["step_end"]["params"]["gpt_neox.embed_in.weight"]
-    assert embed["numel"] == 0 and embed["zero3"]["local_numel"] == embed["zero3"]["ds_numel"] // 2  # placeholder; half held
+    assert (
+        embed["numel"] == 0 and embed["zero3"]["local_numel"] == embed["zero3"]["ds_numel"] // 2
+    )  # placeholder; half held
 
 
 @pytest.mark.slow
@@ -181,7 +190,9 @@ def test_zero3_checkpoint_holds_each_ranks_partition(runs):
 @pytest.mark.slow
 def test_zero3_checks_reject_the_ddp_fallback_and_unpartitioned_parameters(runs):
     ddp, ddp_out = runs.get("pretrain", "ddp")
-    with pytest.raises(NotWhatWasAsked, match=r"gpt_neox.embed_in.weight has no ds_numel/ds_tensor: not partitioned by ZeRO-3"):
+    with pytest.raises(
+        NotWhatWasAsked, match=r"gpt_neox.embed_in.weight has no ds_numel/ds_tensor: not partitioned by ZeRO-3"
+    ):
         check_zero3(ddp, world=2)
     with pytest.raises(NotWhatWasAsked, match="instead of one global_stepN/"):
         check_zero3_checkpoint(checkpoint(ddp_out), world=2)
@@ -201,16 +212,25 @@ def test_zero3_checks_reject_the_ddp_fallback_and_unpartitioned_parameters(runs)
     for obs in gathered:
         for p in obs["step_end"]["params"].values():
             p["numel"], p["shape"] = p["zero3"]["ds_numel"], p["zero3"]["ds_shape"]
-    with pytest.raises(NotWhatWasAsked, match=r"gpt_neox.embed_in.weight is gathered \(\[384, 64\]\) outside a forward pass"):
+    with pytest.raises(
+        NotWhatWasAsked, match=r"gpt_neox.embed_in.weight is gathered \(\[384, 64\]\) outside a forward pass"
+    ):
         check_zero3(gathered, world=2)
 
 
 # ------------------------------------------------------------------------------------------------ quantized
-QUANTIZED_RUNS = [("qlora", "single"), ("qlora", "ddp"), ("qlora", "fsdp"), ("lora_8bit", "single"), ("lora_8bit", "ddp")]
+QUANTIZED_RUNS = [
+    ("qlora", "single"),
+    ("qlora", "ddp"),
+    ("qlora", "fsdp"),
+    ("lora_8bit", "single"),
+    ("lora_8bit", "ddp"),
+]
 
 
 @pytest.mark.parametrize(
-    "method, backend", [pytest.param(m, b, marks=[pytest.mark.slow] if b != "single" else []) for m, b in QUANTIZED_RUNS]
+    "method, backend",
+    [pytest.param(m, b, marks=[pytest.mark.slow] if b != "single" else []) for m, b in QUANTIZED_RUNS],
 )
 def test_quantized_methods_hold_bitsandbytes_layers(runs, method, backend):
     """The README's fine-tuning matrix: qlora on one process, DDP and FSDP; lora_8bit on one process and DDP."""
@@ -220,7 +240,9 @@ def test_quantized_methods_hold_bitsandbytes_layers(runs, method, backend):
     for obs in observations:
         summary = check_quantized(obs, method, strategy=backend, world=world)
         assert summary["layers"] == 8  # 2 layers x 4 projections; the output head stays unquantized
-        assert summary["ratio_to_bf16"] == pytest.approx(0.25 if method == "qlora" else 0.5, abs=0.01)  # 4 / 8 bits of 16
+        assert summary["ratio_to_bf16"] == pytest.approx(
+            0.25 if method == "qlora" else 0.5, abs=0.01
+        )  # 4 / 8 bits of 16
     if backend == "fsdp":
         check_fsdp(observations, world=2)  # the packed 4-bit weights are sharded like every other parameter
 

@@ -40,8 +40,12 @@ def refused(tmp_path: Path) -> Path:
 
 
 def said_once(printed: str) -> None:
-    assert [line for line in printed.splitlines() if line.startswith("hftrain: error:")] == [f"hftrain: error: {REFUSAL}"], printed[-4000:]
-    assert not [s for s in ("Traceback", "ChildFailedError", "failed (exitcode", "closing signal") if s in printed], printed[-4000:]
+    assert [line for line in printed.splitlines() if line.startswith("hftrain: error:")] == [
+        f"hftrain: error: {REFUSAL}"
+    ], printed[-4000:]
+    assert not [s for s in ("Traceback", "ChildFailedError", "failed (exitcode", "closing signal") if s in printed], (
+        printed[-4000:]
+    )
 
 
 def digest_and_temp(recipe: Path, tmp_path: Path, monkeypatch) -> tuple[dict[str, str], Path]:
@@ -107,7 +111,8 @@ class _Rank:
             sys.exit(child_errors.say(2, "the recipe is refused.", child_errors.take_error_dir()))
         if how == "preempt":  # rank 0 sends the launcher the SIGTERM a scheduler would; it stops both ranks
             error_dir = child_errors.take_error_dir()
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(child_errors.say(75, "stopped by SIGTERM after step 3.", error_dir)))
+            stop = lambda *_: sys.exit(child_errors.say(75, "stopped by SIGTERM after step 3.", error_dir))
+            signal.signal(signal.SIGTERM, stop)
             if rank == "0":
                 time.sleep(0.5)
                 os.kill(os.getppid(), signal.SIGTERM)
@@ -142,7 +147,9 @@ def accelerate(config: Path) -> int:  # the GPU machines' launcher: accelerate's
         ("kill", 128 + signal.SIGKILL, "hftrain: rank 1 was killed by SIGKILL."),
     ],
 )
-def test_both_launchers_say_how_their_processes_ended_once(launcher, how, exit_code, said, tmp_path, monkeypatch, capfd):
+def test_both_launchers_say_how_their_processes_ended_once(
+    launcher, how, exit_code, said, tmp_path, monkeypatch, capfd
+):
     from hftrain.launch.processes import find_config
 
     (tmp_path / "sitecustomize.py").write_text(RANK_HOOK, encoding="utf-8")
@@ -175,7 +182,10 @@ def test_ranks_that_say_the_same_are_printed_once_and_different_ones_with_their_
 
     mixed = [ChildError(0, 2, "A."), ChildError(1, 2, "B."), ChildError(2, 2, "A.")]
     assert child_errors.merged_lines(mixed) == ["hftrain: error: ranks 0, 2: A.", "hftrain: error: rank 1: B."]
-    preempted = [ChildError(0, 75, "stopped by SIGTERM after step 3"), ChildError(1, 75, "stopped by SIGTERM after step 3")]
+    preempted = [
+        ChildError(0, 75, "stopped by SIGTERM after step 3"),
+        ChildError(1, 75, "stopped by SIGTERM after step 3"),
+    ]
     assert child_errors.merged_lines(preempted) == ["hftrain: stopped by SIGTERM after step 3"]
     assert child_errors.exit_code_of(preempted) == 75
     assert child_errors.exit_code_of([ChildError(0, 75, "stopped"), ChildError(1, 2, "refused")]) == 2  # final

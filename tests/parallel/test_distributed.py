@@ -20,6 +20,7 @@ import yaml
 import hftrain
 from hftrain.errors import HftrainError
 from hftrain.parallel import dims as parallel
+from hftrain.parallel.batch import derive_accumulation
 from hftrain.recipe.load import load_recipe
 from hftrain.recipe.parts import BatchPart
 
@@ -58,7 +59,13 @@ def test_every_backend_gives_the_losses_of_one_process(backend_run, backend):
 def test_parity_across_backends(tiny_yaml):
     """`hftrain parity`: its table and summary, on single and DDP (every backend's agreement: the test above)."""
     result = run_in_process(
-        "parity", str(tiny_yaml), "--steps", "4", "--backends", "single,DDP", "training.output_dir=" + str(tiny_yaml.parent / "parity")
+        "parity",
+        str(tiny_yaml),
+        "--steps",
+        "4",
+        "--backends",
+        "single,DDP",
+        "training.output_dir=" + str(tiny_yaml.parent / "parity"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
@@ -70,7 +77,9 @@ def test_parity_across_backends(tiny_yaml):
     assert [r[0] for r in rows] == ["1", "2", "3", "4"] and all(len(r) == 5 for r in rows), out
     last = out.strip().splitlines()[-1]
     assert last.startswith("parity: max relative loss diff ")
-    loss_diff, norm_diff = (float(x) for x in last.removeprefix("parity: max relative loss diff ").split(", grad-norm diff "))
+    loss_diff, norm_diff = (
+        float(x) for x in last.removeprefix("parity: max relative loss diff ").split(", grad-norm diff ")
+    )
     assert loss_diff < 1e-4 and norm_diff < 1e-4
 
 
@@ -111,22 +120,29 @@ def test_device_map_is_single_process_only(monkeypatch):
     recipe = load_recipe(None, {"parallelism": {"strategy": "device_map"}})
     assert parallel.resolve_strategy(recipe.parallelism.strategy, parallel.LaunchEnv.read()) == "device_map"
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(HftrainError, match="device_map spreads one model over the devices of ONE process, but this run has 2"):
+    with pytest.raises(
+        HftrainError, match="device_map spreads one model over the devices of ONE process, but this run has 2"
+    ):
         parallel.resolve_strategy(recipe.parallelism.strategy, parallel.LaunchEnv.read())
 
 
 def test_global_batch_must_divide(monkeypatch):
     def accumulation(recipe, processes, recorded=None):
         monkeypatch.setenv("WORLD_SIZE", str(processes))
-        return parallel.derive_accumulation(BatchPart.of(recipe), parallel.LaunchEnv.read(), recorded)
+        return derive_accumulation(BatchPart.of(recipe), parallel.LaunchEnv.read(), recorded)
 
-    recipe = load_recipe(None, {"parallelism": {"global_batch_size": 20}, "training": {"per_device_train_batch_size": 8}})
+    recipe = load_recipe(
+        None, {"parallelism": {"global_batch_size": 20}, "training": {"per_device_train_batch_size": 8}}
+    )
     with pytest.raises(HftrainError, match="must be a multiple of 16"):
         accumulation(recipe, 2)
     plain = load_recipe(None, {"training": {"per_device_train_batch_size": 4}})
     with pytest.raises(HftrainError) as info:  # a run that started with 16 sequences per step, continued on 3 processes
         accumulation(plain, 3, recorded=16)
-    assert "this run started with 16 sequences per step (recorded in its hftrain_run.json), which cannot be split" in str(info.value)
+    assert (
+        "this run started with 16 sequences per step (recorded in its hftrain_run.json), which cannot be split"
+        in str(info.value)
+    )
     assert "1, 2, 4 process count(s) work" in str(info.value)
     assert accumulation(plain, 2, recorded=16) == 2
     ok = load_recipe(None, {"parallelism": {"global_batch_size": 64}, "training": {"per_device_train_batch_size": 8}})
@@ -148,7 +164,13 @@ def test_shipped_accelerate_configs():
     from hftrain.launch.processes import backend_of, find_config
 
     names = sorted(p.name for p in (ROOT / "accelerate_configs").glob("*.yaml"))
-    assert {"ddp.yaml", "fsdp.yaml", "fsdp_offload.yaml", "deepspeed_zero3.yaml", "deepspeed_zero3_offload.yaml"} <= set(names)
+    assert {
+        "ddp.yaml",
+        "fsdp.yaml",
+        "fsdp_offload.yaml",
+        "deepspeed_zero3.yaml",
+        "deepspeed_zero3_offload.yaml",
+    } <= set(names)
     assert backend_of(find_config("zero3")) == "zero3" and backend_of(find_config("fsdp")) == "fsdp"
     fsdp = yaml.safe_load((ROOT / "accelerate_configs" / "fsdp.yaml").read_text())["fsdp_config"]
     assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_transformer_layer_cls_to_wrap"] == "GPTNeoXLayer"
@@ -192,7 +214,11 @@ def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
     script = out.read_text()
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid shell
     assert "hftrain train recipes/pretrain/pythia-1b.yaml training.max_steps=100" in script
-    assert "--accelerate-config fsdp --nproc 8" in script and "--nproc 8 --cpu" not in script and "command -v hftrain" in script
+    assert (
+        "--accelerate-config fsdp --nproc 8" in script
+        and "--nproc 8 --cpu" not in script
+        and "command -v hftrain" in script
+    )
     if kind == "slurm":
         assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
         assert "--node-rank $SLURM_NODEID" in script and '"$status" -eq 75' in script and "scontrol requeue" in script
@@ -202,7 +228,9 @@ def test_launch_script_for_2_nodes_x_8_gpus(tmp_path, kind):
 
 
 def test_plan_recommends_a_strategy():
-    big = run_in_process("plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40")
+    big = run_in_process(
+        "plan", "recipes/pretrain/pythia-1b.yaml", "model.preset=neox-20b", "--gpus", "16", "--gpu-mem-gb", "40"
+    )
     assert big.returncode == 0, big.stderr
     assert "as configured (ddp, micro-batch 8): does NOT fit" in big.stdout
     # 329 GB of state sharded over 16 GPUs, plus activations: only with gradient checkpointing at micro-batch 2
@@ -237,13 +265,19 @@ def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
     from transformers import GPTNeoXForCausalLM
 
     recipe = load_recipe(
-        None, {"model": {"preset": "cpu-tiny"}, "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}}}
+        None,
+        {
+            "model": {"preset": "cpu-tiny"},
+            "parallelism": {"strategy": "device_map", "max_memory": {0: "300KB", "cpu": "10GB"}},
+        },
     )
     from hftrain.model.config import build_config
     from hftrain.recipe.parts import ModelPart
 
     config = build_config(ModelPart.of(recipe), 320, True, eos_token_id=0)
-    with pytest.raises(HftrainError, match=r"would be placed on the CPU\. Beside a GPU, accelerate offloads CPU-placed layers"):
+    with pytest.raises(
+        HftrainError, match=r"would be placed on the CPU\. Beside a GPU, accelerate offloads CPU-placed layers"
+    ):
         parallel.spread_over_devices(GPTNeoXForCausalLM(config), recipe.parallelism.max_memory)
 
 
@@ -265,7 +299,12 @@ def test_the_shipped_zero3_config_opens_from_any_directory(tmp_path, monkeypatch
     dims.locate_deepspeed_config()
     assert HfDeepSpeedConfig(os.environ[dims.DEEPSPEED_FILE_ENV]).config["zero_optimization"]["stage"] == 3
     monkeypatch.setenv(dims.DEEPSPEED_FILE_ENV, "conf/ds.json")
-    with pytest.raises(HftrainError, match=r"deepspeed_config.deepspeed_config_file: conf/ds.json does not exist .*absolute path"):
+    with pytest.raises(
+        HftrainError, match=r"deepspeed_config.deepspeed_config_file: conf/ds.json does not exist .*absolute path"
+    ):
         dims.locate_deepspeed_config()
-    assert deepspeed_file(find_config("zero3")) == ["--deepspeed_config_file", str(dims.SHIPPED_CONFIGS / "deepspeed" / "zero3.json")]
+    assert deepspeed_file(find_config("zero3")) == [
+        "--deepspeed_config_file",
+        str(dims.SHIPPED_CONFIGS / "deepspeed" / "zero3.json"),
+    ]
     assert deepspeed_file(find_config("ddp")) == []

@@ -26,7 +26,10 @@ def test_a_run_without_a_finished_step_reports_each_ranks_step_and_this_processe
         monkeypatch.setenv(name, value)
     monkeypatch.setitem(launcher_store._rounds, launcher_store._start(), "hftrain/stall-test/")  # both ranks joined
     beats = [
-        liveness.Heartbeat(SimpleNamespace(rank=r, processes=2, nodes=1), lambda: "no checkpoint", step=lambda s=3 - r: s) for r in (0, 1)
+        liveness.Heartbeat(
+            SimpleNamespace(rank=r, processes=2, nodes=1), lambda: "no checkpoint", step=lambda s=3 - r: s
+        )
+        for r in (0, 1)
     ]
     try:
         deadline, err = time.monotonic() + 30, ""
@@ -36,6 +39,10 @@ def test_a_run_without_a_finished_step_reports_each_ranks_step_and_this_processe
     finally:
         for beat in beats:
             beat.stop()
-    assert "hftrain: rank 0: no optimizer step finished for 2 s (rank 0 at step 3, rank 1 at step 2)" in err, err[-3000:]
-    assert "hftrain: rank 1: no optimizer step finished for 2 s (rank 0 at step 3, rank 1 at step 2)" in err, err[-3000:]
+    assert "hftrain: rank 0: no optimizer step finished for 2 s (rank 0 at step 3, rank 1 at step 2)" in err, err[
+        -3000:
+    ]
+    assert "hftrain: rank 1: no optimizer step finished for 2 s (rank 0 at step 3, rank 1 at step 2)" in err, err[
+        -3000:
+    ]
     assert 'File "' in err and "test_liveness.py" in err  # the stacks: the test's own thread is waiting in this file

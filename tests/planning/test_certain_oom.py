@@ -36,7 +36,8 @@ ROWS = [
         REFUSED,
         [
             "parallelism.fit_memory: nothing fits: the smallest layout (single, micro-batch 1 x accumulation 512",
-            "needs {smallest} per process, over the {memory} a process has on a test machine by more than the plan's 12% error",
+            "needs {smallest} per process, over the {memory} a process "
+            "has on a test machine by more than the plan's 12% error",
             "what would fit: a process with {needed} of memory",
             "To try anyway: parallelism.memory_check: warn.",
         ],
@@ -48,7 +49,8 @@ ROWS = [
         ("configured", 1.3),
         REFUSED,
         [
-            "training.per_device_train_batch_size=512 with gradient checkpointing off needs about {configured:,.2f} GB per process",
+            "training.per_device_train_batch_size=512 with gradient "
+            "checkpointing off needs about {configured:,.2f} GB per process",
             "over the {memory} a process has on a test machine by more than the plan's 12% error",
             "parallelism.fit_memory: true would take single, micro-batch {micro} x accumulation {accumulation}",
             "(training.per_device_train_batch_size: {micro}, training.gradient_accumulation_steps: {accumulation})",
@@ -69,7 +71,10 @@ ROWS = [
         [],
         ("smallest", 1.05),
         PROCEEDS,
-        ["hftrain: warning: parallelism.fit_memory: nothing fits", "training with that smallest layout, within the plan's 12% error"],
+        [
+            "hftrain: warning: parallelism.fit_memory: nothing fits",
+            "training with that smallest layout, within the plan's 12% error",
+        ],
     ),
     (
         "memory_check: warn insists",
@@ -89,7 +94,10 @@ ROWS = [
         LAUNCH,
         ("smallest", 2.0),
         REFUSED,
-        ["parallelism.fit_memory: nothing fits: the smallest layout (ddp, micro-batch 1", "over the {memory} a process has"],
+        [
+            "parallelism.fit_memory: nothing fits: the smallest layout (ddp, micro-batch 1",
+            "over the {memory} a process has",
+        ],
     ),
     (
         "launcher: own micro-batch far over",
@@ -97,7 +105,10 @@ ROWS = [
         LAUNCH,
         ("configured", 1.3),
         REFUSED,
-        ["training.per_device_train_batch_size=512", "parallelism.fit_memory: true would take ddp, micro-batch {micro}"],
+        [
+            "training.per_device_train_batch_size=512",
+            "parallelism.fit_memory: true would take ddp, micro-batch {micro}",
+        ],
     ),
 ]
 
@@ -119,7 +130,9 @@ def test_a_certain_out_of_memory_is_refused_before_anything_loads(
     from hftrain.training import resolve as resolving
     from hftrain.training import run as training_run
 
-    raw = tiny_recipe(write_jsonl(tmp_path / "d.jsonl", make_documents(300)), tmp_path / "run", per_device_train_batch_size=512)
+    raw = tiny_recipe(
+        write_jsonl(tmp_path / "d.jsonl", make_documents(300)), tmp_path / "run", per_device_train_batch_size=512
+    )
     for section, values in keys.items():
         raw.setdefault(section, {}).update(values)
     recipe_file = tmp_path / "r.yaml"

@@ -38,10 +38,16 @@ def test_pythia_1b_on_8_gpus_counts_activations_and_logits_and_fits_with_a_margi
     assert gb("activations") > 15 and gb("logits") > 5 and gb("weights") == 4.05 and gb("optimizer") == 8.09
     peak = float(out.split("predicted peak: ")[1].split()[0])
     # backward frees the activations as it fills the gradients: the step holds the larger of the two
-    assert peak == pytest.approx(sum(gb(k) for k in ("weights", "optimizer", "activations", "logits", "autocast")), abs=0.02)
-    assert gb("autocast") == pytest.approx(2 * 0.909, abs=0.01)  # bf16 copies of the 909M matmul weights (head included)
+    assert peak == pytest.approx(
+        sum(gb(k) for k in ("weights", "optimizer", "activations", "logits", "autocast")), abs=0.02
+    )
+    assert gb("autocast") == pytest.approx(
+        2 * 0.909, abs=0.01
+    )  # bf16 copies of the 909M matmul weights (head included)
     rec = out.split("recommendation: ")[1].splitlines()[0]
-    assert rec.startswith("ddp, micro-batch 8 x accumulation 16, gradient checkpointing off") and "within 72.0 GB" in rec
+    assert (
+        rec.startswith("ddp, micro-batch 8 x accumulation 16, gradient checkpointing off") and "within 72.0 GB" in rec
+    )
     assert "micro-batch 16 would need" in rec  # says why not more
     assert f"predicted peak {peak:.2f} GB" in rec and peak < 72.0
     hours = float(out.split("run: 143,000 steps = ")[1].split()[0].replace(",", ""))
@@ -69,7 +75,10 @@ def test_a_layout_that_fits_keeps_the_global_batch():
 def test_sharding_and_checkpointing_lower_the_predicted_peak():
     recipe = load_recipe(PYTHIA_1B, [])
     info = plan(PlanPart.of(recipe))
-    peak = lambda **kw: predict_peak(PlanPart.of(recipe), info, run_shape(PlanPart.of(recipe), "cuda", 8, **kw)).total  # noqa: E731
+
+    def peak(**kw):
+        return predict_peak(PlanPart.of(recipe), info, run_shape(PlanPart.of(recipe), "cuda", 8, **kw)).total
+
     ddp, fsdp, gc = peak(strategy="ddp"), peak(strategy="fsdp"), peak(strategy="ddp", checkpointing=True)
     assert fsdp < ddp - 8 * GB  # weights and AdamW over 8 GPUs (embeddings, head and one layer gathered)
     assert gc < ddp - 15 * GB  # one layer's activations instead of 16
@@ -88,18 +97,29 @@ def test_dpo_counts_its_reference_copy_and_both_answers():
     lm, full = load_recipe(PYTHIA_1B, []), load_recipe(PYTHIA_1B, dpo)
     info = plan(PlanPart.of(lm))
     for strategy, processes in (("ddp", 8), ("fsdp", 8), ("single", 1)):
-        a, b = (predict_peak(PlanPart.of(r), info, run_shape(PlanPart.of(r), "cuda", processes, strategy=strategy)) for r in (lm, full))
+        a, b = (
+            predict_peak(PlanPart.of(r), info, run_shape(PlanPart.of(r), "cuda", processes, strategy=strategy))
+            for r in (lm, full)
+        )
         assert b.parts["reference weights"] == a.parts["weights"] > 0, strategy
         assert b.parts["activations"] == pytest.approx(2 * a.parts["activations"]), strategy
         assert b.parts["logits and loss"] < a.parts["logits and loss"] / 4, strategy
-    fsdp = predict_peak(PlanPart.of(full), info, run_shape(PlanPart.of(full), "cuda", 8, strategy="fsdp")).parts["reference weights"]
+    fsdp = predict_peak(PlanPart.of(full), info, run_shape(PlanPart.of(full), "cuda", 8, strategy="fsdp")).parts[
+        "reference weights"
+    ]
     assert (
-        fsdp < predict_peak(PlanPart.of(full), info, run_shape(PlanPart.of(full), "cuda", 8, strategy="ddp")).parts["reference weights"] / 2
+        fsdp
+        < predict_peak(PlanPart.of(full), info, run_shape(PlanPart.of(full), "cuda", 8, strategy="ddp")).parts[
+            "reference weights"
+        ]
+        / 2
     )
     lora = load_recipe(PYTHIA_1B, [*dpo, "finetune.method=lora"])
     assert (
         "reference weights"
-        not in predict_peak(PlanPart.of(lora), info | plan(PlanPart.of(lora)), run_shape(PlanPart.of(lora), "cuda", 8)).parts
+        not in predict_peak(
+            PlanPart.of(lora), info | plan(PlanPart.of(lora)), run_shape(PlanPart.of(lora), "cuda", 8)
+        ).parts
     )  # the adapter disabled
     assert plan(PlanPart.of(full))["train_flops_per_token"] == pytest.approx(
         4 / 3 * info["train_flops_per_token"]
@@ -124,17 +144,21 @@ def test_plan_refuses_numbers_that_cannot_work(capsys):
 
 def test_plan_imports_nothing_it_does_not_need():
     """`plan` prints numbers computed on paper: the Trainer, transformers' modeling stack (the model is counted from
-    its config, model/shape.py), datasets, DeepSpeed and plotting stay unimported (torch itself may load torch._dynamo)."""
+    its config, model/shape.py), datasets, DeepSpeed and plotting stay unimported (torch itself may load
+    torch._dynamo)."""
     from hftrain.recipe import transformers_table
 
     transformers_table.table.cache_clear()
-    transformers_table.table()  # kept in hftrain's cache as a machine's first command keeps it (one import of TrainingArguments)
+    # kept in hftrain's cache as a machine's first command keeps it (one import of TrainingArguments)
+    transformers_table.table()
     heavy = ("datasets", "transformers.trainer", "transformers.modeling_utils", "deepspeed", "matplotlib")
     code = (
         "import sys; from hftrain.cli import main; main(['plan', sys.argv[1], '--gpus', '8']); "
         f"print('LOADED', sorted(m for m in {heavy} if m in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", code, PYTHIA_1B], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code, PYTHIA_1B], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "LOADED []" in done.stdout
 
@@ -143,7 +167,9 @@ def test_plan_imports_nothing_it_does_not_need():
 def small_machine(monkeypatch):
     """This machine with 1.2 GB of RAM: the tiny recipe's micro-batch 64 does not fit, 8 does."""
     monkeypatch.setattr(
-        fitting, "this_machine", lambda processes=1: fitting.Machine("cpu", processes, 1.2 * GB / processes, "a 1.2 GB test machine")
+        fitting,
+        "this_machine",
+        lambda processes=1: fitting.Machine("cpu", processes, 1.2 * GB / processes, "a 1.2 GB test machine"),
     )
     monkeypatch.setattr(fitting, "library_footprint", lambda: 0.6 * GB)
 
@@ -176,7 +202,9 @@ def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(
     as_given = fit_recipe(tmp_path / "a", **{"parallelism.memory_check": "warn"})
     info = plan(PlanPart.of(as_given))
     machine = fitting.this_machine()
-    assert not fitting.as_configured(PlanPart.of(as_given), info, machine, libraries=0.6 * GB).fits  # 64 x 128 tokens of logits
+    assert not fitting.as_configured(
+        PlanPart.of(as_given), info, machine, libraries=0.6 * GB
+    ).fits  # 64 x 128 tokens of logits
     chosen = fitting.choose(PlanPart.of(as_given), info, machine, libraries=0.6 * GB)
     assert chosen.fits and chosen.shape.micro_batch < 64
 
@@ -185,8 +213,8 @@ def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(
     warning = next(line for line in out.splitlines() if "warning: training.per_device_train_batch_size=64" in line)
     assert "more than the 1.1 GB usable on a 1.2 GB test machine" in warning
     assert (
-        f"parallelism.fit_memory: true would take single, micro-batch {chosen.shape.micro_batch} x accumulation {chosen.accumulation}"
-        in warning
+        f"parallelism.fit_memory: true would take single, micro-batch {chosen.shape.micro_batch} x accumulation "
+        f"{chosen.accumulation}" in warning
     )
     assert f"evaluation batch {chosen.shape.eval_batch}" in warning
     assert out.index(warning) < out.index("'loss'")  # before step 1
@@ -194,8 +222,8 @@ def test_train_warns_before_step_1_and_fit_memory_takes_the_fitting_micro_batch(
     fitted = hftrain.train(fit_recipe(tmp_path / "b", **{"parallelism.fit_memory": True}))
     out = capsys.readouterr().out
     assert (
-        f"hftrain: memory fit (parallelism.fit_memory): single, micro-batch {chosen.shape.micro_batch} x accumulation {chosen.accumulation}"
-        in out
+        f"hftrain: memory fit (parallelism.fit_memory): single, micro-batch {chosen.shape.micro_batch} x accumulation "
+        f"{chosen.accumulation}" in out
     )
     args = fitted.trainer.args
     assert args.per_device_train_batch_size == chosen.shape.micro_batch
@@ -253,7 +281,8 @@ def test_the_launcher_warns_once_before_starting_processes(capsys, monkeypatch):
     monkeypatch.setattr(rehearsal, "launch_processes", lambda *args, env=None: started.update(env or {}) or 0)
     # far over any machine's memory: refused unless parallelism.memory_check: warn (test_certain_oom.py)
     huge = load_recipe(
-        str(ROOT / "recipes/quickstart.yaml"), ["training.per_device_train_batch_size=65536", "parallelism.memory_check=warn"]
+        str(ROOT / "recipes/quickstart.yaml"),
+        ["training.per_device_train_batch_size=65536", "parallelism.memory_check=warn"],
     )
     assert launch.relaunch(["r.yaml"], "ddp", 2, True, PlanPart.of(huge)) == 0
     out = capsys.readouterr().out

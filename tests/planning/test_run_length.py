@@ -19,7 +19,10 @@ from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 
 def recipe(**changes):
-    raw = {"data": {"seq_len": 32, **changes.pop("data", {})}, "training": {"per_device_train_batch_size": 4, **changes}}
+    raw = {
+        "data": {"seq_len": 32, **changes.pop("data", {})},
+        "training": {"per_device_train_batch_size": 4, **changes},
+    }
     return load_recipe(None, raw)
 
 
@@ -43,9 +46,9 @@ def test_max_steps_wins_and_says_what_it_overrode():
     r = recipe(max_steps=7, num_train_epochs=2, data={"train_tokens": 10**6})
     length = resolve(RunLengthPart.of(r), 4, 64_000)
     assert length.max_steps == 7 and length.source == "training.max_steps"
-    assert (
-        length.note
-        == "run length: training.max_steps=7 (data.train_tokens and training.num_train_epochs not used: training.max_steps wins)"
+    assert length.note == (
+        "run length: training.max_steps=7 (data.train_tokens and training.num_train_epochs not used: "
+        "training.max_steps wins)"
     )
     r = recipe(num_train_epochs=2, data={"train_tokens": 1280})
     assert resolve(RunLengthPart.of(r), 4, 64_000).max_steps == 10  # tokens before epochs

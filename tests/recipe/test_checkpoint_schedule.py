@@ -21,8 +21,17 @@ def test_a_log_schedule_with_an_end_then_every_and_a_list():
     section = CheckpointsSection(schedule="log", log_until=100, every=250, steps=[7, 3, 7])
     assert section.kept_steps(1000) == [0, 1, 2, 3, 4, 7, 8, 16, 32, 64, 250, 500, 750, 1000]
     assert section.kept_steps(1000) == [s for s in range(0, 1001) if section.keeps(s)]  # the two agree
-    assert CheckpointsSection(schedule="log", log_until=8).kept_steps(10**6) == [0, 1, 2, 4, 8]  # no `every`: ends there
-    assert CheckpointsSection(steps=[5]).kept_steps(4) == [] and CheckpointsSection(steps=[0, 5]).kept_steps(9) == [0, 5]
+    assert CheckpointsSection(schedule="log", log_until=8).kept_steps(10**6) == [
+        0,
+        1,
+        2,
+        4,
+        8,
+    ]  # no `every`: ends there
+    assert CheckpointsSection(steps=[5]).kept_steps(4) == [] and CheckpointsSection(steps=[0, 5]).kept_steps(9) == [
+        0,
+        5,
+    ]
     assert not CheckpointsSection().keeps(0) and not CheckpointsSection().keeps(1)
 
 
@@ -47,13 +56,18 @@ def test_the_trainer_callback_saves_at_the_kept_steps_of_this_run():
 @pytest.mark.parametrize(
     "checkpoints, training, message",
     [
-        ({"schedule": "log"}, {}, "checkpoints: schedule: log needs log_until (the last log-spaced step), e.g. log_until: 512"),
+        (
+            {"schedule": "log"},
+            {},
+            "checkpoints: schedule: log needs log_until (the last log-spaced step), e.g. log_until: 512",
+        ),
         ({"every": 1000}, {}, "log_until and every belong to schedule: log (pythia fixes them at 512 and 1000)"),
         ({"steps": [-1, 10]}, {}, "checkpoints.steps: steps are optimizer steps: 0 (the initialization) or more"),
         (
             {"schedule": "pythia", "push_revisions": True},
             {},
-            "checkpoints.push_revisions pushes kept checkpoints as Hub branches: set training.push_to_hub: true and training.hub_model_id",
+            "checkpoints.push_revisions pushes kept checkpoints as Hub branches: set training.push_to_hub: true and "
+            "training.hub_model_id",
         ),
         ({"push_revisions": True}, {"push_to_hub": True}, "checkpoints.push_revisions: no checkpoint is kept"),
         ({"schedule": "daily"}, {}, "checkpoints.schedule"),

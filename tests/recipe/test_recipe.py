@@ -55,7 +55,10 @@ def test_every_problem_reported_at_once_with_what_was_given(tmp_path):
     [
         ("", "the recipe is empty"),
         ("# only a comment\n", "the recipe is empty"),
-        ("- a\n- b\n", "a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a list"),
+        (
+            "- a\n- b\n",
+            "a recipe must be a mapping of sections (model, tokenizer, data, training, monitor), got a list",
+        ),
         ("just words", "a recipe must be a mapping of sections"),
         ("training:\n  max_steps: [1,\n", "line 3"),
     ],
@@ -97,7 +100,9 @@ def test_malformed_override(bad):
 
 
 def test_override_unknown_key_is_caught():
-    assert "training.max_stpes: unknown key; did you mean training.max_steps?" in error_of(None, ["training.max_stpes=3"])
+    assert "training.max_stpes: unknown key; did you mean training.max_steps?" in error_of(
+        None, ["training.max_stpes=3"]
+    )
 
 
 def test_notebook_keyword_overrides(tmp_path):
@@ -106,12 +111,16 @@ def test_notebook_keyword_overrides(tmp_path):
 
 
 def test_tokenizer_kinds_are_exclusive():
-    assert "give only one of builtin, path or train (got builtin, path)" in error_of(None, {"tokenizer": {"builtin": "gpt2", "path": "x"}})
+    assert "give only one of builtin, path or train (got builtin, path)" in error_of(
+        None, {"tokenizer": {"builtin": "gpt2", "path": "x"}}
+    )
     assert load_recipe(None, {"tokenizer": {"path": "x"}}).tokenizer.builtin is None
 
 
 def test_source_needs_exactly_one_origin():
-    assert "give exactly one of path, dataset, builtin or pretokenized (got none)" in error_of(None, {"data": {"train": {"weight": 2}}})
+    assert "give exactly one of path, dataset, builtin or pretokenized (got none)" in error_of(
+        None, {"data": {"train": {"weight": 2}}}
+    )
 
 
 def test_saved_recipe_has_no_secrets():
@@ -143,7 +152,9 @@ def test_every_shipped_recipe_validates_and_plans(path, request):
 
     recipe = load_recipe(path)
     if recipe.model.from_pretrained and not (ROOT / recipe.model.from_pretrained).exists():
-        base = str(request.getfixturevalue("pretrained_run").final_dir)  # the fine-tuning recipes start from the quickstart's model
+        base = str(
+            request.getfixturevalue("pretrained_run").final_dir
+        )  # the fine-tuning recipes start from the quickstart's model
         recipe = load_recipe(path, [f"model.from_pretrained={base}", f"tokenizer.path={base}"])
     for source in recipe.data.train:
         assert source.path is None or "://" in source.path or list(ROOT.glob(source.path)), source.path
@@ -157,11 +168,18 @@ yaml_values = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=12,
 )
-keys = st.sampled_from(["model", "tokenizer", "data", "training", "monitor", "preset", "train", "path", "max_steps", "seq_len", "x"])
+keys = st.sampled_from(
+    ["model", "tokenizer", "data", "training", "monitor", "preset", "train", "path", "max_steps", "seq_len", "x"]
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.one_of(yaml_values, st.dictionaries(keys, st.one_of(yaml_values, st.dictionaries(keys, yaml_values, max_size=3)), max_size=4)))
+@given(
+    st.one_of(
+        yaml_values,
+        st.dictionaries(keys, st.one_of(yaml_values, st.dictionaries(keys, yaml_values, max_size=3)), max_size=4),
+    )
+)
 def test_random_yaml_gives_only_validation_errors(tmp_path, data):
     path = write(tmp_path, yaml.safe_dump(data), "random.yaml")
     try:

@@ -15,7 +15,26 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from hftrain.recipe import transformers_table
 from hftrain.recipe.training_section import TrainingSection
 
-SAMPLES = [None, True, False, 0, 3, 1.5, -2, "", "steps", "no", "epoch", "adamw_torch_fused", "cosine", "x", ["a"], [], {"a": 1}, {}]
+SAMPLES = [
+    None,
+    True,
+    False,
+    0,
+    3,
+    1.5,
+    -2,
+    "",
+    "steps",
+    "no",
+    "epoch",
+    "adamw_torch_fused",
+    "cosine",
+    "x",
+    ["a"],
+    [],
+    {"a": 1},
+    {},
+]
 
 
 def accepted(annotation: Any, value: Any) -> tuple[bool, Any]:
@@ -37,10 +56,13 @@ def test_the_table_gives_exactly_what_training_arguments_gives():
     assert [str(f.annotation) for f in table.values()] == [str(hints[name]) for name in real]  # as `explain` shows them
     assert set(TrainingSection.model_fields) == set(real)
     for name, field in real.items():
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        made = field.default_factory  # type: ignore[misc]
+        default = field.default if field.default is not dataclasses.MISSING else made()
         assert table[name].default == default and table[name].help == field.metadata.get("help"), name
         original = hints[name]
-        if "class" not in json.dumps(transformers_table.encode(original)):  # ParallelismConfig: TrainingArguments checks it
+        if "class" not in json.dumps(
+            transformers_table.encode(original)
+        ):  # ParallelismConfig: TrainingArguments checks it
             for value in SAMPLES:
                 assert accepted(table[name].annotation, value) == accepted(original, value), (name, value)
     assert transformers_table.tracker_names() == list(INTEGRATION_TO_CALLBACK)
@@ -56,7 +78,15 @@ def test_the_check_can_fail():
 
 
 @pytest.mark.parametrize(
-    "annotation", [int, str | None, dict[str, Any] | str | None, list[str] | None, str | None | typing.Literal[False], str | list[str]]
+    "annotation",
+    [
+        int,
+        str | None,
+        dict[str, Any] | str | None,
+        list[str] | None,
+        str | None | typing.Literal[False],
+        str | list[str],
+    ],
 )
 def test_types_travel_as_json(annotation):
     encoded = json.loads(json.dumps(transformers_table.encode(annotation)))

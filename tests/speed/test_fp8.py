@@ -24,12 +24,19 @@ from ..support.cli import in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
 LINEARS = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
-H100, ADA, A100, CPU = DeviceFacts("cuda", (9, 0)), DeviceFacts("cuda", (8, 9)), DeviceFacts("cuda", (8, 0)), DeviceFacts("cpu")
+H100, ADA, A100, CPU = (
+    DeviceFacts("cuda", (9, 0)),
+    DeviceFacts("cuda", (8, 9)),
+    DeviceFacts("cuda", (8, 0)),
+    DeviceFacts("cpu"),
+)
 
 
 def shape_of(preset: str, **model):
     """The preset's model as hftrain measures it (model/shape.py)."""
-    recipe = hftrain.load_recipe(None, {"model": {"preset": preset, **model}, "training": {"max_steps": 10, "output_dir": "x"}})
+    recipe = hftrain.load_recipe(
+        None, {"model": {"preset": preset, **model}, "training": {"max_steps": 10, "output_dir": "x"}}
+    )
     return measure_model(ModelPart.of(recipe))
 
 
@@ -51,7 +58,11 @@ def fp8_run(**change):
 
 REFUSED = [
     ("on a CPU", {"device": CPU, "card": ""}, "needs a CUDA GPU with FP8 (compute capability 8.9 or newer"),
-    ("a card without FP8", {"device": A100, "card": "NVIDIA A100-SXM4-80GB"}, "NVIDIA A100-SXM4-80GB has compute capability 8.0"),
+    (
+        "a card without FP8",
+        {"device": A100, "card": "NVIDIA A100-SXM4-80GB"},
+        "NVIDIA A100-SXM4-80GB has compute capability 8.0",
+    ),
     ("compile off", {"recipe_kwargs": {"torch_compile": False}}, "the recipe sets training.torch_compile: false"),
     ("lora", {"method": "lora"}, "not finetune.method: lora"),
     ("qlora", {"method": "qlora"}, "not finetune.method: qlora"),
@@ -74,7 +85,12 @@ def test_fp8_is_refused_in_one_line_naming_the_key(name, change, expected):
     "change",
     [
         {},  # an H100, compile left to hftrain
-        {"device": ADA, "card": "NVIDIA L4", "recipe_kwargs": {"torch_compile": True}, "strategy": "fsdp"},  # Ada, FSDP2
+        {
+            "device": ADA,
+            "card": "NVIDIA L4",
+            "recipe_kwargs": {"torch_compile": True},
+            "strategy": "fsdp",
+        },  # Ada, FSDP2
         {"fp8": None, "device": CPU, "method": "lora", "strategy": "zero3", "installed": False},  # off: nothing checked
     ],
     ids=["h100", "ada-fsdp", "off"],
@@ -90,7 +106,9 @@ def test_the_run_checks_the_device_it_trains_on(tmp_path, capsys):
         fp8.check_here("rowwise", torch.device("cpu"), {}, "full", "single", None)
     recipe = tmp_path / "r.yaml"
     data = write_jsonl(tmp_path / "good.jsonl", make_documents(50))
-    recipe.write_text(yaml.safe_dump(tiny_recipe(data, tmp_path / "run", measured_speed=True)))  # the probe would measure
+    recipe.write_text(
+        yaml.safe_dump(tiny_recipe(data, tmp_path / "run", measured_speed=True))
+    )  # the probe would measure
     code, printed = in_process(capsys, "train", str(recipe), "speed.fp8=tensorwise", "model.preset=pythia-14m")
     refusal = "hftrain: error: speed.fp8: tensorwise needs a CUDA GPU with FP8"
     assert code == 2 and printed.strip().splitlines()[-1].startswith(refusal), printed[-2000:]
@@ -111,7 +129,9 @@ def test_the_filter_keeps_the_head_and_the_end_blocks_of_pythia(preset, blocks):
 def test_the_filter_leaves_dims_not_multiples_of_16():
     """An MLP 200 wide: its two linears stay in high precision, the attention's convert."""
     model = shape_of("cpu-small", intermediate_size=200)
-    assert set(fp8.converted(model)) == {f"gpt_neox.layers.{i}.attention.{n}" for i in (1, 2) for n in ("query_key_value", "dense")}
+    assert set(fp8.converted(model)) == {
+        f"gpt_neox.layers.{i}.attention.{n}" for i in (1, 2) for n in ("query_key_value", "dense")
+    }
     assert fp8.layer_choice(model)["gpt_neox.layers.1.mlp.dense_h_to_4h"] == "in or out features not a multiple of 16"
 
 
@@ -119,7 +139,9 @@ def test_the_recipe_key_takes_the_two_recipes_only(tmp_path, capsys):
     assert hftrain.load_recipe(None, {"speed": {"fp8": "tensorwise"}}).speed.fp8 == "tensorwise"
     assert hftrain.load_recipe(None, {}).speed.fp8 is None
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(tiny_recipe(write_jsonl(tmp_path / "good.jsonl", make_documents(50)), tmp_path / "run")))
+    recipe.write_text(
+        yaml.safe_dump(tiny_recipe(write_jsonl(tmp_path / "good.jsonl", make_documents(50)), tmp_path / "run"))
+    )
     code, printed = in_process(capsys, "plan", str(recipe), "speed.fp8=fp4")
     assert code == 2 and "Traceback" not in printed
     assert "speed.fp8: Input should be 'tensorwise' or 'rowwise'" in printed, printed[-2000:]
@@ -131,9 +153,13 @@ def test_fp8_turns_compile_on_where_the_recipe_leaves_it(monkeypatch, tmp_path):
     monkeypatch.setattr(speed.DeviceFacts, "of", classmethod(lambda cls, d: H100))
     monkeypatch.setattr(speed, "decide_here", lambda *a: pytest.fail("bf16 and compile are set: nothing to measure"))
     monkeypatch.setattr(arguments._compat, "keep_freed_memory", lambda device: None)
-    monkeypatch.setattr(arguments, "training_arguments", lambda values, finetune, seq_len: SimpleNamespace(**values))  # an H100's
+    monkeypatch.setattr(
+        arguments, "training_arguments", lambda values, finetune, seq_len: SimpleNamespace(**values)
+    )  # an H100's
     dims = SimpleNamespace(strategy="single", rank=0, processes=1, nodes=1, local_rank=0)
-    part = SpeedPart(method="full", seq_len=128, section=hftrain.load_recipe(None, {"speed": {"fp8": "tensorwise"}}).speed)
+    part = SpeedPart(
+        method="full", seq_len=128, section=hftrain.load_recipe(None, {"speed": {"fp8": "tensorwise"}}).speed
+    )
     monkeypatch.setattr(arguments.fp8, "check_here", lambda *a: None)  # a CPU machine: its refusal is tested above
     monkeypatch.setattr(arguments.fp8, "note", lambda shape, setting: f"fp8 {setting}")
     model = ModelPart.of(hftrain.load_recipe(None, {}))
@@ -145,12 +171,16 @@ def test_fp8_turns_compile_on_where_the_recipe_leaves_it(monkeypatch, tmp_path):
 def test_plan_says_which_layers_convert_and_what_to_expect():
     small = {"shape": {"hidden": 768}, "fp8_layers": fp8.summary(shape_of("pythia-160m"))}
     lines = format_fp8(small, "tensorwise", card_has_fp8=True)
-    assert lines[0].startswith("fp8 (tensorwise, torchao): 40 of 49 linear layers in FP8 matmuls, in blocks 1-10 of 0-11")
+    assert lines[0].startswith(
+        "fp8 (tensorwise, torchao): 40 of 49 linear layers in FP8 matmuls, in blocks 1-10 of 0-11"
+    )
     assert "FP8 may be slower than bf16" in lines[1] and "Llama-3-8B +25%" in lines[1] and len(lines) == 2
     assert "refuses speed.fp8 here" in format_fp8(small, "tensorwise", card_has_fp8=False)[-1]
     wide = {"shape": {"hidden": 4096}, "fp8_layers": small["fp8_layers"]}
     assert "wide enough for FP8 to pay" in format_fp8(wide, "rowwise", card_has_fp8=True)[1]
-    assert format_fp8(wide, None, card_has_fp8=True)[0].startswith("fp8: off; at hidden 4,096 speed.fp8: tensorwise may train faster")
+    assert format_fp8(wide, None, card_has_fp8=True)[0].startswith(
+        "fp8: off; at hidden 4,096 speed.fp8: tensorwise may train faster"
+    )
     assert format_fp8(wide, None, card_has_fp8=False) == [] and format_fp8(small, None, card_has_fp8=True) == []
 
 
@@ -165,7 +195,9 @@ def test_a_converted_model_trains_and_saves_weights_plain_transformers_loads(tmp
     from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
     torch.manual_seed(0)
-    config = GPTNeoXConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, intermediate_size=256, vocab_size=96)
+    config = GPTNeoXConfig(
+        num_hidden_layers=4, hidden_size=64, num_attention_heads=4, intermediate_size=256, vocab_size=96
+    )
     model = AutoModelForCausalLM.from_config(config)
     names = list(model.state_dict())
     with inductor.patch(emulate_precision_casts=False):  # rowwise turns it on for the process (torchtitan's workaround)

@@ -16,13 +16,20 @@ from hftrain.speed.defaults import DeviceFacts
 from hftrain.speed.probe import Measurement
 from hftrain.training import arguments
 
-H100, A100, T4, CPU = DeviceFacts("cuda", (9, 0)), DeviceFacts("cuda", (8, 0)), DeviceFacts("cuda", (7, 5)), DeviceFacts("cpu")
+H100, A100, T4, CPU = (
+    DeviceFacts("cuda", (9, 0)),
+    DeviceFacts("cuda", (8, 0)),
+    DeviceFacts("cuda", (7, 5)),
+    DeviceFacts("cpu"),
+)
 # hftrain at pythia-160m (12 layers), 8 x 2,048 tokens, bf16, eager, on an H200: 210,865 tokens/s (notes/gpu-peers.md)
 PYTHIA_160M_STEP = 8 * 2048 / 210_865
 
 
 def recipe(**training):
-    return hftrain.load_recipe(None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 100, "output_dir": "x", **training}})
+    return hftrain.load_recipe(
+        None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 100, "output_dir": "x", **training}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -42,7 +49,14 @@ def test_the_compile_warmup_is_the_devices(device, layers, warm, seconds):
 
 @pytest.mark.parametrize(
     "device, dtype, share",
-    [(H100, "bf16", 0.21), (A100, "bf16", 0.21), (T4, "fp16", 0.21), (H100, "tf32", 0.15), (CPU, "bf16", 0.3), (CPU, "fp32", 0.0)],
+    [
+        (H100, "bf16", 0.21),
+        (A100, "bf16", 0.21),
+        (T4, "fp16", 0.21),
+        (H100, "tf32", 0.15),
+        (CPU, "bf16", 0.3),
+        (CPU, "fp32", 0.0),
+    ],
 )
 def test_the_compile_saving_is_the_devices(device, dtype, share):
     assert speed.COMPILE_SAVING[(device.type, dtype)] == share
@@ -53,7 +67,9 @@ def test_a_gpu_run_compiles_once_its_saving_pays_a_gpu_compile_back(steps, compi
     """pythia-160m on an H100 at the measured eager step: 10,000 steps (13 min eager) save ~163 s against a ~63 s
     compile; 5,000 save ~82 s, less than twice the compile. With the CPU's 90 s and a 15% saving neither compiled."""
     measured = Measurement({"fp32": 4 * PYTHIA_160M_STEP, "bf16": PYTHIA_160M_STEP}, "cuda")
-    plan = speed.decide(SpeedPart.of(recipe()), {"max_steps": steps}, "single", measured, torch.device("cuda"), False, layers=12)
+    plan = speed.decide(
+        SpeedPart.of(recipe()), {"max_steps": steps}, "single", measured, torch.device("cuda"), False, layers=12
+    )
     assert plan.values["torch_compile"] is compiled, plan.reasons
     assert f"~{speed.compile_warmup_s('cuda', 12, False):.0f} s cold compile" in plan.reasons[-1]
 
@@ -102,8 +118,14 @@ def speed_defaults(monkeypatch, device, kwargs, recorded=None):
 
 def test_a_recipe_with_its_levers_set_gets_the_devices_own(monkeypatch):
     kwargs, plan = speed_defaults(monkeypatch, H100, {"max_steps": 100, "bf16": True, "torch_compile": True})
-    assert kwargs["tf32"] is True and kwargs["optim"] == "adamw_torch_fused" and plan.values == {"tf32": True, "optim": "adamw_torch_fused"}
-    kwargs, plan = speed_defaults(monkeypatch, H100, {"max_steps": 100, "bf16": True, "torch_compile": True, "optim": "adamw_torch"})
+    assert (
+        kwargs["tf32"] is True
+        and kwargs["optim"] == "adamw_torch_fused"
+        and plan.values == {"tf32": True, "optim": "adamw_torch_fused"}
+    )
+    kwargs, plan = speed_defaults(
+        monkeypatch, H100, {"max_steps": 100, "bf16": True, "torch_compile": True, "optim": "adamw_torch"}
+    )
     assert kwargs["optim"] == "adamw_torch" and "optim" not in plan.values  # the recipe's optimizer stays
     kwargs, plan = speed_defaults(monkeypatch, CPU, {"max_steps": 100, "bf16": True, "torch_compile": True})
     assert "tf32" not in kwargs and "optim" not in kwargs and plan.values == {}

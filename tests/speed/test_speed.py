@@ -28,14 +28,17 @@ HALF_SPEED_BF16 = Measurement({"fp32": 1.0, "bf16": 2.0}, "cpu")  # Xeon, AVX-51
 AMX = Measurement({"fp32": 1.0, "bf16": 0.25}, "cpu")  # Xeon with AMX: bf16 at 4x fp32
 EMULATED = Measurement({"fp32": 1.0, "bf16": 50.0}, "cpu")  # EPYC without AVX-512: bf16 emulated, 50x slower
 # AMD EPYC with AVX-512 BF16 (bf16 matmul peak 2.2x fp32), probed 2026-11-23 at the benchmark's shapes: the small one
-# (4 layers, 128 wide, 50k vocabulary) loses to the casts of its head and trained at 0.94x in bf16; medium and large gain
+# (4 layers, 128 wide, 50k vocabulary) loses to the casts of its head and trained at 0.94x in bf16; medium and large
+# gain
 EPYC_SMALL = Measurement({"fp32": 0.41, "bf16": 0.435}, "cpu")
 EPYC_MEDIUM = Measurement({"fp32": 2.79, "bf16": 2.10}, "cpu")
 THIN_GAIN = Measurement({"fp32": 1.0, "bf16": 0.95}, "cpu")  # 1.05x: data loading and logging would eat it
 
 
 def recipe_for(**training):
-    return hftrain.load_recipe(None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 100, "output_dir": "x", **training}})
+    return hftrain.load_recipe(
+        None, {"model": {"preset": "cpu-medium"}, "training": {"max_steps": 100, "output_dir": "x", **training}}
+    )
 
 
 def test_the_dtype_follows_the_measurement_not_the_cpu_flags():
@@ -62,7 +65,10 @@ def test_gpu_dtypes_bf16_first_then_fp16_then_tf32():
 
 def test_quantized_fine_tuning_keeps_its_compute_dtype():
     recipe = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "qlora"}})
-    assert speed.choose_dtype(SpeedPart.of(recipe), AMX, CPU) == ("fp32", "quantized fine-tuning uses its own compute dtype")
+    assert speed.choose_dtype(SpeedPart.of(recipe), AMX, CPU) == (
+        "fp32",
+        "quantized fine-tuning uses its own compute dtype",
+    )
 
 
 def test_compile_when_its_saving_pays_the_warmup_back_twice():
@@ -71,37 +77,66 @@ def test_compile_when_its_saving_pays_the_warmup_back_twice():
     saving_needed = 2 * speed.COMPILE_WARMUP_S["cold"] / share
     assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, False, share)[0] is False
     assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 1.1 * saving_needed, False, share)[0] is True
-    assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, True, share)[0] is True  # a warm cache pays sooner
+    assert (
+        speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, True, share)[0] is True
+    )  # a warm cache pays sooner
     for strategy in ("fsdp", "zero3", "device_map"):
         assert speed.choose_compile(SpeedPart.of(recipe), {}, strategy, 10**6, True, share)[0] is False
-    lora = hftrain.load_recipe(None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}})
+    lora = hftrain.load_recipe(
+        None, {"model": {"from_pretrained": "x"}, "finetune": {"method": "lora"}, "training": {"max_steps": 20_000}}
+    )
     assert speed.choose_compile(SpeedPart.of(lora), {}, "single", 10**6, True, share)[0] is False
-    assert speed.choose_compile(SpeedPart.of(recipe), {"gradient_checkpointing": True}, "single", 10**6, True, share)[0] is False
+    assert (
+        speed.choose_compile(SpeedPart.of(recipe), {"gradient_checkpointing": True}, "single", 10**6, True, share)[0]
+        is False
+    )
     step = 1.0  # seconds of matmuls per step: a 10-step run stays eager, a 10,000-step one compiles where it saves
     short = speed.decide(SpeedPart.of(recipe_for(max_steps=10)), {"max_steps": 10}, "single", AMX, CPU, False)
     long = speed.decide(
-        SpeedPart.of(recipe_for()), {"max_steps": 10_000}, "single", Measurement({"fp32": step, "bf16": step / 4}, "cpu"), CPU, False
+        SpeedPart.of(recipe_for()),
+        {"max_steps": 10_000},
+        "single",
+        Measurement({"fp32": step, "bf16": step / 4}, "cpu"),
+        CPU,
+        False,
     )
-    assert short.values == {"bf16": True, "torch_compile": False} and long.values == {"bf16": True, "torch_compile": True}
+    assert short.values == {"bf16": True, "torch_compile": False} and long.values == {
+        "bf16": True,
+        "torch_compile": True,
+    }
 
 
 def test_compile_in_fp32_on_a_cpu_never_pays():
     """Measured 1.06x (AMX Xeon) and 0.86-0.96x (EPYC without AVX-512) with 40-55 s of compile: never chosen."""
-    plan = speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 10**6}, "single", HALF_SPEED_BF16, CPU, warm_compile=True)
+    plan = speed.decide(
+        SpeedPart.of(recipe_for()), {"max_steps": 10**6}, "single", HALF_SPEED_BF16, CPU, warm_compile=True
+    )
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert "torch_compile=off (it was measured to save nothing for this device and precision)" in plan.reasons
     gpu = speed.decide(
-        SpeedPart.of(recipe_for()), {"max_steps": 10**6}, "single", Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.9}, "cuda"), GPU, False
+        SpeedPart.of(recipe_for()),
+        {"max_steps": 10**6},
+        "single",
+        Measurement({"fp32": 1.0, "tf32": 1.0, "fp16": 0.9}, "cuda"),
+        GPU,
+        False,
     )
     assert gpu.values["torch_compile"] is True  # on a GPU a long run compiles in any precision
 
 
 def test_the_recipe_always_wins():
     plan = speed.decide(
-        SpeedPart.of(recipe_for(bf16=False)), {"max_steps": 10**6, "bf16": False, "torch_compile": False}, "single", AMX, CPU, True
+        SpeedPart.of(recipe_for(bf16=False)),
+        {"max_steps": 10**6, "bf16": False, "torch_compile": False},
+        "single",
+        AMX,
+        CPU,
+        True,
     )
     assert plan.values == {} and plan.reasons == []
-    plan = speed.decide(SpeedPart.of(recipe_for(bf16=True)), {"max_steps": 10, "bf16": True}, "single", HALF_SPEED_BF16, CPU, False)
+    plan = speed.decide(
+        SpeedPart.of(recipe_for(bf16=True)), {"max_steps": 10, "bf16": True}, "single", HALF_SPEED_BF16, CPU, False
+    )
     assert "bf16" not in plan.values and list(plan.values) == ["torch_compile"]
 
 
@@ -111,7 +146,9 @@ def test_a_probe_that_does_not_fit_in_memory_falls_back_without_compile(monkeypa
 
     monkeypatch.setattr(speed, "measure", out_of_memory)
     shape = measure_model(ModelPart.of(recipe_for()))
-    plan = speed.decide_here(SpeedPart.of(recipe_for()), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "single", shape, CPU)
+    plan = speed.decide_here(
+        SpeedPart.of(recipe_for()), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "single", shape, CPU
+    )
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert plan.reasons == [
         "fp32 (no autocast) (the speed probe did not fit in the device's memory)",
@@ -124,10 +161,14 @@ def test_a_zero3_rehearsal_on_a_cpu_stays_fp32_without_probing(monkeypatch):
     probe measured bf16 4x faster (AMX) chose bf16 there, and the 2-process run died before its first step."""
     monkeypatch.setattr(speed, "measure", lambda shape, device: pytest.fail("nothing to measure"))
     shape = measure_model(ModelPart.of(recipe_for()))
-    plan = speed.decide_here(SpeedPart.of(recipe_for()), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "zero3", shape, CPU)
+    plan = speed.decide_here(
+        SpeedPart.of(recipe_for()), {"max_steps": 10**6, "per_device_train_batch_size": 8}, "zero3", shape, CPU
+    )
     assert plan.values == {"bf16": False, "torch_compile": False}
     assert plan.reasons[0].startswith("fp32 (no autocast) (a ZeRO-3 rehearsal on CPU trains in fp32"), plan.reasons
-    assert speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "zero3", AMX, CPU, False).values["bf16"] is False
+    assert (
+        speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "zero3", AMX, CPU, False).values["bf16"] is False
+    )
     assert (
         speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "fsdp", AMX, CPU, False).values["bf16"] is True
     )  # FSDP/DDP use_cpu: autocast
@@ -136,13 +177,17 @@ def test_a_zero3_rehearsal_on_a_cpu_stays_fp32_without_probing(monkeypatch):
 @pytest.mark.slow
 def test_the_probe_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path))
-    shape = ProbeShape(tokens=12 * 64, seq=64, hidden=128, intermediate=512, heads=4, vocab=4096, layers=4, parameters=1_500_000)
+    shape = ProbeShape(
+        tokens=12 * 64, seq=64, hidden=128, intermediate=512, heads=4, vocab=4096, layers=4, parameters=1_500_000
+    )
     first = speed_probe.measure(shape, CPU)
     assert set(first.seconds) == {"fp32", "bf16"} and not first.cached and all(v > 0 for v in first.seconds.values())
     again = speed_probe.measure(shape, CPU)
     assert again.cached and again.seconds == first.seconds
     key = next(iter(json.loads((tmp_path / "speed.json").read_text())))
-    assert f"threads={torch.get_num_threads()}" in key and f"torch={torch.__version__}" in key and '"hidden": 128' in key
+    assert (
+        f"threads={torch.get_num_threads()}" in key and f"torch={torch.__version__}" in key and '"hidden": 128' in key
+    )
     other = speed_probe.measure(ProbeShape(12 * 64, 64, 64, 256, 4, 512, 2, 100_000), CPU)
     assert not other.cached
 
@@ -152,7 +197,11 @@ def test_the_run_says_what_it_chose_with_the_measurements(make_recipe, capsys, t
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     run = hftrain.train(make_recipe(max_steps=3, save_steps=100, measured_speed=True))
     out = capsys.readouterr().out
-    assert "hftrain: speed defaults: " in out and "measured step speed vs fp32: bf16 " in out and "torch_compile=off (" in out
+    assert (
+        "hftrain: speed defaults: " in out
+        and "measured step speed vs fp32: bf16 " in out
+        and "torch_compile=off (" in out
+    )
     results = json.loads(RunLayout(run.output_dir).results.read_text())
     assert results["torch_compile"] is False and results["speed"]["values"]["torch_compile"] is False
     assert set(results["speed"]["measured"]["step_seconds"]) == {"fp32", "bf16"}
@@ -163,7 +212,9 @@ def test_the_run_says_what_it_chose_with_the_measurements(make_recipe, capsys, t
 def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corpus, capsys, monkeypatch, tmp_path):
     """Exact resume needs the same precision and compile: a new measurement must not change them mid-run."""
     monkeypatch.setenv("HFTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(speed, "decide_here", lambda *a: speed.SpeedPlan({"bf16": False, "torch_compile": False}, ["fp32 (test)"]))
+    monkeypatch.setattr(
+        speed, "decide_here", lambda *a: speed.SpeedPlan({"bf16": False, "torch_compile": False}, ["fp32 (test)"])
+    )
     hftrain.train(make_recipe(max_steps=4, save_steps=2, measured_speed=True))
     record = json.loads(RunLayout(tmp_path / "run").run_file.read_text())
     optim = record["speed"].pop("optim")  # TrainingArguments' default on a CPU: adamw_torch_fused from torch 2.8
@@ -178,7 +229,9 @@ def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corp
     out = capsys.readouterr().out
     assert "speed defaults: kept from the run's start: bf16=False" in out and run.trainer.args.bf16 is False
     fresh = hftrain.train(
-        hftrain.load_recipe(None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2, measured_speed=True))
+        hftrain.load_recipe(
+            None, tiny_recipe(corpus, tmp_path / "fresh", max_steps=2, save_steps=2, measured_speed=True)
+        )
     )
     assert fresh.trainer.args.bf16 is True  # the check can fail: a new run does take the new measurement
 
@@ -186,8 +239,10 @@ def test_a_resumed_run_keeps_the_choices_recorded_at_its_start(make_recipe, corp
 AGREE = """
 import json, os, sys
 from hftrain.parallel import launcher_store
-value = launcher_store.agree("probe", lambda: {"rank": int(os.environ["RANK"])}, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as out:  # one file each: shared stdout interleaves
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+value = launcher_store.agree("probe", lambda: {"rank": rank}, rank, world)
+# one file each: shared stdout interleaves
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as out:
     json.dump(value, out)
 """
 
@@ -197,7 +252,16 @@ def test_every_process_gets_rank_0s_decision(tmp_path):
     """Two DDP ranks deciding bf16 separately could disagree and train on, silently, in mixed precisions."""
     script = tmp_path / "agree.py"
     script.write_text(AGREE, encoding="utf-8")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     values = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -37,7 +37,9 @@ def _ranks(observations: list[dict[str, Any]], world: int) -> None:
     _require(len(observations) == world, f"expected observations from {world} rank(s), got {len(observations)}")
     _require([o["rank"] for o in observations] == list(range(world)), f"ranks {[o['rank'] for o in observations]}")
     for o in observations:
-        _require(o["world_size"] == world, f"rank {o['rank']}: accelerate ran {o['world_size']} process(es), not {world}")
+        _require(
+            o["world_size"] == world, f"rank {o['rank']}: accelerate ran {o['world_size']} process(es), not {world}"
+        )
 
 
 def check_fsdp(observations: list[dict[str, Any]], world: int, when: str = "step_end") -> dict[str, Any]:
@@ -49,14 +51,19 @@ def check_fsdp(observations: list[dict[str, Any]], world: int, when: str = "step
         rank = obs["rank"]
         for name, p in obs[when]["params"].items():
             d = p["dtensor"]
-            _require(d is not None, f"rank {rank}: {name} is a plain {p['class']} of shape {p['shape']}, not a DTensor: not sharded")
+            _require(
+                d is not None,
+                f"rank {rank}: {name} is a plain {p['class']} of shape {p['shape']}, not a DTensor: not sharded",
+            )
             _require(
                 d["placements"] == ["S(0)"] and d["mesh_size"] == world,
-                f"rank {rank}: {name} placed {d['placements']} on a mesh of {d['mesh_size']}, not Shard(0) over {world}",
+                f"rank {rank}: {name} placed {d['placements']} on a "
+                f"mesh of {d['mesh_size']}, not Shard(0) over {world}",
             )
             expected = [shard_rows(p["shape"][0], world, rank), *p["shape"][1:]]
             _require(
-                d["local_shape"] == expected, f"rank {rank}: {name} of shape {p['shape']} holds {d['local_shape']}, expected {expected}"
+                d["local_shape"] == expected,
+                f"rank {rank}: {name} of shape {p['shape']} holds {d['local_shape']}, expected {expected}",
             )
             local[rank] += math.prod(d["local_shape"])
             full += p["numel"] if rank == 0 else 0
@@ -75,11 +82,19 @@ def check_zero3(observations: list[dict[str, Any]], world: int, when: str = "ste
         for name, p in obs[when]["params"].items():
             z = p["zero3"]
             _require(
-                z is not None, f"rank {rank}: {name} has no ds_numel/ds_tensor: not partitioned by ZeRO-3 (a full {p['shape']} tensor)"
+                z is not None,
+                f"rank {rank}: {name} has no ds_numel/ds_tensor: not "
+                f"partitioned by ZeRO-3 (a full {p['shape']} tensor)",
             )
-            _require(z["ds_numel"] == math.prod(z["ds_shape"]), f"rank {rank}: {name} ds_numel {z['ds_numel']} != prod{z['ds_shape']}")
+            _require(
+                z["ds_numel"] == math.prod(z["ds_shape"]),
+                f"rank {rank}: {name} ds_numel {z['ds_numel']} != prod{z['ds_shape']}",
+            )
             expected = -(-z["ds_numel"] // world)
-            _require(z["local_numel"] == expected, f"rank {rank}: {name} holds {z['local_numel']} of {z['ds_numel']}, expected {expected}")
+            _require(
+                z["local_numel"] == expected,
+                f"rank {rank}: {name} holds {z['local_numel']} of {z['ds_numel']}, expected {expected}",
+            )
             if not z["persist"] and world > 1:
                 _require(p["numel"] == 0, f"rank {rank}: {name} is gathered ({p['shape']}) outside a forward pass")
             local[rank] += z["local_numel"]
@@ -93,9 +108,15 @@ def check_fsdp_checkpoint(checkpoint: Path, world: int) -> dict[str, Any]:
     from torch.distributed.checkpoint import FileSystemReader
 
     shards = Path(checkpoint) / FSDP_SHARDS
-    _require(shards.is_dir(), f"{checkpoint} has no {FSDP_SHARDS}/ (it holds {sorted(p.name for p in Path(checkpoint).iterdir())})")
+    _require(
+        shards.is_dir(),
+        f"{checkpoint} has no {FSDP_SHARDS}/ (it holds {sorted(p.name for p in Path(checkpoint).iterdir())})",
+    )
     files = sorted(p.name for p in shards.glob("*.distcp"))
-    _require(files == [f"__{r}_0.distcp" for r in range(world)], f"{shards} holds {files}, expected one __R_0.distcp per rank of {world}")
+    _require(
+        files == [f"__{r}_0.distcp" for r in range(world)],
+        f"{shards} holds {files}, expected one __R_0.distcp per rank of {world}",
+    )
     meta = FileSystemReader(str(shards)).read_metadata()
     where: dict[str, set[str]] = {}
     for index, info in meta.storage_data.items():
@@ -105,8 +126,12 @@ def check_fsdp_checkpoint(checkpoint: Path, world: int) -> dict[str, Any]:
         size = getattr(tensor, "size", None)
         if size is None or len(size) == 0 or size[0] < world:
             continue
-        _require(len(tensor.chunks) == world, f"{fqn}: {len(tensor.chunks)} chunk(s) in the checkpoint, expected {world}")
-        _require(len(where[fqn]) == world, f"{fqn}: stored in {sorted(where[fqn])}, expected one chunk in each rank's file")
+        _require(
+            len(tensor.chunks) == world, f"{fqn}: {len(tensor.chunks)} chunk(s) in the checkpoint, expected {world}"
+        )
+        _require(
+            len(where[fqn]) == world, f"{fqn}: stored in {sorted(where[fqn])}, expected one chunk in each rank's file"
+        )
         sharded += 1
     _require(sharded > 0, f"{shards}: no tensor is stored sharded")
     return {"files": files, "sharded_tensors": sharded}
@@ -118,7 +143,10 @@ def check_zero3_checkpoint(checkpoint: Path, world: int) -> dict[str, Any]:
     import torch
 
     steps = sorted(Path(checkpoint).glob("global_step*"))
-    _require(len(steps) == 1, f"{checkpoint} has {[p.name for p in steps]} instead of one global_stepN/ (not a DeepSpeed checkpoint)")
+    _require(
+        len(steps) == 1,
+        f"{checkpoint} has {[p.name for p in steps]} instead of one global_stepN/ (not a DeepSpeed checkpoint)",
+    )
     files = sorted(p.name for p in steps[0].iterdir())
     sizes = []
     for rank in range(world):
@@ -126,17 +154,26 @@ def check_zero3_checkpoint(checkpoint: Path, world: int) -> dict[str, Any]:
             f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
             [f for f in files if f.endswith(f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")],
         )
-        _require(model_file in files and len(optim) == 1, f"{steps[0]} holds {files}: no model/optimizer states of rank {rank}")
+        _require(
+            model_file in files and len(optim) == 1,
+            f"{steps[0]} holds {files}: no model/optimizer states of rank {rank}",
+        )
         states = torch.load(steps[0] / optim[0], map_location="cpu", weights_only=False)["optimizer_state_dict"]
         _require(
             int(states["zero_stage"]) == 3 and states["partition_count"] == world,
-            f"rank {rank}: ZeRO stage {int(states['zero_stage'])}, partitioned over {states['partition_count']}, not stage 3 over {world}",
+            f"rank {rank}: ZeRO stage {int(states['zero_stage'])}, partitioned over {states['partition_count']}, not "
+            f"stage 3 over {world}",
         )
         sizes.append(sum(t.numel() for t in states["fp32_flat_groups"]))
-    shapes = torch.load(steps[0] / "zero_pp_rank_0_mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["param_shapes"]
+    shapes = torch.load(steps[0] / "zero_pp_rank_0_mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)[
+        "param_shapes"
+    ]
     numels = [math.prod(s) for group in shapes for s in group.values()]
     share = sum(-(-n // world) for n in numels)
-    _require(sizes == [share] * world, f"the ranks' fp32 partitions hold {sizes} elements, expected {share} each of {sum(numels)}")
+    _require(
+        sizes == [share] * world,
+        f"the ranks' fp32 partitions hold {sizes} elements, expected {share} each of {sum(numels)}",
+    )
     return {"files": files, "partition_numel": sizes, "full_numel": sum(numels)}
 
 
@@ -150,9 +187,12 @@ def check_quantized(
     wanted = QUANTIZED_CLASS[method]
     _require(
         bool(layers),
-        f"no bitsandbytes layer in the model: it was loaded unquantized ({len(observation['step_end']['plain_linear'])} plain Linear)",
+        "no bitsandbytes layer in the model: it was loaded unquantized "
+        f"({len(observation['step_end']['plain_linear'])} plain Linear)",
     )
-    projections = [n for n in observation["step_end"]["plain_linear"] if "lora_" not in n and set(n.split(".")) & set(PROJECTIONS)]
+    projections = [
+        n for n in observation["step_end"]["plain_linear"] if "lora_" not in n and set(n.split(".")) & set(PROJECTIONS)
+    ]
     _require(not projections, f"{len(projections)} projection(s) stayed plain Linear, e.g. {projections[:2]}")
     storage = compute_dtype if (method == "qlora" and strategy == "fsdp") else "uint8" if method == "qlora" else "int8"
     stored_bytes = 0
@@ -167,14 +207,16 @@ def check_quantized(
             _require(q["int8_scales"], f"{name}: int8 weight without its scales (SCB)")
         if strategy == "fsdp":
             _require(
-                q["dtensor"] is not None and q["dtensor"]["mesh_size"] == world, f"{name}: quantized weight not sharded over {world} ranks"
+                q["dtensor"] is not None and q["dtensor"]["mesh_size"] == world,
+                f"{name}: quantized weight not sharded over {world} ranks",
             )
     full = sum(q["in_features"] * q["out_features"] for q in layers.values())
     packed = full / 2 if method == "qlora" else full  # bytes of the whole quantized weights
     shards = world if strategy == "fsdp" else 1  # DDP and one process hold a whole copy
     _require(
         stored_bytes <= math.ceil(packed / shards) + 64 * len(layers),
-        f"{stored_bytes} bytes of quantized weights on this rank, expected {packed / shards:.0f} (packed, /{shards} shard(s))",
+        f"{stored_bytes} bytes of quantized weights on this rank, "
+        f"expected {packed / shards:.0f} (packed, /{shards} shard(s))",
     )
     return {
         "layers": len(layers),

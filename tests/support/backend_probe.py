@@ -2,7 +2,8 @@
 that trains a recipe under a backend with it (hftrain's own CPU rehearsal launch, or accelerate on GPUs).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/support/backend_probe.py RECIPE.yaml PROBE_DIR
-    accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes N tests/support/backend_probe.py RECIPE.yaml PROBE_DIR
+    accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes N \
+        tests/support/backend_probe.py RECIPE.yaml PROBE_DIR
 
 Each rank writes PROBE_DIR/rank{R}.json: accelerate's distributed type and process count, and per parameter its
 class, shape and dtype, the DTensor placements and local shard (FSDP2), the ZeRO-3 partition (ds_numel, local
@@ -31,7 +32,11 @@ def _dtensor(p: Any) -> dict[str, Any] | None:
     t = p if isinstance(p, DTensor) else getattr(p, "data", None)
     if not isinstance(t, DTensor):
         return None
-    return {"local_shape": list(t.to_local().shape), "placements": [str(x) for x in t.placements], "mesh_size": t.device_mesh.size()}
+    return {
+        "local_shape": list(t.to_local().shape),
+        "placements": [str(x) for x in t.placements],
+        "mesh_size": t.device_mesh.size(),
+    }
 
 
 def _zero3(p: Any) -> dict[str, Any] | None:
@@ -124,7 +129,9 @@ class Inspector(TrainerCallback):
         from accelerate.state import AcceleratorState
 
         self.seen.update(
-            rank=args.process_index, world_size=AcceleratorState._shared_state.get("num_processes"), distributed_type=_distributed_type()
+            rank=args.process_index,
+            world_size=AcceleratorState._shared_state.get("num_processes"),
+            distributed_type=_distributed_type(),
         )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{self.seen['rank']}.json").write_text(json.dumps(self.seen, indent=1), encoding="utf-8")
@@ -136,10 +143,16 @@ def load_observations(probe_dir: Path) -> list[dict[str, Any]]:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    return {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        **extra,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
-def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc: int) -> tuple[list[str], dict[str, str]]:
+def probe_command(
+    recipe_file: Path, probe_dir: Path, backend: str | None, nproc: int
+) -> tuple[list[str], dict[str, str]]:
     """How to train RECIPE_FILE with the Inspector: one plain process (backend None); with CUDA, accelerate launch
     with the shipped config of BACKEND; without, hftrain's CPU rehearsal (torchrun, gloo, cpu_launch's environment)."""
     import torch
@@ -152,16 +165,25 @@ def probe_command(recipe_file: Path, probe_dir: Path, backend: str | None, nproc
         return [sys.executable, *script], _env({})
     config = str(find_config(backend).resolve())
     if torch.cuda.is_available():
-        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", str(nproc), *script], _env(
-            {}
-        )
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            config,
+            "--num_processes",
+            str(nproc),
+            *script,
+        ], _env({})
     env = _env({rehearsal.REHEARSAL_ENV: backend, rehearsal.CONFIG_ENV: config, "OMP_NUM_THREADS": "1"})
     if backend == "zero3":
         env["DS_ACCELERATOR"] = "cpu"
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *script], env
 
 
-def run_probe(recipe_file: Path, probe_dir: Path, backend: str | None, nproc: int = 2, timeout: int = 600) -> list[dict[str, Any]]:
+def run_probe(
+    recipe_file: Path, probe_dir: Path, backend: str | None, nproc: int = 2, timeout: int = 600
+) -> list[dict[str, Any]]:
     """Train RECIPE_FILE with the Inspector (see probe_command); returns the observations of every rank."""
     cmd, env = probe_command(recipe_file, probe_dir, backend, nproc)
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)

@@ -18,7 +18,11 @@ from hftrain.checkpoint.layout import TRAINER_STATE_FILE, RunLayout
 
 def tree_digest(root: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under `root`: what "left byte-identical" compares."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ---------------------------------------------------------------------------------------------- losses
@@ -84,8 +88,11 @@ def copy_checkpoint(run_dir: Path, new_dir: Path, checkpoint: str) -> None:
         (shutil.copytree if (run_dir / name).is_dir() else shutil.copy)(run_dir / name, new_dir / name)
 
 
-def assert_resumed_matches(straight: dict[int, float], resumed: dict[int, float], steps: Iterable[int], label: Any = None) -> None:
-    """The straight-vs-resumed check: at every one of `steps`, the resumed run's loss is the straight run's (rel 1e-5)."""
+def assert_resumed_matches(
+    straight: dict[int, float], resumed: dict[int, float], steps: Iterable[int], label: Any = None
+) -> None:
+    """The straight-vs-resumed check: at every one of `steps`, the resumed run's loss is the straight run's (rel
+    1e-5)."""
     for step in steps:
         assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step if label is None else (label, step)
 

@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root
 EXPECTED_TYPE = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "zero3": "DEEPSPEED"}
 
 
-def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run `python -m hftrain ARGS` as a user would, capturing output. One that runs past `timeout` fails the test
     with where it was: its process group gets SIGABRT, on which Python's faulthandler (on here) prints every
     thread's stack, then SIGKILL; the test shows the end of its output (a training rank's own stall report,
@@ -42,7 +44,8 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600, env: dict[str, str
         except subprocess.TimeoutExpired:
             out, err = _stacks_then_stop(process)
             raise AssertionError(
-                f"`hftrain {' '.join(args)}` ran past {timeout} s.\n--- stdout (end) ---\n{out[-12000:]}\n--- stderr (end) ---\n{err[-12000:]}"
+                f"`hftrain {' '.join(args)}` ran past {timeout} s.\n--- stdout (end) ---\n{out[-12000:]}\n--- stderr "
+                f"(end) ---\n{err[-12000:]}"
             ) from None
     return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
@@ -129,7 +132,9 @@ def messages(stderr: str) -> list[str]:
 
 def launch(recipe: Path, backend: str, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     """`hftrain train RECIPE` with 2 processes on `backend` into `out`; asserts it succeeded."""
-    result = run_cli("train", str(recipe), "--accelerate-config", backend, "--nproc", "2", f"training.output_dir={out}", *overrides)
+    result = run_cli(
+        "train", str(recipe), "--accelerate-config", backend, "--nproc", "2", f"training.output_dir={out}", *overrides
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -149,7 +154,11 @@ def in_background(call: Callable[[], T]) -> Future[T]:
 def selected_params(request, test_name: str) -> list[dict]:
     """The parameters of every case of `test_name` (in the requesting module) this session will run: what a
     module fixture starts at once, in_background, so that deselected cases cost nothing."""
-    return [item.callspec.params for item in request.session.items if item.module is request.module and item.originalname == test_name]
+    return [
+        item.callspec.params
+        for item in request.session.items
+        if item.module is request.module and item.originalname == test_name
+    ]
 
 
 def kill_family(proc: subprocess.Popen) -> None:

@@ -95,8 +95,14 @@ def finetune_recipe(base, tmp_path, method, **training):
         "model": {"from_pretrained": str(base)},
         "tokenizer": {"path": str(base)},
         "data": {
-            "train": {"path": str(write_examples(tmp_path / "train.jsonl", instructions(400, 1))), "format": "prompt_completion"},
-            "validation": {"path": str(write_examples(tmp_path / "held.jsonl", instructions(40, 2))), "format": "prompt_completion"},
+            "train": {
+                "path": str(write_examples(tmp_path / "train.jsonl", instructions(400, 1))),
+                "format": "prompt_completion",
+            },
+            "validation": {
+                "path": str(write_examples(tmp_path / "held.jsonl", instructions(40, 2))),
+                "format": "prompt_completion",
+            },
             "seq_len": 64,
             "eval_blocks": 16,
         },

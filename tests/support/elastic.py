@@ -42,17 +42,27 @@ def gathered_state(model: Any, optimizer: Any) -> dict[str, dict[str, torch.Tens
     from torch.distributed.tensor import DTensor
 
     if isinstance(first, DTensor):  # FSDP2
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(model, options=options)
         optim = get_optimizer_state_dict(model, torch_optimizer, options=options).get("state")
         if not optim:  # full state dicts offloaded to the CPU are rank 0's only
             return {}
-        return {n: {"param": weights[n].clone(), **{k: torch.as_tensor(optim[n][k]).clone() for k in (*KEYS, "step")}} for n in params}
+        return {
+            n: {"param": weights[n].clone(), **{k: torch.as_tensor(optim[n][k]).clone() for k in (*KEYS, "step")}}
+            for n in params
+        }
     state = torch_optimizer.state
     return {
-        n: {"param": p.detach().cpu().clone(), **{k: torch.as_tensor(state[p][k]).cpu().clone() for k in (*KEYS, "step")}}
+        n: {
+            "param": p.detach().cpu().clone(),
+            **{k: torch.as_tensor(state[p][k]).cpu().clone() for k in (*KEYS, "step")},
+        }
         for n, p in params.items()
     }
 
@@ -94,7 +104,14 @@ def main(argv: list[str]) -> None:
 
 
 def run_dumping(
-    recipe: Path, backend: str, nproc: int, out: Path, prefix: Path, events: str, *overrides: str, expect_ok: bool = True
+    recipe: Path,
+    backend: str,
+    nproc: int,
+    out: Path,
+    prefix: Path,
+    events: str,
+    *overrides: str,
+    expect_ok: bool = True,
 ) -> subprocess.CompletedProcess:
     """Train `recipe` into `out` on `backend` (single | ddp | fsdp | zero3) with `nproc` processes, dumping the
     state at `events` (see DumpState)."""

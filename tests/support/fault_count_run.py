@@ -44,7 +44,13 @@ raw = tiny_recipe(
     logging_steps=12,
     save_steps=1000,
 )
-raw["model"] = {"preset": "cpu-small", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512}
+raw["model"] = {
+    "preset": "cpu-small",
+    "num_hidden_layers": 4,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "intermediate_size": 512,
+}
 raw["data"]["seq_len"] = 64
 raw["monitor"]["sample_max_new_tokens"] = 0
 faults = Faults()

@@ -52,7 +52,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # quiet
         pass
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json", extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, ctype: str = "application/json", extra: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -66,7 +68,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(obj).encode())
 
     def _not_found(self, what: str) -> None:
-        self._json({"error": {"code": 404, "message": f"No such object: {what}", "errors": [{"reason": "notFound"}]}}, 404)
+        self._json(
+            {"error": {"code": 404, "message": f"No such object: {what}", "errors": [{"reason": "notFound"}]}}, 404
+        )
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -136,7 +140,12 @@ class _Handler(BaseHTTPRequestHandler):
         end = min(int(last), len(data) - 1) if first and last else len(data) - 1
         if start >= len(data):
             return self._send(416, b"", extra={"Content-Range": f"bytes */{len(data)}"})
-        self._send(206, data[start : end + 1], "application/octet-stream", {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
+        self._send(
+            206,
+            data[start : end + 1],
+            "application/octet-stream",
+            {"Content-Range": f"bytes {start}-{end}/{len(data)}"},
+        )
 
 
 class _Server(ThreadingHTTPServer):

@@ -81,7 +81,18 @@ from .hub_client import ClientSetup
 from .hub_downloads import DownloadEndpoints
 from .hub_http import Handler, HubError, Request, Response, check_path, json_response
 from .hub_repos import RepoEndpoints
-from .hub_storage import API_SEGMENT, GITATTRIBUTES, REPO_NAME, REPO_TYPES, URL_PREFIX, Blob, Commit, Repo, RequestRecord, now
+from .hub_storage import (
+    API_SEGMENT,
+    GITATTRIBUTES,
+    REPO_NAME,
+    REPO_TYPES,
+    URL_PREFIX,
+    Blob,
+    Commit,
+    Repo,
+    RequestRecord,
+    now,
+)
 from .hub_uploads import UploadEndpoints
 
 __all__ = ["Blob", "Commit", "LocalHub", "Repo", "RequestRecord", "local_hub"]
@@ -95,7 +106,9 @@ class LocalHub(ClientSetup, RepoEndpoints, UploadEndpoints, DownloadEndpoints):
     models, `datasets/ns/name` for datasets); `hub.requests` one `RequestRecord` per request answered.
     """
 
-    def __init__(self, *, username: str = "local-user", valid_tokens: set[str] | None = None, lfs_threshold: int | None = None) -> None:
+    def __init__(
+        self, *, username: str = "local-user", valid_tokens: set[str] | None = None, lfs_threshold: int | None = None
+    ) -> None:
         self.username = username
         self.valid_tokens = set(valid_tokens) if valid_tokens is not None else None
         self.lfs_threshold = lfs_threshold
@@ -121,7 +134,9 @@ class LocalHub(ClientSetup, RepoEndpoints, UploadEndpoints, DownloadEndpoints):
         server.daemon_threads = True
         self._server = server
         self._tmpdir = tempfile.mkdtemp(prefix="localhub-")
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="LocalHub", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="LocalHub", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -180,7 +195,9 @@ class LocalHub(ClientSetup, RepoEndpoints, UploadEndpoints, DownloadEndpoints):
             if (repo_type, repo_id) in self._repos:
                 return self._repos[(repo_type, repo_id)]
             repo = Repo(repo_type, repo_id, private, now(), secrets.token_hex(12))
-            first = self._make_commit(repo, None, {".gitattributes": Blob(GITATTRIBUTES)}, "initial commit", "", "system")
+            first = self._make_commit(
+                repo, None, {".gitattributes": Blob(GITATTRIBUTES)}, "initial commit", "", "system"
+            )
             repo.branches["main"] = first.id
             self._repos[(repo_type, repo_id)] = repo
             return repo
@@ -225,7 +242,12 @@ class LocalHub(ClientSetup, RepoEndpoints, UploadEndpoints, DownloadEndpoints):
         repo_type, rest = ("dataset", segs[1:]) if segs and segs[0] == "datasets" else ("model", segs)
         if len(rest) >= 4 and rest[2] == "resolve" and req.method in ("GET", "HEAD"):
             return self._resolve(req, repo_type, f"{rest[0]}/{rest[1]}", rest[3], "/".join(rest[4:]))
-        if len(rest) == 6 and rest[1].endswith(".git") and rest[2:] == ["info", "lfs", "objects", "batch"] and req.method == "POST":
+        if (
+            len(rest) == 6
+            and rest[1].endswith(".git")
+            and rest[2:] == ["info", "lfs", "objects", "batch"]
+            and req.method == "POST"
+        ):
             return self._lfs_batch(req, repo_type, f"{rest[0]}/{rest[1][: -len('.git')]}")
         return self._not_emulated(req)
 
@@ -314,12 +336,16 @@ class LocalHub(ClientSetup, RepoEndpoints, UploadEndpoints, DownloadEndpoints):
             raise HubError(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
         return repo.commits[repo.branches[branch]]
 
-    def _make_commit(self, repo: Repo, parent: str | None, files: dict[str, Blob], title: str, message: str, author: str) -> Commit:
+    def _make_commit(
+        self, repo: Repo, parent: str | None, files: dict[str, Blob], title: str, message: str, author: str
+    ) -> Commit:
         date = now()
         tree = hashlib.sha1("".join(f"{p}\0{b.oid}\n" for p, b in sorted(files.items())).encode()).hexdigest()
         text = f"tree {tree}\n"
         text += f"parent {parent}\n" if parent else ""
-        text += f"author {author} {date.timestamp():.6f} +0000\nx-localhub-seq {next(self._seq)}\n\n{title}\n\n{message}"
+        text += (
+            f"author {author} {date.timestamp():.6f} +0000\nx-localhub-seq {next(self._seq)}\n\n{title}\n\n{message}"
+        )
         raw = text.encode()
         commit_id = hashlib.sha1(b"commit %d\0" % len(raw) + raw).hexdigest()
         commit = Commit(commit_id, (parent,) if parent else (), dict(files), title, message, author, date)

@@ -45,7 +45,9 @@ class ClientSetup:
 
         endpoint = self.endpoint
         monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(
+            constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+        )
         monkeypatch.setattr(constants, "HF_URL_HOSTS", frozenset(constants.HF_URL_HOSTS | {"127.0.0.1"}))
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
@@ -70,7 +72,11 @@ class ClientSetup:
             transformers_hub._hf_api = None  # type: ignore[union-attr]
 
     def subprocess_env(
-        self, *, token: str | None = None, cache_dir: str | os.PathLike | None = None, base: Mapping[str, str] | None = None
+        self,
+        *,
+        token: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        base: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """Environment for a child process (e.g. `python -c ...`) that should talk to this hub.
 

@@ -26,7 +26,11 @@ class DownloadEndpoints:
             if blobs:
                 sibling.update(size=blob.size, blobId=blob.oid)
                 if blob.lfs_sha256 is not None:
-                    sibling["lfs"] = {"size": blob.size, "sha256": blob.lfs_sha256, "pointerSize": len(blob.pointer or b"")}
+                    sibling["lfs"] = {
+                        "size": blob.size,
+                        "sha256": blob.lfs_sha256,
+                        "pointerSize": len(blob.pointer or b""),
+                    }
             siblings.append(sibling)
         return json_response(
             {
@@ -111,7 +115,9 @@ class DownloadEndpoints:
             else:  # suffix range: the last N bytes
                 start, end = max(size - int(match.group(2)), 0), size - 1
             if start >= size or start > end:
-                raise HubError(416, f"Range {range_header!r} not satisfiable", headers={"Content-Range": f"bytes */{size}"})
+                raise HubError(
+                    416, f"Range {range_header!r} not satisfiable", headers={"Content-Range": f"bytes */{size}"}
+                )
             data, status = data[start : end + 1], 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         return Response(status, data, headers)

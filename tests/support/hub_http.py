@@ -16,10 +16,16 @@ if TYPE_CHECKING:
 
 
 class HubError(Exception):
-    """An error answer: JSON {"error": message}, with the `X-Error-Code` / `X-Error-Message` headers the client reads."""
+    """An error answer: JSON {"error": message}, with the `X-Error-Code` / `X-Error-Message` headers the client
+    reads."""
 
     def __init__(
-        self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, dict(headers or {})

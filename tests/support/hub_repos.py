@@ -73,7 +73,9 @@ class RepoEndpoints:
     def _refs(self, req: Request, repo_type: str, repo_id: str) -> Response:
         with self._lock:
             repo = self._read_repo(req, repo_type, repo_id)
-            branches = [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c} for n, c in sorted(repo.branches.items())]
+            branches = [
+                {"name": n, "ref": f"refs/heads/{n}", "targetCommit": c} for n, c in sorted(repo.branches.items())
+            ]
             tags = [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c} for n, c in sorted(repo.tags.items())]
         return json_response({"branches": branches, "converts": [], "tags": tags, "pullRequests": []})
 
@@ -84,7 +86,13 @@ class RepoEndpoints:
             history = repo.history(revision)
         return json_response(
             [
-                {"id": c.id, "title": c.title, "message": c.message, "authors": [{"user": c.author, "avatar": ""}], "date": iso(c.date)}
+                {
+                    "id": c.id,
+                    "title": c.title,
+                    "message": c.message,
+                    "authors": [{"user": c.author, "avatar": ""}],
+                    "date": iso(c.date),
+                }
                 for c in history
             ]
         )

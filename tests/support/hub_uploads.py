@@ -59,7 +59,9 @@ class UploadEndpoints:
                 if key != "header":
                     self._apply_operation(repo, tree, key, value)
             branch = revision[len("refs/heads/") :] if revision.startswith("refs/heads/") else revision
-            commit = self._make_commit(repo, head.id, tree, header["summary"], header.get("description") or "", self.username)
+            commit = self._make_commit(
+                repo, head.id, tree, header["summary"], header.get("description") or "", self.username
+            )
             repo.branches[branch] = commit.id
         return json_response(
             {
@@ -119,7 +121,9 @@ class UploadEndpoints:
                 self._lfs_uploads[key] = ((repo_type, repo_id), oid, size)
                 href = f"{self.endpoint}/__lfs/upload/{key}"
                 objects.append({"oid": oid, "size": size, "authenticated": True, "actions": {"upload": {"href": href}}})
-        return json_response({"transfer": "basic", "objects": objects}, headers={"Content-Type": "application/vnd.git-lfs+json"})
+        return json_response(
+            {"transfer": "basic", "objects": objects}, headers={"Content-Type": "application/vnd.git-lfs+json"}
+        )
 
     def _lfs_put(self, req: Request, key: str) -> Response:
         # The upload URL is the credential (like a pre-signed S3 URL): the client sends no Authorization here.

@@ -1,4 +1,5 @@
-"""`python -m tests.support.lock_holder DIR KEY`: another launch that owns DIR (as a run or a prepare would) until killed."""
+"""`python -m tests.support.lock_holder DIR KEY`: another launch that owns DIR (as a run or a prepare would) until
+killed."""
 
 import sys
 import time

@@ -86,7 +86,9 @@ def backend_run(sharded_yaml: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
     def get(backend: str, nproc: int) -> Path:
         if (backend, nproc) not in runs:
-            runs[backend, nproc] = built_once(tmp_path_factory, f"backend-{backend}-x{nproc}", lambda f: build(backend, nproc, f))
+            runs[backend, nproc] = built_once(
+                tmp_path_factory, f"backend-{backend}-x{nproc}", lambda f: build(backend, nproc, f)
+            )
         return runs[backend, nproc]
 
     return get
@@ -97,14 +99,18 @@ FINETUNE_STEPS = 6
 
 def finetune_recipe_file(base: Path, folder: Path, method: str, **training) -> Path:
     """folder/METHOD.yaml: FINETUNE_STEPS steps of `method` on `base`, logging every step, saving at the end."""
-    raw = finetune_recipe(base, folder, method, max_steps=FINETUNE_STEPS, save_steps=FINETUNE_STEPS, logging_steps=1, **training)
+    raw = finetune_recipe(
+        base, folder, method, max_steps=FINETUNE_STEPS, save_steps=FINETUNE_STEPS, logging_steps=1, **training
+    )
     path = folder / f"{method}.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path
 
 
 @pytest.fixture(scope="session")
-def finetune_probe(pretrained_run, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], tuple[list[dict], Path]]:
+def finetune_probe(
+    pretrained_run, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, str], tuple[list[dict], Path]]:
     """finetune_probe("qlora", "fsdp") -> (every rank's observations, the folder whose `out` is the run directory),
     launched at its first use."""
     runs: dict[tuple[str, str], tuple[list[dict], Path]] = {}
@@ -128,7 +134,12 @@ def long_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _write_long(root: Path) -> Path:
-    raw = tiny_recipe(write_jsonl(root / "docs.jsonl", make_documents(400)), root / "unused", max_steps=LONG_STEPS, save_steps=LONG_SAVE)
+    raw = tiny_recipe(
+        write_jsonl(root / "docs.jsonl", make_documents(400)),
+        root / "unused",
+        max_steps=LONG_STEPS,
+        save_steps=LONG_SAVE,
+    )
     raw["monitor"]["sample_max_new_tokens"] = 0
     path = root / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")

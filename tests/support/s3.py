@@ -57,7 +57,9 @@ class S3Endpoint:
         addressing overrides, SSO) can't interfere, the EC2 metadata lookup is off (no wait for a missing
         IMDS), and 127.0.0.1 is added to NO_PROXY so an HTTP(S)_PROXY of the machine is not used for it.
         """
-        no_proxy = ",".join(p for p in [os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or "", "127.0.0.1,localhost"] if p)
+        no_proxy = ",".join(
+            p for p in [os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or "", "127.0.0.1,localhost"] if p
+        )
         return {
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_ENDPOINT_URL_S3": self.endpoint_url,
@@ -74,7 +76,11 @@ class S3Endpoint:
 
     def storage_options(self) -> dict[str, Any]:
         """Explicit fsspec/s3fs options for this endpoint (``S3FileSystem(**storage_options())``)."""
-        return {"key": self.key, "secret": self.secret, "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": self.region}}
+        return {
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": self.region},
+        }
 
     def client(self) -> Any:
         """A boto3 S3 client with this endpoint given explicitly (independent of os.environ)."""

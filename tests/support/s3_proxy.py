@@ -41,7 +41,16 @@ _S3_ERRORS = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "expect"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+}
 
 
 @dataclass
@@ -299,7 +308,9 @@ class FaultProxy:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _response_head(status: int, reason: str, headers: list[tuple[str, str]], method: str, body_len: int, keep_alive: bool) -> bytes:
+    def _response_head(
+        status: int, reason: str, headers: list[tuple[str, str]], method: str, body_len: int, keep_alive: bool
+    ) -> bytes:
         lines = [f"HTTP/1.1 {status} {reason}"]
         for name, value in headers:
             low = name.lower()

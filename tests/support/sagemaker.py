@@ -60,7 +60,9 @@ def make_role(iam: Any) -> str:
     """An execution role in moto's IAM (the SDK resolves a role name or ARN by reading it back)."""
     trust = {
         "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ],
     }
     try:
         return iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
@@ -78,7 +80,9 @@ def job_environment(root: Path, hyperparameters: dict[str, str], channels: dict[
         "SM_MODEL_DIR": str(ml / "model"),
         "SM_OUTPUT_DATA_DIR": str(ml / "output" / "data"),
         "SM_HPS": json.dumps(hyperparameters),
-        "SM_TRAINING_ENV": json.dumps({"hyperparameters": hyperparameters, "current_host": "algo-1", "hosts": ["algo-1"]}),
+        "SM_TRAINING_ENV": json.dumps(
+            {"hyperparameters": hyperparameters, "current_host": "algo-1", "hosts": ["algo-1"]}
+        ),
         "SM_CURRENT_HOST": "algo-1",
         "SM_HOSTS": json.dumps(["algo-1"]),
         "HFTRAIN_SAGEMAKER_CHECKPOINTS": str(ml / "checkpoints"),

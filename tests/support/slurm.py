@@ -56,7 +56,9 @@ class Slurm:
         return result.stdout
 
     def sbatch(self, script: Path, cwd: Path) -> str:
-        result = subprocess.run(["sbatch", "--parsable", str(script)], cwd=cwd, env=self.env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            ["sbatch", "--parsable", str(script)], cwd=cwd, env=self.env, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout.strip().split(";")[0]
 
@@ -83,7 +85,9 @@ def start_slurm(root: Path, agents: int = 0) -> Slurm:
     the way a cluster's nodes are N machines."""
     assert os.geteuid() == 0, "the SLURM test runs its daemons as root (SlurmUser=root)"
     for tool in ("munged", "slurmctld", "slurmd", "sbatch"):
-        assert subprocess.run(["which", tool], capture_output=True).returncode == 0, f"{tool} is missing: run scripts/install_test_deps.sh"
+        assert subprocess.run(["which", tool], capture_output=True).returncode == 0, (
+            f"{tool} is missing: run scripts/install_test_deps.sh"
+        )
     if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode != 0:
         for d in ("/etc/munge", "/run/munge", "/var/log/munge", "/var/lib/munge"):
             os.makedirs(d, exist_ok=True)
@@ -91,7 +95,9 @@ def start_slurm(root: Path, agents: int = 0) -> Slurm:
         if not key.is_file():
             key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        subprocess.run(["chown", "-R", "munge:munge", "/etc/munge", "/run/munge", "/var/log/munge", "/var/lib/munge"], check=True)
+        subprocess.run(
+            ["chown", "-R", "munge:munge", "/etc/munge", "/run/munge", "/var/log/munge", "/var/lib/munge"], check=True
+        )
         subprocess.run(["munged", "--force"], check=True, capture_output=True)
     host = socket.gethostname().split(".")[0]
     names = [f"agent{k}" for k in range(1, agents + 1)] or [host]
@@ -106,12 +112,16 @@ def start_slurm(root: Path, agents: int = 0) -> Slurm:
         (spool / name).mkdir()
     if agents:
         nodes = "\n".join(
-            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 RealMemory=4000 State=UNKNOWN" for n in names
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 "
+            f"Port={_free_port()} CPUs=1 RealMemory=4000 State=UNKNOWN"
+            for n in names
         )
     else:
         nodes = f"NodeName={host} CPUs={os.cpu_count() or 2} RealMemory=4000 Port={_free_port()} State=UNKNOWN"
     conf = root / "slurm.conf"
-    conf.write_text(CONF.format(host=host, root=root, spool=spool, ctld_port=_free_port(), nodes=nodes, names=",".join(names)))
+    conf.write_text(
+        CONF.format(host=host, root=root, spool=spool, ctld_port=_free_port(), nodes=nodes, names=",".join(names))
+    )
     slurm = Slurm(root, {**os.environ, "SLURM_CONF": str(conf)})
     subprocess.run(["slurmctld", "-f", str(conf)], env=slurm.env, check=True)
     for name in names:
@@ -119,7 +129,9 @@ def start_slurm(root: Path, agents: int = 0) -> Slurm:
     deadline = time.monotonic() + 60
 
     def idle() -> bool:
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=slurm.env, capture_output=True, text=True).stdout.split()
+        states = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"], env=slurm.env, capture_output=True, text=True
+        ).stdout.split()
         return len(states) == len(names) and all(s == "idle" for s in states)
 
     while not idle():

@@ -31,7 +31,9 @@ class HostReads(TorchDispatchMode):
         name = str(func.overloadpacket)
         if name.endswith("_local_scalar_dense"):
             self.count["value reads"] += 1
-        elif name.endswith(("copy_", "_to_copy")) and any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
+        elif name.endswith(("copy_", "_to_copy")) and any(
+            isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args
+        ):
             out_device = kwargs.get("device") if kwargs else None
             if (out_device is not None and torch.device(out_device).type == "cpu") or (
                 name.endswith("copy_") and args[0].device.type == "cpu"
@@ -52,7 +54,11 @@ class Watch(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         graph_breaks = sum(counters["graph_break"].values())
-        self.compiled_at[state.global_step] = (graph_breaks, counters["frames"]["total"], counters["stats"]["unique_graphs"])
+        self.compiled_at[state.global_step] = (
+            graph_breaks,
+            counters["frames"]["total"],
+            counters["stats"]["unique_graphs"],
+        )
 
     def on_train_end(self, args, state, control, **kwargs):
         self.reads.__exit__(None, None, None)
@@ -76,9 +82,13 @@ COMPILED = dict(torch_compile=True, torch_compile_backend="aot_eager")  # traces
 def plain_trainer_reads(config: GPTNeoXConfig, seq_len: int, tmp_path) -> int:
     """The plain Trainer at its fewest reads (logging_nan_inf_filter off) on the same model, batch and steps."""
     torch.manual_seed(0)
-    ids = torch.randint(0, config.vocab_size, (STEPS * ACCUMULATION * BATCH, seq_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, config.vocab_size, (STEPS * ACCUMULATION * BATCH, seq_len), generator=torch.Generator().manual_seed(0)
+    )
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(output_dir=str(tmp_path / "plain"), use_cpu=True, save_strategy="no", logging_nan_inf_filter=False, **COMMON)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "plain"), use_cpu=True, save_strategy="no", logging_nan_inf_filter=False, **COMMON
+    )
     watch = Watch()
     Trainer(model=GPTNeoXForCausalLM(config), args=args, train_dataset=data, callbacks=[watch]).train()
     return watch.total
@@ -100,7 +110,10 @@ def test_a_training_step_reads_back_no_more_than_the_plain_trainer(tmp_path, cor
     model = run.trainer.accelerator.unwrap_model(run.trainer.model)
     config = GPTNeoXConfig(**{**model.config.to_dict(), "attn_implementation": "sdpa", "use_cache": False})
     plain = plain_trainer_reads(config, raw["data"]["seq_len"], tmp_path)
-    print(f"host reads over {STEPS} steps x {ACCUMULATION} micro-batches: hftrain {dict(watch.reads.count)}, plain Trainer {plain}")
+    print(
+        f"host reads over {STEPS} steps x {ACCUMULATION} micro-batches: "
+        f"hftrain {dict(watch.reads.count)}, plain Trainer {plain}"
+    )
     assert watch.total <= plain
 
 
@@ -108,12 +121,16 @@ def test_a_compiled_run_has_no_mask_no_graph_break_and_compiles_once(tmp_path, c
     torch._dynamo.reset()
     counters.clear()
     watch = Watch()
-    watch.on_train_begin = watch.on_train_end = lambda *args, **kwargs: None  # no dispatch mode: it would keep compile out
+    watch.on_train_begin = watch.on_train_end = lambda *args, **kwargs: (
+        None
+    )  # no dispatch mode: it would keep compile out
     raw = tiny_recipe(corpus, tmp_path / "run", save_steps=100, eval_strategy="no", **COMMON, **COMPILED)
     raw["monitor"]["sample_max_new_tokens"] = 0
     run = hftrain.train(hftrain.load_recipe(None, raw), callbacks=[watch])
     model = run.trainer.accelerator.unwrap_model(run.trainer.model)
-    assert model.config._attn_implementation == attention.CAUSAL_SDPA  # SDPA with is_causal (tests/model/test_attention.py)
+    assert (
+        model.config._attn_implementation == attention.CAUSAL_SDPA
+    )  # SDPA with is_causal (tests/model/test_attention.py)
     breaks, frames, graphs = watch.compiled_at[STEPS]
     assert graphs >= 1 and frames >= 1, watch.compiled_at  # the counters do count this run's compile
     assert breaks == 0, dict(counters["graph_break"])

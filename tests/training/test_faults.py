@@ -29,7 +29,9 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     cmd = [sys.executable, "-m", "hftrain", "train", str(recipe)]
 
     interrupted = tmp_path / "interrupted"
-    proc = subprocess.Popen([*cmd, f"training.output_dir={interrupted}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cmd, f"training.output_dir={interrupted}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     metrics = RunLayout(interrupted).metrics
     deadline = time.time() + 300
     while (not metrics.exists() or len(metrics.read_text().splitlines()) < 10) and time.time() < deadline:
@@ -42,7 +44,9 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
     assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
 
-    again = run_in_process("train", str(recipe), f"training.output_dir={interrupted}")  # the resume: a new start, in this process
+    again = run_in_process(
+        "train", str(recipe), f"training.output_dir={interrupted}"
+    )  # the resume: a new start, in this process
     assert again.returncode == 0, again.stderr[-2000:]
     straight = tmp_path / "straight"
     done = run_in_process("train", str(recipe), f"training.output_dir={straight}")
@@ -77,14 +81,18 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     cmd = [sys.executable, "-m", "hftrain", "train", str(recipe)]
     killed_at = random.Random().randint(k + 1, 60)  # the test picks the step
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([*cmd, f"training.output_dir={run_dir}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*cmd, f"training.output_dir={run_dir}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _wait_for_step(RunLayout(run_dir).metrics, killed_at, proc)
     proc.kill()  # SIGKILL: no handler runs
     proc.wait()
     survivor = ckpt.latest_checkpoint(run_dir)
     lost = killed_at - int(survivor.name.split("-")[1])
     assert 0 <= lost <= k + 1, (killed_at, survivor)  # +1: the kill may land a step after the one observed
-    again = run_in_process("train", str(recipe), f"training.output_dir={run_dir}")  # the resume: a new start, in this process
+    again = run_in_process(
+        "train", str(recipe), f"training.output_dir={run_dir}"
+    )  # the resume: a new start, in this process
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {survivor}" in again.stdout
     straight = run_in_process("train", str(recipe), f"training.output_dir={tmp_path / 'straight'}")
@@ -137,7 +145,10 @@ def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path):
 FULL_DISK = {  # what each writer raises when the disk fills: safetensors (an OSError), torch.save (a RuntimeError)
     "weights": (OSError(28, "No space left on device"), "(No space left on device)"),
     "optimizer": (
-        RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/3: file write failed"),
+        RuntimeError(
+            "[enforce fail at inline_container.cc:664] . PytorchStreamWriter "
+            "failed writing file data/3: file write failed"
+        ),
         "(the disk is full or refused a write: RuntimeError: [enforce fail",
     ),
 }
@@ -224,7 +235,16 @@ def test_max_restarts_resumes_after_a_crash(tmp_path):
     recipe = _recipe_file(tmp_path, max_steps=60, save_steps=10, logging_steps=1)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hftrain", "train", str(recipe), "--max-restarts", "2", f"training.output_dir={run_dir}"],
+        [
+            sys.executable,
+            "-m",
+            "hftrain",
+            "train",
+            str(recipe),
+            "--max-restarts",
+            "2",
+            f"training.output_dir={run_dir}",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -250,7 +270,10 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     bucket = s3.make_bucket()
     docs = make_documents(600)
     for i in range(4):
-        s3.put(f"{bucket}/c/part-{i}.jsonl.gz", gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[i::4]).encode()))
+        s3.put(
+            f"{bucket}/c/part-{i}.jsonl.gz",
+            gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs[i::4]).encode()),
+        )
     raw = tiny_recipe(tmp_path / "unused", tmp_path / "unused", max_steps=40, save_steps=5, logging_steps=1)
     raw["data"]["train"] = {"path": f"s3://{bucket}/c/*.jsonl.gz"}
     recipe = tmp_path / "r.yaml"
@@ -260,13 +283,19 @@ def test_kill_9_of_a_two_process_run_streaming_from_s3(tmp_path, s3):
     env = {**os.environ, **s3.env()}
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(
-        [*cmd, f"training.output_dir={run_dir}"], env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*cmd, f"training.output_dir={run_dir}"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     _wait_for_step(RunLayout(run_dir).metrics, random.Random().randint(7, 30), proc)
     family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     for pid in family:  # frozen mid-run (as a hung run would be): it still owns its directory
         os.kill(pid, signal.SIGSTOP)
-    second = subprocess.run([*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(
+        [*cmd, f"training.output_dir={run_dir}"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert second.returncode == 2, second.stderr[-2000:]  # an independent second launch (issue 33, class 1)
     assert f"training.output_dir: {run_dir} is in use by another hftrain process: pid {proc.pid} on" in second.stderr
     assert "Traceback" not in second.stderr and second.stderr.count("hftrain: error:") == 1

@@ -23,7 +23,9 @@ LAMBADA = ROOT / "hftrain" / "eval" / "tasks" / "local_lambada.jsonl"
 @pytest.mark.slow
 def test_log_lines_say_where_the_step_time_went(make_recipe, tmp_path):
     run = hftrain.train(
-        make_recipe(max_steps=12, logging_steps=4, save_steps=6, eval_strategy="steps", eval_steps=6, report_to=["tensorboard"])
+        make_recipe(
+            max_steps=12, logging_steps=4, save_steps=6, eval_strategy="steps", eval_steps=6, report_to=["tensorboard"]
+        )
     )
     later = train_log(run.output_dir)[1:]  # the first line has no interval before it
     assert later
@@ -43,7 +45,13 @@ def test_log_lines_say_where_the_step_time_went(make_recipe, tmp_path):
     events = EventAccumulator(str(next(run.output_dir.rglob("events.out.tfevents.*")).parent))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/tokens_per_s", "train/data_wait_frac", "train/peak_mem_gb", "train/mfu", "eval/bits_per_byte"} <= tags
+    assert {
+        "train/tokens_per_s",
+        "train/data_wait_frac",
+        "train/peak_mem_gb",
+        "train/mfu",
+        "eval/bits_per_byte",
+    } <= tags
 
 
 class SlowFileSystem(LocalFileSystem):
@@ -63,7 +71,11 @@ def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, ca
     for i, doc in enumerate(make_documents(300, seed=3)):  # one short document per object, like small S3 objects
         write_jsonl(shards / f"doc-{i:04d}.jsonl", [doc])
     raw = tiny_recipe(
-        write_jsonl(tmp_path / "tok.jsonl", make_documents(300, seed=3)), tmp_path / "run", max_steps=12, logging_steps=3, save_steps=100
+        write_jsonl(tmp_path / "tok.jsonl", make_documents(300, seed=3)),
+        tmp_path / "run",
+        max_steps=12,
+        logging_steps=3,
+        save_steps=100,
     )
     raw["data"]["train"] = {"path": f"slowfile://{shards}/*.jsonl"}
     raw["data"]["shuffle_window"] = 1
@@ -82,7 +94,9 @@ def test_a_slow_source_gets_the_input_bound_verdict(pretrained_run, tmp_path, ca
 
 def test_profile_writes_a_trace_and_a_summary(make_recipe, capsys):
     recipe = make_recipe(max_steps=8, save_steps=100)
-    recipe = hftrain.load_recipe(None, {**recipe.model_dump(exclude_unset=True), "profile": {"start_step": 3, "steps": 2}})
+    recipe = hftrain.load_recipe(
+        None, {**recipe.model_dump(exclude_unset=True), "profile": {"start_step": 3, "steps": 2}}
+    )
     run = hftrain.train(recipe)
     profile_dir = run.output_dir / "profile"
     trace = next(profile_dir.glob("rank0.*.pt.trace.json"))
@@ -163,7 +177,10 @@ def test_start_up_is_its_own_number_and_not_in_the_steady_state(pretrained_run, 
     tokens_per_step = raw["training"]["per_device_train_batch_size"] * raw["data"]["seq_len"]
     steps = train_log(run.output_dir)
     starts = [1] + [rec["step"] for rec in steps[:-1]]
-    waits = [rec["data_wait_frac"] * (rec["step"] - s) * tokens_per_step / rec["tokens_per_s"] for rec, s in zip(steps, starts)]
+    waits = [
+        rec["data_wait_frac"] * (rec["step"] - s) * tokens_per_step / rec["tokens_per_s"]
+        for rec, s in zip(steps, starts)
+    ]
     assert len(waits) == 4 and max(waits) < 1.0, waits
     from hftrain.eval import report
 

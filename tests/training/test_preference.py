@@ -1,6 +1,6 @@
 """DPO through TRL on hftrain's path: one full fine-tuning run on the shipped pairs (a frozen copy of the start as
-the reference), checked many ways (the first five steps' losses against a plain TRL DPOTrainer on the same pairs, rewards
-and held-out preference rising, an exact resume, an export that plain transformers loads and that prefers the
+the reference), checked many ways (the first five steps' losses against a plain TRL DPOTrainer on the same pairs,
+rewards and held-out preference rising, an exact resume, an export that plain transformers loads and that prefers the
 chosen answers more often than the base); and a short QLoRA run (the adapter disabled as the reference, merged).
 Backends, kill -9, trackers and the Hub: test_preference_backends.py."""
 
@@ -38,7 +38,12 @@ def dpo_recipe(base, data, out, **training):
             "readers": 1,
             "shuffle_window": 1,
         },  # in file order: TRL sees the same batch
-        "finetune": {"objective": "dpo", "method": "full", "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}, "dpo": {"beta": 0.1}},
+        "finetune": {
+            "objective": "dpo",
+            "method": "full",
+            "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+            "dpo": {"beta": 0.1},
+        },
         "training": {
             "output_dir": str(out),
             "max_steps": 40,
@@ -87,8 +92,13 @@ def test_dpo_rewards_and_held_out_preference_rise(dpo, docs_model):
     assert line["tokens_per_s"] > 0 and 0 < line["mfu"] and "data_wait_frac" in line
     results = json.loads((run.output_dir / "results.json").read_text())
     assert results["eval_preference_accuracy"] == last["eval_preference_accuracy"]
-    card = hftrain.integrations.hub.model_card(PublishPart.of(hftrain.load_recipe(run.recipe_file)), results, "me/dpo", False)
-    assert "Training method: DPO (Direct Preference Optimization, TRL's DPOTrainer, beta 0.1) on preference pairs, all weights" in card
+    card = hftrain.integrations.hub.model_card(
+        PublishPart.of(hftrain.load_recipe(run.recipe_file)), results, "me/dpo", False
+    )
+    assert (
+        "Training method: DPO (Direct Preference Optimization, TRL's "
+        "DPOTrainer, beta 0.1) on preference pairs, all weights" in card
+    )
     assert (run.output_dir / "checkpoint-20" / "model.safetensors").is_file()
     assert run.trainer.ref_model is not None and not any(p.requires_grad for p in run.trainer.ref_model.parameters())
 
@@ -185,7 +195,13 @@ def test_a_non_finite_dpo_loss_stops_the_run_at_once(dpo, tmp_path, monkeypatch)
     stopped = {
         **raw,
         "faults": {"on_nonfinite": "stop"},
-        "training": {**raw["training"], "output_dir": str(run_dir), "max_steps": 4, "save_steps": 2, "eval_strategy": "no"},
+        "training": {
+            **raw["training"],
+            "output_dir": str(run_dir),
+            "max_steps": 4,
+            "save_steps": 2,
+            "eval_strategy": "no",
+        },
     }
     with pytest.raises(HftrainError) as info:
         hftrain.train(load_recipe(None, stopped))
@@ -217,7 +233,10 @@ def test_the_export_prefers_chosen_answers_in_plain_transformers(dpo, docs_model
     merged = preference_accuracy(AutoModelForCausalLM.from_pretrained(out), tokenizer, held_out)
     before = preference_accuracy(AutoModelForCausalLM.from_pretrained(docs_model), tokenizer, held_out)
     assert merged >= before + 0.05, (before, merged)
-    assert json.loads((out / "config.json").read_text())["model_type"] == "gpt_neox" and (out / "model.safetensors").is_file()
+    assert (
+        json.loads((out / "config.json").read_text())["model_type"] == "gpt_neox"
+        and (out / "model.safetensors").is_file()
+    )
 
 
 def test_qlora_dpo_disables_the_adapter_for_its_reference_and_merges(docs_model, dpo, tmp_path):
@@ -241,8 +260,12 @@ def test_qlora_dpo_disables_the_adapter_for_its_reference_and_merges(docs_model,
     model = run.trainer.model
     assert isinstance(model, PeftModel) and run.trainer.ref_model is None and list(model.peft_config) == ["default"]
     assert any(type(m).__name__ == "Linear4bit" for m in model.modules())  # the base is 4-bit; no second copy exists
-    assert sum(p.numel() for p in model.parameters() if p.requires_grad) < sum(p.numel() for p in model.parameters()) / 4
+    assert (
+        sum(p.numel() for p in model.parameters() if p.requires_grad) < sum(p.numel() for p in model.parameters()) / 4
+    )
     assert (tmp_path / "qlora" / "checkpoint-4" / "adapter_model.safetensors").is_file()
-    assert next(e for e in run.log_history if e.get("step") == 4)["rewards/margins"] != 0  # the adapter moved off the base
+    assert (
+        next(e for e in run.log_history if e.get("step") == 4)["rewards/margins"] != 0
+    )  # the adapter moved off the base
     merged = AutoModelForCausalLM.from_pretrained(run.final_dir)  # final/: the merged standard model
     assert merged.config.model_type == "gpt_neox" and not hasattr(merged, "peft_config")

@@ -3,8 +3,8 @@
 - full fine-tuning (a frozen reference copy, sharded by TRL as the policy is) gives the same per-step losses on
   one process, FSDP and ZeRO-3 (`hftrain parity`);
 - a 2-process FSDP LoRA run (the reference is the base with the adapter disabled) killed with SIGKILL continues
-  on 1 process with the uninterrupted (single-process) run's losses, reports to a tracker (trackio) and pushes to the local Hub a
-  model whose card names the method;
+  on 1 process with the uninterrupted (single-process) run's losses, reports to a tracker (trackio) and pushes to the
+  local Hub a model whose card names the method;
 - a combination TRL refuses is refused before any process starts.
 """
 
@@ -87,7 +87,8 @@ def test_full_dpo_gives_the_same_steps_on_one_process_fsdp_and_zero3(dpo_yaml):
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [1, 2, 3] and abs(float(rows[-1][1]) - math.log(2)) > 1e-3  # the steps trained
     loss_diff, norm_diff = (
-        float(x) for x in out.strip().splitlines()[-1].removeprefix("parity: max relative loss diff ").split(", grad-norm diff ")
+        float(x)
+        for x in out.strip().splitlines()[-1].removeprefix("parity: max relative loss diff ").split(", grad-norm diff ")
     )
     assert loss_diff < 1e-4 and norm_diff < 1e-4
 
@@ -131,7 +132,16 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
         "training.project=hftrain-dpo",
     ]
     again = run_cli(
-        "train", str(dpo_yaml), "--accelerate-config", "fsdp", "--nproc", "1", f"training.output_dir={run_dir}", *common, *push, env=env
+        "train",
+        str(dpo_yaml),
+        "--accelerate-config",
+        "fsdp",
+        "--nproc",
+        "1",
+        f"training.output_dir={run_dir}",
+        *common,
+        *push,
+        env=env,
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {survivor}\n" in again.stdout
@@ -149,8 +159,8 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
     repo = local_hub.repo("tester/dpo-lora")
     card = repo.read("README.md", "main").decode()
     assert (
-        "Training method: DPO (Direct Preference Optimization, TRL's DPOTrainer, beta 0.1) on preference pairs, a LoRA adapter, merged"
-        in card
+        "Training method: DPO (Direct Preference Optimization, TRL's "
+        "DPOTrainer, beta 0.1) on preference pairs, a LoRA adapter, merged" in card
     )
     meta = yaml.safe_load(card.split("---")[1])
     assert {"dpo", "trl", "hftrain"} <= set(meta["tags"])

@@ -32,7 +32,12 @@ class SignalAt(TrainerCallback):
 def test_callbacks_attach_to_a_trainer_hftrain_did_not_write(tmp_path):
     torch.manual_seed(0)
     config = GPTNeoXConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=32
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
     )
     blocks = [torch.randint(0, 64, (16,)) for _ in range(64)]
     data = [{"input_ids": ids, "labels": ids} for ids in blocks]
@@ -47,7 +52,10 @@ def test_callbacks_attach_to_a_trainer_hftrain_did_not_write(tmp_path):
     )
     preemption = PreemptionCallback()
     trainer = ForeignTrainer(
-        model=GPTNeoXForCausalLM(config), args=args, train_dataset=data, callbacks=[SignalAt(3), preemption, MetricsFileCallback()]
+        model=GPTNeoXForCausalLM(config),
+        args=args,
+        train_dataset=data,
+        callbacks=[SignalAt(3), preemption, MetricsFileCallback()],
     )
     try:
         trainer.train()
@@ -82,15 +90,29 @@ def test_the_nonfinite_guard_stops_a_trainer_hftrain_did_not_write(tmp_path):
 
     torch.manual_seed(0)
     config = GPTNeoXConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=32
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
     )
     data = [{"input_ids": ids, "labels": ids} for ids in (torch.randint(0, 64, (16,)) for _ in range(64))]
     args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=4, save_strategy="no", report_to="none", use_cpu=True
+        output_dir=str(tmp_path),
+        max_steps=10,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
     )
     guard = NonFiniteGuard(FaultsSection(on_nonfinite="stop"), lambda: None)
-    trainer = ForeignTrainer(model=GPTNeoXForCausalLM(config), args=args, train_dataset=data, callbacks=[PoisonAt(4), guard])
-    with pytest.raises(HftrainError, match=r"non-finite loss or gradient norm \(nan\) at step 4; stopped \(faults.on_nonfinite=stop\)"):
+    trainer = ForeignTrainer(
+        model=GPTNeoXForCausalLM(config), args=args, train_dataset=data, callbacks=[PoisonAt(4), guard]
+    )
+    with pytest.raises(
+        HftrainError, match=r"non-finite loss or gradient norm \(nan\) at step 4; stopped \(faults.on_nonfinite=stop\)"
+    ):
         trainer.train()
     # The flag is read where the Trainer reads (here the last step: logging_steps is 500), not at each step; the
     # fused AdamW skipped every flagged step on the device meanwhile: 3 optimizer steps taken, not 10.

@@ -46,8 +46,14 @@ def test_a_flag_on_one_process_acts_on_both_at_the_same_step():
     assert got[0] == got[1]  # every process: the same skips, the same stop step, the same reads
     seen, read = got[0]
     assert [step for step, found_inf, _ in seen if found_inf] == [BAD_ON_RANK_1]  # skipped on the device by both
-    assert [step for step, _, acts in seen if acts] == [SIGNAL_ON_RANK_0 + 1, SIGNAL_ON_RANK_0 + 2, SIGNAL_ON_RANK_0 + 3]
-    assert [(step, values[NONFINITE], values[NORM]) for step, values in read if values[NONFINITE]] == [(BAD_ON_RANK_1, 1.0, 2.5)]
+    assert [step for step, _, acts in seen if acts] == [
+        SIGNAL_ON_RANK_0 + 1,
+        SIGNAL_ON_RANK_0 + 2,
+        SIGNAL_ON_RANK_0 + 3,
+    ]
+    assert [(step, values[NONFINITE], values[NORM]) for step, values in read if values[NONFINITE]] == [
+        (BAD_ON_RANK_1, 1.0, 2.5)
+    ]
     assert len(read) == STEPS
 
 

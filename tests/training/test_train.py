@@ -72,7 +72,9 @@ def test_final_model_loads_in_plain_transformers(pretrained_run, tmp_path):
     ids = [[5, 17, 42, 99, 3, 250, 7]]
     # without accelerate's mixed-precision forward wrapper: where the speed defaults chose bf16 (measured on this
     # CPU), the trained model's forward runs under bf16 autocast, ~1e-2 from the fp32 forward of the same weights
-    model = pretrained_run.trainer.accelerator.unwrap_model(pretrained_run.trainer.model, keep_fp32_wrapper=False).eval()
+    model = pretrained_run.trainer.accelerator.unwrap_model(
+        pretrained_run.trainer.model, keep_fp32_wrapper=False
+    ).eval()
     with torch.no_grad():
         expected = model(torch.tensor(ids)).logits
     script = (
@@ -109,7 +111,10 @@ def test_resume_is_exact(tmp_path, capsys):
     settings = dict(max_steps=16, save_steps=8, logging_steps=1, learning_rate=2e-3, warmup_steps=2)
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
     straight = losses(_run(data, straight_dir, {"document_masking": True}, **settings))
-    assert "hftrain: documents kept apart by sdpa: a block-causal mask of 8 x 32 x 32 bool (8 KiB) per forward" in capsys.readouterr().out
+    assert (
+        "hftrain: documents kept apart by sdpa: a block-causal mask of 8 x 32 x 32 bool (8 KiB) per forward"
+        in capsys.readouterr().out
+    )
     copy_checkpoint(straight_dir, split_dir, "checkpoint-8")
     resumed = losses(_run(data, split_dir, {"document_masking": True}, **settings))
     assert sorted(resumed) == list(range(1, 17))
@@ -187,7 +192,13 @@ def test_tokens_per_usd_when_priced(tmp_path, corpus):
 def test_bf16_and_gradient_accumulation(tmp_path, corpus):
     """bf16 autocast trains on this CPU; 2 x 4 accumulated sequences count as one step of 8."""
     run = _run(
-        corpus, tmp_path / "bf16", max_steps=12, bf16=True, per_device_train_batch_size=4, gradient_accumulation_steps=2, logging_steps=4
+        corpus,
+        tmp_path / "bf16",
+        max_steps=12,
+        bf16=True,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        logging_steps=4,
     )
     per_step = losses(run)
     assert per_step[12] < per_step[4] - 0.5

@@ -1,0 +1,104 @@
+"""The global batch: sequences per optimizer step, from parallelism.global_batch_size, or as a continuing run
+recorded at its start, or micro-batch x accumulation on every process (of all MAX nodes of an elastic launch); and
+the gradient accumulation that makes it on this launch's processes, refusing what does not divide. Results do not
+depend on the device count only while the global batch stays the same."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hftrain.errors import HftrainError
+from hftrain.recipe.parts import BatchPart
+
+if TYPE_CHECKING:
+    from hftrain.parallel.dims import LaunchEnv
+
+
+def global_batch(
+    batch: BatchPart, processes: int, recorded: int | None = None, elastic_nodes: int | None = None, per_node: int = 1
+) -> int:
+    """Sequences per optimizer step, derived here alone: parallelism.global_batch_size, else the one `recorded` at a
+    continuing run's start (so that a run continued on another process count keeps its sequences per step), else
+    micro-batch x accumulation on every process: of `processes`, or, for an elastic launch, of all its MAX
+    `elastic_nodes` x `per_node` (so that it does not depend on how many nodes the first start happened to have).
+    A global_batch_size other than the recorded one is refused: each step would mean other tokens (tokens_seen
+    jumps)."""
+    per_process = batch.micro_batch * int(batch.accumulation or 1)
+    if batch.global_batch_size and recorded and int(batch.global_batch_size) != int(recorded):
+        raise HftrainError(
+            f"parallelism.global_batch_size: {batch.global_batch_size} sequences per step, but this run started with "
+            f"{recorded} (recorded in its hftrain_run.json): each step would train on another number of tokens "
+            f"(tokens_seen would jump). Remove parallelism.global_batch_size to keep {recorded}, or "
+            "set training.output_dir to a new directory to start a new run."
+        )
+    if batch.global_batch_size or recorded:
+        return int(batch.global_batch_size or recorded)  # type: ignore[arg-type]
+    return per_process * (elastic_nodes * per_node if elastic_nodes else processes)
+
+
+def derive_accumulation(batch: BatchPart, launch: LaunchEnv, recorded: int | None = None, announce: bool = True) -> int:
+    """Gradient accumulation from the global batch (``global_batch``), refusing what does not divide and naming the
+    process counts that would."""
+    processes, micro, given = launch.processes, batch.micro_batch, batch.accumulation
+    total = global_batch(batch, processes, recorded, launch.elastic_most_nodes, launch.local_processes)
+    per_step = micro * processes
+    if total % per_step:
+        fits = [p for p in range(1, total // micro + 1) if total % (micro * p) == 0]
+        what = (
+            f"{total} sequences"
+            if batch.global_batch_size
+            else f"this run started with {total} sequences per step (recorded in its hftrain_run.json), which"
+            if recorded
+            else (
+                f"{total} sequences (micro-batch x accumulation on each "
+                f"process of all {launch.elastic_most_nodes} nodes)"
+            )
+        )
+        raise HftrainError(
+            f"parallelism.global_batch_size: {what} cannot be split into micro-batches of {micro} "
+            f"(training.per_device_train_batch_size) on {processes} process(es); it must be a multiple of {per_step}. "
+            f"With that micro-batch, {', '.join(map(str, fits)) or 'no'} process count(s) work; or change the "
+            "micro-batch. (Results do not depend on the device count only while the global batch stays the same.)"
+        )
+    accumulation = total // per_step
+    if given not in (None, accumulation) and batch.accumulation_given:
+        if batch.global_batch_size:
+            raise HftrainError(
+                f"training.gradient_accumulation_steps: {given} contradicts parallelism.global_batch_size={total} "
+                f"(which needs {accumulation} with {micro} x {processes}); remove one of the two."
+            )
+        if announce:
+            kept = (
+                "recorded at its start"
+                if recorded
+                else f"each process of all {launch.elastic_most_nodes} nodes of this elastic launch"
+            )
+            print(
+                f"hftrain: keeping this run's global batch of {total} sequences ({kept}): "
+                f"gradient_accumulation_steps {given} -> {accumulation} on {processes} process(es)",
+                flush=True,
+            )
+    return accumulation
+
+
+def check_elastic_batch(batch: BatchPart, least: int, most: int, per_node: int) -> None:
+    """Before an elastic launch: the global batch must split over every node count from MIN to MAX."""
+    total = global_batch(batch, 1, None, most, per_node)
+    micro = batch.micro_batch
+    bad = [n for n in range(least, most + 1) if total % (micro * per_node * n)]
+    if bad:
+        step = micro * per_node
+        raise HftrainError(
+            f"parallelism.global_batch_size: {total} sequences per step cannot be split over "
+            f"{', '.join(map(str, bad))} "
+            f"node(s) x {per_node} process(es) with micro-batches of {micro}, and this elastic "
+            f"launch (--nnodes {least}:{most}) may run on any node count from {least} to {most}. Set "
+            f"parallelism.global_batch_size to a multiple of {step} x each of those counts (e.g. "
+            f"{step * _lcm(least, most)}), or narrow MIN:MAX."
+        )
+
+
+def _lcm(least: int, most: int) -> int:
+    import math
+
+    return math.lcm(*range(least, most + 1))
