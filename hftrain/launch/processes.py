@@ -38,8 +38,25 @@ def find_config(name: str) -> Path:
     )
 
 
+DEEPSPEED_KEYS = ("zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_clipping")
+
+
 def backend_of(config: Path) -> Strategy:
-    data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    """The strategy an accelerate config file launches; a file that is not one (a DeepSpeed JSON, not YAML, not a
+    mapping) is named with what to give instead."""
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise HftrainError(f"{config}: not an accelerate config (not YAML: {str(err).splitlines()[0]}).") from None
+    if not isinstance(data, dict):
+        raise HftrainError(f"{config}: not an accelerate config (a YAML mapping with distributed_type, num_processes, ...).")
+    deepspeed = [key for key in DEEPSPEED_KEYS if key in data]
+    if deepspeed and "distributed_type" not in data:
+        raise HftrainError(
+            f"{config}: a DeepSpeed config ({', '.join(deepspeed)}), not an accelerate config. Give --accelerate-config "
+            "zero3 (hftrain's ZeRO-3 config), or an accelerate YAML with distributed_type: DEEPSPEED whose "
+            "deepspeed_config.deepspeed_config_file names this file (accelerate_configs/deepspeed_zero3.yaml does)."
+        )
     kind = str(data.get("distributed_type", "NO")).upper()
     strategy = Strategy.of_accelerate_type(kind)
     if strategy is None:

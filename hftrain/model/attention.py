@@ -20,9 +20,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from hftrain.errors import HftrainError
+
 SDPA = "sdpa"
 CAUSAL_SDPA = "hftrain_causal_sdpa"
 _HOOKED = "_hftrain_causal_sdpa_hooks"
+
+
+def check_trains_here(kernel: str | None, device: str) -> None:
+    """A kernel that cannot train on the run's device is refused before anything loads: torch has no flex attention
+    backward on a CPU (a traceback after the model loaded, before)."""
+    if kernel == "flex_attention" and device == "cpu":
+        import torch
+
+        raise HftrainError(
+            f"model.attn_implementation: flex_attention cannot train on a CPU (torch {torch.__version__} has no flex "
+            "attention backward there). Use sdpa or eager, which keep packed documents apart too (a block-causal "
+            "mask), or train on a GPU; `hftrain data inspect --check-packing` still compares flex's forward here."
+        )
 
 
 def applies(kernel: str, model_type: str, collator_gives_positions: bool) -> bool:

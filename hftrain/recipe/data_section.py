@@ -3,6 +3,7 @@ token folders), how they are read and mixed, blocks, packing, held-out validatio
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -57,6 +58,16 @@ class Source(Section):
     By default s3:// credentials and endpoint come from the standard AWS environment and config, gs:// ones from
     the standard Google environment (GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata server; {token: anon} for public
     data)."""
+
+    def identity(self) -> tuple[str, ...]:
+        """What this source reads, whatever the spelling (a local path normalised, a URL as given), with the fields
+        that change what is read (the split, the text field, the format)."""
+        for kind in ("pretokenized", "path", "dataset", "builtin"):
+            value = getattr(self, kind)
+            if value:
+                where = value if "://" in value or kind in ("dataset", "builtin") else os.path.abspath(value)
+                return (kind, where, self.dataset_config or "", self.split, self.text_field, self.format)
+        return ("", "")
 
     @model_validator(mode="after")
     def _exactly_one_origin(self) -> Source:
@@ -140,6 +151,21 @@ class DataSection(Section):
                 f"{limit:,}); check the number (a misplaced exponent?)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _each_source_once(self) -> DataSection:
+        """A source listed twice in a mixture is read twice as often, silently: its weight says that."""
+        seen: dict[tuple[str, ...], int] = {}
+        for i, source in enumerate(self.train):
+            key = source.identity()
+            if key in seen:
+                where = f"train[{seen[key]}] and train[{i}]"
+                raise ValueError(
+                    f"{where} are the same source ({key[1]}): listed twice, it would be read twice as often. Give it "
+                    f"once, with weight: {self.train[seen[key]].weight + source.weight:g} to draw from it that often"
+                )
+            seen[key] = i
+        return self
 
     @model_validator(mode="after")
     def _one_kind_of_data(self) -> DataSection:

@@ -22,6 +22,7 @@ from typing import Any
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.checkpoint.manager import CheckpointManager, ResumeSetting
 from hftrain.data.loader import DataPlan, plan_data
+from hftrain.model import attention
 from hftrain.model.finetune import check_starting_weights
 from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel import dims as parallel
@@ -86,6 +87,8 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
     """The run's spec; `recorded` keeps a continuing run's global batch, readers and speed levers."""
     check_installed(recipe.training.report_to)  # a tracker's library, before anything is measured or written
     check_starting_weights(ModelPart.of(recipe))
+    cpu = launch.device == "cpu" or bool(recipe.training_kwargs().get("use_cpu"))
+    attention.check_trains_here(recipe.model.attn_implementation, "cpu" if cpu else launch.device)
     shape = measure_model(ModelPart.of(recipe))  # on the meta device: nothing is loaded
     strategy = parallel.resolve_strategy(recipe.parallelism.strategy, launch)
     # the memory fit on paper, before the data's shards are listed: a certain out-of-memory is refused first (fit.py)

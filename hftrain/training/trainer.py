@@ -153,6 +153,9 @@ class HftrainTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             logs.update(self.options.metrics.for_log_line(self.state.global_step, self.train_loader))
+            seen = self._finite_losses
+            if self.options.nan_filter and seen is not None and not bool(seen[1] > 0):  # read as the line's loss is
+                logs["loss"] = float("nan")  # no finite micro-batch loss since the last line (skipped): not a 0.0
             self._finite_losses = None
         super().log(logs, start_time)
 

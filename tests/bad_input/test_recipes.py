@@ -50,6 +50,19 @@ RECIPES = [
         ["train", "{recipe}", "training.max_steps=-1"],
         "training.max_steps: required. hftrain streams its data",
     ),
+    (  # before: a traceback after the model loaded (torch has no flex attention backward on a CPU), exit 1
+        "flex attention on a CPU",
+        None,
+        ["train", "{recipe}", "model.attn_implementation=flex_attention"],
+        "model.attn_implementation: flex_attention cannot train on a CPU (torch ",
+    ),
+    (  # before: trained on, the folder read twice as often as the recipe's weights said
+        "the same token folder twice",
+        None,
+        ["train", "{recipe}", "data.train=[{{pretokenized: {tmp}/tok}}, {{pretokenized: {tmp}/./tok, weight: 2}}]"],
+        "data: train[0] and train[1] are the same source ({tmp}/tok): listed twice, it would be read twice as "
+        "often. Give it once, with weight: 3 to draw from it that often",
+    ),
     (  # refused with the recipe, as a key out of range (before: taken as unset, "required", after the Trainer loaded)
         "zero max_steps",
         None,

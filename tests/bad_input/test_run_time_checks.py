@@ -73,6 +73,13 @@ ROWS = [
         "--accelerate-config: no file '{tmp}/fsdp2.yaml' and no shipped config of that name; shipped: ddp, ",
         None,
     ),
+    (  # before: read as an accelerate config, "distributed_type NO is not a multi-process backend"
+        "e: slurm script given a DeepSpeed JSON as its accelerate config",
+        [*SCRIPT, "--kind", "slurm", "--accelerate-config", "{tmp}/ds.json"],
+        "{tmp}/ds.json: a DeepSpeed config (zero_optimization, train_batch_size), not an accelerate config. Give "
+        "--accelerate-config zero3",
+        "a DeepSpeed JSON",
+    ),
     (
         "e: torchrun script whose readers cannot split",
         [*SCRIPT, "--kind", "torchrun", "--nodes", "2", "--gpus-per-node", "8", "data.readers=12"],
@@ -94,7 +101,9 @@ def _prepare(work, what: str, monkeypatch) -> None:
     """The folder (and the process) as the row finds them."""
     records = [{"prompt": f"Q{i}?", "chosen": " yes", "rejected": " no"} for i in range(8)]
     (work / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    if what == "no wandb":
+    if what == "a DeepSpeed JSON":
+        (work / "ds.json").write_text('{"zero_optimization": {"stage": 3}, "train_batch_size": "auto"}', encoding="utf-8")
+    elif what == "no wandb":
         monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed (find_spec answers None)
     elif what == "base model":  # a pretrained model's config and tokenizer: nothing before the set-up reads its weights
         from transformers import GPTNeoXConfig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import yaml
 from hftrain.checkpoint import manager as ckpt
 from hftrain.checkpoint.layout import RunLayout
 
-from ..support.checks import assert_resumed_matches, checkpoint_losses
+from ..support.checks import assert_resumed_matches, checkpoint_losses, metrics_losses
 from ..support.cli import in_background, kill_family, run_cli, run_in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -213,7 +214,7 @@ def test_nan_loss_is_caught_at_once(tmp_path, monkeypatch, corpus, policy):
         return out
 
     monkeypatch.setattr(GPTNeoXForCausalLM, "forward", poisoned)
-    raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5)
+    raw = tiny_recipe(corpus, tmp_path / "run", max_steps=10, save_steps=5, logging_steps=1)
     raw["faults"] = {"on_nonfinite": policy}
     if policy == "stop":
         with pytest.raises(HftrainError) as info:
@@ -223,6 +224,8 @@ def test_nan_loss_is_caught_at_once(tmp_path, monkeypatch, corpus, policy):
         return
     run = hftrain.train(hftrain.load_recipe(None, raw))
     assert run.trainer.skipped_steps == [6]
+    losses = metrics_losses(tmp_path / "run")  # the skipped step's line says it had no loss (before: 0.0)
+    assert math.isnan(losses[6]) and all(0 < loss < 20 for step, loss in losses.items() if step != 6), losses
     params = [p for p in run.trainer.model.parameters()]
     assert all(torch.isfinite(p).all() for p in params)  # the poisoned step never reached the weights
     assert run.metrics["eval_loss"] < 5.0
