@@ -14,6 +14,7 @@ so a name changes in one line. What a run directory holds::
     final/                      the final model: a standard HF model directory (LoRA: + adapter/)
     .staging/                   saves in progress; removed at the next start
     .hftrain.lock               held by the launch that trains here now (output_lock.py)
+    .hftrain.writers            flocked by each process of that launch that writes here (output_lock.py)
 """
 
 from __future__ import annotations

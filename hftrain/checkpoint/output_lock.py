@@ -11,7 +11,11 @@ while it runs:
   nothing else in it, is removed again.
 * The processes one launch starts are the same run, not a second one: they share a run token (``run_token``: the
   launcher's ``HFTRAIN_RUN_TOKEN``, which ranks and ``--max-restarts`` restarts inherit; else the SLURM job; else
-  torchrun's run id and rendezvous address, the same on every node) and join instead of being refused.
+  torchrun's run id and rendezvous address, the same on every node) and join instead of being refused. A process
+  that joins holds a shared flock on ``DIR/.hftrain.writers`` while it lives, so the lock is held by the processes
+  that write, not only by the one that launched them: while any of a killed launcher's ranks still writes, a new
+  launch is refused. A child forked from an owner (a pool worker, a DataLoader worker) closes its copy of the
+  lock: a lock inherited that way outlived its owner (kill -9 of a prepare left it held by a worker).
 * On S3 (``data prepare --out s3://``) the lock is an object created with a conditional write (If-None-Match),
   deleted at the end. An object left by a process that died on this host is taken over; one from another host is
   named with the command that removes it. Other stores have no conditional write: the work says so and goes on.
@@ -33,10 +37,27 @@ from typing import Any
 from hftrain.errors import HftrainError
 
 LOCK_FILE = ".hftrain.lock"
+WRITERS_FILE = ".hftrain.writers"  # a shared flock per process that joined a launch's lock
+LOCK_FILES = (LOCK_FILE, WRITERS_FILE)  # what the lock leaves in a directory (not the work's own files)
 RUN_TOKEN_ENV = "HFTRAIN_RUN_TOKEN"
 RECORD_WAIT_S = 5.0  # how long a holder may take to say who it is after taking the lock
 
 _held: dict[str, list[Any]] = {}  # where -> [lock, how many holders in this process]
+EARLIER_WRITERS = (
+    " (its launcher has ended, but processes it started still write there: they stop at their next step, or end them)"
+)
+
+
+def _forget_in_child() -> None:
+    """A forked child owns nothing: its copies of the locks close (see the module docstring)."""
+    for lock, _ in _held.values():
+        if isinstance(lock, FileLock):
+            lock.forget()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def run_token() -> str:
@@ -162,7 +183,7 @@ class FileLock:
     """An flock on DIR/.hftrain.lock (the directory is created); see the module docstring."""
 
     def __init__(self, directory: Path, key: str):
-        self.directory, self.key, self.fd = directory, key, None
+        self.directory, self.key, self.fd, self.joined = directory, key, None, False
 
     def acquire(self) -> None:
         import fcntl
@@ -180,7 +201,8 @@ class FileLock:
                     os.close(fd)
                     holder = _parse(path.read_bytes()) if path.exists() else None
                     if holder is not None and holder["token"] == run_token():
-                        return  # a process of the same launch holds it: join
+                        self.fd, self.joined = self._writer(fcntl.LOCK_SH), True  # the same launch holds it: join
+                        return
                     if (holder is not None and not _dead_here(holder)) or time.monotonic() > deadline:
                         raise _in_use(self.key, str(self.directory), holder) from None
                     time.sleep(0.05)  # the new holder is still writing its record
@@ -196,6 +218,11 @@ class FileLock:
                 if not path.exists() or os.stat(path).st_ino != os.fstat(fd).st_ino:
                     os.close(fd)  # locked a file its holder had just removed: try the one there now
                     continue
+                still = self._writer(fcntl.LOCK_EX)  # an earlier launch's processes, their launcher gone
+                if still is None:
+                    os.close(fd)
+                    raise _in_use(self.key, str(self.directory), _parse(path.read_bytes()), EARLIER_WRITERS)
+                os.close(still)
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, json.dumps(holder_record()).encode("utf-8"), 0)
                 self.fd = fd
@@ -205,14 +232,43 @@ class FileLock:
                 f"{self.key}: cannot lock {path} ({err.strerror or err}). Give a directory you can write."
             ) from None
 
+    def _writer(self, how: int) -> int | None:
+        """A descriptor of the writers' file flocked `how` (shared: this process writes; exclusive: nobody else
+        does), or None where another process holds it the other way."""
+        import fcntl
+
+        fd = os.open(self.directory / WRITERS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError:  # a file system without locks: the main lock said what it could
+            return fd
+        return fd
+
+    def forget(self) -> None:
+        """In a forked child: close this process's copy, leaving the lock to the processes that own it."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def release(self) -> None:
         """Say no one holds it; a directory this lock created and nothing else wrote into goes again (a refused
         or failed start leaves no trace)."""
         if self.fd is None:
             return
+        if self.joined:
+            os.close(self.fd)  # a joiner's shared writers' lock
+            self.fd = None
+            return
         os.ftruncate(self.fd, 0)
-        alone = self.created and [p.name for p in self.directory.iterdir()] == [LOCK_FILE]
+        alone = self.created and sorted(p.name for p in self.directory.iterdir()) in (
+            [LOCK_FILE],
+            [LOCK_FILE, WRITERS_FILE],
+        )
         if alone:
+            (self.directory / WRITERS_FILE).unlink(missing_ok=True)
             (self.directory / LOCK_FILE).unlink()  # while still locked: a newcomer retries on the path (acquire)
         os.close(self.fd)  # drops the flock
         self.fd = None

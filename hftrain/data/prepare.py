@@ -22,7 +22,7 @@ from typing import Any
 import fsspec
 
 from hftrain import network
-from hftrain.checkpoint.output_lock import LOCK_FILE, owning
+from hftrain.checkpoint.output_lock import LOCK_FILE, LOCK_FILES, owning
 from hftrain.data.loader import DataPlan, first_documents, plan_data
 from hftrain.data.prepare_progress import Progress, completed_tasks, tasks_console
 from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
@@ -181,7 +181,7 @@ def _claim_out(fs: Any, root: str, out: str, request: dict[str, Any], before_loc
     names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
     if before_lock and LOCK_FILE in names:
         return 0
-    names = [n for n in names if n != LOCK_FILE]
+    names = [n for n in names if n not in LOCK_FILES]
     if PREPARED in names or OLD_MANIFEST in names:
         raise HftrainError(
             f"--out {out}: already holds prepared data ({PREPARED if PREPARED in names else OLD_MANIFEST}); nothing "
@@ -248,6 +248,7 @@ def _run_here(
         from datatrove.executor import LocalPipelineExecutor
 
         workers = min(how.workers or os.cpu_count() or 1, count)
+        steps[0].parent = os.getpid()  # each worker ends with this process (it is spawned: no fork hook runs)
         # spawned, not forked: the tokenizer's thread pool does not survive a fork (and a forkserver started by an
         # earlier prepare in this process would keep that prepare's console)
         executor = LocalPipelineExecutor(

@@ -15,6 +15,7 @@ step holds a whole document's text. datatrove's shuffle then copies one document
 from __future__ import annotations
 
 import json
+import signal
 from copy import deepcopy
 from typing import Any
 
@@ -27,6 +28,7 @@ from numpy.random import default_rng
 from hftrain.data.chunking import SafeCut, text_batches
 from hftrain.data.loader import DataPlan, held_out_documents, train_documents
 from hftrain.data.token_folder import LOGS, PREPARED, token_dtype, token_size_for, tokenizer_fingerprint
+from hftrain.parallel.process_end import end_with_parent
 
 Unit = tuple[int, int]  # (source, shard)
 VALIDATION_FILE = "00000_validation.ds"
@@ -64,8 +66,11 @@ class RecipeDocuments(PipelineStep):
     def __init__(self, plan: DataPlan, tasks: list[list[Unit]]):
         super().__init__()
         self.plan, self.tasks = plan, tasks
+        self.parent: int | None = None  # the prepare that started this task's process, when it runs on this machine
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        if self.parent is not None:  # a spawned pool worker ends with the prepare (parallel/process_end.py)
+            end_with_parent(signal.SIGKILL, str(self.parent))
         docs = train_documents(self.plan, loop=False, shuffle=False)
         i = 0
         for unit in self.tasks[rank]:

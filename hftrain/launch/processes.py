@@ -49,11 +49,14 @@ def backend_of(config: Path) -> Strategy:
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise HftrainError(f"{config}: not an accelerate config (not YAML: {str(err).splitlines()[0]}).") from None
     if not isinstance(data, dict):
-        raise HftrainError(f"{config}: not an accelerate config (a YAML mapping with distributed_type, num_processes, ...).")
+        raise HftrainError(
+            f"{config}: not an accelerate config (a YAML mapping with distributed_type, num_processes, ...)."
+        )
     deepspeed = [key for key in DEEPSPEED_KEYS if key in data]
     if deepspeed and "distributed_type" not in data:
         raise HftrainError(
-            f"{config}: a DeepSpeed config ({', '.join(deepspeed)}), not an accelerate config. Give --accelerate-config "
+            f"{config}: a DeepSpeed config ({', '.join(deepspeed)}), not an accelerate config. Give "
+            "--accelerate-config "
             "zero3 (hftrain's ZeRO-3 config), or an accelerate YAML with distributed_type: DEEPSPEED whose "
             "deepspeed_config.deepspeed_config_file names this file (accelerate_configs/deepspeed_zero3.yaml does)."
         )

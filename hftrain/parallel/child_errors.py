@@ -185,7 +185,10 @@ def launch(start: Callable[[], Any], env: Mapping[str, str], launcher_args: Any 
     if launcher_args is not None and not getattr(launcher_args, "log_dir", None):
         launcher_args.log_dir = str(directory / "launcher-logs")
     try:
-        children = {**env, ERROR_DIR_ENV: str(directory), **_compat.launch_environment_cpp_logs()}
+        from hftrain.parallel.process_end import LAUNCHER_PID_ENV
+
+        launcher = {LAUNCHER_PID_ENV: str(os.getpid())}  # the ranks end with this process (process_end.py)
+        children = {**env, ERROR_DIR_ENV: str(directory), **launcher, **_compat.launch_environment_cpp_logs()}
         with _environment(children), _signal_handlers_kept(), _torch_lines_quiet(), _preemption_passed_on():
             try:
                 start()

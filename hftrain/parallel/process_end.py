@@ -13,13 +13,23 @@ So ``leave_training`` only waits at a barrier, and ``end_after_exit_handlers``, 
 (cli/__init__.py) in each launched process and so run last among the exit handlers, ends a process whose process group
 is still there with ``os._exit``: after every other exit handler (trackers, TensorBoard) and with its output flushed,
 before interpreter finalization would destroy the group. A process that never joined a group ends as usual.
+
+And nothing hftrain starts outlives the process that started it (Linux: the kernel's parent-death signal,
+prctl(PR_SET_PDEATHSIG)). A killed command (kill -9, an OOM kill of the launcher, a closed terminal) once left its
+ranks training into the output directory without its lock, and a prepare's pool workers writing shards:
+``register`` makes a launched rank receive SIGTERM when its launcher dies (it saves a checkpoint at the next step
+and stops, as on a preemption), and ``children_end_with_this_process`` makes every child this process forks from
+its main thread (a pool worker, a DataLoader worker) receive SIGKILL when it dies.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
+import threading
+from typing import Any
 
 _exit = {"code": 1, "registered": False}  # the program's exit code (1 until main returns: an exception escaped)
 
@@ -40,6 +50,49 @@ def register() -> None:
     if "LOCAL_RANK" in os.environ and not _exit["registered"]:
         atexit.register(end_after_exit_handlers)
         _exit["registered"] = True
+        end_with_parent(signal.SIGTERM, os.environ.get(LAUNCHER_PID_ENV))
+    children_end_with_this_process()
+
+
+LAUNCHER_PID_ENV = "HFTRAIN_LAUNCHER_PID"  # set by hftrain's launcher for the processes it starts (child_errors.py)
+_PR_SET_PDEATHSIG = 1
+_forks: dict[str, Any] = {"hooked": False, "from_main": False, "parent": 0}
+
+
+def end_with_parent(sig: int, parent: str | None = None) -> bool:
+    """This process receives `sig` when its parent ends (Linux; elsewhere nothing). `parent`: the pid it was
+    started by, when known: if that one has already ended, the signal is sent at once. Returns whether it is set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent and parent.isdigit() and os.getppid() != int(parent):  # it died before the signal was set
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def children_end_with_this_process() -> None:
+    """Every child this process forks from its main thread ends (SIGKILL) when this process ends. A thread's fork
+    is left alone: the kernel's signal follows the thread that forked, which may end long before the process."""
+    if _forks["hooked"] or not hasattr(os, "register_at_fork"):
+        return
+    _forks["hooked"] = True
+
+    def before() -> None:
+        _forks["from_main"] = threading.current_thread() is threading.main_thread()
+        _forks["parent"] = os.getpid()
+
+    def in_child() -> None:  # the parent may have died before this ran: end_with_parent looks
+        if _forks["from_main"]:
+            end_with_parent(signal.SIGKILL, str(_forks["parent"]))
+
+    os.register_at_fork(before=before, after_in_child=in_child)
 
 
 def set_exit_code(code: int | None) -> None:

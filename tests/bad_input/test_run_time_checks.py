@@ -102,7 +102,9 @@ def _prepare(work, what: str, monkeypatch) -> None:
     records = [{"prompt": f"Q{i}?", "chosen": " yes", "rejected": " no"} for i in range(8)]
     (work / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     if what == "a DeepSpeed JSON":
-        (work / "ds.json").write_text('{"zero_optimization": {"stage": 3}, "train_batch_size": "auto"}', encoding="utf-8")
+        (work / "ds.json").write_text(
+            '{"zero_optimization": {"stage": 3}, "train_batch_size": "auto"}', encoding="utf-8"
+        )
     elif what == "no wandb":
         monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed (find_spec answers None)
     elif what == "base model":  # a pretrained model's config and tokenizer: nothing before the set-up reads its weights

@@ -20,10 +20,12 @@ from hftrain.errors import HftrainError
 from ..support.cli import ROOT
 
 
-def hold(where: str | Path, key: str = "training.output_dir", env: dict[str, str] | None = None) -> subprocess.Popen:
+def hold(
+    where: str | Path, key: str = "training.output_dir", env: dict[str, str] | None = None, *options: str
+) -> subprocess.Popen:
     """Another process that owns `where` until killed (tests/support/lock_holder.py)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.lock_holder", str(where), key],
+        [sys.executable, "-m", "tests.support.lock_holder", str(where), key, *options],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -31,6 +33,9 @@ def hold(where: str | Path, key: str = "training.output_dir", env: dict[str, str
         env={**os.environ, **(env or {})},
     )
     line = proc.stdout.readline()
+    if line.startswith("child "):
+        proc.child = int(line.split()[1])  # type: ignore[attr-defined]
+        line = proc.stdout.readline()
     assert line.strip() == "held", (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc
 
@@ -121,3 +126,49 @@ def test_s3_prefix_is_owned_through_a_conditional_write(s3, own_token):
         assert b'"pid": %d' % os.getpid() in s3.get(f"{url}/{LOCK_FILE}")
     with pytest.raises(Exception):
         s3.get(f"{url}/{LOCK_FILE}")  # released: the object is gone
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_lock_is_held_by_the_processes_that_write_not_only_their_launcher(tmp_path, own_token):
+    """Issue 63 class 1: a launcher killed with SIGKILL (an OOM kill, a closed terminal) while a process it started
+    still writes: a new launch is refused until that one ends (before: accepted, and both wrote one directory)."""
+    launcher = hold(tmp_path / "run", env={RUN_TOKEN_ENV: "launch-1"})
+    rank = hold(tmp_path / "run", env={RUN_TOKEN_ENV: "launch-1"})  # joins: the same launch
+    try:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        with pytest.raises(HftrainError, match="its launcher has ended, but processes it started still write there"):
+            with owning(tmp_path / "run", "training.output_dir"):
+                pass
+    finally:
+        rank.kill()
+        rank.wait()
+    with owning(tmp_path / "run", "training.output_dir"):
+        pass  # the last writer gone: taken over at once
+
+
+def test_a_forked_child_neither_keeps_the_lock_nor_outlives_its_parent(tmp_path, own_token):
+    """Issue 63 class 1: kill -9 of a prepare left its pool workers running and holding the folder's lock (an
+    inherited flock): the same command was refused for minutes, naming a pid already dead."""
+    holder = hold(tmp_path / "out", "--out", None, "--fork")
+    child = holder.child  # type: ignore[attr-defined]
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert _gone(child), f"the forked child {child} outlived its parent"
+    started = time.monotonic()
+    with owning(tmp_path / "out", "--out"):
+        pass
+    assert time.monotonic() - started < 2

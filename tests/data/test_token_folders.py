@@ -427,3 +427,42 @@ def test_executor_flags_that_cannot_work_get_one_line(tmp_path, monkeypatch):
     with pytest.raises(HftrainError, match=r"--executor ray: Ray is not installed here; pip install 'hftrain\[ray\]'"):
         prepare(part, out, PrepareHow(executor="ray"), task_mb=0)
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.slow(seconds=60)
+def test_a_killed_prepare_takes_its_workers_with_it_and_runs_again_at_once(tmp_path):
+    """Issue 63 class 1: kill -9 of `hftrain data prepare` left its pool workers finishing tasks and a child
+    holding the folder's lock: the same command was refused for minutes, naming a pid already dead. Now the
+    workers end with it (the kernel's parent-death signal) and hold no copy of the lock; the same command then
+    does the tasks that had not finished."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from ..support.cli import ROOT
+
+    for i in range(4):  # four input files: a task each, two at once
+        write_jsonl(tmp_path / f"d{i}.jsonl", make_documents(5000, seed=i))
+    raw = tiny_recipe(tmp_path / "d*.jsonl", tmp_path / "run")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    out = tmp_path / "tokens"
+    argv = [sys.executable, "-m", "hftrain", "data", "prepare", str(tmp_path / "r.yaml"), "--out", str(out)]
+    argv += ["--workers", "2", "--task-mb", "0.05"]
+    prepare = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline, workers = time.monotonic() + 180, []
+    while len(workers) < 2:  # its pool is at work
+        assert prepare.poll() is None and time.monotonic() < deadline, "the prepare ended before its pool started"
+        workers = psutil.Process(prepare.pid).children(recursive=True)
+        time.sleep(0.05)
+    prepare.send_signal(signal.SIGKILL)
+    prepare.wait()
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    for p in alive:
+        p.kill()
+    assert not alive, "the workers outlived the prepare"
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"prepared {out}" in again.stdout, again.stderr[-2000:]

@@ -55,3 +55,50 @@ def test_a_launched_process_runs_its_exit_handlers_then_ends_without_teardown(la
         assert "a later exit handler ran" in done.stdout  # exit handlers (trackers, TensorBoard) still run
         said[code] = "finalized" in done.stdout
     assert said == ({0: False, 2: False} if launched else {0: True})  # launched: no teardown at all
+
+
+@pytest.mark.slow(seconds=60)
+def test_a_killed_launcher_takes_its_ranks_with_them_saving_where_they_stop(tmp_path, corpus):
+    """Issue 63 class 1: kill -9 of `hftrain train --accelerate-config ddp --nproc 2` (an OOM kill of the launcher,
+    a closed terminal) left both ranks training into the output directory, without its lock. Now each rank gets
+    SIGTERM when its launcher ends (the kernel's parent-death signal): they stop together at a step, as on a
+    preemption, with a checkpoint there; then the directory is free."""
+    import signal
+    import time
+
+    import psutil
+    import yaml
+
+    from hftrain.checkpoint.output_lock import owning
+    from hftrain.checkpoint.resume import complete_checkpoints
+
+    from ..support.checks import train_log
+    from ..support.data import tiny_recipe
+
+    run_dir = tmp_path / "run"
+    raw = tiny_recipe(corpus, run_dir, max_steps=2000, save_steps=1000, logging_steps=1)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    argv = ["train", str(tmp_path / "r.yaml"), "--accelerate-config", "ddp", "--nproc", "2"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hftrain", *argv],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while not (run_dir / "metrics.jsonl").is_file() or not train_log(run_dir):  # the ranks are training
+        assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.1)
+    ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True) if "hftrain" in " ".join(p.cmdline())]
+    assert len(ranks) == 2, [p.cmdline() for p in ranks]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    gone, alive = psutil.wait_procs(ranks, timeout=120)
+    for p in alive:
+        p.kill()
+    assert not alive, "the ranks outlived their launcher"
+    saved = complete_checkpoints(run_dir)
+    assert len(saved) == 1 and not (run_dir / "final").exists(), saved  # where they stopped, as on a preemption
+    with owning(run_dir, "training.output_dir"):
+        pass  # nobody writes there any more
