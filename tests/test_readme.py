@@ -230,7 +230,7 @@ def test_install_script_is_what_ci_runs():
 
 def _run_line(capsys, line: str, cwd, extra=()) -> str:
     """The README line as written, through the CLI's own entry point in this process, from `cwd`: what it printed.
-    (The console script itself runs end to end in tests/cli/test_cli.py::test_quickstart_as_shipped.)"""
+    (The console script itself runs end to end in tests/cli/test_train.py::test_quickstart_as_shipped.)"""
     import os
 
     words = shlex.split(line)

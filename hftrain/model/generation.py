@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from hftrain.recipe.sections import MonitorSection
 
 
 def sample(
@@ -21,3 +24,9 @@ def sample(
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id, **how)
     model.train(was_training)
     return tokenizer.decode(out[0], skip_special_tokens=True)
+
+
+def end_of_run_sample(model: Any, tokenizer: Any, monitor: MonitorSection) -> str:
+    """The sample a run shows when it ends, as its monitor section says (sample_prompt, sample_max_new_tokens,
+    sample_temperature): a new key of that sample is read here, from the section, and nowhere else."""
+    return sample(model, tokenizer, monitor.sample_prompt, monitor.sample_max_new_tokens, 0, monitor.sample_temperature)

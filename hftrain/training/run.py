@@ -35,7 +35,7 @@ from hftrain.integrations.outbox import Failure, Outbox
 from hftrain.model import attention, fused_loss
 from hftrain.model.build import build_model
 from hftrain.model.finetune import apply_method
-from hftrain.model.generation import sample
+from hftrain.model.generation import end_of_run_sample
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.parallel import dims as parallel
 from hftrain.parallel import liveness
@@ -248,8 +248,7 @@ def finish(trainer: HftrainTrainer, monitor: MonitorSection, as_run: AsRun, know
     checkpoints.publish_final(staged, {"step": trainer.state.global_step, "eval_loss": metrics["eval_loss"]})
     results = build_results(trainer.state.global_step, metrics, run.log_history, {**run_facts(trainer), **known})
     if monitor.sample_max_new_tokens:
-        how = (monitor.sample_prompt, monitor.sample_max_new_tokens, 0, monitor.sample_temperature)
-        run.sample = results["sample"] = sample(run.model, trainer.processing_class, *how)
+        run.sample = results["sample"] = end_of_run_sample(run.model, trainer.processing_class, monitor)
     if monitor.plot:
         run.plot_path = plot_curves(run.log_history, layout.plot, title=str(layout.root))
     layout.results.write_text(json.dumps(results, indent=2), encoding="utf-8")

@@ -134,10 +134,11 @@ def test_the_end_of_run_sample_takes_its_temperature_from_the_monitor_section(pr
     model/generation.py, through the section alone): 0 is greedy, the same text whatever the seed; the default
     0.8 samples (three seeds, three texts here)."""
     import hftrain
-    from hftrain.model.generation import sample
+    from hftrain.model.generation import end_of_run_sample, sample
 
     model, tokenizer = pretrained_run.model, pretrained_run.trainer.processing_class
-    assert hftrain.load_recipe(None, {"monitor": {"sample_temperature": 0}}).monitor.sample_temperature == 0
+    monitor = hftrain.load_recipe(None, {"monitor": {"sample_temperature": 0, "sample_max_new_tokens": 12}}).monitor
     greedy = {sample(model, tokenizer, "The ", 12, seed, temperature=0.0) for seed in (0, 1, 2)}
     sampled = {sample(model, tokenizer, "The ", 12, seed) for seed in (0, 1, 2)}
     assert len(greedy) == 1 and len(sampled) == 3, (greedy, sampled)
+    assert end_of_run_sample(model, tokenizer, monitor) in greedy  # what the run shows, from its section

@@ -1,5 +1,5 @@
-"""The command line as a user runs it: exit codes and what it prints, through the CLI's own entry point in this
-process; the installed console script itself once, end to end (the quickstart as shipped). Every refusal's message:
+"""`hftrain train` as a user runs it: its summary, outputs and exit code through the CLI's own entry point in
+this process, and the quickstart as shipped through the installed console script. Every refusal's message:
 tests/bad_input/."""
 
 from __future__ import annotations
@@ -42,48 +42,6 @@ def test_train_prints_the_summary_and_writes_outputs(tmp_path, corpus, capsys, m
     state = json.loads((run / "checkpoint-10" / "trainer_state.json").read_text())
     assert [e["step"] for e in loss_records(state["log_history"])] == [4, 8]  # overrides took effect
     assert json.loads(RunLayout(run).results.read_text())["step"] == 12
-
-
-def test_plan_with_overrides_anywhere(capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    code, printed = in_process(capsys, "plan", "recipes/pretrain/pythia-1b.yaml")
-    assert code == 0, printed
-    assert "1,011,781,632 total" in printed and "FLOPs per token" in printed and "fp32" in printed
-    code, moved = in_process(capsys, "plan", "model.preset=pythia-70m", "recipes/quickstart.yaml", "data.seq_len=64")
-    assert code == 0, moved
-    assert "model pythia-70m: 6 layers, hidden 512, 8 heads, vocab 4,096" in moved  # quickstart's 4k BPE
-
-
-def test_help_shows_field_docs(capsys):
-    code, printed = in_process(capsys, "train", "--help")
-    assert code == 0
-    assert "Tokens per training block" in printed  # data.seq_len's docstring
-    assert "Named GPT-NeoX shape" in printed  # model.preset's docstring
-    code, training = in_process(capsys, "explain", "training")
-    assert "learning_rate" in training and "The initial learning rate for" in training
-
-
-def test_console_script_is_installed_and_exits_without_collecting_the_heap(capsys):
-    """Every way hftrain runs as a program goes through `program`, which freezes the heap for the collector once
-    the command is done (the interpreter's exit then skips a full collection of torch's and transformers' objects:
-    2-2.5 s per process on 2 cores); `main`, which notebooks and tests call, leaves the collector alone."""
-    import gc
-
-    from hftrain.cli import main, program
-    from hftrain.launch.sagemaker import ENTRY
-
-    script = Path(sys.executable).parent / "hftrain"
-    assert script.is_file() and os.access(script, os.X_OK)
-    assert "from hftrain.cli import program" in script.read_text()  # pyproject's console script
-    assert "sys.exit(program())" in (ROOT / "hftrain" / "__main__.py").read_text()  # python -m hftrain, every rank
-    assert "sys.exit(program([" in ENTRY  # SageMaker's processes
-    gc.unfreeze()
-    assert main(["presets"]) == 0 and gc.get_freeze_count() == 0
-    try:
-        assert program(["presets"]) == 0 and gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()  # this test process goes on collecting
-    assert "pythia-160m" in capsys.readouterr().out
 
 
 @pytest.mark.slow(seconds=300)  # the suite's order: the longest files start first (tests/conftest.py)
