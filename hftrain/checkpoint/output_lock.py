@@ -233,11 +233,16 @@ class FileLock:
             ) from None
 
     def _writer(self, how: int) -> int | None:
-        """A descriptor of the writers' file flocked `how` (shared: this process writes; exclusive: nobody else
-        does), or None where another process holds it the other way."""
+        """A descriptor of the writers' file flocked `how` (shared: this process writes, the file made where it
+        is not; exclusive: nobody else does, the file, if any, only looked at), or None where another process
+        holds it the other way."""
         import fcntl
 
-        fd = os.open(self.directory / WRITERS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        exclusive = how == fcntl.LOCK_EX
+        try:
+            fd = os.open(self.directory / WRITERS_FILE, os.O_RDWR | (0 if exclusive else os.O_CREAT), 0o644)
+        except FileNotFoundError:  # no process ever joined here: nobody writes
+            return os.open(os.devnull, os.O_RDONLY)
         try:
             fcntl.flock(fd, how | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -15,6 +15,7 @@ step holds a whole document's text. datatrove's shuffle then copies one document
 from __future__ import annotations
 
 import json
+import os
 import signal
 from copy import deepcopy
 from typing import Any
@@ -69,7 +70,7 @@ class RecipeDocuments(PipelineStep):
         self.parent: int | None = None  # the prepare that started this task's process, when it runs on this machine
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        if self.parent is not None:  # a spawned pool worker ends with the prepare (parallel/process_end.py)
+        if self.parent not in (None, os.getpid()):  # a spawned pool worker ends with the prepare (process_end.py)
             end_with_parent(signal.SIGKILL, str(self.parent))
         docs = train_documents(self.plan, loop=False, shuffle=False)
         i = 0

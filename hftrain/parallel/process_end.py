@@ -60,8 +60,9 @@ _forks: dict[str, Any] = {"hooked": False, "from_main": False, "parent": 0}
 
 
 def end_with_parent(sig: int, parent: str | None = None) -> bool:
-    """This process receives `sig` when its parent ends (Linux; elsewhere nothing). `parent`: the pid it was
-    started by, when known: if that one has already ended, the signal is sent at once. Returns whether it is set."""
+    """This process receives `sig` when its parent ends (Linux; elsewhere nothing). `parent`: the pid of the
+    process it ends with (its launcher), when known: if that one has already ended, the signal is sent at once (the
+    kernel's signal only follows the parent that is there when it is set). Returns whether it is set."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
@@ -72,8 +73,18 @@ def end_with_parent(sig: int, parent: str | None = None) -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if parent and parent.isdigit() and os.getppid() != int(parent):  # it died before the signal was set
+    if parent and parent.isdigit() and not _alive(int(parent)):  # it ended before the signal was set
         os.kill(os.getpid(), sig)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's: alive
+        return True
     return True
 
 
