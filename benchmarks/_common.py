@@ -89,9 +89,8 @@ def steady_state(clock: dict[str, Any], tokens_per_step: int) -> dict[str, float
     return {
         "tokens_per_s": statistics.median(tokens_per_step / d for d in timed),
         "step_s": statistics.median(timed),
-        "mean_step_s": statistics.mean(
-            timed
-        ),  # the pace a whole run keeps: periodic work (data windows, logging) included
+        # the pace a whole run keeps: periodic work (data windows, logging) included
+        "mean_step_s": statistics.mean(timed),
         "warmup_s": sum(durations[:skip]),
         "timed_steps": len(timed),
         # CPU seconds per wall second over the timed steps: about the thread count when the run had the cores

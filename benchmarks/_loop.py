@@ -108,9 +108,8 @@ def run_loop(
     ]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(
-        groups, lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8, fused=True
-    )  # the Trainer's default (adamw_torch_fused)
+    # the Trainer's default (adamw_torch_fused)
+    optimizer = torch.optim.AdamW(groups, lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8, fused=True)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, run_steps)
     loader = DataLoader(
         blocks,

@@ -65,10 +65,8 @@ def recipe_for(config: Config, bases: Path, out: Path) -> dict[str, Any]:
     if config.method == "pretrain":
         model = {"preset": config.size}
         tokenizer: dict[str, Any] = {"builtin": "gpt2"}
-        data: dict[str, Any] = {
-            "train": {"builtin": "python-docs"},
-            "holdout_every": 10,
-        }  # 8 full blocks at 1,024 tokens
+        # 8 full blocks at 1,024 tokens
+        data: dict[str, Any] = {"train": {"builtin": "python-docs"}, "holdout_every": 10}
     else:
         model = {"from_pretrained": str(bases / config.size)}
         tokenizer = {"path": str(bases / config.size)}

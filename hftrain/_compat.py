@@ -296,9 +296,8 @@ def universal_load_fixes(saved_file: Path) -> Any:
         def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
             import torch
 
-            saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"][
-                "param_groups"
-            ]  # hftrain's own conversion
+            # hftrain's own conversion
+            saved = torch.load(saved_file, weights_only=False)["optimizer_state_dict"]["param_groups"]
             groups = optimizer.param_groups
             if len(saved) != len(groups):
                 raise HftrainError(

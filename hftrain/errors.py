@@ -135,9 +135,8 @@ def _explain(err: BaseException, bound_s: float | None) -> HftrainError | None:
         )
     if "HfHubHTTPError" in names and status is not None and 400 <= status < 500 and status not in (408, 429):
         reason = (getattr(err, "server_message", None) or str(err)).strip().replace("\n", " ")
-        return HftrainError(
-            f"{_endpoint(err)}: {status}: the Hub refused the request: {reason[:600]}"
-        )  # not retried: it would refuse again
+        # not retried: it would refuse again
+        return HftrainError(f"{_endpoint(err)}: {status}: the Hub refused the request: {reason[:600]}")
     if isinstance(err, OSError) and err.errno in _OS_FIXES and getattr(err, "filename", None):
         return HftrainError(f"{err.filename}: {err.strerror}; {_OS_FIXES[err.errno]}.")
     return None

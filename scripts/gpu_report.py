@@ -194,9 +194,8 @@ def benchmark_item(directory: Path, bench_rc: int | None) -> tuple[list[dict[str
 
 
 def build(directory: Path, dry_run: bool, collected: list[str], bench_rc: int | None) -> dict[str, Any]:
-    recorded = (
-        directory / "environment.json"
-    )  # written on the GPU machine (gpu_check.sh); the report may be built elsewhere
+    # written on the GPU machine (gpu_check.sh); the report may be built elsewhere
+    recorded = directory / "environment.json"
     env = json.loads(recorded.read_text()) if recorded.is_file() else environment()
     junit = read_junit(directory / "junit.xml")
     numbers = load_numbers(directory)

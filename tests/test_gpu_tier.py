@@ -119,9 +119,8 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
         textwrap.dedent(SYNTHETIC).replace("def test_broken():\n    assert 1 == 2\n", "")
     )
     (gpu / "test_gpu_finetune.py").write_text(textwrap.dedent(SYNTHETIC))
-    (gpu / "test_gpu_newcomer.py").write_text(
-        textwrap.dedent(SYNTHETIC)
-    )  # a module no item names: its failure still counts
+    # a module no item names: its failure still counts
+    (gpu / "test_gpu_newcomer.py").write_text(textwrap.dedent(SYNTHETIC))
     pytest_run("tests", "-q", "-o", "addopts=", "--junitxml", str(tmp_path / "junit.xml"), cwd=tmp_path)
     (tmp_path / "items").mkdir()
     (tmp_path / "items" / "fsdp_world1.json").write_text(
@@ -207,9 +206,8 @@ def test_spec_sheet_bf16_peaks_by_device_name(name, tflops):
     assert spec_bf16_tflops(name)[0] == tflops
     numbers = mfu(1000.0, 1e9, {"spec_bf16_flops": tflops and tflops * 1e12, "measured_bf16_flops": 5e14})
     assert numbers["mfu_measured"] == pytest.approx(1e12 / 5e14)
-    assert numbers["mfu_spec"] == (
-        pytest.approx(1e12 / (tflops * 1e12)) if tflops else None
-    )  # unknown GPU: measured peak only
+    # unknown GPU: measured peak only
+    assert numbers["mfu_spec"] == (pytest.approx(1e12 / (tflops * 1e12)) if tflops else None)
 
 
 def test_the_gpu_tests_recipes_validate(tmp_path):

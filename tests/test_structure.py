@@ -619,9 +619,8 @@ def test_one_optimizer_step_runs_in_at_most_8_hftrain_files():
     attached, it made 9)."""
     plain = [path for path, _ in step_view.trace_steps()["plain"]]
     assert len(plain) <= 8, plain
-    assert {"hftrain/training/trainer.py", "hftrain/training/step_faults.py", "hftrain/data/loader.py"} <= set(
-        plain
-    )  # traced
+    # traced
+    assert {"hftrain/training/trainer.py", "hftrain/training/step_faults.py", "hftrain/data/loader.py"} <= set(plain)
     assert "hftrain/checkpoint/manager.py" not in plain, plain
 
 

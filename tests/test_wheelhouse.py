@@ -112,9 +112,10 @@ def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path, newer_t
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
+    # as the README
     torch = subprocess.run(
         [py, "-m", "pip", "install", "-q", "torch==2.13.0"], capture_output=True, text=True, timeout=600
-    )  # as the README
+    )
     assert torch.returncode == 0, torch.stderr[-2000:]
     check = subprocess.run([py, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True)
     assert check.stdout.strip() == "None"  # a CPU build; the CUDA wheels were never pulled

@@ -91,11 +91,8 @@ class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
     def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting, dims: ParallelDims | None):
-        self.layout, self.part, self.resume = (
-            layout,
-            part,
-            resume,
-        )  # resume: training.resume_from_checkpoint, parsed once
+        # resume: training.resume_from_checkpoint, parsed once
+        self.layout, self.part, self.resume = (layout, part, resume)
         # the run's parallel dims: its strategy and nodes, for what a save writes; None for a manager that only reads
         # the directory (the resolver's: what the run recorded, whether it is the same run), which cannot save
         self.dims = dims
@@ -272,9 +269,8 @@ class CheckpointManager:
         except Exception as err:  # disk full, unwritable, quota: the previous checkpoints are untouched
             raise self._write_error(err, staged, str(self.layout.root / name)) from None
         trainer.accelerator.wait_for_everyone()
-        files, where = checkpoint_listing(
-            staged, trainer.args, self.dims
-        )  # node-local disks: every process takes part (node_disks.py)
+        # node-local disks: every process takes part (node_disks.py)
+        files, where = checkpoint_listing(staged, trainer.args, self.dims)
         if trainer.args.should_save:
             self._write_extras(staged, trainer)
             # the writer's backend and process count: how a resume judges the checkpoint (elastic.py)
@@ -302,9 +298,8 @@ class CheckpointManager:
             return
         rotating = [c for c in self.complete() if not self.part.kept.keeps(checkpoint_step(c) or -1)]
         for old in rotating[: -self.keep]:
-            doomed = self.layout.staged(
-                f"rotated-{old.name}"
-            )  # a kill mid-delete leaves it in staging, removed at start
+            # a kill mid-delete leaves it in staging, removed at start
+            doomed = self.layout.staged(f"rotated-{old.name}")
             doomed.parent.mkdir(parents=True, exist_ok=True)
             os.replace(old, doomed)
             shutil.rmtree(doomed, ignore_errors=True)

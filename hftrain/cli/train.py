@@ -129,9 +129,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         nodes = node_group(args)
         job = current_job()  # inside a SageMaker training job: its directories and channels (sagemaker_job.py)
         recipe = adapt(load_recipe(args.recipe, overrides), job)  # validated here, before any process is started
-        network.configure(
-            recipe.faults.network_timeout_s
-        )  # every network client from here on answers within this bound
+        # every network client from here on answers within this bound
+        network.configure(recipe.faults.network_timeout_s)
         from hftrain.checkpoint.output_lock import owning
 
         with owning(recipe.training.output_dir, "training.output_dir"):  # the processes started below join it

@@ -34,9 +34,8 @@ class FolderStream(BlockStream):
         self.seed, self.worker, self.window, self.loop = seed, worker, window, loop
         self.seq_len, self.dtype, self.vocab = seq_len, folder.dtype, vocab
         self.shuffle = window > 1
-        self.share = share_of(
-            [s.blocks for s in shards], True, worker.index, worker.count
-        )  # whole files if they deal out evenly, else a block range of each
+        # whole files if they deal out evenly, else a block range of each
+        self.share = share_of([s.blocks for s in shards], True, worker.index, worker.count)
 
     def fresh_state(self) -> dict[str, Any]:
         return {"start": {"epoch": 0, "shard": 0, "block": 0}, "window": 0, "emitted": 0}

@@ -34,10 +34,8 @@ def ranges_hold_lines(url: str, storage_options: dict[str, Any], size: int | Non
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
     for r in range(1, count):
         start, stop = ShardSlice(r, count).span(size)
-        at, end = (
-            start - 1,
-            min(stop - 1, start - 1 + PROBE_BYTES),
-        )  # a line starts in [start, stop) iff a newline ends one in [start-1, stop-1)
+        # a line starts in [start, stop) iff a newline ends one in [start-1, stop-1)
+        at, end = (start - 1, min(stop - 1, start - 1 + PROBE_BYTES))
         while at < end:
             chunk = fs.cat_file(path, start=at, end=min(end, at + (1 << 16)))
             if not chunk:

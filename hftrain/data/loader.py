@@ -183,11 +183,8 @@ class PackedDataset(IterableDataset):
                 item = next(blocks, None)
                 if item is None:
                     return
-                yield (
-                    reader,
-                    item[0],
-                    item[1],
-                )  # numpy, pickled to the main process (no shared-memory tensor per sample)
+                # numpy, pickled to the main process (no shared-memory tensor per sample)
+                yield (reader, item[0], item[1])
 
 
 def as_sample(block: Any) -> dict[str, Any]:

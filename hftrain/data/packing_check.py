@@ -21,11 +21,8 @@ from hftrain.data.packed_batch import KERNEL_FORMS
 from hftrain.data.stream import Worker
 from hftrain.recipe.parts import DataPart, ModelPart
 
-TOLERANCE = {
-    torch.float32: 1e-4,
-    torch.float16: 1e-2,
-    torch.bfloat16: 3e-2,
-}  # max |diff| of logits: rounding, not a leak
+# max |diff| of logits: rounding, not a leak
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 REFERENCE = "sdpa"  # the kernel a document alone runs on: one shape per document, compiled by nothing
 
 

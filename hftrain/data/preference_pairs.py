@@ -70,9 +70,8 @@ def same_answers(first: list[dict[str, Any]], tokenizer: Any, where: str) -> str
     stays at log 2 and its gradient at 0). Among the `first` records (as tokenized for training): none, None; some,
     the line that says how many; most, refused naming `where` (the data.train source)."""
     if first and needs_chat_template(tokenizer, first[0]):
-        tokenizer = copy.deepcopy(
-            tokenizer
-        )  # as training will tokenize them (the run's own tokenizer is not touched here)
+        # as training will tokenize them (the run's own tokenizer is not touched here)
+        tokenizer = copy.deepcopy(tokenizer)
         use_chatml(tokenizer)
     pairs = [encode_pair(tokenizer, record) for record in first]
     same = sum(pair["chosen_ids"] == pair["rejected_ids"] for pair in pairs)

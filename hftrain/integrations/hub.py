@@ -355,9 +355,8 @@ def push_run(
         return copy_to_fsspec(model_dir, to, part.hub.storage_options)
     if not repo_id:
         raise HftrainError("push: give --repo-id NAMESPACE/NAME (or --to s3://bucket/path).")
-    folder = bundle(
-        run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None
-    )  # links, not a /tmp copy
+    # links, not a /tmp copy
+    folder = bundle(run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None)
     try:
         push_folder(folder, repo_id, private=private, revision=revision, message="hftrain push")
     finally:

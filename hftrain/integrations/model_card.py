@@ -31,9 +31,8 @@ def model_card(
 ) -> str:
     """README.md with Hub metadata, the final metrics, the curves, the kept checkpoints' revisions and how to load the
     model without hftrain."""
-    sources = [
-        redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in part.train
-    ]  # no user:password@
+    # no user:password@
+    sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in part.train]
     rows = [(k, results.get(k)) for k in CARD_METRICS]
     table = "\n".join(
         f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None

@@ -23,9 +23,8 @@ from hftrain.parallel.batch import global_batch
 from hftrain.parallel.dims import Strategy
 from hftrain.recipe.parts import PlanPart
 
-BACKENDS = {
-    s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)
-}  # by label: single, DDP, ...
+# by label: single, DDP, ...
+BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}
 FORCED = [
     "training.logging_steps=1",
     "training.save_strategy=no",

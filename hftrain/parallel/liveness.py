@@ -75,10 +75,8 @@ class Heartbeat:
         watched = watched if rank == 0 else [0]
         seen: dict[int, tuple[int, float]] = {}
         unreachable_since = None
-        moved, told = (
-            (self.step(), time.monotonic()),
-            None,
-        )  # (this process's step, when it last changed); the step in the store
+        # (this process's step, when it last changed); the step in the store
+        moved, told = ((self.step(), time.monotonic()), None)
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
             step = self.step()

@@ -198,11 +198,8 @@ def what_would_fit(
         return min(predict_peak(m, info, replace(shape, checkpointing=c), libraries).total for c in (False, True))
 
     found = []
-    best, low, high = (
-        None,
-        1,
-        (base.seq_len - 1) // SEQ_STEP,
-    )  # data.seq_len in multiples of SEQ_STEP below the recipe's
+    # data.seq_len in multiples of SEQ_STEP below the recipe's
+    best, low, high = (None, 1, (base.seq_len - 1) // SEQ_STEP)
     while low <= high:  # the largest that fits (the peak grows with it)
         k = (low + high) // 2
         need = lowest(

@@ -31,10 +31,8 @@ ADAPTER_ACTIVATIONS = 1.65
 ADAPTER_BASE_COPY = (
     0.5  # CPU: and hold about half the fp32 base's bytes more during a step (peft's wrapped forward; calibrated)
 )
-FUSED_HEAD_TILE = (
-    4096,
-    32768,
-)  # DPO: tokens x vocabulary TRL's fused LM head projects at a time (trl.kernels, TRL 1.16)
+# DPO: tokens x vocabulary TRL's fused LM head projects at a time (trl.kernels, TRL 1.16)
+FUSED_HEAD_TILE = (4096, 32768)
 CUDA_CONTEXT_BYTES = 0.5e9  # CUDA context and kernels, outside the allocator (not in max_memory_allocated)
 LOGIT_BYTES = {  # working set per logit: (training step, evaluation)
     ("cpu-chunked", "fp32"): (8, 8),  # logits + the chunked loss's gradient (fused_loss.py); eval: + log-probs

@@ -24,10 +24,8 @@ ALONE = ("none", "all")  # no tracker / every tracker installed here: each means
 TRACKERS: dict[str, tuple[str, str | None]] = {
     "azure_ml": ("is_azureml_available", "azureml-sdk"),
     "comet_ml": ("is_comet_available", "comet-ml"),
-    "mlflow": (
-        "is_mlflow_available",
-        "mlflow-skinny",
-    ),  # the tracking client, as hftrain's `trackers` extra installs it
+    # the tracking client, as hftrain's `trackers` extra installs it
+    "mlflow": ("is_mlflow_available", "mlflow-skinny"),
     "neptune": ("is_neptune_available", "neptune"),
     "tensorboard": ("is_tensorboard_available", "tensorboard"),
     "trackio": ("is_trackio_available", "trackio"),

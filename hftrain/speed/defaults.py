@@ -255,12 +255,8 @@ def dtype_keys(device: torch.device) -> tuple[str, ...]:
     return PRECISION_KEYS if device.type == "cuda" else ("bf16",)
 
 
-PROBE_OPTIONS = (
-    "hidden_act",
-    "rotary_pct",
-    "use_parallel_residual",
-    "tie_word_embeddings",
-)  # config keys a layer's work depends on
+# config keys a layer's work depends on
+PROBE_OPTIONS = ("hidden_act", "rotary_pct", "use_parallel_residual", "tie_word_embeddings")
 
 
 def probe_shape(part: SpeedPart, kwargs: dict[str, Any], shape: ModelShape) -> ProbeShape:

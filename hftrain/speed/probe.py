@@ -183,9 +183,8 @@ def _time_dtypes(shape: ProbeShape, device: torch.device) -> dict[str, float]:
         d: _small_matmul_seconds(device, d) / _small_matmul_seconds(device, "fp32") if d != "fp32" else 1.0
         for d in candidates(device)
     }
-    probed = [
-        d for d in slowdown if slowdown[d] <= TOO_SLOW
-    ]  # emulated (e.g. bf16 without AVX-512 BF16 / AMX): not probed further
+    # emulated (e.g. bf16 without AVX-512 BF16 / AMX): not probed further
+    probed = [d for d in slowdown if slowdown[d] <= TOO_SLOW]
     compute = {d: float("inf") for d in probed}
     for order in (probed, probed[::-1]):  # the dtypes take turns, twice, in opposite orders: a busy moment of a shared
         for dtype in order:  # machine lands on each, and the faster round of each counts (it is cached)

@@ -50,11 +50,8 @@ def start_record(args: TrainingArguments, dims: ParallelDims) -> dict[str, Any]:
     }
 
 
-HFTRAIN_KEYS = (
-    "resume_from_checkpoint",
-    "push_to_hub",
-    "save_total_limit",
-)  # read by hftrain (module docstring), not the Trainer
+# read by hftrain (module docstring), not the Trainer
+HFTRAIN_KEYS = ("resume_from_checkpoint", "push_to_hub", "save_total_limit")
 
 
 def argument_values(
@@ -105,9 +102,8 @@ def set_up(
     device = training_device(resolved, dims)
     fp8_setting = speed_part.section.fp8
     fp8.check_here(fp8_setting, device, dict(resolved), model.finetune.method, dims.strategy, shape)
-    storage = node_disks.storage_settings(
-        dict(resolved), output_dir, dims
-    )  # several nodes: a shared disk or each its own
+    # several nodes: a shared disk or each its own
+    storage = node_disks.storage_settings(dict(resolved), output_dir, dims)
     memory = _compat.keep_freed_memory(device)  # before the speed probe: it times steps as training runs them
     compiled, why = fp8.compile_for(fp8_setting, dict(resolved))  # speed.fp8 with torch_compile unset: on
     plan = speed_defaults(speed_part, {**resolved, **storage, **compiled}, dims, shape, recorded.get("speed"), device)

@@ -22,20 +22,10 @@ def training_arguments(finetune: FinetuneSection, kwargs: dict[str, Any], seq_le
     return BUILDERS[finetune.objective].arguments(kwargs, finetune, seq_len)
 
 
-def build_trainer(
-    part: TrainerPart,
-    options: TrainerOptions,
-    model: Any,
-    args: Any,
-    tokenizer: Any,
-    collate: Any,
-    callbacks: list[Any],
-    tokenizer_is_new: bool,
-) -> HftrainTrainer:
-    """The objective's Trainer (training/trainer_build.py gathers what it is built from)."""
-    return BUILDERS[part.objective.name].trainer(
-        part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new
-    )
+def build_trainer(part: TrainerPart, options: TrainerOptions, tokenizer_is_new: bool, **trainer: Any) -> HftrainTrainer:
+    """The objective's Trainer (training/trainer_build.py gathers what it is built from); `trainer`: the Trainer's
+    own arguments (model, args, processing_class, data_collator, callbacks)."""
+    return BUILDERS[part.objective.name].trainer(part, options, tokenizer_is_new, **trainer)
 
 
 def _lm_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: int) -> Any:
@@ -51,54 +41,29 @@ def _dpo_arguments(kwargs: dict[str, Any], finetune: FinetuneSection, seq_len: i
     return dpo_arguments(kwargs, finetune.dpo, seq_len)
 
 
-def _lm_trainer(
-    part: TrainerPart,
-    options: TrainerOptions,
-    model: Any,
-    args: Any,
-    tokenizer: Any,
-    collate: Any,
-    callbacks: list[Any],
-    tokenizer_is_new: bool,
-) -> HftrainTrainer:
+def _lm_trainer(part: TrainerPart, options: TrainerOptions, tokenizer_is_new: bool, **trainer: Any) -> HftrainTrainer:
     """Next-token loss on packed blocks (or instruction examples), evaluated on held-out blocks."""
-    section = options.data.section
+    section, tokenizer = options.data.section, trainer["processing_class"]
     with phase(f"reading the validation set ({section.eval_blocks:,} blocks of {section.seq_len:,} tokens)", after_s=2):
         eval_set = validation_blocks(options.data, tokenizer)
-    return HftrainTrainer(
-        model=model,
-        args=args,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        data_collator=collate,
-        callbacks=callbacks,
-        options=replace(options, evaluation=TrainingEvaluation(eval_set, tokenizer, part.monitor.eval_tasks)),
-    )
+    evaluation = TrainingEvaluation(eval_set, tokenizer, part.monitor.eval_tasks)
+    return HftrainTrainer(eval_dataset=eval_set, options=replace(options, evaluation=evaluation), **trainer)
 
 
-def _dpo_trainer(
-    part: TrainerPart,
-    options: TrainerOptions,
-    model: Any,
-    args: Any,
-    tokenizer: Any,
-    collate: Any,
-    callbacks: list[Any],
-    tokenizer_is_new: bool,
-) -> HftrainTrainer:
+def _dpo_trainer(part: TrainerPart, options: TrainerOptions, tokenizer_is_new: bool, **trainer: Any) -> HftrainTrainer:
+    """TRL's DPOTrainer behind hftrain's (training/dpo.py): its own evaluation set and collator."""
     from hftrain.training.dpo import preference_trainer
 
+    model, args, tokenizer, callbacks = (trainer[k] for k in ("model", "args", "processing_class", "callbacks"))
     return preference_trainer(part.model, options, model, args, tokenizer, callbacks, tokenizer_is_new)
 
 
 @dataclass(frozen=True)
 class Builders:
-    arguments: Callable[
-        [dict[str, Any], FinetuneSection, int], Any
-    ]  # the training section's keys -> its TrainingArguments
-    trainer: Callable[
-        ..., HftrainTrainer
-    ]  # (part, options, model, args, tokenizer, collate, callbacks, tokenizer_is_new)
+    # the training section's keys -> the objective's TrainingArguments
+    arguments: Callable[[dict[str, Any], FinetuneSection, int], Any]
+    # (part, options, tokenizer_is_new, **the Trainer's own arguments) -> the objective's Trainer
+    trainer: Callable[..., HftrainTrainer]
 
 
 BUILDERS: dict[str, Builders] = {

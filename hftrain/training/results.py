@@ -38,13 +38,14 @@ def summary(results: dict[str, Any], final_dir: Any, threshold: float, workers: 
     lines = [
         "",
         f"final checkpoint: {final_dir}",
+        # a DPO loss is no next-token loss: no perplexity
         f"validation loss {results['eval_loss']:.4f}"
         + (
             f", perplexity {results['eval_perplexity']:.2f}, bits per byte "
             f"{results.get('eval_bits_per_byte', float('nan')):.3f}"
             if "eval_perplexity" in results
             else ""
-        ),  # a DPO loss is no next-token loss: no perplexity
+        ),
     ]
     extra = [
         f"{k.removeprefix('eval_')} {v:.4g}"

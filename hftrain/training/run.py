@@ -64,9 +64,8 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
     try:
         _compat.quiet_optional_warnings()  # before resolving imports the libraries (a logger level and an import check)
         _compat.skip_unneeded_imports()
-        spec = resolve(
-            recipe, LaunchEnv.read(), recorded_start(recipe)
-        )  # reads only; refuses before output_dir is touched
+        # reads only; refuses before output_dir is touched
+        spec = resolve(recipe, LaunchEnv.read(), recorded_start(recipe))
         with owning(str(spec.output_dir), "training.output_dir"):
             return run(spec, callbacks)
     finally:
@@ -119,9 +118,8 @@ def prepare_output(
     """The output directory claimed, the tokenizer, and where the run resumes. The main process prepares the shared
     directory (and trains a tokenizer) before the others read it."""
     with args.main_process_first(desc="preparing the output directory"):
-        checkpoints.claim(
-            args.should_save, start_record(args, dims)
-        )  # should_save: each node's first process on node-local disks
+        # should_save: each node's first process on node-local disks
+        checkpoints.claim(args.should_save, start_record(args, dims))
         tokenizer, is_new = load_tokenizer(model, checkpoints.layout.root, lambda n: first_documents(data, n))
         resume = common_resume(checkpoints.resume_point(args.should_save), checkpoints.complete(), dims, unreadable)
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
@@ -194,9 +192,8 @@ def fit(trainer: HftrainTrainer, resume: Path | None) -> None:
     def where() -> str:
         return f"the last complete checkpoint is {latest()}" if latest() else "no checkpoint is complete yet"
 
-    heartbeat = liveness.Heartbeat(
-        options.dims, where, step=lambda: trainer.state.global_step
-    )  # a lost or stuck node is named
+    # a lost or stuck node is named
+    heartbeat = liveness.Heartbeat(options.dims, where, step=lambda: trainer.state.global_step)
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except Exception as failure:

@@ -88,7 +88,16 @@ def build_trainer(
     options = TrainerOptions(
         dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume
     )
-    trainer = objectives.build_trainer(part, options, model, args, tokenizer, collate, ours, tokenizer_is_new)
+    trainer = objectives.build_trainer(
+        part,
+        options,
+        tokenizer_is_new,
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        data_collator=collate,
+        callbacks=ours,
+    )
     reporters = trackers.Trackers(trainer, outbox, part.faults.network_timeout_s)
     return trainer, reporters
 

@@ -42,9 +42,8 @@ def test_start_over_moves_the_earlier_run_aside_and_never_mixes_them(capsys, rec
     assert code == 0 and "moved the earlier run to" in printed
     (aside,) = run_dir.glob("previous-*")
     tokenizer = {k: v for k, v in earlier.items() if k.startswith(RunLayout.TOKENIZER_DIR + "/")}
-    own = {
-        k: v for k, v in earlier.items() if k not in tokenizer and k != ".hftrain.lock"
-    }  # the lock stays: the directory's
+    # the lock stays: the directory's
+    own = {k: v for k, v in earlier.items() if k not in tokenizer and k != ".hftrain.lock"}
     assert tokenizer and tree_digest(aside) == own  # byte for byte
     assert {k: v for k, v in tree_digest(run_dir).items() if k in tokenizer} == tokenizer  # reused, not retrained
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]

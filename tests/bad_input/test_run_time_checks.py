@@ -158,7 +158,6 @@ def test_a_run_time_check_comes_before_any_work(capsys, monkeypatch, work, name,
         return
     assert SET_UP not in printed, printed[-2000:]
     after = tree_digest(work)
-    lock = after.pop(
-        "run/.hftrain.lock", None
-    )  # `hftrain train` owns the output_dir first; in one that exists it stays, empty
+    # `hftrain train` owns the output_dir first; in one that exists it stays, empty
+    lock = after.pop("run/.hftrain.lock", None)
     assert after == before and lock in (None, EMPTY)  # no tokenizer, no start record, no script

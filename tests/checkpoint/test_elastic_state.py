@@ -64,9 +64,8 @@ def test_a_backend_switch_is_refused_with_one_message(tmp_path):
     ],
 )
 def test_older_checkpoints_are_judged_by_their_files(tmp_path, dirs, files, fmt):
-    checkpoint = fake_checkpoint(
-        tmp_path, {"step": 3}, dirs, files
-    )  # no strategy, no world size: hftrain before elastic resume
+    # no strategy, no world size: hftrain before elastic resume
+    checkpoint = fake_checkpoint(tmp_path, {"step": 3}, dirs, files)
     written = elastic.written_by(checkpoint)
     assert (written.format, written.strategy, written.from_files) == (fmt, None, True)
     assert written.world_size == (1 if fmt == "full" else 2)
@@ -141,9 +140,8 @@ def assert_same_state(saved_file: Path, loaded_file: Path, counts: tuple[int, in
     saved, loaded = torch.load(saved_file, weights_only=False), torch.load(loaded_file, weights_only=False)
     assert (saved["world_size"], loaded["world_size"]) == counts
     assert saved["step"] == loaded["step"]
-    assert (
-        min(float(s["exp_avg_sq"].abs().max()) for s in saved["state"].values()) > 0
-    )  # a trained optimizer, not fresh
+    # a trained optimizer, not fresh
+    assert min(float(s["exp_avg_sq"].abs().max()) for s in saved["state"].values()) > 0
     worst = compare(saved, loaded)
     assert max(worst.values()) <= 1e-7, worst
 

@@ -264,13 +264,14 @@ def test_ranks_and_loader_workers_read_disjoint_parts_covering_the_corpus(tmp_pa
     assert all(parts.values())
     if shards == 8:
         owners = {d.split(" doc")[0]: key for key, part in parts.items() for d in part}
+        # each shard read by exactly one reader
         assert (
             all(
                 {d.split(" doc")[0] for d in part} == {s for s, k in owners.items() if k == key}
                 for key, part in parts.items()
             )
             and len(owners) == 8
-        )  # each shard read by exactly one reader
+        )
 
 
 def _split_docs(tok, ids: list[int]) -> list[str]:
@@ -389,6 +390,5 @@ def test_weighted_mixture_is_deterministic_and_follows_the_weights(tmp_path):
     share = sum(d.startswith("alpha") for d in first) / len(first)
     assert 0.72 < share < 0.78  # 3:1
     alphas = [d for d in first if d.startswith("alpha")][:300]
-    assert sorted(alphas) == sorted(
-        f"alpha {i}" for i in range(300)
-    )  # each source: no document repeated within its epoch
+    # each source: no document repeated within its epoch
+    assert sorted(alphas) == sorted(f"alpha {i}" for i in range(300))

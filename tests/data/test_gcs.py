@@ -114,9 +114,8 @@ def test_missing_gcs_paths_are_named(gcs):
             read_all(path)
         assert str(info.value).startswith(f"data.train[0].path: no file matches {path!r}"), str(info.value)
 
-    plan = plan_data(
-        load_recipe(None, {"data": {"train": {"path": "gs://bkt/corpus/*.jsonl.gz"}}}).data, 0
-    )  # listed now ...
+    # listed now ...
+    plan = plan_data(load_recipe(None, {"data": {"train": {"path": "gs://bkt/corpus/*.jsonl.gz"}}}).data, 0)
     (gcs.root / "bkt/corpus/part-002.jsonl.gz").unlink()  # ... gone when read
     stream = DocumentStream(plan.train, seed=0, shuffle=False, loop=False)
     with pytest.raises(HftrainError, match=r"gs://bkt/corpus/part-002.jsonl.gz: is missing"):

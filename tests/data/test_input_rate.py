@@ -72,9 +72,8 @@ def test_batches_are_copied_without_a_wait_on_cuda_unless_the_recipe_says_otherw
     assert arguments_on("cuda", accelerator_config={"non_blocking": False})["accelerator_config"] == {
         "non_blocking": False
     }
-    assert "accelerator_config" not in arguments_on(
-        "cuda", dataloader_pin_memory=False
-    )  # no pinned memory: a copy waits anyway
+    # no pinned memory: a copy waits anyway
+    assert "accelerator_config" not in arguments_on("cuda", dataloader_pin_memory=False)
     assert "accelerator_config" not in arguments_on("cuda", use_cpu=True)
     assert "accelerator_config" not in arguments_on("cpu")
 

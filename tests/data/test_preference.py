@@ -104,10 +104,11 @@ def test_pairs_stream_resumes_where_they_stopped(tmp_path):
             break
     resumed = [item[0] for item, _ in zip(stream.blocks(items[24][1]), range(15))]
     assert resumed == [pair for pair, _ in items[25:40]]
+    # shuffled
     assert [p for p, _ in items[:16]] != [
         encode_pair(tokenizer, r)
         for r in map(json.loads, (SHIPPED / "preference_train.jsonl").read_text().splitlines()[:16])
-    ]  # shuffled
+    ]
     held_out = validation_pairs(plan)
     assert len(held_out) == 8 and held_out[0]["prompt"].startswith(
         "What does the Python function ipaddress.num_addresses"
@@ -292,9 +293,8 @@ def test_pairs_whose_answers_are_one_are_counted_and_refused_when_most_are(same,
         said = same_answers(records, tokenizer, "data.train (pairs.jsonl)")
         assert said == expected or said.startswith(expected)
     chats = [{**CHATS[0], "rejected": CHATS[0]["chosen"]}, CHATS[1]]
-    assert same_answers(chats, tokenizer, "chats").startswith(
-        "chats: 1 of the first 2"
-    )  # the run's tokenizer untouched:
+    # the run's tokenizer untouched:
+    assert same_answers(chats, tokenizer, "chats").startswith("chats: 1 of the first 2")
     assert tokenizer.chat_template is None
 
 

@@ -88,9 +88,8 @@ def test_equal_shards_are_dealt_whole_and_unequal_ones_split():
     assert share_of([100] * 8, True, 3, 8) == Share("whole", (3,), 3, 8)
     assert share_of([100] * 16, False, 0, 8).mode == "whole"
     assert share_of([10, 20, 30, 40, 50, 60, 70, 80], True, 0, 8).mode == "part"
-    assert (
-        share_of([10, 20, 30, 40, 50, 60, 70, 80], False, 0, 8).mode == "whole"
-    )  # compressed: read once, even if unequal
+    # compressed: read once, even if unequal
+    assert share_of([10, 20, 30, 40, 50, 60, 70, 80], False, 0, 8).mode == "whole"
     assert share_of([100, 200], False, 1, 8) == Share("every", (0, 1), 1, 8)
     assert share_of([100, 200], True, 1, 8) == Share("part", (0, 1), 1, 8)
     assert share_of([5, 500], True, 0, 1).mode == "whole"

@@ -100,12 +100,8 @@ def test_tasks_group_input_files_by_size_and_never_split_one(tmp_path):
     raw = tiny_recipe(tmp_path / "c", tmp_path / "u")
     raw["data"]["train"] = [{"path": str(tmp_path / "c")}, {"path": str(tmp_path / "d.jsonl")}]
     plan = plan_data(load_recipe(None, raw).data, 0)
-    assert task_units(plan, 60) == [
-        [(0, 0), (0, 1)],
-        [(0, 2), (0, 3)],
-        [(0, 4), (0, 5)],
-        [(1, 0)],
-    ]  # a source starts a task
+    # a source starts a task
+    assert task_units(plan, 60) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4), (0, 5)], [(1, 0)]]
     assert task_units(plan, 0) == [[(0, k)] for k in range(6)] + [[(1, 0)]]
 
 

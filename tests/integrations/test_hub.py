@@ -89,9 +89,8 @@ def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path, monkeypat
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "pushed: hub:tester/cli@dev" in result.stdout
-    assert staged and all(
-        Path(folder).parent == Path(pretrained_run.output_dir) for folder in staged
-    )  # beside the model: hard links
+    # beside the model: hard links
+    assert staged and all(Path(folder).parent == Path(pretrained_run.output_dir) for folder in staged)
     assert not list(Path(pretrained_run.output_dir).glob("hftrain-push-*"))  # and removed
     assert TOKEN not in result.stdout + result.stderr
     repo = local_hub.repo("tester/cli")
@@ -201,10 +200,8 @@ def test_kept_checkpoints_are_revisions_that_transformers_loads(local_hub, monke
     said = printed.out + printed.err
 
     kept = [1, 2, 4, 5]
-    assert sorted(int(c.name.split("-")[1]) for c in run_dir.glob("checkpoint-*")) == [
-        *kept,
-        8,
-    ]  # + the newest rotating one
+    # + the newest rotating one
+    assert sorted(int(c.name.split("-")[1]) for c in run_dir.glob("checkpoint-*")) == [*kept, 8]
     assert "hftrain: pushed checkpoint-1 to tester/pythia-style as revision step1" in said
     assert (
         "hftrain: warning: pushing checkpoint-2 as revision step2 of tester/pythia-style failed (pushing" in said

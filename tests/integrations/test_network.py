@@ -44,9 +44,8 @@ def test_the_default_bound_is_at_most_60_seconds_retries_included():
         s3 = network.s3_options()["config_kwargs"]
         backoff = sum(min(1.7**i * 0.1, 15) for i in range(network.S3FS_ATTEMPTS))  # s3fs's own retry loop
         attempts = network.S3FS_ATTEMPTS * s3["retries"]["total_max_attempts"]  # botocore's inside each of s3fs's
-        assert (
-            attempts * s3["read_timeout"] + backoff + network.S3FS_ATTEMPTS * 2.0 <= 60
-        )  # + botocore's back-off (<= 2 s)
+        # + botocore's back-off (<= 2 s)
+        assert attempts * s3["read_timeout"] + backoff + network.S3FS_ATTEMPTS * 2.0 <= 60
         assert s3["retries"]["total_max_attempts"] * s3["connect_timeout"] <= 60
         assert network.gcs_options()["requests_timeout"] <= 60
         http = network.http_options()["client_kwargs"]["timeout"]

@@ -260,9 +260,8 @@ def test_a_hub_that_answers_500_and_recovers_ends_the_run_with_everything_sent(
     monkeypatch.setattr(local_hub, "_handle", outage_then_recovery)
     code, printed = in_process(capsys, "train", str(recipe))
     assert code == 0, printed[-3000:]
-    assert (
-        "pushing checkpoint-2 to tester/owed failed" in printed and "training goes on" in printed
-    )  # said as it happened
+    # said as it happened
+    assert "pushing checkpoint-2 to tester/owed failed" in printed and "training goes on" in printed
     assert (
         "replaces pushing checkpoint-2 to tester/owed in the queue" in printed
         or "replaces pushing checkpoint-4" in printed
@@ -307,11 +306,8 @@ def test_revisions_queued_before_a_kill_are_pushed_by_the_resumed_run(tmp_path, 
     raw["training"].update(save_steps=1, save_total_limit=1, max_steps=5)
     raw["checkpoints"] = {"steps": [1, 2, 3], "push_revisions": True}
     recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    env = {
-        **local_hub.subprocess_env(),
-        "HF_TOKEN": TOKEN,
-        "HF_ENDPOINT": "http://127.0.0.1:9",
-    }  # nothing listens there
+    # nothing listens there
+    env = {**local_hub.subprocess_env(), "HF_TOKEN": TOKEN, "HF_ENDPOINT": "http://127.0.0.1:9"}
     died = subprocess.run(
         [sys.executable, "-c", KILLED_AFTER_STEP_3, "train", str(recipe)],
         capture_output=True,

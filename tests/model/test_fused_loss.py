@@ -95,9 +95,8 @@ def test_auto_applies_to_eager_cpu_training_only_and_speed_loss_decides_otherwis
 def test_compiled_it_is_transformers_loss_and_gradient_in_fp32(monkeypatch, num_items_in_batch):
     """Traced by torch.compile, the loss takes its sliced form (no fp32 copy of all the logits): transformers' value
     and gradient within 1e-6, masked labels included. aot_eager traces forward and backward as inductor would."""
-    monkeypatch.setattr(
-        fused_loss, "CHUNK_BYTES_COMPILED", 16 * 4 * VOCAB
-    )  # 16-row slices: 150 rows end in a partial one
+    # 16-row slices: 150 rows end in a partial one
+    monkeypatch.setattr(fused_loss, "CHUNK_BYTES_COMPILED", 16 * 4 * VOCAB)
     logits, labels = _batch(3)
     calls = {"sliced": 0}
     real = fused_loss._sliced_cross_entropy

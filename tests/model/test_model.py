@@ -66,13 +66,11 @@ def test_every_architecture_field_is_overridable():
 
 def test_new_tokenizer_vocab_is_padded_to_the_multiple():
     recipe = load_recipe(None, {"model": {"preset": "pythia-70m"}})
-    assert (
-        build_config(ModelPart.of(recipe), 4000, True, 0).vocab_size == 4096
-    )  # a trained tokenizer: padded, not 50304
+    # a trained tokenizer: padded, not 50304
+    assert build_config(ModelPart.of(recipe), 4000, True, 0).vocab_size == 4096
     assert build_config(ModelPart.of(recipe), 50257, False, 0).vocab_size == 50304  # the published size when it fits
-    assert (
-        build_config(ModelPart.of(recipe), 60000, False, 0).vocab_size == 60032
-    )  # a bigger tokenizer: padded, never cut
+    # a bigger tokenizer: padded, never cut
+    assert build_config(ModelPart.of(recipe), 60000, False, 0).vocab_size == 60032
     assert padded_vocab_size(129, 64) == 192
 
 

@@ -96,9 +96,8 @@ def test_fsdp_parameters_are_dtensor_shards_of_exact_size(runs):
     for when in ("train_begin", "step_end"):
         summary = check_fsdp(observations, world=2, when=when)
         assert summary["params"] > 20 and sum(summary["local_numel"]) == summary["full_numel"]
-        assert (
-            abs(summary["local_numel"][0] - summary["local_numel"][1]) < 0.02 * summary["full_numel"]
-        )  # about half each
+        # about half each
+        assert abs(summary["local_numel"][0] - summary["local_numel"][1]) < 0.02 * summary["full_numel"]
     embed = observations[1]["step_end"]["params"]["gpt_neox.embed_in.weight"]
     assert embed["dtensor"]["local_shape"] == [embed["shape"][0] // 2, embed["shape"][1]]  # e.g. [192, 64] of [384, 64]
 
@@ -173,9 +172,8 @@ def test_zero3_parameters_are_partitioned_with_exact_local_sizes(runs):
         summary = check_zero3(observations, world=2, when=when)
         assert summary["local_numel"][0] == summary["local_numel"][1] >= summary["full_numel"] / 2
     embed = observations[0]["step_end"]["params"]["gpt_neox.embed_in.weight"]
-    assert (
-        embed["numel"] == 0 and embed["zero3"]["local_numel"] == embed["zero3"]["ds_numel"] // 2
-    )  # placeholder; half held
+    # placeholder; half held
+    assert embed["numel"] == 0 and embed["zero3"]["local_numel"] == embed["zero3"]["ds_numel"] // 2
 
 
 @pytest.mark.slow
@@ -240,9 +238,8 @@ def test_quantized_methods_hold_bitsandbytes_layers(runs, method, backend):
     for obs in observations:
         summary = check_quantized(obs, method, strategy=backend, world=world)
         assert summary["layers"] == 8  # 2 layers x 4 projections; the output head stays unquantized
-        assert summary["ratio_to_bf16"] == pytest.approx(
-            0.25 if method == "qlora" else 0.5, abs=0.01
-        )  # 4 / 8 bits of 16
+        # 4 / 8 bits of 16
+        assert summary["ratio_to_bf16"] == pytest.approx(0.25 if method == "qlora" else 0.5, abs=0.01)
     if backend == "fsdp":
         check_fsdp(observations, world=2)  # the packed 4-bit weights are sharded like every other parameter
 

@@ -83,9 +83,8 @@ def test_method_trains_on_2_processes(pretrained_run, method_runs, method, backe
 
     adapter = safetensors.torch.load_file(RunLayout(out).final / "adapter" / "adapter_model.safetensors")
     lora_b = [t for k, t in adapter.items() if "lora_B" in k]
-    assert lora_b and all(
-        t.ndim == 2 and t.abs().sum() > 0 for t in lora_b
-    )  # gathered whole, and trained (B starts at 0)
+    # gathered whole, and trained (B starts at 0)
+    assert lora_b and all(t.ndim == 2 and t.abs().sum() > 0 for t in lora_b)
 
     from transformers import AutoModelForCausalLM
 
@@ -146,9 +145,8 @@ def test_quantized_combinations_bitsandbytes_cannot_run(pretrained_run, tmp_path
         finetune.check_strategy(ModelPart.of(recipe), "fsdp")
     assert finetune.check_strategy(ModelPart.of(recipe), "ddp") == "uint8"
     raw["finetune"]["quantization"].pop("bnb_4bit_quant_storage")
-    assert (
-        finetune.check_strategy(ModelPart.of(load_recipe(None, raw)), "fsdp") == "bfloat16"
-    )  # defaults to the compute dtype
+    # defaults to the compute dtype
+    assert finetune.check_strategy(ModelPart.of(load_recipe(None, raw)), "fsdp") == "bfloat16"
 
 
 def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tmp_path, monkeypatch):
@@ -159,9 +157,8 @@ def test_each_rank_loads_the_quantized_model_onto_its_own_gpu(pretrained_run, tm
     dims = resolve_dims(launch, resolve_strategy("auto", launch), BatchPart.of(recipe), recipe.data)
     assert finetune.quantized_device_map(ModelPart.of(recipe), dims) is None  # CPU: nothing to choose
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert finetune.quantized_device_map(ModelPart.of(recipe), dims) == {
-        "": torch.device("cuda", 1)
-    }  # not cuda:0 (transformers#21736)
+    # not cuda:0 (transformers#21736)
+    assert finetune.quantized_device_map(ModelPart.of(recipe), dims) == {"": torch.device("cuda", 1)}
 
 
 def test_adapter_init_is_the_same_in_every_run_and_on_every_rank(pretrained_run, tmp_path):
@@ -188,9 +185,8 @@ def test_plan_reports_memory_per_finetune_method():
         if line.startswith("  ") and line.split()[0] in METHODS and "4-bit" not in line
     }
     assert set(table) == set(METHODS) and table["lora"].endswith("<- this recipe")
-    gb = {
-        m: [float(w) for w in line.split()[2:10:2]] for m, line in table.items()
-    }  # weights, gradients, optimizer, total
+    # weights, gradients, optimizer, total
+    gb = {m: [float(w) for w in line.split()[2:10:2]] for m, line in table.items()}
     assert gb["full"] == [0.65, 0.65, 1.30, 2.60]  # 162M parameters: fp32 weights and gradients, two fp32 AdamW moments
     assert gb["lora"][0] >= gb["full"][0] and gb["lora"][1] <= 0.01  # frozen fp32 base; gradients for the adapter only
     assert gb["qlora"][0] < gb["lora_8bit"][0] < gb["lora"][0]

@@ -41,9 +41,8 @@ def test_pythia_1b_on_8_gpus_counts_activations_and_logits_and_fits_with_a_margi
     assert peak == pytest.approx(
         sum(gb(k) for k in ("weights", "optimizer", "activations", "logits", "autocast")), abs=0.02
     )
-    assert gb("autocast") == pytest.approx(
-        2 * 0.909, abs=0.01
-    )  # bf16 copies of the 909M matmul weights (head included)
+    # bf16 copies of the 909M matmul weights (head included)
+    assert gb("autocast") == pytest.approx(2 * 0.909, abs=0.01)
     rec = out.split("recommendation: ")[1].splitlines()[0]
     assert (
         rec.startswith("ddp, micro-batch 8 x accumulation 16, gradient checkpointing off") and "within 72.0 GB" in rec
@@ -115,15 +114,15 @@ def test_dpo_counts_its_reference_copy_and_both_answers():
         / 2
     )
     lora = load_recipe(PYTHIA_1B, [*dpo, "finetune.method=lora"])
+    # the adapter disabled
     assert (
         "reference weights"
         not in predict_peak(
             PlanPart.of(lora), info | plan(PlanPart.of(lora)), run_shape(PlanPart.of(lora), "cuda", 8)
         ).parts
-    )  # the adapter disabled
-    assert plan(PlanPart.of(full))["train_flops_per_token"] == pytest.approx(
-        4 / 3 * info["train_flops_per_token"]
-    )  # + the reference's forward
+    )
+    # + the reference's forward
+    assert plan(PlanPart.of(full))["train_flops_per_token"] == pytest.approx(4 / 3 * info["train_flops_per_token"])
     assert plan(PlanPart.of(full))["tokens_per_step_per_device"] == 2 * info["tokens_per_step_per_device"]
 
 

@@ -21,13 +21,8 @@ def test_a_log_schedule_with_an_end_then_every_and_a_list():
     section = CheckpointsSection(schedule="log", log_until=100, every=250, steps=[7, 3, 7])
     assert section.kept_steps(1000) == [0, 1, 2, 3, 4, 7, 8, 16, 32, 64, 250, 500, 750, 1000]
     assert section.kept_steps(1000) == [s for s in range(0, 1001) if section.keeps(s)]  # the two agree
-    assert CheckpointsSection(schedule="log", log_until=8).kept_steps(10**6) == [
-        0,
-        1,
-        2,
-        4,
-        8,
-    ]  # no `every`: ends there
+    # no `every`: ends there
+    assert CheckpointsSection(schedule="log", log_until=8).kept_steps(10**6) == [0, 1, 2, 4, 8]
     assert CheckpointsSection(steps=[5]).kept_steps(4) == [] and CheckpointsSection(steps=[0, 5]).kept_steps(9) == [
         0,
         5,

@@ -152,9 +152,8 @@ def test_every_shipped_recipe_validates_and_plans(path, request):
 
     recipe = load_recipe(path)
     if recipe.model.from_pretrained and not (ROOT / recipe.model.from_pretrained).exists():
-        base = str(
-            request.getfixturevalue("pretrained_run").final_dir
-        )  # the fine-tuning recipes start from the quickstart's model
+        # the fine-tuning recipes start from the quickstart's model
+        base = str(request.getfixturevalue("pretrained_run").final_dir)
         recipe = load_recipe(path, [f"model.from_pretrained={base}", f"tokenizer.path={base}"])
     for source in recipe.data.train:
         assert source.path is None or "://" in source.path or list(ROOT.glob(source.path)), source.path

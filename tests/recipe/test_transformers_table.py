@@ -60,9 +60,8 @@ def test_the_table_gives_exactly_what_training_arguments_gives():
         default = field.default if field.default is not dataclasses.MISSING else made()
         assert table[name].default == default and table[name].help == field.metadata.get("help"), name
         original = hints[name]
-        if "class" not in json.dumps(
-            transformers_table.encode(original)
-        ):  # ParallelismConfig: TrainingArguments checks it
+        # ParallelismConfig: TrainingArguments checks it
+        if "class" not in json.dumps(transformers_table.encode(original)):
             for value in SAMPLES:
                 assert accepted(table[name].annotation, value) == accepted(original, value), (name, value)
     assert transformers_table.tracker_names() == list(INTEGRATION_TO_CALLBACK)

@@ -85,12 +85,8 @@ def test_fp8_is_refused_in_one_line_naming_the_key(name, change, expected):
     "change",
     [
         {},  # an H100, compile left to hftrain
-        {
-            "device": ADA,
-            "card": "NVIDIA L4",
-            "recipe_kwargs": {"torch_compile": True},
-            "strategy": "fsdp",
-        },  # Ada, FSDP2
+        # Ada, FSDP2
+        {"device": ADA, "card": "NVIDIA L4", "recipe_kwargs": {"torch_compile": True}, "strategy": "fsdp"},
         {"fp8": None, "device": CPU, "method": "lora", "strategy": "zero3", "installed": False},  # off: nothing checked
     ],
     ids=["h100", "ada-fsdp", "off"],
@@ -106,9 +102,8 @@ def test_the_run_checks_the_device_it_trains_on(tmp_path, capsys):
         fp8.check_here("rowwise", torch.device("cpu"), {}, "full", "single", None)
     recipe = tmp_path / "r.yaml"
     data = write_jsonl(tmp_path / "good.jsonl", make_documents(50))
-    recipe.write_text(
-        yaml.safe_dump(tiny_recipe(data, tmp_path / "run", measured_speed=True))
-    )  # the probe would measure
+    # the probe would measure
+    recipe.write_text(yaml.safe_dump(tiny_recipe(data, tmp_path / "run", measured_speed=True)))
     code, printed = in_process(capsys, "train", str(recipe), "speed.fp8=tensorwise", "model.preset=pythia-14m")
     refusal = "hftrain: error: speed.fp8: tensorwise needs a CUDA GPU with FP8"
     assert code == 2 and printed.strip().splitlines()[-1].startswith(refusal), printed[-2000:]
@@ -153,9 +148,8 @@ def test_fp8_turns_compile_on_where_the_recipe_leaves_it(monkeypatch, tmp_path):
     monkeypatch.setattr(speed.DeviceFacts, "of", classmethod(lambda cls, d: H100))
     monkeypatch.setattr(speed, "decide_here", lambda *a: pytest.fail("bf16 and compile are set: nothing to measure"))
     monkeypatch.setattr(arguments._compat, "keep_freed_memory", lambda device: None)
-    monkeypatch.setattr(
-        arguments, "training_arguments", lambda values, finetune, seq_len: SimpleNamespace(**values)
-    )  # an H100's
+    # an H100's
+    monkeypatch.setattr(arguments, "training_arguments", lambda values, finetune, seq_len: SimpleNamespace(**values))
     dims = SimpleNamespace(strategy="single", rank=0, processes=1, nodes=1, local_rank=0)
     part = SpeedPart(
         method="full", seq_len=128, section=hftrain.load_recipe(None, {"speed": {"fp8": "tensorwise"}}).speed

@@ -77,9 +77,8 @@ def test_compile_when_its_saving_pays_the_warmup_back_twice():
     saving_needed = 2 * speed.COMPILE_WARMUP_S["cold"] / share
     assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, False, share)[0] is False
     assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 1.1 * saving_needed, False, share)[0] is True
-    assert (
-        speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, True, share)[0] is True
-    )  # a warm cache pays sooner
+    # a warm cache pays sooner
+    assert speed.choose_compile(SpeedPart.of(recipe), {}, "single", 0.9 * saving_needed, True, share)[0] is True
     for strategy in ("fsdp", "zero3", "device_map"):
         assert speed.choose_compile(SpeedPart.of(recipe), {}, strategy, 10**6, True, share)[0] is False
     lora = hftrain.load_recipe(
@@ -169,9 +168,8 @@ def test_a_zero3_rehearsal_on_a_cpu_stays_fp32_without_probing(monkeypatch):
     assert (
         speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "zero3", AMX, CPU, False).values["bf16"] is False
     )
-    assert (
-        speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "fsdp", AMX, CPU, False).values["bf16"] is True
-    )  # FSDP/DDP use_cpu: autocast
+    # FSDP/DDP use_cpu: autocast
+    assert speed.decide(SpeedPart.of(recipe_for()), {"max_steps": 100}, "fsdp", AMX, CPU, False).values["bf16"] is True
 
 
 @pytest.mark.slow

@@ -121,16 +121,14 @@ def test_a_compiled_run_has_no_mask_no_graph_break_and_compiles_once(tmp_path, c
     torch._dynamo.reset()
     counters.clear()
     watch = Watch()
-    watch.on_train_begin = watch.on_train_end = lambda *args, **kwargs: (
-        None
-    )  # no dispatch mode: it would keep compile out
+    # no dispatch mode: it would keep compile out
+    watch.on_train_begin = watch.on_train_end = lambda *args, **kwargs: None
     raw = tiny_recipe(corpus, tmp_path / "run", save_steps=100, eval_strategy="no", **COMMON, **COMPILED)
     raw["monitor"]["sample_max_new_tokens"] = 0
     run = hftrain.train(hftrain.load_recipe(None, raw), callbacks=[watch])
     model = run.trainer.accelerator.unwrap_model(run.trainer.model)
-    assert (
-        model.config._attn_implementation == attention.CAUSAL_SDPA
-    )  # SDPA with is_causal (tests/model/test_attention.py)
+    # SDPA with is_causal (tests/model/test_attention.py)
+    assert model.config._attn_implementation == attention.CAUSAL_SDPA
     breaks, frames, graphs = watch.compiled_at[STEPS]
     assert graphs >= 1 and frames >= 1, watch.compiled_at  # the counters do count this run's compile
     assert breaks == 0, dict(counters["graph_break"])

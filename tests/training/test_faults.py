@@ -45,9 +45,8 @@ def test_sigterm_saves_at_the_next_step_and_resume_loses_nothing(tmp_path):
     assert f"stopped by SIGTERM after step {step}" in err and "Run the same command again" in err
     assert 10 <= step < 120 and not RunLayout(interrupted).final.exists()
 
-    again = run_in_process(
-        "train", str(recipe), f"training.output_dir={interrupted}"
-    )  # the resume: a new start, in this process
+    # the resume: a new start, in this process
+    again = run_in_process("train", str(recipe), f"training.output_dir={interrupted}")
     assert again.returncode == 0, again.stderr[-2000:]
     straight = tmp_path / "straight"
     done = run_in_process("train", str(recipe), f"training.output_dir={straight}")
@@ -91,9 +90,8 @@ def test_kill_9_at_a_random_step_loses_at_most_save_steps(tmp_path):
     survivor = ckpt.latest_checkpoint(run_dir)
     lost = killed_at - int(survivor.name.split("-")[1])
     assert 0 <= lost <= k + 1, (killed_at, survivor)  # +1: the kill may land a step after the one observed
-    again = run_in_process(
-        "train", str(recipe), f"training.output_dir={run_dir}"
-    )  # the resume: a new start, in this process
+    # the resume: a new start, in this process
+    again = run_in_process("train", str(recipe), f"training.output_dir={run_dir}")
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming from {survivor}" in again.stdout
     straight = run_in_process("train", str(recipe), f"training.output_dir={tmp_path / 'straight'}")

@@ -30,6 +30,7 @@ def dpo_recipe(base, data, out, **training):
     return {
         "model": {"from_pretrained": str(base)},
         "tokenizer": {"path": str(base)},
+        # in file order: TRL sees the same batch
         "data": {
             "train": {"path": str(data), "format": "preference"},
             "validation": {"path": str(SHIPPED / "preference_validation.jsonl"), "format": "preference"},
@@ -37,7 +38,7 @@ def dpo_recipe(base, data, out, **training):
             "eval_blocks": PAIRS,
             "readers": 1,
             "shuffle_window": 1,
-        },  # in file order: TRL sees the same batch
+        },
         "finetune": {
             "objective": "dpo",
             "method": "full",
@@ -123,6 +124,7 @@ def test_the_steps_are_plain_trls(dpo, docs_model):
         def on_step_end(self, args, state, control, **kwargs):
             control.should_training_stop = state.global_step >= STEPS_VS_TRL
 
+    # hftrain's training defaults
     args = DPOConfig(
         str(root / "trl"),
         per_device_train_batch_size=8,
@@ -142,7 +144,7 @@ def test_the_steps_are_plain_trls(dpo, docs_model):
         adam_beta2=0.95,
         weight_decay=0.1,
         lr_scheduler_type="cosine",
-    )  # hftrain's training defaults
+    )
     trainer = InFileOrder(
         model=AutoModelForCausalLM.from_pretrained(docs_model, dtype=torch.float32),
         args=args,
@@ -264,8 +266,7 @@ def test_qlora_dpo_disables_the_adapter_for_its_reference_and_merges(docs_model,
         sum(p.numel() for p in model.parameters() if p.requires_grad) < sum(p.numel() for p in model.parameters()) / 4
     )
     assert (tmp_path / "qlora" / "checkpoint-4" / "adapter_model.safetensors").is_file()
-    assert (
-        next(e for e in run.log_history if e.get("step") == 4)["rewards/margins"] != 0
-    )  # the adapter moved off the base
+    # the adapter moved off the base
+    assert next(e for e in run.log_history if e.get("step") == 4)["rewards/margins"] != 0
     merged = AutoModelForCausalLM.from_pretrained(run.final_dir)  # final/: the merged standard model
     assert merged.config.model_type == "gpt_neox" and not hasattr(merged, "peft_config")

@@ -96,6 +96,7 @@ def test_full_dpo_gives_the_same_steps_on_one_process_fsdp_and_zero3(dpo_yaml):
 def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_yaml, tmp_path, local_hub):
     total, every = 12, 2
     run_dir, straight = tmp_path / "killed", tmp_path / "straight"
+    # the same pairs per step on 2 processes and on 1
     common = [
         *FP32,
         "finetune.method=lora",
@@ -104,7 +105,7 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
         "training.eval_strategy=no",
         "parallelism.global_batch_size=8",
         "data.readers=2",
-    ]  # the same pairs per step on 2 processes and on 1
+    ]
     cmd = [
         sys.executable,
         "-m",

@@ -76,9 +76,8 @@ def test_a_cuda_launch_reads_with_loader_workers_that_the_dims_and_arguments_agr
     from hftrain.recipe.parts import BatchPart
     from hftrain.training import resolve as resolving
 
-    monkeypatch.setattr(
-        resolving, "fit_batch", lambda recipe, *a: (BatchPart.of(recipe), None)
-    )  # the fit reads the GPU's memory
+    # the fit reads the GPU's memory
+    monkeypatch.setattr(resolving, "fit_batch", lambda recipe, *a: (BatchPart.of(recipe), None))
     gpu = replace(launch(1), device="cuda", cpus=16)
     spec = resolve(tiny(tmp_path), gpu, {})
     assert spec.dims.readers.workers == spec.arguments["dataloader_num_workers"] == 4 and spec.dims.readers.readers == 8
