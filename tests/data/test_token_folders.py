@@ -425,7 +425,7 @@ def test_executor_flags_that_cannot_work_get_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=90)
 def test_a_killed_prepare_takes_its_workers_with_it_and_runs_again_at_once(tmp_path):
     """Issue 63 class 1: kill -9 of `hftrain data prepare` left its pool workers finishing tasks and a child
     holding the folder's lock: the same command was refused for minutes, naming a pid already dead. Now the
@@ -440,7 +440,7 @@ def test_a_killed_prepare_takes_its_workers_with_it_and_runs_again_at_once(tmp_p
     from ..support.cli import ROOT
 
     for i in range(4):  # four input files: a task each, two at once
-        write_jsonl(tmp_path / f"d{i}.jsonl", make_documents(5000, seed=i))
+        write_jsonl(tmp_path / f"d{i}.jsonl", make_documents(8000, seed=i))
     raw = tiny_recipe(tmp_path / "d*.jsonl", tmp_path / "run")
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
     out = tmp_path / "tokens"
@@ -449,14 +449,15 @@ def test_a_killed_prepare_takes_its_workers_with_it_and_runs_again_at_once(tmp_p
     prepare = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    deadline, workers = time.monotonic() + 180, []
-    while len(workers) < 2:  # its pool is at work
-        assert prepare.poll() is None and time.monotonic() < deadline, "the prepare ended before its pool started"
-        workers = psutil.Process(prepare.pid).children(recursive=True)
+    deadline = time.monotonic() + 240
+    while len(list((out / "logs" / "logs").glob("task_*.log"))) < 2:  # two tasks at work, one in each worker
+        assert prepare.poll() is None and time.monotonic() < deadline, "the prepare ended before its tasks started"
         time.sleep(0.05)
+    time.sleep(1.0)  # into their documents (a spawned worker takes the signal as its task reads its first one)
+    workers = psutil.Process(prepare.pid).children(recursive=True)
     prepare.send_signal(signal.SIGKILL)
     prepare.wait()
-    _, alive = psutil.wait_procs(workers, timeout=5)
+    _, alive = psutil.wait_procs(workers, timeout=10)
     for p in alive:
         p.kill()
     assert not alive, "the workers outlived the prepare"
