@@ -278,37 +278,6 @@ def test_the_api_functions_stay_functions_after_their_packages_load():
     assert last == "function ['config', 'finetune_bytes', 'finetune_method'] True", done.stdout[-500:]
 
 
-PLAN_PROBE = """
-import json, sys, hftrain
-recipe = hftrain.load_recipe("recipes/quickstart.yaml")
-planned = hftrain.plan(recipe)
-heavy = ("transformers.trainer", "peft", "bitsandbytes", "trl", "deepspeed")
-print(json.dumps([sorted(planned)[:3], sorted(m for m in heavy if m in sys.modules)]))
-"""
-
-
-def test_the_plan_api_imports_neither_the_trainer_nor_peft(tmp_path):
-    """Issue 61 part 5: `hftrain.plan(recipe)` is planning's (hftrain/planning/__init__.py), as the command is: it
-    imports neither transformers' Trainer nor peft nor bitsandbytes (before, it was the resolver's, which imports
-    the Trainer stack: ['bitsandbytes', 'peft', 'transformers.trainer'], 27 s against 11 s here). As for the
-    command, a machine's first plan measures the libraries' memory once (test_cheap_commands_...): made first."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "HFTRAIN_CACHE_DIR": str(tmp_path)}
-    make = "from hftrain.planning.memory import library_footprint; library_footprint(measure=True)"
-    subprocess.run(
-        [sys.executable, "-c", make], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=True
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", PLAN_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [["config", "finetune_bytes", "finetune_method"], []]
-
-
 CHEAP_COMMANDS_PROBE = """
 import contextlib, io, json, sys
 from hftrain.cli import main
@@ -332,7 +301,14 @@ heavy = lambda: sorted(m for m in ("torch", "transformers", "peft", "bitsandbyte
 before_plan = heavy()
 with contextlib.redirect_stdout(io.StringIO()) as out:
     planned = main(["plan", "recipes/quickstart.yaml"])
-print(json.dumps({"said": said, "heavy": before_plan, "plan": [planned, heavy(), out.getvalue().splitlines()[0]]}))
+after_plan = heavy()
+import hftrain  # noqa: E402  (issue 61 part 5: the Python API's plan is planning's, as the command's is)
+api = sorted(hftrain.plan(hftrain.load_recipe("recipes/quickstart.yaml")))[:3]
+api_heavy = sorted(m for m in ("transformers.trainer", "peft", "bitsandbytes", "trl", "deepspeed") if m in sys.modules)
+print(json.dumps({
+    "said": said, "heavy": before_plan, "plan": [planned, after_plan, out.getvalue().splitlines()[0]],
+    "api": [api, api_heavy],
+}))
 """
 
 
@@ -382,6 +358,9 @@ def test_cheap_commands_answer_without_the_trainer_stack(tmp_path):
         ["torch"],
         "model cpu-small: 4 layers, hidden 128, 4 heads, vocab 4,096, context 1,024",
     ], seen
+    # `hftrain.plan(recipe)`: no Trainer, peft, bitsandbytes, TRL or DeepSpeed (before issue 61 it was the resolver's,
+    # which imports the Trainer stack: ['bitsandbytes', 'peft', 'transformers.trainer'])
+    assert seen["api"] == [["config", "finetune_bytes", "finetune_method"], []], seen
 
 
 # Settings the libraries document for users to assign (not patches): fsspec's default options per protocol, torch's
