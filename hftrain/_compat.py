@@ -26,8 +26,8 @@ Each entry: function: library (seen with); active when; upstream.
 - universal_load_fixes: DeepSpeed 0.19; ZeRO-3 resumed on another process count; DeepSpeed#7585 (param groups).
 - exact_compiled_casts: torch 2.13 Inductor, torchao 0.18; a run with speed.fp8: rowwise; pytorch#150859
   (torchtitan#1056).
-- flex_kernel_per_shape: transformers 5.x, torch 2.13 Inductor; CPU: flex_attention (a run, check-packing); none
-  filed (AVX2-only CPUs).
+- flex_uncompiled_on_cpu: transformers 5.x, torch 2.13 Inductor; CPU: flex_attention (check-packing); none filed
+  (AVX2-only CPUs).
 
 The Trainer's private methods hftrain overrides are not patches (a subclass of its own); they are listed with
 their reasons in training/trainer.py.
@@ -251,31 +251,33 @@ def exact_compiled_casts() -> None:
     torch._inductor.config.emulate_precision_casts = True
 
 
-def flex_kernel_per_shape() -> None:
-    """CPU. transformers compiles flex_attention once per process (integrations/flex_attention.py,
-    WrappedFlexAttention) with torch.compile's automatic dynamic shapes: from the second shape on, one kernel with
-    symbolic sizes serves every later shape. On a 2-core AVX2-only EPYC that kernel let the documents of a packed
-    batch see each other (check-packing: max |diff| 2.6e-01) once other shapes had compiled in the process, where
-    the same batch alone was right; Inductor's CPU code differs by instruction set, and AVX-512 machines were right
-    (issue 55). Here each shape gets its own kernel: flex_attention compiled with dynamic=False (past torch's
-    recompile limit, flex runs uncompiled: slower, still exact), so what ran before in a process (another test,
-    another recipe in a notebook) never decides the mask kernel. CUDA keeps transformers' own. Idempotent."""
+def flex_uncompiled_on_cpu() -> None:
+    """CPU. transformers runs flex_attention through torch.compile (integrations/flex_attention.py,
+    WrappedFlexAttention), and Inductor's CPU flex template is wrong on some machines: on a 2-core AVX2-only EPYC
+    with torch 2.13 the compiled kernel gave max |diff| 1.9 (and NaN at 56 tokens) against the masked softmax for
+    packed documents of 24-56 tokens, compiled per shape or with dynamic shapes (issue 55 saw it after other shapes
+    had compiled in the process; AVX-512 machines were right). On a CPU, flex_attention runs uncompiled here: torch's
+    unfused implementation, the full score matrix, exact on every instruction set, and no compile (seconds saved).
+    A CPU never trains with flex (model/attention.py refuses it); `hftrain data inspect --check-packing` compares
+    its forward. CUDA keeps transformers' compiled kernel. Idempotent."""
+    import warnings
+
     import torch
     import transformers.integrations.flex_attention as flex
 
-    if getattr(flex.compile_friendly_flex_attention, "hftrain_per_shape", False):
+    if getattr(flex.compile_friendly_flex_attention, "hftrain_uncompiled_on_cpu", False):
         return
-    upstream, compiled = flex.compile_friendly_flex_attention, {}
+    upstream = flex.compile_friendly_flex_attention
 
-    def per_shape(query: Any, key: Any, value: Any, training: bool = False, **kwargs: Any) -> Any:
+    def uncompiled_on_cpu(query: Any, key: Any, value: Any, training: bool = False, **kwargs: Any) -> Any:
         if query.is_cuda or torch.compiler.is_dynamo_compiling():
             return upstream(query, key, value, training=training, **kwargs)
-        if "fn" not in compiled:
-            compiled["fn"] = torch.compile(flex.flex_attention, dynamic=False)
-        return compiled["fn"](query, key, value, **kwargs)
+        with warnings.catch_warnings():  # torch's advice to compile it: on a CPU, that is what is wrong
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return flex.flex_attention(query, key, value, **kwargs)
 
-    per_shape.hftrain_per_shape = True  # type: ignore[attr-defined]
-    flex.compile_friendly_flex_attention = per_shape
+    uncompiled_on_cpu.hftrain_uncompiled_on_cpu = True  # type: ignore[attr-defined]
+    flex.compile_friendly_flex_attention = uncompiled_on_cpu
 
 
 # ------------------------------------------------------------------------------------------ DeepSpeed

@@ -80,7 +80,7 @@ def check_packing(
     if "flex_attention" in forms:
         from hftrain import _compat
 
-        _compat.flex_kernel_per_shape()  # the packed batch's own compiled kernel, whatever compiled before (_compat.py)
+        _compat.flex_uncompiled_on_cpu()  # Inductor's CPU flex kernel is wrong on some CPUs (_compat.py)
     results, alone = [], {}  # alone: each document's logits on its own (REFERENCE), shared by every kernel
     for kernel, form in forms.items():
         results.append(compare(model, kernel, samples, make(kernel, form), TOLERANCE[dtype], alone))

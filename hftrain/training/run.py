@@ -153,7 +153,7 @@ def build_model_for(
         fp8.apply(model, speed.fp8)  # torchao's Float8Linear in the chosen layers (speed/fp8.py)
     kernel, section = model.config._attn_implementation, data.section
     if kernel == "flex_attention":
-        _compat.flex_kernel_per_shape()  # CPU: each shape its own compiled kernel (_compat.py)
+        _compat.flex_uncompiled_on_cpu()  # CPU: torch's exact unfused flex (_compat.py)
     plain_blocks = not (section.masks_documents or section.preference_data)  # no position ids, no padding
     if attention.applies(kernel, model.config.model_type, not plain_blocks):
         attention.use(model)  # SDPA with is_causal and no mask (model/attention.py)
