@@ -44,6 +44,7 @@ from hftrain.recipe.parts import (
 )
 from hftrain.recipe.report_to import check_installed
 from hftrain.recipe.schema import Recipe
+from hftrain.training import resumed_settings
 from hftrain.training.arguments import argument_values
 from hftrain.training.run_record import AsRun
 
@@ -124,6 +125,7 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
     CheckpointManager(
         RunLayout(output_dir), checkpoints, resume, None
     ).check_same_run()  # before the probe and the model
+    resumed_settings.check_unchanged(kwargs, resume.checkpoint_in(output_dir))  # a refused change, before it too
     return spec
 
 

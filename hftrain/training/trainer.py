@@ -36,6 +36,7 @@ from hftrain.parallel import dims as parallel
 from hftrain.parallel import rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.parallel.readers import merge_positions
+from hftrain.training.resumed_settings import ResumedSettings
 from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback
 from hftrain.training.step_metrics import EXCLUDED, StepMetrics
 
@@ -68,6 +69,7 @@ class TrainerOptions:
     nan_filter: bool = True  # training.logging_nan_inf_filter, done on the device (_finite_for_log)
     evaluation: TrainingEvaluation | None = None  # the objective's metrics on the held-out set (objectives.py)
     resume_from: Path | None = None
+    resumed: ResumedSettings | None = None  # a resumed run: the recipe's optimizer settings over the checkpoint's
 
 
 class HftrainTrainer(Trainer):
@@ -86,6 +88,14 @@ class HftrainTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         rehearsal.after_accelerator(self)
         self.distribution = parallel.verify(self, self.options.dims)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """The Trainer's schedule; a resumed run remembers the optimizer settings made from the recipe before the
+        checkpoint's load over them (resumed_settings.py puts them back at train begin)."""
+        schedule = super().create_scheduler(num_training_steps, optimizer)
+        if self.options.resumed is not None:
+            self.options.resumed.remember(optimizer if optimizer is not None else self.optimizer)
+        return schedule
 
     # ------------------------------------------------------------------------------------ data
     def get_train_dataloader(self) -> ResumableLoader:

@@ -7,10 +7,12 @@ training.report_to names), in this order:
 
 1. DeepSpeed's universal-load fixes, when ZeRO-3 resumes a checkpoint of another process count (checkpoint/elastic.py:
    before any other of hftrain's sees the optimizer);
-2. the metrics file (every log line into metrics.jsonl); 3. the caller's callbacks (Python API, benchmarks);
-4. the input check (before step 1 on a GPU: does the input keep up?); 5. the throughput clock;
-6. the kept checkpoints (checkpoints.steps, only when it keeps any: no per-step lookup otherwise);
-7. the non-finite guard; 8. the profiler (profile section); 9. the preemption handler (SIGTERM, SIGUSR1).
+2. a resumed run's settings: the recipe's optimizer settings and schedule over the checkpoint's
+   (resumed_settings.py);
+3. the metrics file (every log line into metrics.jsonl); 4. the caller's callbacks (Python API, benchmarks);
+5. the input check (before step 1 on a GPU: does the input keep up?); 6. the throughput clock;
+7. the kept checkpoints (checkpoints.steps, only when it keeps any: no per-step lookup otherwise);
+8. the non-finite guard; 9. the profiler (profile section); 10. the preemption handler (SIGTERM, SIGUSR1).
 
 One thing follows construction, here: transformers makes the trackers' callbacks from report_to inside
 Trainer.__init__, so they are put behind their queues right after it (integrations/trackers.py).
@@ -36,6 +38,7 @@ from hftrain.speed.hardware import measure_peak_flops
 from hftrain.speed.profiling import ProfilerCallback
 from hftrain.training import objectives
 from hftrain.training.input_check import InputCheckCallback
+from hftrain.training.resumed_settings import ResumedSettings
 from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback, StepFlags
 from hftrain.training.step_metrics import MetricsFileCallback, MetricsOptions, StepMetrics, ThroughputClockCallback
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
@@ -70,8 +73,10 @@ def build_trainer(
     guard = NonFiniteGuard(part.faults, checkpoints.latest, flags)
     preemption = PreemptionCallback(flags)  # its agreement rides on the guard's one per step
     fixes = elastic.universal_load_fixes(resume, dims.strategy, args.world_size) if resume is not None else None
+    resumed = ResumedSettings() if resume is not None else None
     ours = [
         *([fixes] if fixes is not None else []),
+        *([resumed] if resumed is not None else []),
         MetricsFileCallback(),
         *callbacks,
         InputCheckCallback(metrics_options),
@@ -86,7 +91,7 @@ def build_trainer(
         preemption,
     ]
     options = TrainerOptions(
-        dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume
+        dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume, resumed=resumed
     )
     trainer = objectives.build_trainer(
         part,
