@@ -2,7 +2,8 @@
 
 Each case generates its data here (never committed), trains 3 steps with the built-in GPT-2 tokenizer and the
 default worker count, and is watched from outside: peak RSS summed over the run's processes under 2 GB, and
-step 1 within 60 s of launch. Before bounded reading, a 10 MB .txt file alone grew past 13 GB."""
+step 1 within twice the start-up of the same recipe on 100 small documents. Before bounded reading, a 10 MB .txt
+file alone grew past 13 GB."""
 
 from __future__ import annotations
 
@@ -68,11 +69,27 @@ def many_small_files(tmp_path: Path) -> dict:
     return {"path": str(folder)}
 
 
+@pytest.fixture(scope="module")
+def small_data_start_up(tmp_path_factory) -> float:
+    """Seconds to the first step of the same recipe on 100 small documents, on this machine as it is now: the
+    yardstick for the large corpora's start-up (a fixed number of seconds measured the machine: an AVX2-only CPU
+    beside another test worker took 70 s where an AMX Xeon took 25)."""
+    tmp_path = tmp_path_factory.mktemp("small-data")
+    train = {"path": str(write_jsonl(tmp_path / "small.jsonl", make_documents(100, seed=4)))}
+    run = train_and_watch(scale_recipe(tmp_path, train), tmp_path / "run", "training.max_steps=1", limit_s=300)
+    assert run.returncode == 0 and run.first_step_s is not None, run.stderr[-3000:]
+    return run.first_step_s
+
+
 @pytest.mark.parametrize("make", [one_big_txt, jsonl_with_a_huge_record, many_small_files], ids=lambda f: f.__name__)
-def test_memory_and_start_up_do_not_grow_with_the_data(tmp_path, make):
+def test_memory_and_start_up_do_not_grow_with_the_data(tmp_path, make, small_data_start_up):
     recipe = scale_recipe(tmp_path, make(tmp_path))
     run = train_and_watch(recipe, tmp_path / "run", limit_bytes=4 * GB, limit_s=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    print(f"{make.__name__}: peak RSS {run.peak_rss_bytes / GB:.2f} GB, first step after {run.first_step_s:.1f} s")
+    print(
+        f"{make.__name__}: peak RSS {run.peak_rss_bytes / GB:.2f} GB, first step after {run.first_step_s:.1f} s "
+        f"({small_data_start_up:.1f} s on 100 small documents)"
+    )
     assert run.peak_rss_bytes < 2 * GB
-    assert run.first_step_s is not None and run.first_step_s < 60
+    # reading a 200 MB file whole before step 1 took minutes; start-up stays that of a small corpus (within 2x)
+    assert run.first_step_s is not None and run.first_step_s < 2 * small_data_start_up

@@ -59,8 +59,7 @@ def build_trainer(
     """The objective's Trainer (training/objectives.py: TRL's DPOTrainer behind it for finetune.objective dpo) with
     hftrain's data, checkpoints, metrics, guard and callbacks (the module docstring gives their order), and the
     trackers' queues."""
-    is_main = args.process_index == 0
-    section = part.data.section
+    is_main, section = args.process_index == 0, part.data.section
     collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
     if is_main and section.packs_documents:
         print(
@@ -75,8 +74,7 @@ def build_trainer(
     fixes = elastic.universal_load_fixes(resume, dims.strategy, args.world_size) if resume is not None else None
     resumed = ResumedSettings() if resume is not None else None
     ours = [
-        *([fixes] if fixes is not None else []),
-        *([resumed] if resumed is not None else []),
+        *[fix for fix in (fixes, resumed) if fix is not None],  # each sees the optimizer as loaded, in this order
         MetricsFileCallback(),
         *callbacks,
         InputCheckCallback(metrics_options),

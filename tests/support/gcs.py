@@ -20,6 +20,13 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
 
+from hftrain import _compat
+
+# gcsfs as hftrain reads gs:// (its JSON API), whichever test imports gcsfs first in this process: imported before
+# hftrain's setting, gcsfs's default filesystem spent ~25 s per bucket asking a gRPC control plane this endpoint
+# does not serve (_compat.plain_gcs_filesystem)
+_compat.plain_gcs_filesystem()
+
 PAGE = 3  # small pages, so listings of a few shards already exercise nextPageToken
 
 
