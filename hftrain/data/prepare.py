@@ -123,7 +123,13 @@ def _say_prepared(out: str, prepared: dict[str, Any], ran: int, seconds: float) 
         f"{prepared['tokens']:,} tokens in datatrove's tokenized layout "
         f"({ran} of {tasks} task(s) run here, {prepared['tokens'] * ran / tasks / max(seconds, 1e-9):,.0f} tokens/s), "
         f"{prepared['validation_tokens']:,} validation tokens, {prepared['token_size']}-byte tokens.\n"
-        f"train from it with:  data.train: {{pretokenized: {out}}}   tokenizer: {{path: {out.rstrip('/')}/tokenizer}}"
+        + (
+            f"data.on_bad_record=skip: {prepared['skipped_records']:,} bad record(s) or file(s) left out "
+            "(data.on_bad_record=fail names the first).\n"
+            if prepared.get("skipped_records")
+            else ""
+        )
+        + f"train from it with:  data.train: {{pretokenized: {out}}}   tokenizer: {{path: {out.rstrip('/')}/tokenizer}}"
     )
 
 
@@ -201,7 +207,9 @@ def _claim_out(fs: Any, root: str, out: str, request: dict[str, Any], before_loc
         changed = sorted(k for k in set(before) | set(request) if before.get(k) != request.get(k))
         raise HftrainError(
             f"--out {out}: holds an unfinished prepare of other data or settings ({', '.join(changed)} differ from "
-            f"{REQUEST}); nothing was changed. Run that prepare's recipe again to finish it, or give a new directory."
+            f"{REQUEST}); nothing was changed. To finish it, run the prepare with the settings it started with; to "
+            f"prepare with these (e.g. after a prepare that failed on its settings), delete {out} (an unfinished "
+            "prepare: nothing reads it until it finishes) or give a new --out."
         )
     return len(completed_tasks(fs, root))
 

@@ -58,6 +58,9 @@ def task_units(plan: DataPlan, task_bytes: float) -> list[list[Unit]]:
     return tasks
 
 
+SKIPPED = "bad records skipped"  # the readers' count (data.on_bad_record=skip), a datatrove stat of each task
+
+
 class RecipeDocuments(PipelineStep):
     """Task r's documents: its input files (`tasks[r]`), read by hftrain's readers, as (text piece, ends a document)."""
 
@@ -80,6 +83,20 @@ class RecipeDocuments(PipelineStep):
                 self.stat_update("pieces")
                 yield Document(text=text, id=f"{rank}/{i}", metadata={"end": end})
                 i += 1
+            if docs.bad.skipped:  # data.on_bad_record=skip; each unit's fresh state counts from 0
+                self.stat_update(SKIPPED, value=docs.bad.skipped)
+
+
+def skipped_records(fs: Any, root: str) -> int:
+    """Records and files data.on_bad_record=skip left out, over every task: read from the stats datatrove saves
+    per task (logs/stats/NNNNN.json, each step's counters)."""
+    total = 0
+    for path in fs.glob(f"{root}/{LOGS}/stats/*.json"):
+        for step in json.loads(fs.cat_file(path)):  # name: "TYPE: name"; a counter: a number, or {"total": ...}
+            if str(step.get("name", "")).endswith(RecipeDocuments.name):
+                count = step.get("stats", {}).get(SKIPPED, 0)
+                total += int(count.get("total", 0) if isinstance(count, dict) else count)
+    return total
 
 
 class RecipeTokenizer(DocumentTokenizer):
@@ -199,6 +216,7 @@ class FinishFolder(PipelineStep):
             "seed": self.request["seed"],
             "shuffled": self.request["shuffle"],
             "validation_tokens": validation_tokens,
+            "skipped_records": skipped_records(fs, root),  # bad records or files left out (data.on_bad_record=skip)
             "data": self.request["data"],
         }
         with fs.open(f"{root}/{PREPARED}", "w") as f:

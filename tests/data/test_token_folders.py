@@ -90,6 +90,21 @@ def test_a_prepared_folder_holds_the_tokens_training_would_read_at_any_seq_len(t
     assert all((blocks[i] == first[48 * i : 48 * (i + 1)]).all() for i in range(3))
 
 
+def test_a_prepare_that_skips_bad_input_counts_it(tmp_path, capsys):
+    """Issue 63: with data.on_bad_record=skip, a binary file among the inputs was left out of the folder without a
+    word (training counts it; the prepare did not). Now prepared.json and the summary count it."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i, doc in enumerate(make_documents(200)[:6]):
+        (texts / f"doc-{i}.txt").write_text(doc * 40, encoding="utf-8")
+    (texts / "doc-6.txt").write_bytes(bytes(range(256)) * 64)  # NUL bytes: a binary file, not text
+    raw = gpt2_recipe(texts, tmp_path / "unused")
+    raw["data"].update(on_bad_record="skip", holdout_every=4, eval_blocks=1)  # files 0 and 4 held out
+    prepared = prepare(DataPart.of(load_recipe(None, raw)), str(tmp_path / "prep"), PrepareHow(workers=1), task_mb=0)
+    assert prepared["skipped_records"] == 1
+    assert "data.on_bad_record=skip: 1 bad record(s) or file(s) left out" in capsys.readouterr().out
+
+
 def test_tasks_group_input_files_by_size_and_never_split_one(tmp_path):
     from hftrain.data.prepare_steps import task_units
 
@@ -129,8 +144,13 @@ def test_the_folder_is_the_same_for_any_workers_task_split_and_killed_task(tmp_p
     other = DataPart.of(load_recipe(None, {**raw, "training": {**raw["training"], "seed": 5}}))
     (tmp_path / "half").mkdir()
     prepare(part, str(tmp_path / "half"), PrepareHow(workers=1, tasks=1), task_mb=0)
-    with pytest.raises(HftrainError, match=r"holds an unfinished prepare of other data or settings \(seed differ"):
+    with pytest.raises(
+        HftrainError, match=r"holds an unfinished prepare of other data or settings \(seed differ"
+    ) as info:
         prepare(other, str(tmp_path / "half"), PrepareHow(workers=1), task_mb=0)
+    # issue 63: the advice must not be the one that fails again (a prepare refused for its settings, retried with
+    # the advised ones, was told to run the failing settings again)
+    assert f"delete {tmp_path / 'half'} (an unfinished prepare" in str(info.value) and "a new --out" in str(info.value)
 
 
 @pytest.fixture(scope="module")
