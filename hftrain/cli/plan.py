@@ -121,8 +121,12 @@ def _peak_flops(card: tuple[float, str] | None, machine: Any, chosen: Any) -> tu
     return flops, f"{chosen.shape.dtype} matmul peak {how}"
 
 
+MIN_MFU_SAMPLES = 5  # log lines a run's MFU median needs before `plan` predicts from it
+
+
 def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, str]:
-    """--mfu, else the MFU the recipe's last run measured (its results.json), else the stated assumption."""
+    """--mfu, else the MFU the recipe's last run measured (its results.json, from MIN_MFU_SAMPLES log lines on),
+    else the stated assumption."""
     from hftrain.checkpoint.files import read_json
     from hftrain.checkpoint.layout import RunLayout
     from hftrain.errors import HftrainError
@@ -130,21 +134,24 @@ def _mfu(args: argparse.Namespace, recipe: Any, machine: Any) -> tuple[float, st
 
     if args.mfu:
         return args.mfu, "--mfu"
-    results = RunLayout(Path(recipe.training.output_dir)).results
+    results, too_few = RunLayout(Path(recipe.training.output_dir)).results, ""
     if not args.gpus and results.is_file():
         try:
-            measured = read_json(results, "the run's results").get("mfu_median")
+            recorded = read_json(results, "the run's results")
         except HftrainError:
-            measured = None
-        if measured:
+            recorded = {}
+        measured, samples = recorded.get("mfu_median"), recorded.get("mfu_samples")
+        if measured and (samples is None or samples >= MIN_MFU_SAMPLES):  # None: an older results.json
             return float(measured), f"measured by the last run in {results}"
+        if measured:  # a probe of a step or two: start-up and compile in its few intervals (a 33 s step for 0.14 s)
+            too_few = f"; the last run in {results} logged {samples} MFU value(s), too few to go by"
     if machine.device == "cuda":
         return (
             fitting.GPU_MFU,
-            "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change",
+            "assumed: large-model training reaches 21-46% (PaLM, arXiv 2204.02311, Table 3); --mfu to change" + too_few,
         )
     return (
         fitting.CPU_MFU,
         "assumed for CPUs (pythia-160m steps measured 0.39-0.65, "
-        "docs/planning.md); a run's results.json then gives this recipe's",
+        "docs/planning.md); a run's results.json then gives this recipe's" + too_few,
     )

@@ -29,6 +29,7 @@ def build_results(
         **{k: v for k, v in metrics.items() if k.startswith("eval_") and k not in EVAL_TIMINGS},
         "tokens_per_s_median": median(rates),
         "mfu_median": median(mfus),
+        "mfu_samples": len(mfus),  # log lines behind the median: `hftrain plan` goes by it only from MIN_MFU_SAMPLES
         **run_facts,
     }
 
