@@ -61,6 +61,7 @@ class RunLayout:
     FINAL = "final"
     INITIAL = "initial"  # the weights before step 1, when recipe.checkpoints keeps step 0 (Pythia's step0)
     STAGING = ".staging"
+    OUTBOX = ".hftrain-outbox"  # the uploads the run still owes: staged copies and their journal (outbox.py)
 
     @property
     def run_file(self) -> Path:
@@ -101,6 +102,10 @@ class RunLayout:
     @property
     def staging(self) -> Path:
         return self.root / self.STAGING
+
+    @property
+    def outbox(self) -> Path:
+        return self.root / self.OUTBOX
 
     def checkpoint(self, step: int) -> Path:
         return self.root / f"checkpoint-{step}"

@@ -171,9 +171,10 @@ class CheckpointManager:
         return self.resume.mode == "never"
 
     def _move_aside(self) -> Path:
-        """The earlier run's own files (complete checkpoints, final/, logs, results) into previous-<UTC time>/;
-        anything hftrain did not write stays where it is, and so does a trained tokenizer (it is reused, part of
-        the directory's run identity like the data)."""
+        """The earlier run's own files (complete checkpoints, final/, logs, results, and the uploads it still owed:
+        its outbox, so the new run never sends them as its own) into previous-<UTC time>/; anything hftrain did not
+        write stays where it is, and so does a trained tokenizer (it is reused, part of the directory's run identity
+        like the data)."""
         layout = self.layout
         aside = layout.root / time.strftime("previous-%Y%m%dT%H%M%SZ", time.gmtime())
         aside.mkdir()
@@ -187,10 +188,17 @@ class CheckpointManager:
             layout.report,
             layout.profile,
             layout.run_file,
+            layout.outbox,
         ]
         for path in own:
             if path.exists():
                 os.replace(path, aside / path.name)
+        if (aside / layout.OUTBOX).is_dir():
+            print(
+                f"hftrain: the earlier run's unsent uploads stay its own: {aside / layout.OUTBOX} lists them "
+                "(none is sent as this run's)",
+                flush=True,
+            )
         return aside
 
     def _write_recipe(self, staged: Path) -> None:

@@ -5,8 +5,9 @@ and what its trackers report is guarded: an outside service that is slow or down
   (a push of checkpoint-20 never lands on main after checkpoint-40's); one whose destination a newer upload rewrites
   (hub_strategy every_save or checkpoint) is replaced by it while it waits: the newer one carries it, nothing is lost.
 * Retried. Each upload is retried by the call it makes (hub._retry: back-off within faults.network_timeout_s);
-  one that still fails is said ("training goes on") and tried again after RETRY_AFTER_S (30 s, 2 min, 10 min: an
-  outage of minutes heals itself); one still waiting when training ends is tried then, once. A service that fails
+  one that still fails is said ("training goes on") and tried again after RETRY_AFTER_S (30 s, 2 min, then every
+  10 min until training ends: an outage heals itself, whenever it ends); one still waiting when training ends is
+  tried then, once (an outage that healed after the last pause still gets its upload). A service that fails
   then after making the run wait (SLOW_FAILURE of the network bound: silent, or answering too late) is not waited
   on again for the uploads behind it: each is kept, with the command that sends it later, so the wait after the
   last step is about one network bound per service, not one per upload.
@@ -36,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from hftrain import network
+from hftrain.checkpoint.layout import RunLayout
 
 STAGED_LIMIT = 2  # staged uploads (copies of rotating checkpoints) waiting at once
 RETRY_AFTER_S = (30.0, 120.0, 600.0)  # a failed upload is tried again after these pauses while training goes on
-OUTBOX_DIR = ".hftrain-outbox"  # in the run directory: staged copies and the journal, removed once sent (or reported)
+OUTBOX_DIR = RunLayout.OUTBOX  # in the run directory: staged copies and the journal, removed once sent (or reported)
 JOURNAL = "pending.json"  # in OUTBOX_DIR: the uploads the run still owes
 SLOW_FAILURE = 0.5  # of the network bound: a service whose failure took this long is not waited on again at the end
 
@@ -292,12 +294,12 @@ class Outbox:
                 slow = time.monotonic() - started >= SLOW_FAILURE * network.bound()
                 with self._cond:
                     newer = upload.target is not None and any(u.target == upload.target for u in self._waiting)
-                    again = not self._closed and upload.tries < len(RETRY_AFTER_S) and not newer
+                    again = not self._closed and not newer  # past the schedule: every last pause until the end
                     if newer:  # a newer upload to the same place came while it was tried: it carries it
                         self._records.pop(upload.seq, None)
                         self._write_journal()
                     elif again:
-                        upload.due = time.monotonic() + RETRY_AFTER_S[upload.tries]
+                        upload.due = time.monotonic() + RETRY_AFTER_S[min(upload.tries, len(RETRY_AFTER_S) - 1)]
                         upload.tries += 1
                         self._waiting.insert(sum(u.seq < upload.seq for u in self._waiting), upload)
                     elif self._closed and slow:  # it made the run wait, then failed: not waited on again
@@ -312,7 +314,7 @@ class Outbox:
                 if again:
                     print(
                         f"hftrain: warning: {upload.what} failed ({reason(err)}); trying again in "
-                        f"{RETRY_AFTER_S[upload.tries - 1]:.0f} s; training goes on.",
+                        f"{RETRY_AFTER_S[min(upload.tries - 1, len(RETRY_AFTER_S) - 1)]:.0f} s; training goes on.",
                         file=sys.stderr,
                         flush=True,
                     )

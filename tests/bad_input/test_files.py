@@ -4,6 +4,7 @@ output. Each case through the CLI's own entry point in this process (exit 2 and 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -35,11 +36,23 @@ def test_start_over_moves_the_earlier_run_aside_and_never_mixes_them(capsys, rec
     the new run's, the next start resumed the old one, and the old weights became the new final model."""
     run_dir = tmp_path / "run"
     assert cli(capsys, "train", str(recipe_file))[0] == 0
+    # issue 63: the earlier run was killed owing an upload (its outbox journal); before, the new run sent it as its
+    # own (the discarded run's weights to main) and exited 76 over it
+    owed = {
+        "kind": "hub",
+        "service": "the Hub",
+        "what": "pushing checkpoint-4",
+        "later": "",
+        "checkpoint": "checkpoint-4",
+    }
+    (run_dir / RunLayout.OUTBOX).mkdir()
+    (run_dir / RunLayout.OUTBOX / "pending.json").write_text(json.dumps([{**owed, "staged": None}]))
     earlier = tree_digest(run_dir)
     code, printed = cli(
         capsys, "train", str(recipe_file), "training.resume_from_checkpoint=false", "training.max_steps=6"
     )
     assert code == 0 and "moved the earlier run to" in printed
+    assert "the earlier run's unsent uploads stay its own" in printed and "an earlier launch" not in printed
     (aside,) = run_dir.glob("previous-*")
     tokenizer = {k: v for k, v in earlier.items() if k.startswith(RunLayout.TOKENIZER_DIR + "/")}
     # the lock stays: the directory's

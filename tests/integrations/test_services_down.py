@@ -151,12 +151,14 @@ def test_the_outbox_never_blocks_and_keeps_the_newest_staged_uploads(tmp_path, c
 
 
 def test_a_failed_upload_is_tried_again_while_training_goes_on(tmp_path, monkeypatch, capsys):
-    """An outage of minutes heals itself: an upload that failed is tried again after a pause (not kept as a
-    failure once it went through); one that still fails when training ends is kept with its command."""
+    """An outage heals itself: an upload that failed is tried again after a pause (not kept as a failure once it
+    went through), past the schedule's last pause too (issue 63: one whose outage outlasted the schedule was reported
+    failed though the service was back before the run ended); one that still fails when training ends is kept with
+    its command, after one last try."""
     from hftrain.integrations import outbox as module
 
     monkeypatch.setattr(module, "RETRY_AFTER_S", (0.05, 0.05, 0.05))
-    outbox, tries, sent = Outbox(tmp_path), {"flaky": 0, "down": 0}, []
+    outbox, tries, sent = Outbox(tmp_path), {"flaky": 0, "healed": 0, "down": 0}, []
 
     def send(name: str, failures: int):
         def attempt():
@@ -168,12 +170,14 @@ def test_a_failed_upload_is_tried_again_while_training_goes_on(tmp_path, monkeyp
         return attempt
 
     outbox.submit("the Hub", "pushing flaky", send("flaky", 2), later="send it later: `push flaky`")
+    outbox.submit("a tracker's server", "sending healed", send("healed", 1 + len(module.RETRY_AFTER_S)), later="x")
     outbox.submit("S3", "copying down", send("down", 99), later="send it later: `push down`")
     deadline = time.monotonic() + 30
-    while tries["down"] < 1 + len(module.RETRY_AFTER_S) and time.monotonic() < deadline:
+    while (tries["down"] < 3 + len(module.RETRY_AFTER_S) or "healed" not in sent) and time.monotonic() < deadline:
         time.sleep(0.02)
     failures = outbox.finish()
-    assert sent == ["flaky"] and tries == {"flaky": 3, "down": 4}  # the first try and 3 more while training
+    assert sent == ["flaky", "healed"] and tries["flaky"] == 3 and tries["healed"] == 2 + len(module.RETRY_AFTER_S)
+    assert tries["down"] >= 4 + len(module.RETRY_AFTER_S)  # past the schedule while training, and once at its end
     assert [f.what for f in failures] == ["copying down"] and failures[0].later == "send it later: `push down`"
     said = capsys.readouterr().err
     assert (
