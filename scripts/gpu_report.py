@@ -37,6 +37,10 @@ ITEMS = {  # key: (title, test module)
         "test_gpu_plan",
     ),
     "packing": ("packed documents kept apart on the flash-attention kernels", "test_gpu_packing"),
+    "fast_path": (
+        "the fast path: an FP8 run loaded by plain transformers, SDPA's flash kernel unmasked, pinned loader copies",
+        "test_gpu_fast_path",
+    ),
     "other": ("gpu tests of no item above (none is ever dropped from the report)", None),
 }
 PACKAGES = [

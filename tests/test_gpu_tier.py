@@ -27,6 +27,7 @@ ITEM_MODULES = {
     "benchmark": "test_gpu_benchmark",
     "plan": "test_gpu_plan",
     "packing": "test_gpu_packing",
+    "fast_path": "test_gpu_fast_path",
 }
 
 
@@ -155,6 +156,7 @@ def test_report_statuses_from_a_real_junit_file(tmp_path):
         "benchmark": "PASS",
         "plan": "NOT RUN",
         "packing": "NOT RUN",
+        "fast_path": "NOT RUN",
         "other": "FAIL",
     }
     assert [t["id"] for t in report["items"]["other"]["tests"] if t["outcome"] == "failed"] == [
