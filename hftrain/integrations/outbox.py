@@ -111,6 +111,7 @@ class _Upload:
     lane: str  # uploads of one lane (one branch of one repo, say) go in the order they were queued
     due: float = 0.0  # time.monotonic() when it may be tried (again)
     tries: int = 0  # tries again so far, after its first
+    pause: float = 0.0  # seconds before its next try (the schedule's, its last pause once past it)
 
 
 class Outbox:
@@ -299,7 +300,8 @@ class Outbox:
                         self._records.pop(upload.seq, None)
                         self._write_journal()
                     elif again:
-                        upload.due = time.monotonic() + RETRY_AFTER_S[min(upload.tries, len(RETRY_AFTER_S) - 1)]
+                        upload.pause = RETRY_AFTER_S[min(upload.tries, len(RETRY_AFTER_S) - 1)]
+                        upload.due = time.monotonic() + upload.pause
                         upload.tries += 1
                         self._waiting.insert(sum(u.seq < upload.seq for u in self._waiting), upload)
                     elif self._closed and slow:  # it made the run wait, then failed: not waited on again
@@ -314,7 +316,7 @@ class Outbox:
                 if again:
                     print(
                         f"hftrain: warning: {upload.what} failed ({reason(err)}); trying again in "
-                        f"{RETRY_AFTER_S[min(upload.tries - 1, len(RETRY_AFTER_S) - 1)]:.0f} s; training goes on.",
+                        f"{upload.pause:.0f} s; training goes on.",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -13,8 +13,8 @@ three kinds of them silently, and is put right here:
   recipe's and the first resumed step gets the recipe's schedule at that step, said when it differs.
 * what the data order is drawn from, and the optimizer's kind: refused with both values (``check_unchanged``).
 
-``ON_RESUME`` is the table of the keys a user may change (the docs' table is made from it); a key it does not name
-is read from the recipe at every start (logging, saving, evaluation, clipping...).
+``ON_RESUME`` is the table of the keys a user may change (docs/operations.md holds the same, checked by its test);
+a key it does not name is read from the recipe at every start (logging, saving, evaluation, clipping...).
 """
 
 from __future__ import annotations
