@@ -114,13 +114,17 @@ def test_wheelhouse_installs_hftrain_offline_into_a_fresh_venv(tmp_path, newer_t
     py = str(venv / "bin" / "python")
     # as the README
     torch = subprocess.run(
-        [py, "-m", "pip", "install", "-q", "torch==2.13.0"], capture_output=True, text=True, timeout=600
+        # --no-compile: no .pyc for torch's 20,000 files up front (minutes of one core; import compiles what it reads)
+        [py, "-m", "pip", "install", "-q", "--no-compile", "torch==2.13.0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert torch.returncode == 0, torch.stderr[-2000:]
     check = subprocess.run([py, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True)
     assert check.stdout.strip() == "None"  # a CPU build; the CUDA wheels were never pulled
     install = subprocess.run(
-        [py, "-m", "pip", "install", "--no-index", "--find-links", str(wh), "hftrain[deepspeed,qlora]"],
+        [py, "-m", "pip", "install", "--no-compile", "--no-index", "--find-links", str(wh), "hftrain[deepspeed,qlora]"],
         capture_output=True,
         text=True,
         timeout=600,
