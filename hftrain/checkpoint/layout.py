@@ -9,6 +9,7 @@ so a name changes in one line. What a run directory holds::
     training_curves.png         loss / grad-norm / lr curves
     report.html                 `hftrain report`
     profile/                    torch.profiler traces (recipe section `profile`)
+    batches/                    what each process trained on, per micro-batch (data.record_batches)
     tokenizer/                  a tokenizer trained by this run (tokenizer.train)
     checkpoint-N/               complete checkpoints (each holds hftrain_complete.json)
     final/                      the final model: a standard HF model directory (LoRA: + adapter/)
@@ -86,6 +87,10 @@ class RunLayout:
     @property
     def profile(self) -> Path:
         return self.root / self.PROFILE_DIR
+
+    @property
+    def batches(self) -> Path:
+        return self.root / "batches"
 
     @property
     def tokenizer(self) -> Path:

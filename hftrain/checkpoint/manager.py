@@ -187,6 +187,7 @@ class CheckpointManager:
             layout.plot,
             layout.report,
             layout.profile,
+            layout.batches,
             layout.run_file,
             layout.outbox,
         ]

@@ -7,7 +7,6 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from hftrain.data.shares import share_of, span
@@ -88,25 +87,14 @@ class FolderStream(BlockStream):
             return
         size = self.seq_len * self.dtype.itemsize
         name = join(self.folder.root, shard.name)
-        try:
-            with fsspec.open(name, "rb", **self.options) as f:
-                f.seek((shard.first + first) * size)
-                data = f.read(count * size)
-        except FileNotFoundError:
-            raise HftrainError(
-                f"{name}: a file of the token folder is missing; restore it or prepare the data again."
-            ) from None
+        data = self.folder.read_bytes(shard.name, (shard.first + first) * size, count * size)
         if len(data) != count * size:
             raise HftrainError(
                 f"{name}: the file is shorter than when the run opened it; restore it or prepare the data again."
             )
         arr = np.frombuffer(data, dtype=self.dtype).reshape(count, self.seq_len).astype(np.int64)
-        if self.vocab is not None and arr.size and int(arr.max()) >= self.vocab:
-            raise HftrainError(
-                f"{name}: token id {int(arr.max()):,} is not in the "
-                f"recipe's tokenizer ({self.vocab:,} ids): the folder was "
-                "tokenized with another tokenizer. Use the tokenizer it was made with, or prepare the data again."
-            )
+        if self.vocab is not None:
+            check_ids(arr, self.vocab, name)
         yield from zip(range(first, first + count), arr)
 
 
@@ -144,3 +132,13 @@ class FolderMixture:
             parts[i] = item[1]
             drawn += 1
             yield item[0], {"parts": list(parts), "drawn": drawn}
+
+
+def check_ids(tokens: np.ndarray, vocab: int, where: str) -> None:
+    """Every id read must be one of the tokenizer's: an id outside it is data tokenized with another tokenizer."""
+    if tokens.size and (int(tokens.max()) >= vocab or int(tokens.min()) < 0):
+        bad = int(tokens.max()) if int(tokens.max()) >= vocab else int(tokens.min())
+        raise HftrainError(
+            f"{where}: token id {bad:,} is not in the recipe's tokenizer ({vocab:,} ids): the data was tokenized "
+            "with another tokenizer. Use the tokenizer it was made with, or prepare the data again."
+        )

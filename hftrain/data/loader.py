@@ -11,7 +11,7 @@ micro-batch, and a resumed loader rotates the worker numbering to continue it ex
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,9 +19,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from hftrain.data.folder_stream import FolderMixture, FolderStream
 from hftrain.data.instructions import ExampleStream
+from hftrain.data.megatron import MegatronCorpus, open_megatron
 from hftrain.data.packed_batch import KERNEL_FORMS, ROWS, PackedCollator, real_tokens
 from hftrain.data.preference_pairs import PreferenceStream, pair_tokens, records
 from hftrain.data.sources import BadRecords
+from hftrain.data.stored_rows import StoredRow, StoredRows, check_rows
 from hftrain.data.stream import BlockStream, DocumentStream, SourcePlan, Worker, plan_sources
 from hftrain.data.token_folder import Shard, TokenFolder, open_folder, split_validation
 from hftrain.errors import HftrainError
@@ -37,7 +39,41 @@ class DataPlan:
     train: list[SourcePlan]
     validation: list[SourcePlan] | None
     seed: int
-    folders: tuple[TokenFolder, ...] = ()  # when training from token folders (data.train: {pretokenized: DIR})
+    folders: tuple[TokenFolder, ...] = ()  # token folders or Megatron corpora (data.train: {pretokenized | megatron})
+    validation_corpus: MegatronCorpus | None = None  # data.validation: {megatron: PREFIX}
+    first_row: int = 0  # data.order: stored: the first item trained, B·data.start_step (starting_at)
+
+    @property
+    def stored(self) -> MegatronCorpus | None:
+        """The corpus read in its stored order (data.order: stored), else None."""
+        return self.folders[0] if self.section.order == "stored" else None  # type: ignore[return-value]
+
+    @property
+    def stored_rows(self) -> int:
+        """Items training may read in stored order: all, but for the last data.eval_blocks when they are the
+        validation set (no data.validation)."""
+        corpus = self.stored
+        assert corpus is not None
+        return corpus.items - (0 if self.validation or self.validation_corpus else self.section.eval_blocks)
+
+    def starting_at(self, global_batch: int) -> DataPlan:
+        """The plan of a run of `global_batch` sequences a step: a stored-order run begins at data.start_step."""
+        if self.stored is None:
+            return self
+        return replace(self, first_row=(self.section.start_step or 0) * global_batch)
+
+    def check_reach(self, max_steps: int, global_batch: int) -> None:
+        """A stored-order run must end inside its corpus: refused before anything loads when it would not."""
+        if self.stored is None:
+            return
+        end, rows, start = self.first_row + max_steps * global_batch, self.stored_rows, self.section.start_step or 0
+        if end > rows:
+            held = "" if rows == self.stored.items else f" (the last {self.section.eval_blocks} are the validation set)"
+            raise HftrainError(
+                f"data.train: {max_steps:,} steps of {global_batch:,} sequences from data.start_step {start:,} need "
+                f"items up to {end:,}, and {self.stored.prefix} has {rows:,} to train on{held}; lower "
+                f"training.max_steps to {max(0, (rows - self.first_row) // global_batch):,} or data.start_step."
+            )
 
     @property
     def pretokenized(self) -> bool:
@@ -56,6 +92,8 @@ class DataPlan:
         """Training tokens in the token folders (None for text streamed and tokenized on the fly)."""
         if not self.folders:
             return None
+        if self.stored is not None:
+            return self.stored_rows * self.section.seq_len
         return sum(s.blocks for i in range(len(self.folders)) for s in self.folder_shards(i)) * self.section.seq_len
 
     @property
@@ -63,6 +101,8 @@ class DataPlan:
         """The most readers the default gives (one per shard of the source with the fewest; token folders one
         per block). Not more for a splittable source: a byte range inside one huge record holds no record, and a
         reader with no data stops the run (tests/test_scale.py: a JSONL file with a 64 MB record)."""
+        if self.stored is not None:
+            return None
         if self.folders:
             return max(1, min(sum(s.blocks for s in self.folder_shards(i)) for i in range(len(self.folders))))
         limits = [len(p.shards) for p in self.train]
@@ -81,14 +121,28 @@ class DataPlan:
 def plan_data(section: DataSection, seed: int) -> DataPlan:
     """List every source's shards once (and fail early, naming the source, if one is empty or missing); token
     folders are checked whole (token_folder.open_folder)."""
-    validation = plan_sources([section.validation], "data.validation") if section.validation else None
+    held = section.validation
+    corpus = (
+        open_megatron(held.megatron, held.storage_options, "data.validation.megatron")
+        if held and held.megatron
+        else None
+    )
+    validation = plan_sources([held], "data.validation") if held and corpus is None else None
+    where = "data.train" if len(section.train) == 1 else "data.train[{}]"
     if section.train[0].pretokenized:
-        where = "data.train" if len(section.train) == 1 else "data.train[{}]"
         folders = tuple(
             open_folder(s.pretokenized or "", s.storage_options, f"{where.format(i)}.pretokenized")
             for i, s in enumerate(section.train)
         )
         return DataPlan(section, [], validation, seed, folders)
+    if section.train[0].megatron:
+        corpora = tuple(
+            open_megatron(s.megatron or "", s.storage_options, f"{where.format(i)}.megatron")
+            for i, s in enumerate(section.train)
+        )
+        if section.order == "stored":
+            check_rows(corpora[0], section.seq_len)
+        return DataPlan(section, [], validation, seed, corpora, corpus)
     return DataPlan(section, plan_sources(section.train, "data.train"), validation, seed)
 
 
@@ -96,8 +150,10 @@ def train_blocks(plan: DataPlan, tokenizer: Any, worker: Worker, window: int) ->
     """The block stream of one logical worker (reader), shuffled in windows of `window` blocks: token folders
     (several: drawn by their weights), or documents tokenized on the fly."""
     section = plan.section
+    vocab = len(tokenizer) if tokenizer is not None else None
+    if plan.stored is not None:
+        return StoredRows(plan.stored, section.seq_len, worker, plan.first_row, plan.stored_rows, vocab)
     if plan.folders:
-        vocab = len(tokenizer) if tokenizer is not None else None
         streams = [
             FolderStream(folder, plan.folder_shards(i), section.seq_len, plan.seed, worker, window, vocab=vocab)
             for i, folder in enumerate(plan.folders)
@@ -188,10 +244,14 @@ class PackedDataset(IterableDataset):
 
 
 def as_sample(block: Any) -> dict[str, Any]:
-    """A text block (labels = inputs), an instruction block (3 rows: ids, labels, position ids), or a
+    """A text block (labels = inputs), an instruction block (3 rows: ids, labels, position ids), a stored row
+    (inputs row[:-1], targets row[1:] as transformers' shift_labels: labels are then not read by the loss) or a
     preference pair (id lists, for TRL's collator)."""
     if isinstance(block, dict):
         return block
+    if isinstance(block, StoredRow):  # seq_len + 1 tokens: seq_len inputs, each predicting the next token
+        row = torch.from_numpy(block.tokens.astype("int64"))
+        return {"input_ids": row[:-1], "labels": row[:-1].clone(), "shift_labels": row[1:].clone()}
     block = torch.from_numpy(block.astype("int64"))
     if block.dim() == 2:
         return {"input_ids": block[0], "labels": block[1], "position_ids": block[2]}
@@ -267,8 +327,10 @@ class ResumableLoader:
         collate: Any = None,
         pad: int = 0,
         placement: Placement = Placement(),
+        record: Any = None,
     ):
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        self.record = record  # step_batch.ConsumedRecord (data.record_batches), or None
         self.placement = placement
         self.prefetch_factor = prefetch_factor
         self.collate = collate or PackedCollator()
@@ -293,7 +355,7 @@ class ResumableLoader:
             prefetch_factor=(self.prefetch_factor or 2) * self.batch_size if self.num_workers else None,
             persistent_workers=False,
         )
-        batch = []
+        batch, raw = [], []
         for reader, block, position in loader:
             self.positions[str(reader)] = position
             self.samples += 1
@@ -306,8 +368,11 @@ class ResumableLoader:
             else:  # a pair: padded to its batch's longest, not to a block
                 self.tokens["real"] += pair_tokens(sample)
             batch.append(sample)
+            raw.append(block)
             if len(batch) == self.batch_size:
-                batch = self.collate(batch)
+                if self.record is not None:
+                    self.record.write(self.samples - len(raw), raw)
+                batch, raw = self.collate(batch), []
                 if "completion_mask" in batch:  # pairs: the positions the policy reads, padding included
                     self.tokens["block"] += batch["input_ids"].numel()
                 yield self.placement(batch)
@@ -318,66 +383,7 @@ class ResumableLoader:
         return rank_state(layout, self.dataset.rank, self.samples, self.positions, self.dataset.plan.section.seq_len)
 
 
-def held_out_documents(plan: DataPlan) -> DocumentStream:
-    """The validation source, or the training documents held out for validation (every holdout_every-th)."""
-    return DocumentStream(
-        plans=plan.validation or plan.train,
-        seed=plan.seed,
-        holdout_every=0 if plan.validation else plan.section.holdout_every,
-        split="all" if plan.validation else "holdout",
-        shuffle=False,
-        loop=False,
-        bad=BadRecords(plan.section.on_bad_record),
-    )
-
-
-def validation_pairs(plan: DataPlan) -> list[dict[str, Any]]:
-    """The held-out preference pairs, as records (TRL tokenizes its evaluation set itself): eval_blocks of them."""
-    pairs = records(held_out_documents(plan), plan.section.eval_blocks)
-    if not pairs:
-        what = "data.validation" if plan.validation else "the held-out training pairs (data.holdout_every)"
-        raise HftrainError(f"{what}: no preference pair to evaluate on; give data.validation or more pairs.")
-    return pairs
-
-
 def first_pairs(plan: DataPlan, n: int) -> list[dict[str, Any]]:
     """The first n training pairs in a fixed order (what TRL checks its training set by)."""
     stream = train_documents(plan, loop=False, shuffle=False)
     return records(stream, n)
-
-
-def validation_blocks(plan: DataPlan, tokenizer: Any) -> list[dict[str, Any]]:
-    """The fixed validation set: the first eval_blocks blocks of the validation source or the held-out documents."""
-    section = plan.section
-    if plan.folders and plan.validation is None:
-        first = plan.folders[0]
-        if first.validation is not None:
-            folder, shards = first.validation, first.validation.shards(section.seq_len)
-        else:
-            folder, shards = first, split_validation(first, section.seq_len, section.eval_blocks)[1]
-        stream = FolderStream(folder, shards, section.seq_len, 0, Worker(), window=1, loop=False)
-        blocks = [b for shard in shards for _, b in stream.read(shard, 0, shard.blocks)][: section.eval_blocks]
-        if not blocks:
-            raise HftrainError(
-                f"{first.where}: no block of data.seq_len={section.seq_len} tokens to validate on in {folder.root}; "
-                "give data.validation, or lower data.seq_len."
-            )
-        return [{"input_ids": torch.from_numpy(b), "labels": torch.from_numpy(b).clone()} for b in blocks]
-    stream = text_or_examples(held_out_documents(plan), tokenizer, section, window=section.eval_blocks)
-    out = []
-    for block, _ in stream.blocks(stream.fresh_state()):
-        out.append(as_sample(block))
-        if len(out) >= section.eval_blocks:
-            break
-    if not out:
-        what = "data.validation" if plan.validation else "the held-out training documents (data.holdout_every)"
-        fix = (
-            "give more validation text or lower data.seq_len"
-            if plan.validation
-            else (
-                "give data.validation, or more documents (a .txt file is one document unless the source's "
-                "document_boundary is blank_line or line), or lower data.holdout_every or data.seq_len"
-            )
-        )
-        raise HftrainError(f"{what}: less text than one block of data.seq_len={section.seq_len} tokens; {fix}.")
-    return out

@@ -87,7 +87,9 @@ class PackedCollator:
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         batch = {
-            k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids") if k in samples[0]
+            k: torch.stack([s[k] for s in samples])
+            for k in ("input_ids", "labels", "shift_labels", "position_ids")
+            if k in samples[0]
         }
         if "position_ids" not in batch and self.eos is not None:
             batch["position_ids"] = document_positions(batch["input_ids"], self.eos)

@@ -27,8 +27,9 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 from numpy.random import default_rng
 
 from hftrain.data.chunking import SafeCut, text_batches
-from hftrain.data.loader import DataPlan, held_out_documents, train_documents
+from hftrain.data.loader import DataPlan, train_documents
 from hftrain.data.token_folder import LOGS, PREPARED, token_dtype, token_size_for, tokenizer_fingerprint
+from hftrain.data.validation_set import held_out_documents
 from hftrain.parallel.process_end import end_with_parent
 
 Unit = tuple[int, int]  # (source, shard)

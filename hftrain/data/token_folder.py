@@ -102,6 +102,18 @@ class TokenFolder:
     def blocks(self, seq_len: int) -> int:
         return sum(f.tokens // seq_len for f in self.files)
 
+    def read_bytes(self, name: str, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of file `name` (fewer when the file has shrunk since it was opened)."""
+        path = join(self.root, name)
+        try:
+            with fsspec.open(path, "rb", **self.options) as f:
+                f.seek(start)
+                return f.read(length)
+        except FileNotFoundError:
+            raise HftrainError(
+                f"{path}: a file of the token folder is missing; restore it or prepare the data again."
+            ) from None
+
 
 def split_validation(folder: TokenFolder, seq_len: int, eval_blocks: int) -> tuple[list[Shard], list[Shard]]:
     """(training shards, validation shards) of a folder with no validation of its own: the last `eval_blocks`

@@ -27,8 +27,11 @@ def scored_tokens_and_bytes(blocks: list[dict[str, Any]], tokenizer: Any) -> tup
     """Tokens the loss averages over (labels after the one-position shift) and the UTF-8 bytes they decode to."""
     tokens = n_bytes = 0
     for block in blocks:
-        ids, labels = block["input_ids"].tolist(), block["labels"].tolist()
-        scored = [token for token, label in zip(ids[1:], labels[1:]) if label != -100]
+        if "shift_labels" in block:  # a stored row: every next token is a target
+            scored = [token for token in block["shift_labels"].tolist() if token != -100]
+        else:
+            ids, labels = block["input_ids"].tolist(), block["labels"].tolist()
+            scored = [token for token, label in zip(ids[1:], labels[1:]) if label != -100]
         tokens += len(scored)
         n_bytes += len(tokenizer.decode(scored).encode("utf-8"))
     return tokens, n_bytes

@@ -10,10 +10,14 @@ from pydantic import Field, field_validator, model_validator
 
 from hftrain.recipe.sections import Section
 
+ORIGINS = ("path", "dataset", "builtin", "pretokenized", "megatron")  # where a Source's documents come from
+
 
 # ------------------------------------------------------------------------------------------------ data
+
+
 class Source(Section):
-    """One stream of documents. Give exactly one of path, dataset or builtin."""
+    """One stream of documents. Give exactly one of path, dataset, builtin, pretokenized or megatron."""
 
     path: str | None = None
     """A file, directory or glob (local, file://, s3://, ...): .txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet."""
@@ -29,6 +33,11 @@ class Source(Section):
     """A token folder in datatrove's tokenized layout (*.ds, *.ds.index, *.ds.metadata), local or a URL: written by
     `hftrain data prepare` or by datatrove's DocumentTokenizer. Read in blocks of data.seq_len without tokenizing;
     several, with weights, are a mixture."""
+    megatron: str | None = None
+    """A Megatron / gpt-neox indexed corpus: PREFIX (PREFIX.idx beside PREFIX.bin, or beside the .bin's shards
+    PREFIX-NNNNN-of-MMMMM.bin, as Pythia's preshuffled Pile comes), local or a URL, read in place by byte range. Read
+    in the stored order (data.order: stored: item i is the i-th training sequence of seq_len + 1 tokens), or as
+    blocks of its tokens like a token folder (several, with weights, are a mixture)."""
     text_field: str = "text"
     """The column/key holding the text (jsonl, parquet, datasets)."""
     document_boundary: Literal["file", "blank_line", "line"] = "file"
@@ -62,7 +71,7 @@ class Source(Section):
     def identity(self) -> tuple[str, ...]:
         """What this source reads, whatever the spelling (a local path normalised, a URL as given), with the fields
         that change what is read (the split, the text field, the format)."""
-        for kind in ("pretokenized", "path", "dataset", "builtin"):
+        for kind in ("pretokenized", "megatron", "path", "dataset", "builtin"):
             value = getattr(self, kind)
             if value:
                 where = value if "://" in value or kind in ("dataset", "builtin") else os.path.abspath(value)
@@ -71,12 +80,17 @@ class Source(Section):
 
     @model_validator(mode="after")
     def _exactly_one_origin(self) -> Source:
-        given = [k for k in ("path", "dataset", "builtin", "pretokenized") if getattr(self, k) is not None]
+        given = [k for k in ORIGINS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"give exactly one of path, dataset, builtin or pretokenized (got {', '.join(given) or 'none'})"
+                f"give exactly one of {', '.join(ORIGINS[:-1])} or {ORIGINS[-1]} (got {', '.join(given) or 'none'})"
             )
         return self
+
+    @property
+    def tokens(self) -> str | None:
+        """What kind of token files this source is (pretokenized or megatron), None for text."""
+        return "pretokenized" if self.pretokenized else "megatron" if self.megatron else None
 
 
 def data_kind(fmt: str) -> str:
@@ -126,6 +140,18 @@ class DataSection(Section):
     run's start. The data order (and so the losses) is the same on any launch whose processes x dataloader
     workers divides it, and a checkpoint resumes onto any such launch. Default: 8 (fewer if a source has fewer
     shards), times whatever the first launch needs."""
+    order: Literal["shuffled", "stored"] = "shuffled"
+    """shuffled: blocks shuffled in windows (data.shuffle_window) by training.seed. stored: a Megatron corpus
+    (data.train: {megatron: PREFIX}) read in its own order, as Pythia was trained: item i is the i-th training
+    sequence of seq_len + 1 tokens (inputs row[:-1], targets row[1:]), and step s of a global batch of B
+    sequences trains items [B·s, B·(s+1)) on any launch. `hftrain data batch RECIPE --step N` prints them."""
+    start_step: int | None = Field(default=None, ge=0)
+    """With data.order: stored, the corpus step this run's first step is: it begins at item B·start_step without
+    reading what lies before it. Default: N when model.revision is Pythia's `stepN`, else 0. The run's steps,
+    its schedule (lr_schedule) and results.json count on from there."""
+    record_batches: bool = False
+    """Write what every micro-batch trained on into output_dir/batches/rank-P.jsonl: each sequence's global block,
+    a digest of its tokens (and its item, in stored order), the names `hftrain data batch` prints."""
     on_bad_record: Literal["fail", "skip"] = "fail"
     """A malformed record (bad JSON line, missing text field): fail names file and line; skip counts and goes on."""
 
@@ -169,11 +195,12 @@ class DataSection(Section):
 
     @model_validator(mode="after")
     def _one_kind_of_data(self) -> DataSection:
-        if len({s.pretokenized is None for s in self.train}) > 1:
+        if len({s.tokens for s in self.train}) > 1:
             raise ValueError(
-                "train: token folders (pretokenized) mix only with other token folders; prepare the text sources too "
-                "(`hftrain data prepare`), or give only text sources"
+                "train: token folders (pretokenized) and Megatron corpora (megatron) mix only with sources of their "
+                "own kind; prepare the text sources too (`hftrain data prepare`), or give only text sources"
             )
+        self._stored_order()
         kinds = {data_kind(s.format) for s in self.train + ([self.validation] if self.validation else [])}
         if len(kinds) > 1:
             raise ValueError(
@@ -186,6 +213,32 @@ class DataSection(Section):
                 "it (examples are always kept apart), or set data.packing: false to pad each example instead"
             )
         return self
+
+    def _stored_order(self) -> None:
+        """data.order: stored reads one Megatron corpus row by row: nothing to shuffle, mix or mask."""
+        if self.order != "stored":
+            if self.start_step is not None:
+                raise ValueError(
+                    "start_step: a run begins at a corpus step only in data.order: stored (a Megatron corpus read "
+                    "in its own order); remove data.start_step, or set data.order: stored"
+                )
+            return
+        if len(self.train) != 1 or self.train[0].megatron is None:
+            raise ValueError(
+                "order: stored reads one Megatron corpus in its own order; give data.train: {megatron: PREFIX} "
+                "alone (a mixture or other sources are read shuffled: data.order: shuffled)"
+            )
+        if self.shuffle_window not in (None, 1):
+            raise ValueError(
+                f"shuffle_window: {self.shuffle_window} with data.order: stored, which never shuffles; remove "
+                "data.shuffle_window, or set data.order: shuffled"
+            )
+        if self.document_masking:
+            raise ValueError(
+                "document_masking with data.order: stored: its rows are trained whole, as Pythia's were; remove "
+                "data.document_masking, or set data.order: shuffled"
+            )
+        self.shuffle_window = 1
 
     @property
     def instruction_data(self) -> bool:

@@ -21,28 +21,10 @@ from pydantic import BaseModel, ValidationError
 from hftrain.errors import HftrainError
 from hftrain.recipe.redaction import redact_value, redacted
 from hftrain.recipe.schema import Recipe
+from hftrain.recipe.training_section import TRAINING_DEFAULTS
 from hftrain.recipe.yaml_io import load_yaml, read_recipe_file
 
 P = TypeVar("P")
-
-# hftrain's own training defaults: the lowest layer, below the YAML file. Chosen for small-to-medium
-# pretraining; every one is a plain TrainingArguments key that a recipe may change.
-TRAINING_DEFAULTS: dict[str, Any] = {
-    "per_device_train_batch_size": 8,
-    "per_device_eval_batch_size": 8,
-    "learning_rate": 6e-4,
-    "lr_scheduler_type": "cosine",
-    "warmup_steps": 0.05,
-    "weight_decay": 0.1,
-    "adam_beta2": 0.95,
-    "max_grad_norm": 1.0,
-    "logging_steps": 10,
-    "save_steps": 100,
-    "save_total_limit": 2,
-    "report_to": ["tensorboard"],
-    "seed": 1234,
-    "disable_tqdm": False,
-}
 
 
 # ------------------------------------------------------------------------------------------- loading

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hftrain.recipe.objectives import OBJECTIVES, Objective
-from hftrain.recipe.sections import SpeedSection
+from hftrain.recipe.sections import LrScheduleSection, SpeedSection
 
 if TYPE_CHECKING:
     from hftrain.data.loader import DataPlan
@@ -218,8 +218,9 @@ class TrainerPart:
     plan (the resolver's, data/loader.py), the validation set's size for its progress line (data.eval_blocks,
     data.seq_len), training.logging_nan_inf_filter, the monitor section (metrics, evaluation tasks, sample, plot), the
     faults section (the non-finite guard), which checkpoints are kept (the checkpoints section), the profile section,
-    the model's part (DPO builds its adapter, or its reference copy, from it) and the model's FLOPs per token (the
-    MFU)."""
+    the model's part (DPO builds its adapter, or its reference copy, from it), the model's FLOPs per token (the
+    MFU), and the lr_schedule section with the step it starts at (data.start_step, where the data section has it:
+    a run that continues another at its step N)."""
 
     data: DataPlan
     monitor: MonitorSection
@@ -229,13 +230,24 @@ class TrainerPart:
     model: ModelPart
     flops_per_token: float
     nan_filter: bool = True  # training.logging_nan_inf_filter, done on the device (training/arguments.py)
+    lr_schedule: LrScheduleSection = field(default_factory=LrScheduleSection)
+    schedule_first_step: int = 0
 
     @classmethod
     def of(cls, recipe: Recipe, data: DataPlan, flops_per_token: float) -> TrainerPart:
         nan_filter = recipe.training.logging_nan_inf_filter is not False
         model = ModelPart.of(recipe)
         return cls(
-            data, recipe.monitor, recipe.faults, recipe.checkpoints, recipe.profile, model, flops_per_token, nan_filter
+            data,
+            recipe.monitor,
+            recipe.faults,
+            recipe.checkpoints,
+            recipe.profile,
+            model,
+            flops_per_token,
+            nan_filter,
+            lr_schedule=recipe.lr_schedule,
+            schedule_first_step=recipe.data.start_step or 0,
         )
 
     @property

@@ -8,6 +8,7 @@ texts are exactly Hugging Face's.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -20,13 +21,14 @@ from hftrain.recipe.sections import (
     CheckpointsSection,
     FaultsSection,
     HubSection,
+    LrScheduleSection,
     MonitorSection,
     ParallelismSection,
     ProfileSection,
     Section,
     SpeedSection,
 )
-from hftrain.recipe.training_section import TrainingSection
+from hftrain.recipe.training_section import TRAINING_DEFAULTS, TrainingSection
 
 # ----------------------------------------------------------------------------------------------- model
 DROPOUT_FIELDS = ("hidden_dropout", "attention_dropout")
@@ -171,6 +173,8 @@ class Recipe(Section):
     """Training and validation text."""
     training: TrainingSection = Field(default_factory=TrainingSection)  # type: ignore[valid-type]
     """transformers.TrainingArguments, names as they are (see `hftrain explain training`)."""
+    lr_schedule: LrScheduleSection = LrScheduleSection()
+    """A learning-rate schedule transformers lacks (Pythia's gpt-neox annealing) instead of training's own."""
     finetune: FinetuneSection = FinetuneSection()
     """Full training or LoRA / QLoRA / 8-bit LoRA."""
     parallelism: ParallelismSection = ParallelismSection()
@@ -240,6 +244,24 @@ class Recipe(Section):
         return self
 
     @model_validator(mode="after")
+    def _one_schedule(self) -> Recipe:
+        """lr_schedule.type replaces TrainingArguments' schedule: its keys, given too, would be ignored without a word
+        (hftrain's own defaults for them are not the user's choice, and stay)."""
+        if self.lr_schedule.type is None:
+            return self
+        training, given = self.training, []
+        for key in ("lr_scheduler_type", "warmup_steps", "lr_scheduler_kwargs"):
+            value = getattr(training, key)
+            if key in training.model_fields_set and value != TRAINING_DEFAULTS.get(key) and value not in (None, {}):
+                given.append(f"training.{key}")
+        if given:
+            raise ValueError(
+                f"lr_schedule.type {self.lr_schedule.type} replaces training's schedule, so {' and '.join(given)} "
+                "would be ignored; remove them (its warmup is lr_schedule.warmup_fraction), or remove lr_schedule.type"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _kept_steps_are_reached(self) -> Recipe:
         last = self.training_kwargs().get("max_steps") or -1
         beyond = [s for s in self.checkpoints.steps if last > 0 and s > last]
@@ -248,6 +270,15 @@ class Recipe(Section):
                 f"checkpoints.steps: {', '.join(map(str, beyond))} after training.max_steps ({last}) would never be "
                 "kept; remove them, or raise training.max_steps (a longer run continues this one)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stored_order_starts_at_the_models_step(self) -> Recipe:
+        """A stored-order run from Pythia's `stepN` revision continues at corpus step N unless data.start_step says
+        otherwise; the value is written into the recipe, so the saved recipe says where the run began."""
+        if self.data.order == "stored" and self.data.start_step is None:
+            step = re.fullmatch(r"step(\d+)", self.model.revision or "")
+            self.data.start_step = int(step[1]) if step and self.model.from_pretrained else 0
         return self
 
     def training_kwargs(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""The recipe's smaller sections (parallelism, hub, checkpoints, faults, monitor, profile) and the base every section
-shares; schema.py holds the others and the whole Recipe. Each field is documented right under it, for `hftrain
-explain`."""
+"""The recipe's smaller sections (parallelism, hub, checkpoints, faults, speed, lr_schedule, monitor, profile) and the
+base every section shares; schema.py holds the others and the whole Recipe. Each field is documented right under it,
+for `hftrain explain`."""
 
 from __future__ import annotations
 
@@ -139,6 +139,37 @@ class SpeedSection(Section):
     Needs torch.compile: turned on where training.torch_compile is unset (false is refused). tensorwise: one scale
     per tensor (fastest); rowwise: one per row (closer to bf16). Pays on large matmuls (Llama-3-8B +25%); below
     ~2,048 hidden it may be slower (`hftrain plan` says). Checkpoints stay plain safetensors. Off by default."""
+
+
+# ----------------------------------------------------------------------------------------- lr_schedule
+class LrScheduleSection(Section):
+    """A learning-rate schedule transformers does not have, in place of training.lr_scheduler_type's (its peak is
+    still training.learning_rate). Unset type: TrainingArguments' schedule, as without this section."""
+
+    type: Literal["gpt_neox_annealing"] | None = None
+    """gpt_neox_annealing: Pythia's schedule, gpt-neox v1.0's AnnealingLR with cosine decay (training/schedules.py):
+    from 0, linear warmup to the peak over warmup_fraction x decay_steps steps, then peak / 2 x (cos(pi x (step -
+    warmup) / decay_steps) + 1), cut off at min_lr_rate x peak. Not transformers' cosine_with_min_lr, whose cosine
+    is over decay_steps - warmup and squeezed above the floor: this one's divisor is decay_steps and it meets the
+    floor early (Pythia: at step ~115,000 of 143,000). Set, it replaces training.lr_scheduler_type, warmup_steps and
+    lr_scheduler_kwargs (giving them too is refused)."""
+    decay_steps: int | None = Field(default=None, ge=1)
+    """gpt-neox's lr_decay_iters: the steps the cosine is laid over (Pythia: 143000). Default: the run's last step,
+    training.max_steps after data.start_step (a run that continues another at its step N is at step N + k)."""
+    warmup_fraction: float = Field(default=0.01, ge=0, lt=0.5)
+    """gpt-neox's warmup: the warmup's length as a fraction of decay_steps (Pythia: 0.01, 1,430 steps). Under 0.5: at
+    0.5 gpt-neox's formula no longer decays, and above it never reaches the peak."""
+    min_lr_rate: float = Field(default=0.1, ge=0, le=1)
+    """The floor of the decay as a fraction of training.learning_rate (gpt-neox's min_lr; Pythia: 0.1, 6e-5 under
+    6e-4). The warmup starts at 0, below it, as gpt-neox's does."""
+
+    @model_validator(mode="after")
+    def _settings_need_a_type(self) -> LrScheduleSection:
+        fields = type(self).model_fields  # a saved recipe writes every key: its defaults are not a choice
+        given = sorted(k for k in self.model_fields_set - {"type"} if getattr(self, k) != fields[k].default)
+        if self.type is None and given:
+            raise ValueError(f"{', '.join(given)} would be ignored without a type; set type: gpt_neox_annealing")
+        return self
 
 
 # --------------------------------------------------------------------------------------------- monitor

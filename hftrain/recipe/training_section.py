@@ -11,6 +11,25 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from hftrain.recipe.transformers_table import training_fields
 
+# hftrain's own training defaults: the lowest layer, below the YAML file (recipe/load.py). Chosen for small-to-medium
+# pretraining; every one is a plain TrainingArguments key that a recipe may change.
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "per_device_train_batch_size": 8,
+    "per_device_eval_batch_size": 8,
+    "learning_rate": 6e-4,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.05,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.95,
+    "max_grad_norm": 1.0,
+    "logging_steps": 10,
+    "save_steps": 100,
+    "save_total_limit": 2,
+    "report_to": ["tensorboard"],
+    "seed": 1234,
+    "disable_tqdm": False,
+}
+
 # Numbers TrainingArguments takes unchecked that fail later with a raw exception (a negative learning rate in the
 # optimizer, a batch of 0 as a division by zero): refused when the recipe is read, naming the key.
 BOUNDS: dict[str, dict[str, float]] = {

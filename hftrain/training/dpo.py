@@ -17,8 +17,9 @@ from dataclasses import replace
 from typing import Any
 
 from hftrain import _compat
-from hftrain.data.loader import first_pairs, validation_pairs
+from hftrain.data.loader import first_pairs
 from hftrain.data.preference_pairs import needs_chat_template, use_chatml
+from hftrain.data.validation_set import validation_pairs
 from hftrain.errors import HftrainError
 from hftrain.eval.preference_accuracy import PreferenceEvaluation
 from hftrain.model.build import build_model

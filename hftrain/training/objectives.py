@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hftrain.data.loader import validation_blocks
+from hftrain.data.validation_set import validation_blocks
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.progress import phase
 from hftrain.recipe.finetune_section import FinetuneSection

@@ -102,6 +102,8 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
     dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
     length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.folder_tokens)
+    data = data.starting_at(dims.global_batch)  # a stored-order run begins at data.start_step's items
+    data.check_reach(length.max_steps, dims.global_batch)
     checkpoints, output_dir = CheckpointPart.of(recipe), Path(recipe.training.output_dir)
     resume = ResumeSetting.of(kwargs.get("resume_from_checkpoint"))
     spec = RunSpec(

@@ -8,9 +8,10 @@ three kinds of them silently, and is put right here:
   own settings. The Trainer loads the checkpoint's over the groups it built from the recipe; ``ResumedSettings``
   puts the recipe's back at train begin and prints each change with the step it applies from.
 * the schedule (scheduler.pt): its base learning rates are the checkpoint's, its function the recipe's (max_steps,
-  warmup, type, lr_scheduler_kwargs), and the first resumed step ran at the rate the checkpoint's schedule left in
-  the optimizer (a finished cosine continued for more steps took its first step at 0). The base rates become the
-  recipe's and the first resumed step gets the recipe's schedule at that step, said when it differs.
+  warmup, type, lr_scheduler_kwargs, or the lr_schedule section's), and the first resumed step ran at the rate the
+  checkpoint's schedule left in the optimizer (a finished cosine continued for more steps took its first step at 0).
+  The base rates become the recipe's and the first resumed step gets the recipe's schedule at that step, said when
+  it differs.
 * what the data order is drawn from, and the optimizer's kind: refused with both values (``check_unchanged``).
 
 ``ON_RESUME`` is the table of the keys a user may change (docs/operations.md holds the same, checked by its test);
@@ -51,6 +52,10 @@ ON_RESUME: dict[str, OnResume] = {
     "training.warmup_steps": OnResume(True, _SCHEDULE),
     "training.lr_scheduler_type": OnResume(True, _SCHEDULE),
     "training.lr_scheduler_kwargs": OnResume(True, _SCHEDULE),
+    "lr_schedule.type": OnResume(True, _SCHEDULE),
+    "lr_schedule.decay_steps": OnResume(True, _SCHEDULE),
+    "lr_schedule.warmup_fraction": OnResume(True, _SCHEDULE),
+    "lr_schedule.min_lr_rate": OnResume(True, _SCHEDULE),
     "training.max_grad_norm": OnResume(True, _EVERY_START),
     "training.gradient_checkpointing": OnResume(True, _EVERY_START),
     "training.logging_steps": OnResume(True, _EVERY_START),

@@ -26,6 +26,7 @@ from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.checkpoint.node_disks import common_resume
 from hftrain.checkpoint.output_lock import owning
 from hftrain.data.loader import DataPlan, first_documents, first_pairs
+from hftrain.data.megatron import MegatronCorpus
 from hftrain.data.preference_pairs import SAME_ANSWERS_SAMPLE, same_answers
 from hftrain.data.token_folder import check_tokenizer
 from hftrain.errors import Preempted
@@ -125,6 +126,8 @@ def prepare_output(
     if resume is not None:  # a checkpoint loads only under the backend that wrote it (any process count)
         elastic.check_backend(resume, dims.strategy, dims.processes)
     for folder in data.folders:
+        if isinstance(folder, MegatronCorpus):  # its files name no tokenizer: every id read is checked against it
+            continue
         note = check_tokenizer(folder, tokenizer)
         if note and args.process_index == 0:
             print(f"hftrain: {note}", flush=True)

@@ -20,7 +20,7 @@ installed transformers (and the lowest-versions CI step at pyproject.toml's floo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,15 @@ from hftrain.checkpoint import elastic
 from hftrain.checkpoint.adapter import is_adapter_dir
 from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.data.loader import DataPlan, PackedDataset, Placement, ResumableLoader
+from hftrain.data.step_batch import ConsumedRecord
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.parallel import dims as parallel
 from hftrain.parallel import rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.parallel.readers import merge_positions
+from hftrain.recipe.sections import LrScheduleSection
 from hftrain.training.resumed_settings import ResumedSettings
+from hftrain.training.schedules import gpt_neox_annealing
 from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback
 from hftrain.training.step_metrics import EXCLUDED, StepMetrics
 
@@ -70,6 +73,8 @@ class TrainerOptions:
     evaluation: TrainingEvaluation | None = None  # the objective's metrics on the held-out set (objectives.py)
     resume_from: Path | None = None
     resumed: ResumedSettings | None = None  # a resumed run: the recipe's optimizer settings over the checkpoint's
+    lr_schedule: LrScheduleSection = field(default_factory=LrScheduleSection)  # type set: replaces transformers'
+    schedule_first_step: int = 0  # the schedule's step at this run's first optimizer step (schedules.py)
 
 
 class HftrainTrainer(Trainer):
@@ -90,8 +95,15 @@ class HftrainTrainer(Trainer):
         self.distribution = parallel.verify(self, self.options.dims)
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-        """The Trainer's schedule; a resumed run remembers the optimizer settings made from the recipe before the
-        checkpoint's load over them (resumed_settings.py puts them back at train begin)."""
+        """The Trainer's schedule, or the recipe's lr_schedule (training/schedules.py) when its type is set: the
+        Trainer keeps a schedule it finds set. A resumed run remembers the optimizer settings made from the recipe
+        before the checkpoint's load over them (resumed_settings.py puts them back at train begin)."""
+        options = self.options
+        if options.lr_schedule.type is not None and self.lr_scheduler is None:
+            over = optimizer if optimizer is not None else self.optimizer
+            self.lr_scheduler = gpt_neox_annealing(
+                over, options.lr_schedule, num_training_steps, options.schedule_first_step
+            )
         schedule = super().create_scheduler(num_training_steps, optimizer)
         if self.options.resumed is not None:
             self.options.resumed.remember(optimizer if optimizer is not None else self.optimizer)
@@ -116,6 +128,11 @@ class HftrainTrainer(Trainer):
             collate=self.data_collator,
             pad=pad,
             placement=Placement.of(args),  # pinned, copied without a wait on CUDA
+            record=(
+                ConsumedRecord(options.checkpoints.layout.batches, args.process_index, options.dims.processes)
+                if options.data.section.record_batches
+                else None
+            ),
         )
         return self.train_loader  # type: ignore[return-value]  # our own sharding: not accelerate-prepared
 

@@ -2,8 +2,8 @@
 
 Everything hftrain adds to the Trainer is given at construction: its options (TrainerOptions: the dims, the data
 plan, the checkpoints, the step metrics, the non-finite guard, the preemption handler, the evaluation, where it
-resumes) and its callbacks, which see each event after transformers' own (the flow, the progress bar, the trackers
-training.report_to names), in this order:
+resumes, the recipe's lr_schedule) and its callbacks, which see each event after transformers' own (the flow, the
+progress bar, the trackers training.report_to names), in this order:
 
 1. DeepSpeed's universal-load fixes, when ZeRO-3 resumes a checkpoint of another process count (checkpoint/elastic.py:
    before any other of hftrain's sees the optimizer);
@@ -21,6 +21,7 @@ Trainer.__init__, so they are put behind their queues right after it (integratio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def build_trainer(
     options = TrainerOptions(
         dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume, resumed=resumed
     )
+    options = replace(options, lr_schedule=part.lr_schedule, schedule_first_step=part.schedule_first_step)
     trainer = objectives.build_trainer(
         part,
         options,

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, validation_blocks
+from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
 from hftrain.data.stream import BlockStream, DocumentStream, Worker
+from hftrain.data.validation_set import validation_blocks
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import STATE_VERSION, ReaderLayout, default_window, merge_positions

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hftrain.data.loader import plan_data, train_blocks, validation_pairs
+from hftrain.data.loader import plan_data, train_blocks
 from hftrain.data.preference_pairs import encode_pair, use_chatml
 from hftrain.data.stream import Worker
+from hftrain.data.validation_set import validation_pairs
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
 

@@ -118,7 +118,7 @@ def test_tokenizer_kinds_are_exclusive():
 
 
 def test_source_needs_exactly_one_origin():
-    assert "give exactly one of path, dataset, builtin or pretokenized (got none)" in error_of(
+    assert "give exactly one of path, dataset, builtin, pretokenized or megatron (got none)" in error_of(
         None, {"data": {"train": {"weight": 2}}}
     )
 
@@ -152,9 +152,10 @@ def test_every_shipped_recipe_validates_and_plans(path, request):
 
     recipe = load_recipe(path)
     if recipe.model.from_pretrained and not (ROOT / recipe.model.from_pretrained).exists():
-        # the fine-tuning recipes start from the quickstart's model
+        # the fine-tuning recipes (and the Pythia continuation) start from the quickstart's model
         base = str(request.getfixturevalue("pretrained_run").final_dir)
-        recipe = load_recipe(path, [f"model.from_pretrained={base}", f"tokenizer.path={base}"])
+        shorter = ["data.seq_len=256"] if recipe.data.seq_len > 256 else []  # the quickstart model's context
+        recipe = load_recipe(path, [f"model.from_pretrained={base}", f"tokenizer.path={base}", *shorter])
     for source in recipe.data.train:
         assert source.path is None or "://" in source.path or list(ROOT.glob(source.path)), source.path
     info = plan(PlanPart.of(recipe))

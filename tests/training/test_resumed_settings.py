@@ -14,9 +14,10 @@ from transformers import TrainerControl, TrainerState, get_scheduler
 
 from hftrain.checkpoint.layout import RECIPE_FILE
 from hftrain.errors import HftrainError
-from hftrain.recipe.sections import SpeedSection
+from hftrain.recipe.sections import LrScheduleSection, SpeedSection
 from hftrain.recipe.transformers_table import training_fields
 from hftrain.training.resumed_settings import ON_RESUME, ResumedSettings, check_unchanged
+from hftrain.training.schedules import gpt_neox_annealing
 
 STEPS = 8  # the checkpoint's step: the end of the first run's 8-step schedule (a finished linear or cosine)
 
@@ -32,12 +33,16 @@ class Settings:
     max_steps: int = STEPS
     warmup_steps: int = 2
     lr_scheduler_kwargs: tuple = ()
+    lr_schedule: tuple = ()  # the lr_schedule section's keys: set, it replaces transformers' schedule
 
 
 def optimizer_and_schedule(model: torch.nn.Module, s: Settings):
-    """As the Trainer builds them: AdamW, a decay group and a no-decay group (biases), transformers' schedule."""
+    """As the Trainer builds them: AdamW, a decay group and a no-decay group (biases), transformers' schedule (or the
+    recipe's lr_schedule, as HftrainTrainer.create_scheduler builds it)."""
     groups = [{"params": [model.weight], "weight_decay": s.weight_decay}, {"params": [model.bias], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=s.learning_rate, betas=(s.adam_beta1, s.adam_beta2), eps=s.adam_epsilon)
+    if s.lr_schedule:
+        return optimizer, gpt_neox_annealing(optimizer, LrScheduleSection(**dict(s.lr_schedule)), s.max_steps)
     schedule = get_scheduler(
         s.lr_scheduler_type,
         optimizer,
@@ -58,6 +63,14 @@ def settings_of(optimizer) -> list[dict]:
     return [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in optimizer.param_groups]
 
 
+ANNEALING = {"type": "gpt_neox_annealing", "decay_steps": 3 * STEPS, "warmup_fraction": 0.1}  # warmup 2.4 steps
+
+
+def annealing(**changed) -> dict:
+    """Settings on the lr_schedule section's gpt_neox_annealing, with `changed` keys of it."""
+    return {"lr_schedule": tuple({**ANNEALING, **changed}.items()), "max_steps": 2 * STEPS}
+
+
 CHANGES = {  # recipe key -> the changed value on resume
     "training.learning_rate": {"learning_rate": 1e-2},  # 10x: the checkpoint's rate was kept
     "training.weight_decay": {"weight_decay": 0.0},
@@ -72,7 +85,12 @@ CHANGES = {  # recipe key -> the changed value on resume
         "max_steps": 2 * STEPS,
         "lr_scheduler_kwargs": (("min_lr", 5e-4),),
     },
+    "lr_schedule.type": annealing(),  # from the checkpoint's finished linear schedule
+    "lr_schedule.decay_steps": annealing(decay_steps=4 * STEPS),
+    "lr_schedule.warmup_fraction": annealing(warmup_fraction=0.2),
+    "lr_schedule.min_lr_rate": annealing(min_lr_rate=0.9),  # the floor at step 9: 0.9 of the peak
 }
+FROM = {key: annealing() for key in CHANGES if key.startswith("lr_schedule.") and key != "lr_schedule.type"}
 
 
 @pytest.mark.parametrize("key", list(CHANGES))
@@ -80,7 +98,8 @@ def test_a_changed_optimizer_setting_or_schedule_applies_from_the_resume_step(ke
     """The resumed optimizer's settings and rate for step 9 equal those of a run made with the recipe's values
     from step 1; before, the checkpoint's settings and base rate came back with its optimizer.pt and scheduler.pt."""
     assert ON_RESUME[key].applied
-    old, new = Settings(), dataclasses.replace(Settings(), **CHANGES[key])
+    old = dataclasses.replace(Settings(), **FROM.get(key, {}))  # the checkpoint's
+    new = dataclasses.replace(Settings(), **CHANGES[key])
     torch.manual_seed(0)
     first = torch.nn.Linear(4, 1)
     optimizer, schedule = optimizer_and_schedule(first, old)
@@ -112,13 +131,14 @@ def test_a_changed_optimizer_setting_or_schedule_applies_from_the_resume_step(ke
     assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in reference.param_groups]
 
 
-def test_an_unchanged_resume_says_nothing(capsys):
+@pytest.mark.parametrize("keys", [{"max_steps": 2 * STEPS}, annealing()], ids=["linear", "gpt_neox_annealing"])
+def test_an_unchanged_resume_says_nothing(keys, capsys):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    optimizer, schedule = optimizer_and_schedule(model, Settings(max_steps=2 * STEPS))
+    optimizer, schedule = optimizer_and_schedule(model, Settings(**keys))
     train(model, optimizer, schedule, STEPS)
     saved = optimizer.state_dict(), schedule.state_dict()
-    optimizer, schedule = optimizer_and_schedule(torch.nn.Linear(4, 1), Settings(max_steps=2 * STEPS))
+    optimizer, schedule = optimizer_and_schedule(torch.nn.Linear(4, 1), Settings(**keys))
     settings = ResumedSettings()
     settings.remember(optimizer)
     optimizer.load_state_dict(saved[0]), schedule.load_state_dict(saved[1])
@@ -154,8 +174,10 @@ def test_a_change_the_checkpoint_cannot_carry_is_refused_with_both_values(key, t
 
 
 def test_the_table_names_real_keys_and_every_group_setting():
-    """A key the table names is a TrainingArguments field or a speed key (no ghost rows), and each row says how."""
+    """A key the table names is a TrainingArguments field, a speed or an lr_schedule key (no ghost rows), and each row
+    says how."""
     fields = {f"training.{f.name}" for f in training_fields()} | {f"speed.{k}" for k in SpeedSection.model_fields}
+    fields |= {f"lr_schedule.{k}" for k in LrScheduleSection.model_fields}
     assert set(ON_RESUME) <= fields, set(ON_RESUME) - fields
     assert all(rule.how for rule in ON_RESUME.values())
     assert set(CHANGES) | set(REFUSED) <= set(ON_RESUME)
