@@ -197,6 +197,19 @@ ELSEWHERE = {
         "tests/launch/test_elastic_launch.py::test_the_elastic_script_and_what_is_refused (the same script, text "
         "checked); test_multinode.py runs its --cpu form"
     ),
+    "hftrain data batch recipes/pretrain/pythia-160m-continue.yaml --step 0": (
+        "needs the preshuffled Pile (600 GB); tests/data/test_megatron.py::"
+        "test_the_shipped_pythia_continuation_reads_pythias_rows runs the recipe on a tiny sharded corpus"
+    ),
+    "hftrain plan recipes/pretrain/pythia-160m-continue.yaml": (
+        "reads pythia-160m-deduped's config from the Hub; tests/recipe/test_recipe.py::"
+        "test_every_shipped_recipe_validates_and_plans plans the recipe on a local model"
+    ),
+    "accelerate launch --config_file accelerate_configs/ddp.yaml -m hftrain train "
+    "recipes/pretrain/pythia-160m-continue": (
+        "GPU-sized (160M parameters, the 600 GB Pile); tests/data/test_megatron.py::"
+        "test_a_pythia_continuation_killed_on_2_processes_resumes_on_1_on_the_stored_rows trains the same path"
+    ),
     "HEAD_NODE=10.0.0.1 ./train_elastic.sh": (
         "needs several machines; "
         "tests/launch/test_multinode.py::test_an_elastic_launch_goes_on_without_a_lost_node_and_takes_it_back runs it "

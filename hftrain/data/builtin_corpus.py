@@ -70,22 +70,10 @@ def corpus_copy() -> dict[str, str]:
 
 
 def _parse_all(files: list[str]) -> list[str]:
-    """_parse of every file, on every core (seconds of CPU on a fresh machine, before the first step); forked
-    workers, since this process has loaded torch already (a spawned one would import it again). One core, a
-    DataLoader worker (daemonic: no children) or a pool that cannot start: in this process."""
-    import multiprocessing
-
-    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
-    if (
-        workers > 1
-        and "fork" in multiprocessing.get_all_start_methods()
-        and not multiprocessing.current_process().daemon
-    ):
-        try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                return pool.map(_parse, files, chunksize=8)
-        except OSError:
-            pass
+    """_parse of every file, in this process: about 2 s of one core, once per machine. A pool of forked workers saved
+    a second and once hung a run for good: this process has loaded torch, and a child forked from a process with
+    threads can inherit a lock one of them held (a calibration run in the suite waited 860 s here, then was
+    killed). Spawned workers would import torch again, which costs more than the parse."""
     return [_parse(f) for f in files]
 
 

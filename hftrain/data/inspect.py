@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents
+from hftrain.data.megatron import MegatronCorpus
 from hftrain.data.stream import SourcePlan, Worker
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
@@ -42,6 +43,10 @@ def inspect(part: DataPart, blocks: int = 2, sample_docs: int = 200) -> str:
     if plan.folders:
         seq_len = part.data.seq_len
         for i, folder in enumerate(plan.folders):
+            if isinstance(folder, MegatronCorpus):
+                stored = f"; stored order: {plan.stored_rows:,} items to train on" if plan.stored else ""
+                lines.append(folder.describe() + stored)
+                continue
             lines.append(
                 f"{folder.where}: {folder.root}: {len(folder.files)} file(s) of {folder.token_size}-byte tokens, "
                 f"{folder.tokens:,} tokens = {folder.blocks(seq_len):,} blocks of data.seq_len={seq_len} (training "

@@ -34,14 +34,15 @@ class BatchLayout:
     window: int
 
 
-def sequence_tokens(block: Any) -> np.ndarray | None:
+def sequence_tokens(block: Any) -> np.ndarray:
     """The token ids that name a sequence: a stored row whole (seq_len + 1), a text block, an instruction block's
-    inputs; None for a preference pair (its ids are made by TRL's collator)."""
+    inputs, a preference pair's prompt, chosen and rejected ids (each list ended by -1)."""
     if isinstance(block, StoredRow):
         return block.tokens
-    if isinstance(block, np.ndarray):
-        return block[0] if block.ndim == 2 else block
-    return None
+    if isinstance(block, dict):
+        parts = [block[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids") if k in block]
+        return np.asarray([t for part in parts for t in (*part, -1)], dtype=np.int64)
+    return block[0] if block.ndim == 2 else block
 
 
 def digest(tokens: np.ndarray) -> str:
@@ -92,15 +93,15 @@ def write_step(
         tokens = sequence_tokens(block)
         if isinstance(block, StoredRow):
             record["item"] = block.item
-        if tokens is None:
-            record.update(block)
+        if isinstance(block, dict):  # a preference pair: its id lists as TRL's collator gets them
+            record.update({k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in block.items()})
         else:
             record["input_ids"] = tokens.tolist()
-            if isinstance(block, np.ndarray) and block.ndim == 2:
+            if isinstance(block, np.ndarray) and block.ndim == 2:  # an instruction block: its loss mask too
                 record["labels"] = block[1].tolist()
-            record["sha256"] = digest(tokens)
-            if decode:
-                record["text"] = tokenizer.decode(tokens.tolist())
+        record["sha256"] = digest(tokens)
+        if decode and not isinstance(block, dict):
+            record["text"] = tokenizer.decode(tokens.tolist())
         out.write(json.dumps(record) + "\n")
         written += 1
     return written
@@ -119,7 +120,7 @@ class ConsumedRecord:
         """`blocks` are this rank's samples first_sample, first_sample + 1, ...: global blocks k·P + rank."""
         record: dict[str, Any] = {
             "global_blocks": [(first_sample + i) * self.processes + self.rank for i in range(len(blocks))],
-            "sha256": [digest(t) if (t := sequence_tokens(b)) is not None else None for b in blocks],
+            "sha256": [digest(sequence_tokens(b)) for b in blocks],
         }
         if blocks and isinstance(blocks[0], StoredRow):
             record["items"] = [b.item for b in blocks]

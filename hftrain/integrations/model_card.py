@@ -32,7 +32,9 @@ def model_card(
     """README.md with Hub metadata, the final metrics, the curves, the kept checkpoints' revisions and how to load the
     model without hftrain."""
     # no user:password@
-    sources = [redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized) for s in part.train]
+    sources = [
+        redact_value("path", s.dataset or s.path or s.builtin or s.pretokenized or s.megatron) for s in part.train
+    ]
     rows = [(k, results.get(k)) for k in CARD_METRICS]
     table = "\n".join(
         f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows if v is not None

@@ -106,7 +106,7 @@ def parse_channels(items: list[list[str]]) -> dict[str, str]:
 def check_recipe(part: SageMakerPart, channels: dict[str, str]) -> None:
     """A SageMaker job cannot read files on this machine: data must be s3://, a hub dataset, builtin or a channel."""
     for source in part.sources:
-        for key in ("path", "pretokenized"):
+        for key in ("path", "pretokenized", "megatron"):
             value = getattr(source, key)
             if value is None or ("://" in value and not value.startswith("file://")):
                 continue

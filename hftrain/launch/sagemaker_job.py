@@ -81,7 +81,7 @@ def in_job(raw: dict[str, Any], job: Job | None) -> dict[str, Any] | None:
     uses_channels = [
         s
         for s in _sources(raw["data"])
-        for key in ("path", "pretokenized")
+        for key in ("path", "pretokenized", "megatron")
         if str(s.get(key) or "").startswith(CHANNEL)
     ]
     if job is None:
@@ -92,7 +92,7 @@ def in_job(raw: dict[str, Any], job: Job | None) -> dict[str, Any] | None:
             )
         return None
     for source in _sources(raw["data"]):
-        for key in ("path", "pretokenized"):
+        for key in ("path", "pretokenized", "megatron"):
             if str(source.get(key) or "").startswith(CHANNEL):
                 source[key] = job.channel_path(source[key])
     raw["training"]["output_dir"] = str(job.checkpoints)

@@ -27,10 +27,12 @@ class RunLength:
     tokens_per_step: int
     source: str  # which key decided: one of ORDER
     note: str  # one line for the console and results.json
+    start_step: int = 0  # data.start_step: the corpus step of this run's first step (stored order)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "max_steps": self.max_steps,
+            "start_step": self.start_step,
             "tokens_per_step": self.tokens_per_step,
             "from": self.source,
             "tokens": self.max_steps * self.tokens_per_step,
@@ -83,10 +85,13 @@ def resolve(part: RunLengthPart, global_batch: int, folder_tokens: int | None) -
             f"prepared tokens / {per_step:,} tokens per step = {steps:,} steps"
         )
     note = f"run length: {how}" + (f" ({' and '.join(unused)} not used: {source} wins)" if unused else "")
+    if part.start_step:
+        first, last = part.start_step, part.start_step + steps - 1
+        note += f"; from data.start_step={first:,}: corpus steps {first:,} to {last:,}"
     beyond = [s for s in part.kept_steps if s > steps]  # given max_steps, the recipe's load refused these
     if beyond:
         raise HftrainError(
             f"checkpoints.steps: {', '.join(map(str, beyond))} after this run's last step ({how}) would never "
             f"be kept; remove them, or lengthen the run (a longer run continues this one)."
         )
-    return RunLength(steps, per_step, source, note)
+    return RunLength(steps, per_step, source, note, part.start_step)

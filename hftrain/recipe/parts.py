@@ -111,7 +111,8 @@ class BatchPart:
 @dataclass(frozen=True)
 class RunLengthPart:
     """What the run's length is derived from (planning/run_length.py): training.max_steps, data.train_tokens,
-    training.num_train_epochs (when written), data.seq_len, and checkpoints.steps (each must be reached)."""
+    training.num_train_epochs (when written), data.seq_len, checkpoints.steps (each must be reached) and
+    data.start_step (the corpus step a stored-order run begins at)."""
 
     max_steps: int | None
     train_tokens: int | None
@@ -119,6 +120,7 @@ class RunLengthPart:
     epochs_given: bool
     seq_len: int
     kept_steps: tuple[int, ...] = ()
+    start_step: int = 0  # data.start_step (stored order): where in the corpus the run's steps begin
 
     @classmethod
     def of(cls, recipe: Recipe) -> RunLengthPart:
@@ -130,6 +132,7 @@ class RunLengthPart:
             epochs_given="num_train_epochs" in recipe.training.model_fields_set,
             seq_len=recipe.data.seq_len,
             kept_steps=tuple(recipe.checkpoints.steps),
+            start_step=recipe.data.start_step or 0,
         )
 
 

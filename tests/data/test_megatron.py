@@ -36,7 +36,7 @@ def word_tokenizer(tmp_path_factory) -> Path:
     return out
 
 
-def stored_recipe(tmp_path: Path, corpus: Path, tokenizer: Path, **data) -> Path:
+def stored_recipe(tmp_path: Path, corpus: Path | str, tokenizer: Path, **data) -> Path:
     raw = tiny_recipe(tmp_path / "unused", tmp_path / "run", max_steps=4, save_steps=2, eval_strategy="no")
     raw["tokenizer"] = {"path": str(tokenizer)}
     raw["data"] = {"train": {"megatron": str(corpus)}, "order": "stored", "seq_len": WIDTH - 1, "eval_blocks": 4}
@@ -66,6 +66,9 @@ def test_a_steps_batch_is_the_rows_pythias_arithmetic_reads(tmp_path, word_token
         got = batch_of(capsys, recipe, step, *more)
         assert [r["item"] for r in got] == list(range(8 * step, 8 * step + 8))
         assert np.array_equal(np.array([r["input_ids"] for r in got]), pythia_rows(prefix, step, 8, WIDTH))
+    code, out = in_process(capsys, "data", "inspect", str(recipe))
+    assert code == 0 and "Megatron indexed corpus, 80 items in 81 document entries" in out, out
+    assert "in 6 shards; stored order: 76 items to train on" in out, out
     later = stored_recipe(tmp_path, prefix, word_tokenizer, start_step=5)
     assert np.array_equal(
         np.array([r["input_ids"] for r in batch_of(capsys, later, 1, "--decode")]), pythia_rows(prefix, 6, 8, WIDTH)
@@ -166,8 +169,8 @@ def test_rows_of_another_length_and_ids_outside_the_vocabulary_are_refused(tmp_p
 
 
 def test_a_stored_rows_loss_is_transformers_loss_with_shift_labels(tmp_path):
-    """Each row of seq_len + 1 tokens trains seq_len predictions (inputs row[:-1], targets row[1:]), on hftrain's
-    chunked loss and on transformers' own, as a plain forward over the row scores them (within 1e-6)."""
+    """A 2,049-token row trains 2,048 predictions (inputs row[:-1], targets row[1:]), on hftrain's chunked loss and
+    on transformers' own with shift_labels, as a plain forward over the row scores them (within 1e-6)."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     from hftrain.data.loader import as_sample
@@ -182,20 +185,20 @@ def test_a_stored_rows_loss_is_transformers_loss_with_shift_labels(tmp_path):
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
-        max_position_embeddings=64,
+        max_position_embeddings=2048,
     )
     model = GPTNeoXForCausalLM(config)
-    rows = np.random.default_rng(0).integers(0, VOCAB, (4, WIDTH))
+    rows = np.random.default_rng(0).integers(0, VOCAB, (2, 2049))
     batch = PackedCollator()([as_sample(StoredRow(r, i)) for i, r in enumerate(rows)])
-    assert batch["input_ids"].shape == (4, WIDTH - 1) and batch["shift_labels"].shape == (4, WIDTH - 1)
+    assert batch["input_ids"].shape == (2, 2048) and batch["shift_labels"].shape == (2, 2048)
     logits = model(input_ids=torch.from_numpy(rows[:, :-1])).logits
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), torch.from_numpy(rows[:, 1:]).reshape(-1))
     plain = model(**batch).loss
     fused_loss.use(model)
     chunked = model(**batch).loss
     assert abs(plain.item() - expected.item()) < 1e-6 and abs(chunked.item() - expected.item()) < 1e-6
-    # the labels alone (the silent fallback) score 31 of the 32 predictions, and another number
-    assert abs(model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.item() - expected.item()) > 1e-4
+    # the labels alone (the silent fallback) score 2,047 of the 2,048 predictions, and another number
+    assert abs(model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.item() - expected.item()) > 1e-5
 
 
 def _learnable(prefix: Path, rows: int, **kw) -> np.ndarray:
@@ -216,12 +219,15 @@ def _consumed_steps(run_dir: Path, batch: int) -> dict[int, list[str]]:
 @pytest.mark.slow(seconds=100)
 def test_a_pythia_continuation_killed_on_2_processes_resumes_on_1_on_the_stored_rows(tmp_path, word_tokenizer, capsys):
     """From data.start_step 3, 2 DDP processes killed (-9) after a checkpoint, continued on 1: every step trained the
-    corpus's rows [8·(3 + k), 8·(3 + k + 1)) (what each process recorded it read = `hftrain data batch RUN --step k` =
-    Pythia's own arithmetic), with the uninterrupted 2-process run's losses after the resume, and it learns."""
+    corpus's rows [8·(3 + k), 8·(3 + k + 1)) (what each process recorded it read = what one process uninterrupted read
+    = `hftrain data batch RUN --step k` = Pythia's own arithmetic), with the uninterrupted run's losses after the
+    resume, and it learns."""
     import sys
 
+    import hftrain
+
     from ..support.checks import assert_same_steps, steps, train_log
-    from ..support.cli import in_background, kill_at_checkpoint
+    from ..support.cli import kill_at_checkpoint
     from ..support.reference_runs import train
 
     prefix = tmp_path / "pile" / "document"
@@ -232,12 +238,11 @@ def test_a_pythia_continuation_killed_on_2_processes_resumes_on_1_on_the_stored_
     raw["model"].update(hidden_dropout=0, attention_dropout=0)
     recipe.write_text(yaml.safe_dump(raw))
     run_dir, straight = tmp_path / "killed", tmp_path / "straight"
-    uninterrupted = in_background(lambda: train(recipe, "ddp", 2, straight))
     cmd = [sys.executable, "-m", "hftrain", "train", str(recipe), "--accelerate-config", "ddp", "--nproc", "2"]
     survivor = kill_at_checkpoint([*cmd, f"training.output_dir={run_dir}"], run_dir, 6)
     at = int(survivor.name.split("-")[1])
     assert f"resuming from {survivor}\n" in train(recipe, "ddp", 1, run_dir).stdout
-    uninterrupted.result()
+    hftrain.train(load_recipe(recipe, [f"training.output_dir={straight}"]))  # one process, in this one
     assert_same_steps(steps(straight), steps(run_dir), range(at + 1, 13), "stored rows, kill -9, 2 -> 1")
     assert steps(straight)[1][0] - steps(straight)[12][0] > 1.0  # it learns the counting rows
     consumed = _consumed_steps(run_dir, 8)
@@ -247,13 +252,15 @@ def test_a_pythia_continuation_killed_on_2_processes_resumes_on_1_on_the_stored_
         assert [r["sha256"] for r in printed] == consumed[k], k
         assert np.array_equal(np.array([r["input_ids"] for r in printed]), pythia_rows(prefix, 3 + k, 8, WIDTH))
     assert len(train_log(run_dir)) >= 12
+    length = json.loads((straight / "results.json").read_text())["run_length"]
+    assert length["start_step"] == 3 and "corpus steps 3 to 14" in length["note"], length
 
 
 @pytest.mark.slow(seconds=10)
 def test_every_source_kind_trains_on_what_data_batch_prints(tmp_path, word_tokenizer, capsys):
-    """Text (JSONL, tokenized as read), a token folder, a Megatron corpus as documents and as stored rows: what
-    training recorded it consumed at each step is what `hftrain data batch` prints for that step, from the recipe and
-    from the run directory."""
+    """Text (JSONL, tokenized as read), instruction pairs (packed), a token folder, a Megatron corpus as documents and
+    as stored rows: what training recorded it consumed at each step is what `hftrain data batch` prints for that
+    step, from the recipe and from the run directory."""
     import hftrain
 
     from ..support.data import make_documents, write_jsonl
@@ -263,8 +270,14 @@ def test_every_source_kind_trains_on_what_data_batch_prints(tmp_path, word_token
     folder = _synthetic(tmp_path / "folder", 0, 2, 3000)
     corpus = tmp_path / "nemo" / "text_document"
     _learnable(corpus, 200, doc_ends=list(range(5, 201, 5)))
+    examples = write_jsonl(tmp_path / "qa.jsonl", [], field="text")
+    examples.write_text(
+        "".join(json.dumps({"prompt": f"q{i} ", "completion": f"a{i % 7}"}) + "\n" for i in range(400)),
+        encoding="utf-8",
+    )
     kinds = {
         "text": {"train": {"path": str(text)}},
+        "instructions": {"train": {"path": str(examples), "format": "prompt_completion"}},
         "token folder": {"train": {"pretokenized": str(folder)}},
         "megatron documents": {"train": {"megatron": str(corpus)}, "shuffle_window": 16},
         "megatron stored": {"train": {"megatron": str(corpus)}, "order": "stored"},
@@ -272,7 +285,7 @@ def test_every_source_kind_trains_on_what_data_batch_prints(tmp_path, word_token
     for name, data in kinds.items():
         raw = tiny_recipe(tmp_path / "unused", tmp_path / name / "run", max_steps=4, save_steps=100, eval_strategy="no")
         raw["data"] = {"seq_len": WIDTH - 1, "eval_blocks": 4, "holdout_every": 10, "record_batches": True, **data}
-        if name != "text":
+        if name not in ("text", "instructions"):
             raw["tokenizer"] = {"path": str(word_tokenizer)}
         raw["monitor"]["sample_max_new_tokens"] = 0
         recipe = tmp_path / name / "r.yaml"
@@ -299,3 +312,19 @@ def test_the_shipped_pythia_continuation_reads_pythias_rows(tmp_path, word_token
     got = batch_of(capsys, recipe, 1, *overrides)
     assert [r["item"] for r in got] == list(range(3072, 4096))
     assert np.array_equal(np.array([r["input_ids"] for r in got]), pythia_rows(prefix, 3, 1024, 2049))
+
+
+@pytest.mark.slow(seconds=8)
+def test_a_sharded_corpus_on_s3_is_read_in_place_by_range(s3, tmp_path, word_tokenizer, capsys):
+    """The 6 shards and the index on S3 (moto): the same rows as Pythia's arithmetic on the local copy."""
+    prefix = tmp_path / "pile" / "document"
+    rows_corpus(prefix, 80, WIDTH, VOCAB - 1, shard_bytes=1000)
+    bucket, client = s3.make_bucket(), s3.client()
+    for path in prefix.parent.iterdir():
+        client.put_object(Bucket=bucket, Key=f"pile/{path.name}", Body=path.read_bytes())
+    recipe = stored_recipe(tmp_path, f"s3://{bucket}/pile/document", word_tokenizer)
+    got = batch_of(capsys, recipe, 5)
+    assert np.array_equal(np.array([r["input_ids"] for r in got]), pythia_rows(prefix, 5, 8, WIDTH))
+    client.delete_object(Bucket=bucket, Key="pile/document-00003-of-00005.bin")
+    code, out = in_process(capsys, "data", "batch", str(recipe), "--step", "0")
+    assert code == 2 and "the shards of s3://" in out and "are incomplete (missing 00003)" in out, out

@@ -332,7 +332,9 @@ def test_a_mixture_of_folders_draws_by_weight_and_resumes_exactly(tmp_path):
     )
     assert all((next(resumed)["input_ids"] == e).all() for e in expected[37:])
     assert isinstance(train_blocks(plan, None, Worker(), 8), FolderMixture)
-    with pytest.raises(HftrainError, match="token folders \\(pretokenized\\) mix only with other token folders"):
+    with pytest.raises(
+        HftrainError, match=r"token folders \(pretokenized\) and Megatron corpora \(megatron\) mix only"
+    ):
         load_recipe(
             None, {**raw, "data": {**raw["data"], "train": [{"pretokenized": str(a)}, {"path": str(tmp_path)}]}}
         )
