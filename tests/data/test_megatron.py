@@ -258,9 +258,9 @@ def test_a_pythia_continuation_killed_on_2_processes_resumes_on_1_on_the_stored_
 
 @pytest.mark.slow(seconds=10)
 def test_every_source_kind_trains_on_what_data_batch_prints(tmp_path, word_tokenizer, capsys):
-    """Text (JSONL, tokenized as read), instruction pairs (packed), a token folder, a Megatron corpus as documents and
-    as stored rows: what training recorded it consumed at each step is what `hftrain data batch` prints for that
-    step, from the recipe and from the run directory."""
+    """Text (JSONL, tokenized as read), instruction pairs (packed), a token folder, a Megatron corpus as documents, two
+    by weight, and one as stored rows: what training recorded it consumed at each step is what `hftrain data batch`
+    prints for that step, from the recipe and from the run directory."""
     import hftrain
 
     from ..support.data import make_documents, write_jsonl
@@ -270,6 +270,8 @@ def test_every_source_kind_trains_on_what_data_batch_prints(tmp_path, word_token
     folder = _synthetic(tmp_path / "folder", 0, 2, 3000)
     corpus = tmp_path / "nemo" / "text_document"
     _learnable(corpus, 200, doc_ends=list(range(5, 201, 5)))
+    other = tmp_path / "nemo" / "code_document"
+    rows_corpus(other, 100, WIDTH, VOCAB - 1, dtype="<i4")
     examples = write_jsonl(tmp_path / "qa.jsonl", [], field="text")
     examples.write_text(
         "".join(json.dumps({"prompt": f"q{i} ", "completion": f"a{i % 7}"}) + "\n" for i in range(400)),
@@ -280,6 +282,7 @@ def test_every_source_kind_trains_on_what_data_batch_prints(tmp_path, word_token
         "instructions": {"train": {"path": str(examples), "format": "prompt_completion"}},
         "token folder": {"train": {"pretokenized": str(folder)}},
         "megatron documents": {"train": {"megatron": str(corpus)}, "shuffle_window": 16},
+        "megatron mixture": {"train": [{"megatron": str(corpus), "weight": 3}, {"megatron": str(other)}]},
         "megatron stored": {"train": {"megatron": str(corpus)}, "order": "stored"},
     }
     for name, data in kinds.items():
