@@ -120,10 +120,16 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
         plan, tokenizer, layout = step_source(args.target, overrides, args.processes, args.workers)
         count = write_step(sys.stdout, plan, tokenizer, layout, args.step, args.decode)
+        first = args.step * layout.global_batch
+        items = (
+            f"; items {plan.first_row + first:,} to {plan.first_row + first + count - 1:,} of {plan.stored.prefix}, "
+            f"corpus step {(plan.section.start_step or 0) + args.step:,}"
+            if plan.stored is not None
+            else ""
+        )
         print(
-            f"hftrain: step {args.step}: {count} sequences (global blocks {args.step * layout.global_batch:,} to "
-            f"{(args.step + 1) * layout.global_batch - 1:,}; {layout.readers} logical readers, shuffle window "
-            f"{layout.window})",
+            f"hftrain: step {args.step}: {count} sequences (global blocks {first:,} to {first + count - 1:,}; "
+            f"{layout.readers} logical readers, shuffle window {layout.window}{items})",
             file=sys.stderr,
         )
         return 0

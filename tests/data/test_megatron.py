@@ -73,6 +73,11 @@ def test_a_steps_batch_is_the_rows_pythias_arithmetic_reads(tmp_path, word_token
     assert np.array_equal(
         np.array([r["input_ids"] for r in batch_of(capsys, later, 1, "--decode")]), pythia_rows(prefix, 6, 8, WIDTH)
     )
+    code, out = in_process(capsys, "data", "batch", str(later), "--step", "1")
+    assert (
+        f"8 sequences (global blocks 8 to 15; 8 logical readers, shuffle window 1; items 48 to 55 of {prefix}, "
+        "corpus step 6)" in out
+    ), out
     with_text = batch_of(capsys, later, 0, "--decode")[0]
     assert with_text["text"].split()[:3] == [f"t{i}" for i in with_text["input_ids"][:3]]
     code, out = in_process(capsys, "data", "batch", str(later), "--step", "4")  # items 72 ... 79: the last 4 validate
