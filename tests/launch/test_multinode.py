@@ -434,3 +434,40 @@ def test_launched_processes_keep_torchs_cpp_log_level(monkeypatch):
     monkeypatch.delenv("HFTRAIN_CHILD_CPP_LOG_LEVEL")
     _compat.quiet_launcher_cpp_logs(["train", "r.yaml", "--accelerate-config", "ddp"])
     assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO" and _compat.launch_environment_cpp_logs() == {}
+
+
+def test_two_nodes_train_the_stored_rows_of_each_step(tmp_path):
+    """Issue 64: a Megatron corpus in stored order (data.order: stored) on two node agents with one shared directory:
+    what each node's process recorded it trained is, step for step, `hftrain data batch RUN --step k`, the corpus's
+    items [8·(2 + k), 8·(2 + k + 1)) from data.start_step 2."""
+    import numpy as np
+    import yaml
+
+    from hftrain.data.step_batch import read_consumed
+
+    from ..data.test_megatron import stored_recipe
+    from ..support.megatron import pythia_rows, rows_corpus
+
+    prefix = tmp_path / "pile" / "document"
+    rows_corpus(prefix, 8 * 8 + 4, 33, 255, shard_bytes=700)
+    tokenizer = tmp_path / "tokenizer"
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw_tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0"))
+    raw_tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=raw_tok, eos_token="t255").save_pretrained(tokenizer)
+    recipe = stored_recipe(tmp_path, prefix, tokenizer, start_step=2, record_batches=True)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["training"].update(max_steps=4, save_steps=4, per_device_train_batch_size=4)
+    recipe.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    train_on_nodes(node_script(recipe, "ddp", tmp_path / "nodes.sh"), [run_dir, run_dir])
+    seen = read_consumed(run_dir / "batches")
+    assert sorted(seen) == list(range(32)) and len(list((run_dir / "batches").glob("rank-*.jsonl"))) == 2
+    for step in range(4):
+        printed = run_in_process("data", "batch", str(run_dir), "--step", str(step))
+        rows = [json.loads(line) for line in printed.stdout.splitlines()]
+        assert [r["sha256"] for r in rows] == [seen[g]["sha256"] for g in range(8 * step, 8 * step + 8)], step
+        assert [seen[g]["item"] for g in range(8 * step, 8 * step + 8)] == list(range(8 * (2 + step), 8 * (3 + step)))
+        assert np.array_equal(np.array([r["input_ids"] for r in rows]), pythia_rows(prefix, 2 + step, 8, 33))
