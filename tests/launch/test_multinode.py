@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -212,6 +213,37 @@ def test_a_lost_node_is_named_and_the_run_continues_on_the_node_left(tmp_path, l
     resumed_at = int(last.name.split("-")[1])
     assert 10 <= resumed_at < 40 and json.loads((run_dir / "results.json").read_text())["world_size"] == 1
     assert_resumed_matches(ddp_40_steps, metrics_losses(run_dir), range(1, 41), "2 nodes, then NNODES=1")
+
+
+def test_a_killed_node_agent_takes_its_rank_with_it(tmp_path, long_recipe):
+    """Issue 63 class 1 on several nodes: kill -9 of node 1's agent (its launch script and torchrun, not its rank: an
+    OOM kill of the agent, a lost ssh session) leaves no process of the run behind. Its rank gets the kernel's
+    parent-death signal (SIGTERM, as a preemption), and both ranks stop together at a step with a complete checkpoint
+    to continue from: node 0 says so in one line and exits 75, which a SLURM requeue takes."""
+    import signal
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    script = node_script(long_recipe, "ddp", tmp_path / "nodes.sh")
+    agents = start_two_nodes(script, [f"training.output_dir={run_dir}"], run_dir)
+    node1 = psutil.Process(agents[1].pid)
+    family = [node1, *node1.children(recursive=True)]
+    ranks = [p for p in family if "LOCAL_RANK" in p.environ()]
+    assert len(ranks) == 1, [p.cmdline() for p in family]
+    for process in family:
+        if process not in ranks:
+            process.send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs(ranks, timeout=120)
+    for process in alive:
+        process.kill()
+    assert not alive, "node 1's rank outlived its agent"
+    _, err = agents[0].communicate(timeout=300)
+    agents[1].communicate(timeout=60)
+    stopped = [line for line in err.splitlines() if line.startswith("hftrain: stopped by a signal to another rank")]
+    assert agents[0].returncode == 75 and len(stopped) == 1, (agents[0].returncode, err[-3000:])  # as on preemption
+    saved = re.search(r"saved (\S+checkpoint-\d+)\. Run the same command again", stopped[0])
+    assert saved and (Path(saved[1]) / COMPLETE_MARKER).is_file(), stopped
 
 
 def test_a_frozen_node_is_named_instead_of_a_hang(tmp_path, long_recipe):
