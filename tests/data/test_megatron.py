@@ -176,28 +176,22 @@ def test_rows_of_another_length_and_ids_outside_the_vocabulary_are_refused(tmp_p
 def test_a_stored_rows_loss_is_transformers_loss_with_shift_labels(tmp_path):
     """A 2,049-token row trains 2,048 predictions (inputs row[:-1], targets row[1:]), on hftrain's chunked loss and
     on transformers' own with shift_labels, as a plain forward over the row scores them (within 1e-6)."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
     from hftrain.data.loader import as_sample
     from hftrain.data.packed_batch import PackedCollator
     from hftrain.data.stored_rows import StoredRow
     from hftrain.model import fused_loss
 
-    torch.manual_seed(0)
-    config = GPTNeoXConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=2048,
-    )
-    model = GPTNeoXForCausalLM(config)
-    rows = np.random.default_rng(0).integers(0, VOCAB, (2, 2049))
+    from ..model.test_attention import VOCAB as MODEL_VOCAB
+    from ..model.test_attention import pythia_shaped
+
+    model = pythia_shaped(context=2048)
+    rows = np.random.default_rng(0).integers(0, MODEL_VOCAB, (2, 2049))
     batch = PackedCollator()([as_sample(StoredRow(r, i)) for i, r in enumerate(rows)])
     assert batch["input_ids"].shape == (2, 2048) and batch["shift_labels"].shape == (2, 2048)
     logits = model(input_ids=torch.from_numpy(rows[:, :-1])).logits
-    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), torch.from_numpy(rows[:, 1:]).reshape(-1))
+    expected = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, MODEL_VOCAB), torch.from_numpy(rows[:, 1:]).reshape(-1)
+    )
     plain = model(**batch).loss
     fused_loss.use(model)
     chunked = model(**batch).loss

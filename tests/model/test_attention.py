@@ -13,8 +13,8 @@ from hftrain.model import attention
 EOS, VOCAB, T = 1, 96, 32
 
 
-def pythia_shaped() -> GPTNeoXForCausalLM:
-    """A tiny model with Pythia's options: partial rotary, parallel residual, untied head."""
+def pythia_shaped(context: int = 64) -> GPTNeoXForCausalLM:
+    """A tiny model (96 ids) with Pythia's options: partial rotary, parallel residual, untied head."""
     torch.manual_seed(0)
     config = GPTNeoXConfig(
         vocab_size=VOCAB,
@@ -22,7 +22,7 @@ def pythia_shaped() -> GPTNeoXForCausalLM:
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=128,
-        max_position_embeddings=64,
+        max_position_embeddings=context,
         rotary_pct=0.25,
         use_parallel_residual=True,
         tie_word_embeddings=False,
