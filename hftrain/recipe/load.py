@@ -183,7 +183,7 @@ def recipe_to_dict(recipe: Recipe, redact: bool = True) -> dict[str, Any]:
 _NOT_IDENTITY = {
     "model": {"attn_implementation", "trust_remote_code"},
     "tokenizer": {"trust_remote_code", "replace_model_tokenizer"},
-    "data": {"eval_blocks", "on_bad_record", "readers"},
+    "data": {"eval_blocks", "on_bad_record", "readers", "record_batches"},  # what is read stays the same
 }
 
 

@@ -93,6 +93,12 @@ def test_the_start_step_is_the_pythia_revision_the_model_starts_from(tmp_path, w
     raw["data"].pop("start_step")
     raw["model"]["revision"] = "main"
     assert load_recipe(None, raw).data.start_step == 0
+    # another start step is another run (its output_dir refuses it); recording what is read is not
+    from hftrain.recipe.load import fingerprint
+
+    base = fingerprint(load_recipe(None, raw))["data"]
+    assert fingerprint(load_recipe(None, raw, data={**raw["data"], "record_batches": True}))["data"] == base
+    assert fingerprint(load_recipe(None, raw, data={**raw["data"], "start_step": 4}))["data"] != base
 
 
 def test_megatron_cores_files_read_alike(tmp_path, word_tokenizer, capsys):
