@@ -188,10 +188,12 @@ _NOT_IDENTITY = {
 
 
 def fingerprint(recipe: Recipe) -> dict[str, str]:
-    """Short hashes of what defines a run's identity: model, tokenizer and data (not training settings)."""
-    dumped = recipe.model_dump(mode="json")
+    """Short hashes of what defines a run's identity: model, tokenizer and data (not training settings). Only values
+    other than their key's default count: a key a later hftrain adds (at a default that reads the data as before) does
+    not make a run started before the upgrade another run's."""
+    dumped = recipe.model_dump(mode="json", exclude_defaults=True)
     out = {}
     for part, ignored in _NOT_IDENTITY.items():
-        kept = {k: v for k, v in dumped[part].items() if k not in ignored}
+        kept = {k: v for k, v in dumped.get(part, {}).items() if k not in ignored}
         out[part] = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
     return out
