@@ -277,17 +277,32 @@ def test_a_hub_that_answers_500_and_recovers_ends_the_run_with_everything_sent(
     assert not (run_dir / OUTBOX_DIR).exists()
 
 
+# The kill waits until step 3's push is in the journal and step 1's first failure has been said: the push exports
+# the checkpoint before its first try, which a busy machine finished after step 3 (the kill came before the line).
 KILLED_AFTER_STEP_3 = """
-import os, signal, sys
+import os, signal, sys, time
 from hftrain.checkpoint import manager
+
+class Said:
+    def __init__(self, stream):
+        self.stream, self.text = stream, []
+    def write(self, text):
+        self.text.append(text)
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+sys.stderr = said = Said(sys.stderr)
 real = manager.CheckpointManager.save
 def save(self, *args, **kwargs):
     result = real(self, *args, **kwargs)
     if (self.layout.root / "checkpoint-3" / "hftrain_complete.json").is_file():
         journal = self.layout.root / ".hftrain-outbox" / "pending.json"
-        import time
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not journal.is_file() or "step3" not in journal.read_text()):
+        def ready():
+            queued = journal.is_file() and "step3" in journal.read_text()
+            return queued and "pushing checkpoint-1 as revision step1 of tester/owed failed" in "".join(said.text)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not ready():
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)  # an OOM kill, a lost node: no handler runs
     return result
