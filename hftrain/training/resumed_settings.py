@@ -2,7 +2,7 @@
 said, or refused before anything loads. Nothing that changed is ignored without a word.
 
 TrainingArguments are made from the recipe at every start, so most keys simply apply. Saved state would override
-three kinds of them silently, and is put right here:
+four kinds of them silently, and is put right here:
 
 * the optimizer's param groups (optimizer.pt): learning rate, weight decay, Adam's betas and epsilon, any optimizer's
   own settings. The Trainer loads the checkpoint's over the groups it built from the recipe; ``ResumedSettings``
@@ -12,14 +12,16 @@ three kinds of them silently, and is put right here:
   checkpoint's schedule left in the optimizer (a finished cosine continued for more steps took its first step at 0).
   The base rates become the recipe's and the first resumed step gets the recipe's schedule at that step, said when
   it differs.
+* the logging, eval and save intervals (trainer_state.json): the recipe's are put back at train begin and said.
 * what the data order is drawn from, and the optimizer's kind: refused with both values (``check_unchanged``).
 
 ``ON_RESUME`` is the table of the keys a user may change (docs/operations.md holds the same, checked by its test);
-a key it does not name is read from the recipe at every start (logging, saving, evaluation, clipping...).
+a key it does not name is read from the recipe at every start (clipping, the kept checkpoints, tracking...).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ class OnResume:
 _GROUPS = "applied: from the resume step, the optimizer's groups get the recipe's value over the checkpoint's"
 _SCHEDULE = "applied: the recipe's schedule from the resume step, its rate at that step said when it differs"
 _EVERY_START = "applied: read from the recipe at every start (no saved state holds it)"
+_INTERVAL = "applied: the recipe's over trainer_state.json's from the resume step, said when it differs"
 _LEVER = "applied: when set; unset, the value chosen at the run's start is kept (speed/defaults.py)"
 ON_RESUME: dict[str, OnResume] = {
     "training.learning_rate": OnResume(True, _GROUPS + " and the schedule's base rate"),
@@ -58,9 +61,9 @@ ON_RESUME: dict[str, OnResume] = {
     "lr_schedule.min_lr_rate": OnResume(True, _SCHEDULE),
     "training.max_grad_norm": OnResume(True, _EVERY_START),
     "training.gradient_checkpointing": OnResume(True, _EVERY_START),
-    "training.logging_steps": OnResume(True, _EVERY_START),
-    "training.save_steps": OnResume(True, _EVERY_START),
-    "training.eval_steps": OnResume(True, _EVERY_START),
+    "training.logging_steps": OnResume(True, _INTERVAL),
+    "training.save_steps": OnResume(True, _INTERVAL),
+    "training.eval_steps": OnResume(True, _INTERVAL),
     "training.save_total_limit": OnResume(True, _EVERY_START),
     "training.per_device_train_batch_size": OnResume(
         True, "applied: while the global batch stays the same; a changed global batch is refused (parallel/batch.py)"
@@ -134,13 +137,13 @@ class ResumedSettings(TrainerCallback):
         ]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        optimizer, schedule = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
-        if state.global_step == 0 or optimizer is None or not self.fresh:
+        if state.global_step == 0:
             return
+        step, lines = state.global_step, _recipe_intervals(args, state)
+        optimizer, schedule = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
         groups = _groups(optimizer)
-        if len(groups) != len(self.fresh):
-            return  # another grouping (a resume on another backend's optimizer): nothing to compare one to one
-        step, lines = state.global_step, []
+        if not self.fresh or len(groups) != len(self.fresh):  # another grouping: nothing to compare one to one
+            groups, schedule = [], None
         for key in sorted({k for fresh in self.fresh for k in fresh} - _NOT_SETTINGS):
             loaded = [group.get(key) for group in groups]
             if any(isinstance(value, torch.Tensor) for value in loaded):
@@ -172,6 +175,23 @@ class ResumedSettings(TrainerCallback):
             print(
                 f"hftrain: resumed at step {step} with the recipe's settings from step {step + 1}: " + "; ".join(lines)
             )
+
+
+def _recipe_intervals(args: Any, state: Any) -> list[str]:
+    """The recipe's logging, eval and save intervals over those of trainer_state.json, which the Trainer loads with
+    the state (transformers only warns: a resume saved at the checkpoint's interval, not the recipe's)."""
+    lines = []
+    for kind in ("logging", "eval", "save"):
+        given = getattr(args, f"{kind}_steps", None)
+        if given is None:
+            continue
+        if given < 1:  # a fraction of the run, as TrainerState.compute_steps takes it
+            given = math.ceil(state.max_steps * given)
+        loaded = getattr(state, f"{kind}_steps", None)
+        if loaded != given:
+            setattr(state, f"{kind}_steps", given)
+            lines.append(f"training.{kind}_steps {loaded} -> {given}")
+    return lines
 
 
 def _groups(optimizer: Any) -> list[dict[str, Any]]:

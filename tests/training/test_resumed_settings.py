@@ -5,6 +5,7 @@ refused naming the key and both values; the table (resumed_settings.ON_RESUME) s
 from __future__ import annotations
 
 import dataclasses
+import types
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,18 @@ def test_the_table_names_real_keys_and_every_group_setting():
             and ("**refused**" in row) is (not rule.applied)
             and rule.how.removeprefix("applied: ") in row
         ), key
+
+
+def test_the_recipes_intervals_replace_those_of_trainer_state_json(capsys):
+    """The Trainer loads logging, eval and save intervals with trainer_state.json (and only warns): the recipe's,
+    a fraction of the run included, come back at train begin and are said; unchanged ones are not."""
+    args = types.SimpleNamespace(logging_steps=1, eval_steps=0.25, save_steps=10)
+    state = TrainerState(global_step=STEPS, max_steps=2 * STEPS, logging_steps=1, eval_steps=8, save_steps=5)
+    ResumedSettings().on_train_begin(args, state, TrainerControl())
+    assert (state.logging_steps, state.eval_steps, state.save_steps) == (1, 4, 10)
+    assert capsys.readouterr().out == (
+        f"hftrain: resumed at step {STEPS} with the recipe's settings from step {STEPS + 1}: "
+        "training.eval_steps 8 -> 4; training.save_steps 5 -> 10\n"
+    )
+    ResumedSettings().on_train_begin(args, state, TrainerControl())
+    assert capsys.readouterr().out == ""

@@ -220,18 +220,22 @@ def test_rerunning_a_finished_run_trains_nothing_more(pretrained_run, tmp_path):
 def test_a_finished_run_continued_takes_the_recipes_rate_and_refuses_another_seed(pretrained_run, tmp_path, capsys):
     """Issue 63: continued for 4 more steps at 10x the learning rate, the run trains at the recipe's rate on the
     recipe's 34-step cosine schedule from step 31 (before: the checkpoint's rate, and step 31 at lr 0, the end of
-    the finished schedule); another seed, from which the data order is drawn, is refused before anything loads."""
+    the finished schedule) and saves at the recipe's save_steps; another seed, from which the data order is drawn,
+    is refused before anything loads."""
     run_dir = tmp_path / "run"
     shutil.copytree(pretrained_run.output_dir, run_dir)
     data = Path(hftrain.load_recipe(pretrained_run.recipe_file).data.train[0].path)
     with pytest.raises(HftrainError, match=r"^training.seed: 7 given, but checkpoint-30 was trained with 1234 \("):
         hftrain.train(hftrain.load_recipe(None, tiny_recipe(data, run_dir, seed=7, max_steps=34)))
-    more = hftrain.train(hftrain.load_recipe(None, tiny_recipe(data, run_dir, learning_rate=3e-2, max_steps=34)))
+    continued = tiny_recipe(data, run_dir, learning_rate=3e-2, max_steps=34, save_steps=2)
+    more = hftrain.train(hftrain.load_recipe(None, continued))
     printed = capsys.readouterr().out
     assert (
-        "hftrain: resumed at step 30 with the recipe's settings from step 31: training.learning_rate 0.003 -> 0.03"
-        in (printed)
-    )
+        "hftrain: resumed at step 30 with the recipe's settings from step 31: training.save_steps 10 -> 2; "
+        "training.learning_rate 0.003 -> 0.03" in printed
+    ), printed
+    # saved at the recipe's interval (before: trainer_state.json's 10, so no checkpoint-32)
+    assert {"checkpoint-32", "checkpoint-34"} <= {p.name for p in ckpt.complete_checkpoints(run_dir)}
     rates = {e["step"]: e["learning_rate"] for e in more.log_history if "learning_rate" in e}
     cosine = [3e-2 * (1 + math.cos(math.pi * step / 34)) / 2 for step in range(34)]  # the recipe's, at 10x
     assert [rates[step] for step in (31, 32, 34)] == pytest.approx([cosine[30], cosine[31], cosine[33]], rel=1e-6)
