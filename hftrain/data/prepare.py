@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -23,6 +22,7 @@ import fsspec
 
 from hftrain import network
 from hftrain.checkpoint.output_lock import LOCK_FILE, LOCK_FILES, owning
+from hftrain.data import prepare_slurm
 from hftrain.data.loader import DataPlan, first_documents, plan_data
 from hftrain.data.prepare_progress import Progress, completed_tasks, tasks_console
 from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
@@ -78,6 +78,8 @@ def prepare(
     _check_preparable(plan)
     tasks = task_units(plan, task_mb * 2**20)
     first, count = _task_range(how, len(tasks))
+    if how.executor == "slurm":
+        prepare_slurm.check_no_jobs(out)  # an earlier submission's jobs still write this folder
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, _ = load_tokenizer(part.model, Path(tmp), lambda n: first_documents(plan, n))
     request = request_of(plan, tokenizer, len(tasks), shuffle, task_mb)
@@ -96,7 +98,7 @@ def prepare(
         finish = FinishFolder(out, options, plan, tokenizer, request)
         logs = (f"{out.rstrip('/')}/{LOGS}", options) if options else f"{out.rstrip('/')}/{LOGS}"
         if how.executor == "slurm":
-            _submit_slurm(steps, finish, logs, out, len(tasks), how)
+            prepare_slurm.submit(steps, finish, logs, out, len(tasks), how)
             return None
         started = time.perf_counter()
         console = Path(root) / LOGS / "console.log" if not remote else Path(work) / "console.log"
@@ -280,50 +282,3 @@ def _run_here(
             f"its log: {root}/{LOGS}/logs/task_{task:05d}.log (all tasks' output: {console}). Fix the cause and run "
             "the same command again: the finished tasks are kept."
         ) from None
-
-
-def _submit_slurm(steps: list[Any], finish: Any, logs: Any, out: str, tasks: int, how: PrepareHow) -> None:
-    """An array job of the tasks, then a job that finishes the folder once they all succeeded (datatrove's depends)."""
-    from datatrove.executor.slurm import SlurmPipelineExecutor
-
-    common = dict(
-        time=how.time,
-        partition=how.partition,
-        qos=how.qos or "",
-        env_command=f"export PATH={Path(sys.executable).parent}:$PATH",  # the jobs run this environment's Python
-        sbatch_args=dict(how.sbatch_args),
-        mail_type="NONE",
-    )
-    main = SlurmPipelineExecutor(
-        steps,
-        tasks=tasks,
-        workers=how.workers or -1,
-        job_name="hftrain-prepare",
-        logging_dir=logs,
-        cpus_per_task=how.cpus_per_task,
-        mem_per_cpu_gb=how.mem_per_cpu_gb,
-        **common,
-    )
-    finisher_logs = (f"{logs[0]}/finish", logs[1]) if isinstance(logs, tuple) else f"{logs}/finish"
-    finisher = SlurmPipelineExecutor(
-        [finish], tasks=1, depends=main, job_name="hftrain-prepare-finish", logging_dir=finisher_logs, **common
-    )
-    import subprocess
-
-    try:
-        finisher.run()  # launches `main` first: the finisher depends on it
-    except FileNotFoundError:
-        raise HftrainError(
-            "--executor slurm: sbatch is not on PATH here; run the prepare on a SLURM login node."
-        ) from None
-    except subprocess.CalledProcessError:
-        raise HftrainError(
-            "--executor slurm: sbatch refused the job (its message is above); check --partition, --time, --qos, "
-            "--cpus-per-task and --mem-per-cpu-gb against the cluster's limits."
-        ) from None
-    print(
-        f"hftrain: submitted job {main.job_id} ({tasks} task(s)) and job {finisher.job_id}, which finishes {out} "
-        f"({PREPARED}) after them. Logs: {out.rstrip('/')}/{LOGS}. Run the same command again after a failure: "
-        "only the unfinished tasks are submitted.",
-        flush=True,
-    )

@@ -105,20 +105,42 @@ def test_slurm_preempted_job_requeues_and_finishes_with_the_uninterrupted_losses
     assert_resumed_matches(ddp_40_steps, metrics_losses(run_dir), range(saved + 1, 41), "requeued")
 
 
+# `data prepare --executor slurm` killed (an OOM kill, a closed terminal) after sbatch took its array job and before
+# the finisher was submitted; the array is held first, so that it is still queued when the next launch comes.
+KILLED_AFTER_THE_ARRAY = """
+import os, signal, subprocess, sys
+from datatrove.executor.slurm import SlurmPipelineExecutor
+real = SlurmPipelineExecutor.launch_job
+def launch_job(self):
+    real(self)
+    if not self.job_name.endswith("-finish") and self.job_id not in (None, -1):
+        subprocess.run(["scontrol", "hold", str(self.job_id)], check=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+SlurmPipelineExecutor.launch_job = launch_job
+from hftrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
     """`hftrain data prepare --executor slurm` on a real SLURM of 2 node agents: an array job of the tasks (on both
     agents), then the job that finishes the folder after them; the folder equals the one prepared here, byte for
-    byte."""
+    byte. The launch that submits them is killed between the two: the same command is refused while the array is
+    queued (before: submitted again, rewriting the ranks the queued array reads), and after the array ran it submits
+    only the finisher."""
     import json
+    import re
+    import signal
+    import subprocess
 
     import yaml
 
     from hftrain.data.prepare import PrepareHow, prepare
+    from hftrain.data.prepare_slurm import jobs_name
     from hftrain.recipe.load import load_recipe
     from hftrain.recipe.parts import DataPart
 
     from ..data.test_token_folders import corpus, folder_digest, gpt2_recipe
-    from ..support.cli import run_cli
 
     raw = gpt2_recipe(corpus(tmp_path, files=4, docs=800), tmp_path / "unused")
     recipe = tmp_path / "r.yaml"
@@ -128,29 +150,38 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
     try:
         env = {**cluster.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster.env['PATH']}"}
         out = tmp_path / "on-slurm"
-        argv = [
-            "--out",
-            str(out),
-            "--executor",
-            "slurm",
-            "--partition",
-            "debug",
-            "--time",
-            "10:00",
-            "--workers",
-            "2",
-            "--mem-per-cpu-gb",
-            "1",
-        ]
-        submitted = run_cli("data", "prepare", str(recipe), *argv, "--task-mb", "0", env=env)
+        argv = ["data", "prepare", str(recipe), "--out", str(out), "--executor", "slurm", "--partition", "debug"]
+        argv += ["--time", "10:00", "--workers", "2", "--mem-per-cpu-gb", "1", "--task-mb", "0"]
+        died = subprocess.run(
+            [sys.executable, "-c", KILLED_AFTER_THE_ARRAY, *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **env},
+        )
+        assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
+        name = jobs_name(str(out))
+        queued = cluster.run("squeue", "--noheader", f"--name={name}", "-o", "%A %r").splitlines()
+        array = next(line.split()[0] for line in queued if "JobHeldAdmin" in line)  # beside it, datatrove's stats job
+        again = run_in_process(*argv, env=env)
+        assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-3000:]
+        said = again.stderr.strip()
+        assert re.search(rf"--out {out}: SLURM still holds job\(s\) {array}\S* \(pending\)", said), said
+        assert f"or cancel them (`scancel {array} " in said and "\n" not in said, said
+        cluster.run("scontrol", "release", array)
+        deadline = time.monotonic() + 300
+        while cluster.run("squeue", "--noheader", f"--name={name}").strip():
+            assert time.monotonic() < deadline, cluster.run("squeue", "-a", "-o", "%i %T %r %N")
+            time.sleep(1)
+        assert not (out / "prepared.json").exists()  # the killed launch submitted no finisher
+        submitted = run_in_process(*argv, env=env)
         assert submitted.returncode == 0, submitted.stderr[-3000:]
-        assert "hftrain: submitted job " in submitted.stdout and "(4 task(s))" in submitted.stdout, submitted.stdout
+        assert f"which finishes {out} (prepared.json): its 4 task(s) are done" in submitted.stdout, submitted.stdout
         deadline = time.monotonic() + 300
         while not (out / "prepared.json").is_file():
             assert time.monotonic() < deadline, (
                 cluster.run("squeue", "-a", "-o", "%i %T %r %N"),
-                cluster.run("sinfo", "-N", "-o", "%N %T %E"),
-                {p.name: p.read_text()[-1500:] for p in (out / "logs" / "slurm_logs").glob("*.out")},
+                {p.name: p.read_text()[-1500:] for p in (out / "logs").rglob("*.out")},
             )
             time.sleep(1)
         assert json.loads((out / "prepared.json").read_text()) == here
@@ -160,8 +191,8 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
             for agent in ("agent1", "agent2")
         }
         assert all(ran.values()), ran  # both node agents ran tasks
-        argv = [*argv[:1], str(tmp_path / "too-big"), *argv[2:-1], "100000"]  # 100 TB per CPU: sbatch refuses the job
-        refused = run_cli("data", "prepare", str(recipe), *argv, env=env)
+        too_big = [*argv[:4], str(tmp_path / "too-big"), *argv[5:-3], "100000", *argv[-2:]]  # 100 TB per CPU
+        refused = run_in_process(*too_big, env=env)  # sbatch refuses the job
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
         assert (
             "hftrain: error: --executor slurm: sbatch refused the job (its message is above); check --partition"
