@@ -233,6 +233,37 @@ def locate_deepspeed_config(search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> No
     os.environ[DEEPSPEED_FILE_ENV] = str(found.resolve())
 
 
+def check_deepspeed_schedule(deepspeed: Any, lr_schedule_type: str | None) -> None:
+    """A DeepSpeed config with its own "scheduler" block runs that schedule in place of the Trainer's (transformers
+    then never builds one), so the recipe's lr_schedule would be ignored without a word: refused; a config that is
+    not JSON is named. `deepspeed`: the arguments' training.deepspeed (a path or a dict), else the launch's
+    ACCELERATE_DEEPSPEED_CONFIG_FILE."""
+    import json
+
+    given = deepspeed if deepspeed is not None else os.environ.get(DEEPSPEED_FILE_ENV)
+    where, text = "training.deepspeed", None
+    if isinstance(given, (str, Path)) and str(given).lstrip().startswith("{"):
+        where, text = DEEPSPEED_FILE_ENV if deepspeed is None else where, str(given)
+    elif isinstance(given, (str, Path)) and str(given) != "none":
+        path = next((p for p in (Path(given), SHIPPED_CONFIGS / str(given)) if p.is_file()), None)
+        if path is None:
+            return  # not a file here: locate_deepspeed_config names it; accelerate reads other forms
+        where, text = str(path), path.read_text(encoding="utf-8")
+    try:
+        config = json.loads(text) if text is not None else given
+    except json.JSONDecodeError as err:
+        raise HftrainError(
+            f"the DeepSpeed config {where}: not JSON (line {err.lineno}, column {err.colno}: {err.msg})."
+        ) from None
+    if lr_schedule_type is not None and isinstance(config, dict) and "scheduler" in config:
+        kind = (config["scheduler"] or {}).get("type", "its own")
+        raise HftrainError(
+            f'lr_schedule.type {lr_schedule_type}: the DeepSpeed config {where} has a "scheduler" block ({kind}), '
+            "which DeepSpeed runs in place of the recipe's schedule. Remove the block to train on lr_schedule, or "
+            "remove lr_schedule.type to train on DeepSpeed's."
+        )
+
+
 def world_size() -> int:
     """The launcher's process count (WORLD_SIZE); read here alone."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -152,7 +152,7 @@ class LrScheduleSection(Section):
     warmup) / decay_steps) + 1), cut off at min_lr_rate x peak. Not transformers' cosine_with_min_lr, whose cosine
     is over decay_steps - warmup and squeezed above the floor: this one's divisor is decay_steps and it meets the
     floor early (Pythia: at step ~115,000 of 143,000). Set, it replaces training.lr_scheduler_type, warmup_steps and
-    lr_scheduler_kwargs (giving them too is refused)."""
+    lr_scheduler_kwargs (giving them too is refused, as is a DeepSpeed config with its own "scheduler" block)."""
     decay_steps: int | None = Field(default=None, ge=1)
     """gpt-neox's lr_decay_iters: the steps the cosine is laid over (Pythia: 143000). Default: the run's last step,
     training.max_steps after data.start_step (a run that continues another at its step N is at step N + k)."""

@@ -128,6 +128,7 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         RunLayout(output_dir), checkpoints, resume, None
     ).check_same_run()  # before the probe and the model
     resumed_settings.check_unchanged(kwargs, resume.checkpoint_in(output_dir))  # a refused change, before it too
+    parallel.check_deepspeed_schedule(spec.arguments.get("deepspeed"), recipe.lr_schedule.type)
     return spec
 
 

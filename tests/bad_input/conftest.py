@@ -1,8 +1,9 @@
 """The bad-input tests' shared set-up: a folder holding a tiny recipe over good data and the broken inputs the
-tables name ({good}, {bad}, {field}, {empty}, {notdir}, {tmp}, {recipe})."""
+tables name ({good}, {bad}, {field}, {empty}, {notdir}, {tmp}, {recipe}, {annealing}, {ds_scheduler})."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ def work(tmp_path: Path) -> Path:
     write_jsonl(tmp_path / "field.jsonl", ["x"], field="body")
     (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
     (tmp_path / "not-a-model").mkdir()
+    scheduled = {"zero_optimization": {"stage": 3}, "scheduler": {"type": "WarmupDecayLR", "params": {}}}
+    (tmp_path / "ds-scheduler.json").write_text(json.dumps(scheduled), encoding="utf-8")
+    annealing = tiny_recipe(good, tmp_path / "run", max_steps=4, save_steps=2)
+    del annealing["training"]["warmup_steps"]
+    annealing["lr_schedule"] = {"type": "gpt_neox_annealing"}
+    (tmp_path / "annealing.yaml").write_text(yaml.safe_dump(annealing), encoding="utf-8")
     raw = tiny_recipe(good, tmp_path / "run", max_steps=4, save_steps=2)
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
     return tmp_path
@@ -38,5 +45,7 @@ def fill(work: Path) -> dict[str, str]:
         "empty": "empty.jsonl",
         "notdir": "not-a-model",
         "recipe": "r.yaml",
+        "ds_scheduler": "ds-scheduler.json",
+        "annealing": "annealing.yaml",
     }
     return {"tmp": str(work), **{key: str(work / name) for key, name in names.items()}}

@@ -4,6 +4,7 @@ own entry point."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -33,6 +34,13 @@ FIRST = [
         ["data", "inspect", "{recipe}", "--check-packing", "data.train.path={tmp}/gone.jsonl"],
         "data.train[0].path: no file matches '{tmp}/gone.jsonl'",
         "check-packing:",
+    ),
+    (
+        "train: lr_schedule beside a DeepSpeed scheduler block",  # before: DeepSpeed's schedule ran, without a word
+        ["train", "{annealing}", "training.deepspeed={ds_scheduler}"],
+        'lr_schedule.type gpt_neox_annealing: the DeepSpeed config {ds_scheduler} has a "scheduler" block '
+        "(WarmupDecayLR), which DeepSpeed runs in place of the recipe's schedule. Remove the block",
+        "speed defaults:",
     ),
 ]
 
@@ -131,3 +139,44 @@ def test_the_probe_budget_keeps_the_shapes_it_pays_for(monkeypatch, machine):
     pythia_160m = expected_seconds(shape(8 * 512, 512, 768, 12, 50304), cpu)  # at 8 x 512
     assert (pythia_160m < PROBE_BUDGET_S) is (machine == "AMX Xeon"), pythia_160m
     assert expected_seconds(shape(64 * 2048, 2048, 2048, 16, 50304), cpu) > PROBE_BUDGET_S  # pythia-1b at 64 x 2,048
+
+
+@pytest.mark.parametrize(
+    "launch, refused",
+    [
+        ("the accelerate YAML's file", True),
+        ("an inline JSON", True),
+        ("the shipped zero3.json, by its relative name", False),
+        ("no lr_schedule.type", False),
+        ("a file that is not JSON", True),
+    ],
+)
+def test_a_deepspeed_scheduler_block_beside_lr_schedule_is_refused_however_it_is_given(
+    launch, refused, tmp_path, monkeypatch
+):
+    """accelerate launch passes the YAML's deepspeed_config_file on in ACCELERATE_DEEPSPEED_CONFIG_FILE: its
+    "scheduler" block replaces the recipe's schedule there too."""
+    from hftrain.parallel.dims import DEEPSPEED_FILE_ENV, check_deepspeed_schedule
+
+    scheduled = {"zero_optimization": {"stage": 3}, "scheduler": {"type": "WarmupLR"}}
+    (tmp_path / "ds.json").write_text(json.dumps(scheduled), encoding="utf-8")
+    given = {
+        "the accelerate YAML's file": str(tmp_path / "ds.json"),
+        "an inline JSON": '{"scheduler": {"type": "WarmupLR"}}',
+        "the shipped zero3.json, by its relative name": "deepspeed/zero3.json",
+        "no lr_schedule.type": str(tmp_path / "ds.json"),
+        "a file that is not JSON": str(tmp_path / "broken.json"),
+    }[launch]
+    (tmp_path / "broken.json").write_text('{"zero_optimization": {"stage": 3},}', encoding="utf-8")
+    monkeypatch.setenv(DEEPSPEED_FILE_ENV, given)
+    kind = None if launch == "no lr_schedule.type" else "gpt_neox_annealing"
+    if not refused:
+        check_deepspeed_schedule(None, kind)
+        return
+    expected = (
+        rf"^the DeepSpeed config {tmp_path}/broken.json: not JSON \(line 1, column 36: "
+        if launch == "a file that is not JSON"
+        else r'has a "scheduler" block \(WarmupLR\), which DeepSpeed runs in place'
+    )
+    with pytest.raises(HftrainError, match=expected):
+        check_deepspeed_schedule(None, kind)
