@@ -27,6 +27,19 @@ STEPS = ("set_up", "prepare_output", "build_model_for", "build_trainer", "checkp
 # where each step lives: training/run.py unless named here (issue 61: the Trainer's wiring has its own module)
 STEP_MODULES = {"set_up": "hftrain.training.arguments", "build_trainer": "hftrain.training.trainer_build"}
 RECIPE_LOADERS = ("load_recipe", "validate_recipe")  # hftrain/recipe/load.py: what makes a whole Recipe
+# What each hftrain file a plain optimizer step runs is there for: the step's parts, one concern each. A file that
+# enters the step must say which part it is; the limit is this list, not a count of today's files.
+STEP_PARTS = {
+    "hftrain/data/loader.py": "the batch: the loader that hands the Trainer its next batch",
+    "hftrain/data/stream.py": "the batch: the readers' stream of token blocks",
+    "hftrain/data/packed_batch.py": "the batch: blocks packed into input ids, labels and positions",
+    "hftrain/model/attention.py": "the forward: the attention kernel's mask (none for plain causal blocks)",
+    "hftrain/model/fused_loss.py": "the loss: cross-entropy in chunks",
+    "hftrain/training/trainer.py": "the step: the Trainer's loss and optimizer step",
+    "hftrain/training/step_faults.py": "the guard: non-finite losses and gradients, preemption",
+    "hftrain/training/step_metrics.py": "the timing: the step's clock and its counted tokens",
+    "hftrain/checkpoint/manager.py": "the kept checkpoints: one look-up of the step in their schedule",
+}
 
 
 def receives_the_recipe(source: str) -> bool:
@@ -109,7 +122,7 @@ def trace_steps() -> dict[str, list[tuple[str, int]]]:
     """The hftrain files whose functions run in one optimizer step of a tiny 4-step run, with how many of their
     functions ran (the main thread: DataLoader workers are 0 on a CPU), each from the start of a step to the start of
     the next (its forward, backward, optimizer step and step-end events, and the next step's batch): "plain", step 2,
-    and "log and save", step 3 (the same, and its log line and checkpoint)."""
+    and "log and save", step 3 (the same, and its log line and checkpoint). The run keeps a checkpoint at step 1."""
     sys.path.insert(0, str(ROOT))
     from transformers import TrainerCallback
 
@@ -137,6 +150,7 @@ def trace_steps() -> dict[str, list[tuple[str, int]]]:
     with tempfile.TemporaryDirectory() as tmp:
         data = write_jsonl(Path(tmp) / "d.jsonl", make_documents(300))
         raw = tiny_recipe(data, Path(tmp) / "run", max_steps=4, logging_steps=3, save_steps=3)
+        raw["checkpoints"] = {"steps": [1]}  # a kept-checkpoint schedule, as Pythia's recipes have: its per-step check
         hftrain.train(hftrain.load_recipe(None, raw), callbacks=[Window()])
     sys.setprofile(None)
     return {
