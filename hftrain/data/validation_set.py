@@ -110,7 +110,11 @@ def corpus_blocks(plan: DataPlan) -> list[dict[str, Any]]:
     assert corpus is not None
     shards = corpus.shards(seq_len)
     stream = FolderStream(corpus, shards, seq_len, 0, Worker(), window=1, loop=False)
-    blocks = [b for shard in shards for _, b in stream.read(shard, 0, min(shard.blocks, plan.section.eval_blocks))]
+    blocks, wanted = [], plan.section.eval_blocks
+    for shard in shards:  # one for a corpus read as a token folder; the first eval_blocks over them all
+        blocks += [b for _, b in stream.read(shard, 0, min(shard.blocks, wanted - len(blocks)))]
+        if len(blocks) >= wanted:
+            break
     if not blocks:
         raise HftrainError(f"{corpus.where}: less than one block of data.seq_len={seq_len} tokens in {corpus.prefix}.")
     return [{"input_ids": torch.from_numpy(b), "labels": torch.from_numpy(b).clone()} for b in blocks]
