@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import time
 from contextlib import nullcontext
@@ -237,6 +238,8 @@ def _run_here(
 ) -> None:
     """The tasks [first, first + count) on this machine (local) or this Ray cluster."""
     if how.executor == "ray":
+        # a Ray call after a stop's ray.shutdown() (datatrove's threads make some) must fail, not start a new cluster
+        os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")  # read when ray is first imported
         try:
             import ray
             from datatrove.executor.ray import RayPipelineExecutor
@@ -271,7 +274,7 @@ def _run_here(
             start_method="spawn",
         )
     try:
-        executor.run()
+        _run_on_ray(executor) if how.executor == "ray" else executor.run()
     except HftrainError:
         raise
     except Exception as err:
@@ -282,3 +285,45 @@ def _run_here(
             f"its log: {root}/{LOGS}/logs/task_{task:05d}.log (all tasks' output: {console}). Fix the cause and run "
             "the same command again: the finished tasks are kept."
         ) from None
+
+
+def _run_on_ray(executor: Any) -> None:
+    """datatrove's Ray run in a thread, so that Ctrl-C and SIGTERM reach this one at once: either ends the job with
+    ray.shutdown() (its tasks and actors; a cluster ray.init() started here, all of it), and the command stops with
+    its one line. Before: Ctrl-C waited for ever in datatrove's thread pool, whose tasks wait on CPUs the running ones
+    hold, holding the folder's lock; SIGTERM met Ray's own handler, which aborts the process (exit 134) unsaid."""
+    import threading
+
+    import ray
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return executor.run()
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            executor.run()
+        except BaseException as err:  # noqa: BLE001 - raised again in the calling thread
+            failed.append(err)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    runner = threading.Thread(target=work, name="hftrain-ray-prepare", daemon=True)
+    before = signal.signal(signal.SIGTERM, interrupt)
+    runner.start()
+    try:
+        while runner.is_alive():
+            runner.join(0.5)
+    except KeyboardInterrupt:
+        import logging
+
+        # what datatrove's threads meet once the job is gone is this stop's doing, not news: Ray's log kept quiet
+        logging.getLogger("ray").setLevel(logging.CRITICAL)
+        ray.shutdown()
+        runner.join(5)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    if failed:
+        raise failed[0]
