@@ -324,6 +324,7 @@ def _run_on_ray(executor: Any) -> None:
         runner.join(5)
         raise
     finally:
-        signal.signal(signal.SIGTERM, before)
+        if before is not None:  # None: a handler Python did not install, which it cannot put back
+            signal.signal(signal.SIGTERM, before)
     if failed:
         raise failed[0]
