@@ -220,9 +220,7 @@ def locate_deepspeed_config(search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> No
         return  # none, an inline JSON, or a path that opens as it is
     if not value.endswith(".json") and "/" not in value:
         return  # accelerate also takes a base64-encoded config
-    found = next(
-        (folder / value for folder in search if not Path(value).is_absolute() and (folder / value).is_file()), None
-    )
+    found = _deepspeed_file(value, search)
     if found is None:
         raise HftrainError(
             "the accelerate config's deepspeed_config.deepspeed_config_file: "
@@ -233,6 +231,15 @@ def locate_deepspeed_config(search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> No
     os.environ[DEEPSPEED_FILE_ENV] = str(found.resolve())
 
 
+def _deepspeed_file(value: str, search: tuple[Path, ...] = (SHIPPED_CONFIGS,)) -> Path | None:
+    """A DeepSpeed config path as it opens: as given, else (relative) in one of `search`; None when neither."""
+    if Path(value).is_file():
+        return Path(value)
+    if Path(value).is_absolute():
+        return None
+    return next((folder / value for folder in search if (folder / value).is_file()), None)
+
+
 def check_deepspeed_schedule(deepspeed: Any, lr_schedule_type: str | None) -> None:
     """A DeepSpeed config with its own "scheduler" block runs that schedule in place of the Trainer's (transformers
     then never builds one), so the recipe's lr_schedule would be ignored without a word: refused; a config that is
@@ -241,11 +248,11 @@ def check_deepspeed_schedule(deepspeed: Any, lr_schedule_type: str | None) -> No
     import json
 
     given = deepspeed if deepspeed is not None else os.environ.get(DEEPSPEED_FILE_ENV)
-    where, text = "training.deepspeed", None
+    where, text = "training.deepspeed" if deepspeed is not None else DEEPSPEED_FILE_ENV, None
     if isinstance(given, (str, Path)) and str(given).lstrip().startswith("{"):
-        where, text = DEEPSPEED_FILE_ENV if deepspeed is None else where, str(given)
+        text = str(given)
     elif isinstance(given, (str, Path)) and str(given) != "none":
-        path = next((p for p in (Path(given), SHIPPED_CONFIGS / str(given)) if p.is_file()), None)
+        path = _deepspeed_file(str(given))
         if path is None:
             return  # not a file here: locate_deepspeed_config names it; accelerate reads other forms
         where, text = str(path), path.read_text(encoding="utf-8")
