@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT))
 import hftrain
 from hftrain.data.builtin_corpus import module_docstrings, python_docs_files
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
+from hftrain.data.part import DataPart
 from hftrain.data.prepare import PrepareHow, prepare
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import ReaderLayout, default_window
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPart
 
 SEQ, BATCH = 256, 8
 
@@ -70,7 +70,7 @@ def gpu_consumption(a: argparse.Namespace) -> tuple[float, str]:
     """Tokens/s one GPU trains --recipe at, as `hftrain plan --gpus N --gpu-mem-gb M --gpu-type T` times its step."""
     from hftrain.planning import fit as fitting
     from hftrain.planning.estimates import plan
-    from hftrain.recipe.parts import PlanPart
+    from hftrain.planning.part import PlanPart
     from hftrain.speed.hardware import spec_bf16_tflops
 
     part = PlanPart.of(load_recipe(a.recipe, []))

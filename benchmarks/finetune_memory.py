@@ -115,9 +115,9 @@ def weight_bytes(model) -> dict[str, float]:
 def build_base(root: Path) -> Path:
     """pythia-160m from random weights, saved like a pretrained model (hftrain's own model and tokenizer code)."""
     from hftrain.model.build import build_model
+    from hftrain.model.part import ModelPart
     from hftrain.model.tokenizer import gpt2_tokenizer
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import ModelPart
 
     tok = gpt2_tokenizer()
     model = build_model(ModelPart.of(load_recipe(None, {"model": {"preset": "pythia-160m"}})), tok, False)
@@ -137,9 +137,10 @@ def main() -> None:
         return child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.steps)
 
     from hftrain.model.build import load_pretrained
+    from hftrain.model.part import ModelPart
     from hftrain.planning.estimates import plan
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import ModelPart, PlanPart
 
     with tempfile.TemporaryDirectory(prefix="hftrain-ftmem-") as tmp:
         root = Path(tmp)

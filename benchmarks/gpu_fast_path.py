@@ -133,8 +133,8 @@ def timed_fetch(fetch: Any, window: Window) -> Any:
 def model_config(model: str, a: argparse.Namespace) -> Any:
     """The GPTNeoXConfig hftrain builds for the preset (the GPT-2 tokenizer's 50,257 tokens): every side's model."""
     from hftrain.model.config import build_config
+    from hftrain.model.part import ModelPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import ModelPart
 
     part = ModelPart.of(load_recipe(None, recipe(model, a, Path(tempfile.gettempdir()), "hftrain")))
     return build_config(part, 50257, False, eos_token_id=50256)

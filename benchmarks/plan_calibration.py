@@ -164,9 +164,9 @@ def predicted_libraries(env: dict[str, str]) -> float:
 def build_bases(root: Path, sizes: set[str]) -> None:
     """Random-weight presets saved as pretrained models with the GPT-2 tokenizer, for the fine-tuning rows."""
     from hftrain.model.build import build_model
+    from hftrain.model.part import ModelPart
     from hftrain.model.tokenizer import gpt2_tokenizer
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import ModelPart
 
     tok = gpt2_tokenizer()
     for size in sorted(sizes):
@@ -184,8 +184,8 @@ def measure(
 
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PlanPart
 
     raw = recipe_for(config, bases, work / config.name)
     path = work / f"{config.name}.yaml"
@@ -236,8 +236,8 @@ def replay(path: Path) -> None:
     """The stored measurements against the current prediction (the same recipes, the stored libraries figure)."""
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PlanPart
 
     stored = json.loads(path.read_text())
     by_name = {c.name: c for c in GRID}

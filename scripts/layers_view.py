@@ -1,7 +1,7 @@
 """The layers between a recipe and the components it builds (issue 61), measured rather than claimed:
 
 1. configuration records: the dataclasses that carry recipe values (or other records' fields) towards a component,
-   i.e. every dataclass in recipe/parts.py, training/run_parts.py and training/resolve.py, and every dataclass
+   i.e. every dataclass in training/run_parts.py and training/resolve.py, and every dataclass
    named *Part, *Parts, *Options, *Inputs, *Settings, *Spec or Finishing anywhere in hftrain/;
 2. the places that wire the Trainer: functions that make its callback list, construct a Trainer with callbacks they
    did not receive, add or insert a callback into a built Trainer (add_callback, callback_handler) or set its
@@ -9,7 +9,9 @@
 3. the places that change TrainingArguments after they are made: an attribute assigned on `args`, `self.args` or
    `trainer.args`, and a function that edits in place a dict of argument values it was handed (a parameter named
    kwargs, values or resolved: item assignment, update, setdefault, pop);
-4. the lines over 120 characters in hftrain/, tests/, benchmarks/ and scripts/.
+4. the lines over 120 characters in hftrain/, tests/, benchmarks/ and scripts/;
+5. the parts (a *Part class with an `of`, what its component reads of a recipe): where each is defined, and which
+   build their component (a `build` method) rather than being handed to a function that builds it.
 
     python scripts/layers_view.py              # this checkout
     python scripts/layers_view.py --rev d2ba4c2 # another commit, read from git
@@ -27,7 +29,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD_MODULES = ("hftrain/recipe/parts.py", "hftrain/training/run_parts.py", "hftrain/training/resolve.py")
+RECORD_MODULES = ("hftrain/training/run_parts.py", "hftrain/training/resolve.py")
 RECORD_NAME = re.compile(r".*(Part|Parts|Options|Inputs|Settings|Spec)$|^Finishing$")
 ARGUMENT_DICTS = ("kwargs", "values", "resolved")
 TRAINER_CLASSES = re.compile(r"^(HftrainTrainer|\w*DPOTrainer\w*|Trainer)$")
@@ -167,6 +169,18 @@ def long_lines(files: dict[str, str], width: int = WIDTH) -> list[tuple[str, int
     ]
 
 
+def parts(files: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(path, part, "builds its component" or "read by its components") for each part (rule 5)."""
+    found = []
+    for path, text in files.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Part"):
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                if "of" in methods:
+                    found.append((path, node.name, "builds" if "build" in methods else "read"))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rev", help="a commit to read from git instead of this checkout")
@@ -180,6 +194,7 @@ def main() -> int:
         ("places that change TrainingArguments after they are made", argument_changes(package)),
         (f"lines over {WIDTH} characters (hftrain/)", long_lines(package)),
         (f"lines over {WIDTH} characters (hftrain/, tests/, benchmarks/, scripts/)", long_lines(tree)),
+        ("parts (`of`), and whether each builds its component (`build`)", parts(package)),
     ]
     print(f"at {args.rev or 'this checkout'}")
     for title, found in rows:

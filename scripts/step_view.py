@@ -9,7 +9,8 @@
     python scripts/step_view.py                # this checkout (1, 2, 3)
     python scripts/step_view.py --rev 415ca7e  # 1 and 3 at another commit, read from git (2 runs this checkout)
 
-tests/test_structure.py holds (3) to recipe/, cli/ and the resolver with `receives_the_recipe` from here.
+tests/test_structure.py holds (3) to recipe/, cli/, the resolver and the parts' `of` with `receives_the_recipe` from
+here.
 """
 
 from __future__ import annotations
@@ -23,9 +24,24 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("set_up", "prepare_output", "build_model_for", "build_trainer", "checkpoint_pusher", "fit", "finish")
-# where each step lives: training/run.py unless named here (issue 61: the Trainer's wiring has its own module)
-STEP_MODULES = {"set_up": "hftrain.training.arguments", "build_trainer": "hftrain.training.trainer_build"}
+STEPS = (
+    "set_up",
+    "prepare_output",
+    "CheckpointPart.build",
+    "ModelPart.build",
+    "TrainerPart.build",
+    "PublishPart.build",
+    "fit",
+    "finish",
+)
+# where each step lives: training/run.py unless named here (issue 61: each part builds its component, beside it)
+STEP_MODULES = {
+    "set_up": "hftrain.training.arguments",
+    "CheckpointPart.build": "hftrain.checkpoint.part",
+    "ModelPart.build": "hftrain.model.part",
+    "TrainerPart.build": "hftrain.training.trainer_build",
+    "PublishPart.build": "hftrain.integrations.publish",
+}
 RECIPE_LOADERS = ("load_recipe", "validate_recipe")  # hftrain/recipe/load.py: what makes a whole Recipe
 # What each hftrain file a plain optimizer step runs is there for: the step's parts, one concern each. A file that
 # enters the step must say which part it is; the limit is this list, not a count of today's files.
@@ -42,22 +58,51 @@ STEP_PARTS = {
 }
 
 
+def _names_recipe(node: ast.AST) -> bool:
+    """The node names the Recipe type (a name, an attribute such as schema.Recipe, a quoted annotation)."""
+    if isinstance(node, ast.Name):
+        return node.id == "Recipe"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "Recipe"
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"[\w.\[\] |]*\bRecipe\b[\w.\[\] |]*", node.value) is not None
+    )
+
+
+def _parts_of(tree: ast.AST) -> set[int]:
+    """ids of the nodes of each part's `of` (a classmethod `of` of a class named *Part): the one place that says
+    what its component reads of a recipe."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Part"):
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef) and method.name == "of":
+                    inside |= {id(n) for n in ast.walk(method)}
+    return inside
+
+
 def receives_the_recipe(source: str) -> bool:
-    """Whether the whole recipe reaches a module: it names the Recipe type anywhere (an import, an annotation,
-    quoted or not, under TYPE_CHECKING too, an attribute such as schema.Recipe) or makes one (imports or calls a
-    loader: load_recipe, validate_recipe, hftrain.load_recipe)."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and any(alias.name in ("Recipe", *RECIPE_LOADERS) for alias in node.names):
+    """Whether the whole recipe reaches a module's code: it names the Recipe type (an annotation, quoted or not,
+    under TYPE_CHECKING too, an attribute such as schema.Recipe) outside its parts' `of`, or makes one (imports or
+    calls a loader: load_recipe, validate_recipe, hftrain.load_recipe). A part's `of` (`XPart.of(recipe)`, beside
+    the component it builds) is where the recipe is cut: an import of Recipe that only `of` uses is allowed."""
+    tree = ast.parse(source)
+    cut, imported, used_in_of = _parts_of(tree), False, False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names = {alias.name for alias in node.names}
+            if names & set(RECIPE_LOADERS):
+                return True
+            imported |= "Recipe" in names
+        elif isinstance(node, ast.Attribute) and node.attr in RECIPE_LOADERS:
             return True
-        if isinstance(node, ast.Attribute) and node.attr in ("Recipe", *RECIPE_LOADERS):
-            return True
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and re.fullmatch(r"[\w.\[\] |]*\bRecipe\b[\w.\[\] |]*", node.value)
-        ):
-            return True
-    return False
+        elif _names_recipe(node):
+            if id(node) not in cut:
+                return True
+            used_in_of = True
+    return imported and not used_in_of
 
 
 def package_sources(rev: str | None) -> dict[str, str]:
@@ -101,16 +146,22 @@ def dataclass_fields(sources: dict[str, str]) -> dict[str, list[str]]:
 
 def step_inputs(sources: dict[str, str]) -> list[tuple[str, list[str], int]]:
     """Per step of a run (training/run.py, and STEP_MODULES): its parameters (an hftrain dataclass shown with its field
-    count) and the fields it receives in all (a dataclass counts its fields, anything else 1)."""
+    count) and the fields it receives in all (a dataclass counts its fields, anything else 1). A part's `build` is a
+    step whose `self` is the part."""
     fields = dataclass_fields(sources)
     functions = {}
     for module in {"hftrain.training.run", *STEP_MODULES.values()} & set(sources):
-        functions.update({n.name: n for n in ast.parse(sources[module]).body if isinstance(n, ast.FunctionDef)})
+        for node in ast.parse(sources[module]).body:
+            if isinstance(node, ast.FunctionDef):
+                functions[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                methods = (n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "build")
+                functions.update({f"{node.name}.{n.name}": n for n in methods})
     rows = []
     for name in (step for step in STEPS if step in functions):
         shown, total = [], 0
         for arg in functions[name].args.args:
-            kind = ast.unparse(arg.annotation) if arg.annotation else "?"
+            kind = ast.unparse(arg.annotation) if arg.annotation else name.split(".")[0] if arg.arg == "self" else "?"
             inner = fields.get(kind.strip("'\""))
             shown.append(f"{arg.arg}: {kind}" + (f" [{len(inner)} fields]" if inner else ""))
             total += len(inner) if inner else 1

@@ -238,7 +238,7 @@ def test_every_benchmark_shape_is_a_recipe_hftrain_accepts(tmp_path):
     from benchmarks import throughput
     from benchmarks._loop import context
     from hftrain.model.config import check_context, recipe_config
-    from hftrain.recipe.parts import ModelPart
+    from hftrain.model.part import ModelPart
 
     for name, shape in throughput.SHAPES.items():
         raw = throughput.hftrain_recipe(shape, tmp_path / name, 2000, 5, tmp_path / "docs")

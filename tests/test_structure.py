@@ -502,9 +502,9 @@ def test_ruff_formats_and_lints_the_tree():
     assert not skipped, skipped
 
 
-# Issue 43 part 2, issue 54 part 5: components take their part of the recipe (hftrain/recipe/parts.py), never the
-# whole Recipe: not by its type, and not by loading one (a checkpoint's saved recipe is read through
-# recipe.load.read_part).
+# Issue 43 part 2, issue 54 part 5, issue 61 part 1: components take their part of the recipe, never the whole Recipe:
+# not by its type, and not by loading one (a checkpoint's saved recipe is read through recipe.load.read_part or
+# read_sections). Each part's `of` (beside the component the part builds) is the one place that reads a Recipe.
 RECIPE_HOLDERS = re.compile(r"^hftrain\.(recipe(\..*)?|cli(\..*)?|training\.resolve|__main__)$")
 RECIPE_ENTRIES = {
     "hftrain.training.run": "train(recipe), the Python API's entry, hands the recipe to resolve() and reads none of it",
@@ -530,7 +530,7 @@ def sections_read(path: Path, name: str = "recipe") -> list[str]:
 def test_components_take_their_part_of_the_recipe_never_the_whole():
     holders = {name for name, path in module_names().items() if receives_the_recipe(path)}
     allowed = {name for name in holders if RECIPE_HOLDERS.match(name)} | set(RECIPE_ENTRIES)
-    assert sorted(holders - allowed) == [], "take a part (hftrain/recipe/parts.py), not the Recipe"
+    assert sorted(holders - allowed) == [], "take a part (its `of` reads the recipe), not the Recipe"
     assert "hftrain.model.build" not in allowed and "hftrain.training.run" in holders  # the check sees what it checks
 
 
@@ -554,7 +554,7 @@ def test_one_layer_between_the_recipe_and_its_components():
     assert len(records) <= 15, records
     wiring = {(path, function) for path, function, _ in layers_view.trainer_wiring(package)}
     assert wiring == {
-        ("hftrain/training/trainer_build.py", "build_trainer"),
+        ("hftrain/training/trainer_build.py", "build"),
         ("hftrain/integrations/trackers.py", "__init__"),
     }, wiring
     assert layers_view.argument_changes(package) == []
@@ -603,8 +603,17 @@ def test_one_optimizer_step_runs_only_the_files_of_its_parts():
     assert traced["hftrain/checkpoint/manager.py"] == 1, traced  # KeptCheckpointsCallback.on_step_end alone
 
 
+PART_OF = (
+    "if TYPE_CHECKING:\n    from hftrain.recipe.schema import Recipe\n"
+    "class ModelPart:\n    @classmethod\n"
+    "    def of(cls, recipe: Recipe) -> ModelPart:\n        return cls(recipe.model)\n"
+)
+
+
 def test_the_recipe_check_can_fail(tmp_path):
     for source in (
+        PART_OF + "def build(recipe: Recipe): ...\n",  # the component itself takes the Recipe
+        PART_OF.replace("class ModelPart", "class ModelSettings"),  # an `of` of a class that is not a part
         "from hftrain.recipe.schema import Recipe\n",
         "def f(r: 'Recipe'): ...\n",
         "x = schema.Recipe\n",
@@ -616,6 +625,7 @@ def test_the_recipe_check_can_fail(tmp_path):
     for source in (
         "def f(part: ModelPart):\n    return part.model  # not a Recipe\n",
         "from hftrain.recipe.load import read_part\npart = read_part(ModelPart.of, path)\n",
+        PART_OF,  # a part's `of` cuts the recipe, beside its component
     ):
         (tmp_path / "m.py").write_text(source)
         assert not receives_the_recipe(tmp_path / "m.py"), source

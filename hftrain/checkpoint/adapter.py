@@ -16,8 +16,7 @@ import torch
 
 from hftrain.checkpoint.layout import BASE_FILE, RECIPE_FILE
 from hftrain.errors import HftrainError
-from hftrain.recipe.load import read_part
-from hftrain.recipe.parts import ModelPart
+from hftrain.recipe.load import read_sections
 
 # Linear layers LoRA adapts by default, per architecture (all attention and MLP projections).
 DEFAULT_TARGETS = {"gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]}
@@ -79,18 +78,18 @@ def fsdp_adapter(checkpoint: Path, shards: Path, out: Path) -> Path | None:
     (config from the checkpoint's recipe), or None when the checkpoint is not a LoRA run's."""
     if not (checkpoint / RECIPE_FILE).is_file():
         return None
-    part = read_part(ModelPart.of, checkpoint / RECIPE_FILE)  # how the checkpoint's run fine-tuned
-    if part.finetune.method == "full":
+    finetune, model = read_sections(checkpoint / RECIPE_FILE, "finetune", "model")  # how its run fine-tuned
+    if finetune.method == "full":
         return None
     from accelerate.utils import merge_fsdp_weights
     from peft import LoraConfig
 
     merge_fsdp_weights(str(shards), str(out), safe_serialization=True)
     (out / "model.safetensors").rename(out / "adapter_model.safetensors")
-    options = dict(part.finetune.lora)
+    options = dict(finetune.lora)
     model_type = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))["model_type"]
     targets = options.pop("target_modules", None) or DEFAULT_TARGETS.get(model_type)
-    base = part.from_pretrained or ""
+    base = model.from_pretrained or ""
     LoraConfig(task_type="CAUSAL_LM", target_modules=targets, base_model_name_or_path=base, **options).save_pretrained(
         out
     )

@@ -21,7 +21,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
@@ -43,8 +43,10 @@ from hftrain.checkpoint.resume import ResumeSetting, complete_checkpoints, lates
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims
-from hftrain.recipe.parts import CheckpointPart
 from hftrain.recipe.sections import CheckpointsSection
+
+if TYPE_CHECKING:
+    from hftrain.checkpoint.part import CheckpointPart
 
 
 def publish(staged: Path, target: Path, info: dict[str, Any], files: dict[str, Any] | None = None) -> None:

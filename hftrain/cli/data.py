@@ -109,9 +109,9 @@ def add_batch_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain import network
     from hftrain.data.inspect import inspect
+    from hftrain.data.part import DataPart
     from hftrain.data.prepare import prepare
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import DataPart
 
     if args.data_command == "batch":
         import sys
@@ -171,10 +171,10 @@ def step_source(
     from hftrain.data.inspect import scratch_tokenizer
     from hftrain.data.loader import plan_data
     from hftrain.data.step_batch import BatchLayout
-    from hftrain.parallel.batch import global_batch
+    from hftrain.model.part import ModelPart
+    from hftrain.parallel.batch import BatchPart, global_batch
     from hftrain.parallel.readers import decide_readers, decide_window
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import BatchPart, ModelPart
 
     run = Path(target)
     if run.is_dir():

@@ -73,8 +73,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _sagemaker(args: argparse.Namespace, overrides: list[str], recipe: Any) -> str:
-    from hftrain.launch.sagemaker import JobOptions, parse_channels, render
-    from hftrain.recipe.parts import SageMakerPart
+    from hftrain.launch.sagemaker import JobOptions, SageMakerPart, parse_channels, render
 
     config = None if args.accelerate_config.lower() in ("none", "ddp") else args.accelerate_config
     options = JobOptions(
@@ -97,8 +96,8 @@ def _sagemaker(args: argparse.Namespace, overrides: list[str], recipe: Any) -> s
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hftrain.launch.script_checks import ScriptLaunch, check_script
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PlanPart
 
     sagemaker = args.kind == "sagemaker"
     nodes, per_node = (args.instance_count, None) if sagemaker else (args.nodes, args.gpus_per_node)

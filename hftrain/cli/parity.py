@@ -33,8 +33,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PlanPart
 
     part = PlanPart.of(load_recipe(args.recipe, overrides))  # a bad recipe or key is refused before any run starts
     if args.elastic:

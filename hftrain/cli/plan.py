@@ -49,8 +49,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         plan,
     )
     from hftrain.planning.memory import library_footprint
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PlanPart
 
     card = _card(args)  # the options first: a refusal before any work is printed
     recipe = load_recipe(args.recipe, overrides)

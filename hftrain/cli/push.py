@@ -54,7 +54,7 @@ def branch_name(text: str) -> str:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hftrain.integrations.hub import push_run
+    from hftrain.integrations.publish import push_run
 
     if args.report_to:
         from hftrain.integrations.trackers import report_run

@@ -160,7 +160,7 @@ def _train(args: argparse.Namespace, overrides: list[str], recipe: Any, job: Any
         return supervise(_without_option(args.argv, "--max-restarts"), args.max_restarts)
     if args.accelerate_config:
         from hftrain.launch.processes import relaunch
-        from hftrain.recipe.parts import PlanPart
+        from hftrain.planning.part import PlanPart
 
         return relaunch(
             [args.recipe, *overrides], args.accelerate_config, args.nproc, args.cpu, PlanPart.of(recipe), nodes

@@ -9,10 +9,11 @@ from typing import Any
 
 from hftrain.data.loader import DataPlan, first_documents, plan_data, text_or_examples, train_documents
 from hftrain.data.megatron import MegatronCorpus
+from hftrain.data.part import DataPart
 from hftrain.data.stream import SourcePlan, Worker
+from hftrain.model.part import ModelPart
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.parallel.readers import DEFAULT_READERS, default_readers, default_window
-from hftrain.recipe.parts import DataPart, ModelPart
 
 
 def _shard_sizes(source: SourcePlan) -> list[int] | None:

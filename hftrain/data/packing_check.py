@@ -18,8 +18,9 @@ import torch
 from hftrain.data.inspect import scratch_tokenizer
 from hftrain.data.loader import as_sample, collator_for, plan_data, train_blocks
 from hftrain.data.packed_batch import KERNEL_FORMS
+from hftrain.data.part import DataPart
 from hftrain.data.stream import Worker
-from hftrain.recipe.parts import DataPart, ModelPart
+from hftrain.model.part import ModelPart
 
 # max |diff| of logits: rounding, not a leak
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}

@@ -25,11 +25,11 @@ from hftrain import network
 from hftrain.checkpoint.output_lock import LOCK_FILE, LOCK_FILES, owning
 from hftrain.data import prepare_slurm
 from hftrain.data.loader import DataPlan, first_documents, plan_data
+from hftrain.data.part import DataPart
 from hftrain.data.prepare_progress import Progress, completed_tasks, tasks_console
 from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import load_tokenizer
-from hftrain.recipe.parts import DataPart
 
 EXECUTORS = ("local", "slurm", "ray")
 UPLOAD_PART = 64 * 2**20  # bytes per part of a remote upload: S3's 10,000 parts then hold 640 GB per file

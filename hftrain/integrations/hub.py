@@ -10,21 +10,22 @@ outbox (outbox.py): in the background, bounded, and a failure never stops traini
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain.checkpoint.files import read_json
-from hftrain.checkpoint.layout import COMPLETE_MARKER, RECIPE_FILE, RunLayout, checkpoint_step
+from hftrain.checkpoint.layout import COMPLETE_MARKER, RunLayout, checkpoint_step
 from hftrain.errors import HftrainError
 from hftrain.integrations.model_card import model_card
 from hftrain.integrations.outbox import Failure, Outbox, link_or_copy, reason, send_later
-from hftrain.recipe.parts import PublishPart
+
+if TYPE_CHECKING:
+    from hftrain.integrations.publish import PublishPart
 
 CARD = "README.md"
 PUSH_RETRIES = 3
@@ -324,41 +325,3 @@ class CheckpointPusher:
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
         return done, self.outbox.finish()
-
-
-def push_run(
-    path: Path, *, repo_id: str | None, to: str | None, private: bool | None = None, revision: str | None = None
-) -> str:
-    """`hftrain push`: a run directory (its final model) or a model directory, to the hub or an fsspec URL."""
-    from hftrain.recipe.load import read_part
-
-    path = Path(path)
-    final = RunLayout(path).final
-    model_dir = final if (final / "config.json").is_file() else path
-    checkpoint = (
-        model_dir / COMPLETE_MARKER
-    ).is_file()  # --to copies a checkpoint as it is (a sharded or adapter one too)
-    if not (model_dir / "config.json").is_file() and not (to and checkpoint):
-        raise HftrainError(f"{path}: neither a run directory with final/ nor a model directory (no config.json).")
-    run_dir = path if model_dir != path else path.parent
-    recipe_file = model_dir / RECIPE_FILE
-    saved = recipe_file.is_file()  # a run's model; else a model directory of its own, published with the defaults
-    part = (
-        read_part(PublishPart.of, recipe_file)
-        if saved
-        else read_part(PublishPart.of, model={"from_pretrained": str(model_dir)})
-    )
-    from hftrain import network
-
-    network.configure(part.network_timeout_s)  # the run's own bound for its push
-    if to:
-        return copy_to_fsspec(model_dir, to, part.hub.storage_options)
-    if not repo_id:
-        raise HftrainError("push: give --repo-id NAMESPACE/NAME (or --to s3://bucket/path).")
-    # links, not a /tmp copy
-    folder = bundle(run_dir, model_dir, part, repo_id, into=run_dir if os.access(run_dir, os.W_OK) else None)
-    try:
-        push_folder(folder, repo_id, private=private, revision=revision, message="hftrain push")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return f"hub:{repo_id}" + (f"@{revision}" if revision else "")

@@ -5,13 +5,15 @@ from the publish part and results.json alone; integrations/hub.py writes it besi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import PublishPart
 from hftrain.recipe.redaction import redact_value
+
+if TYPE_CHECKING:
+    from hftrain.integrations.publish import PublishPart
 
 CARD_METRICS = (
     "step",

@@ -37,8 +37,8 @@ def launch(recipe: Any, num_processes: int = 2, accelerate_config: str = "ddp") 
     from hftrain.checkpoint.layout import RunLayout
     from hftrain.launch.processes import relaunch
     from hftrain.parallel import rehearsal
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import recipe_to_dict
-    from hftrain.recipe.parts import PlanPart
     from hftrain.recipe.yaml_io import dump_yaml
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,12 +15,14 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain.checkpoint.layout import checkpoint_step
 from hftrain.integrations.hub import bundle, push_folder, repo_id_of
 from hftrain.integrations.outbox import Outbox
-from hftrain.recipe.parts import PublishPart
+
+if TYPE_CHECKING:
+    from hftrain.integrations.publish import PublishPart
 
 BRANCH = re.compile(r"step(\d+)")
 

@@ -22,7 +22,7 @@ from hftrain.launch.parity import FORCED, read_run, step_differences
 from hftrain.parallel.batch import global_batch
 from hftrain.parallel.dims import Strategy
 from hftrain.parallel.readers import default_readers
-from hftrain.recipe.parts import PlanPart
+from hftrain.planning.part import PlanPart
 
 BACKENDS = {s.label: s.value for s in (Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}  # by label: DDP, FSDP, ZeRO-3
 

@@ -21,7 +21,7 @@ from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 from hftrain.parallel.batch import global_batch
 from hftrain.parallel.dims import Strategy
-from hftrain.recipe.parts import PlanPart
+from hftrain.planning.part import PlanPart
 
 # by label: single, DDP, ...
 BACKENDS = {s.label: s for s in (Strategy.SINGLE, Strategy.DDP, Strategy.FSDP, Strategy.ZERO3)}

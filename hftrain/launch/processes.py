@@ -19,7 +19,7 @@ from hftrain.launch.multinode import NodeGroup
 from hftrain.parallel import child_errors, rehearsal
 from hftrain.parallel.batch import check_elastic_batch
 from hftrain.parallel.dims import SHIPPED_CONFIGS, Strategy
-from hftrain.recipe.parts import PlanPart
+from hftrain.planning.part import PlanPart
 
 ALIASES = {"zero3": "deepspeed_zero3", "zero3_offload": "deepspeed_zero3_offload", "deepspeed": "deepspeed_zero3"}
 

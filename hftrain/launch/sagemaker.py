@@ -24,13 +24,41 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain.errors import HftrainError
 from hftrain.launch import processes as launch
 from hftrain.launch.sagemaker_job import CHANNEL, CHECKPOINTS_VAR, DEFAULT_CHECKPOINTS, METRICS_PREFIX
 from hftrain.launch.script_checks import found_here
-from hftrain.recipe.parts import SageMakerPart
+
+if TYPE_CHECKING:
+    from hftrain.recipe.data_section import Source
+    from hftrain.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class SageMakerPart:
+    """What a SageMaker launch script checks (`check_recipe`): every file the job would read, since a job
+    cannot read this machine's: the data sources (data.train, data.validation), model.from_pretrained,
+    tokenizer.path, and training.resume_from_checkpoint and training.deepspeed where the recipe sets them."""
+
+    sources: tuple[Source, ...]
+    from_pretrained: str | None
+    tokenizer_path: str | None
+    resume_from_checkpoint: object
+    deepspeed: object
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> SageMakerPart:
+        data, training = recipe.data, recipe.training_kwargs()
+        return cls(
+            sources=(*data.train, *([data.validation] if data.validation else [])),
+            from_pretrained=recipe.model.from_pretrained,
+            tokenizer_path=recipe.tokenizer.path,
+            resume_from_checkpoint=training.get("resume_from_checkpoint"),
+            deepspeed=training.get("deepspeed"),
+        )
+
 
 ENTRY_SCRIPT = "hftrain_sagemaker_entry.py"
 PYTORCH_IMAGE = ("2.10", "py313")  # the newest AWS PyTorch training image the SDK lists (image_uris, offline)

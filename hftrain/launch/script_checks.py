@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from hftrain.errors import HftrainError
 
 if TYPE_CHECKING:
-    from hftrain.recipe.parts import PlanPart
+    from hftrain.planning.part import PlanPart
 
 PLAIN_DDP = ("none", "ddp")  # sagemaker: no config, SageMaker's torchrun runs plain DDP over every GPU
 

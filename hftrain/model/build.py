@@ -5,7 +5,7 @@ model/shape.py's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, GPTNeoXForCausalLM, PreTrainedModel
@@ -14,8 +14,10 @@ from hftrain.errors import HftrainError
 from hftrain.model.config import build_config, cannot_load, check_context, local_weights
 from hftrain.model.remote_code import allow
 from hftrain.parallel.dims import ParallelDims, Strategy
-from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.schema import DROPOUT_FIELDS
+
+if TYPE_CHECKING:
+    from hftrain.model.part import ModelPart
 
 
 def build_model(

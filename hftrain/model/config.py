@@ -13,13 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain.errors import HftrainError
 from hftrain.model.remote_code import allow
-from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.presets import PRESETS
 from hftrain.recipe.schema import DROPOUT_FIELDS
+
+if TYPE_CHECKING:
+    from hftrain.model.part import ModelPart
 
 
 def padded_vocab_size(tokenizer_size: int, multiple: int) -> int:

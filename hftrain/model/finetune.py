@@ -7,7 +7,7 @@ merged standard model (plus the adapter in final/adapter/), so plain transformer
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,7 +16,9 @@ from hftrain.checkpoint.adapter import DEFAULT_TARGETS
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims, Strategy
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import ModelPart
+
+if TYPE_CHECKING:
+    from hftrain.model.part import ModelPart
 
 QUANTIZED = ("qlora", "lora_8bit")
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain.model.config import check_context, config_view, tokenizer_size_estimate
 from hftrain.model.remote_code import allow
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import ModelPart
+
+if TYPE_CHECKING:
+    from hftrain.model.part import ModelPart
 
 GPT_NEOX_BLOCKS = "gpt_neox.layers"
 

@@ -10,14 +10,17 @@ import json
 from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 from hftrain.model.remote_code import allow
-from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.schema import TokenizerSection
+
+if TYPE_CHECKING:
+    from hftrain.model.part import ModelPart
 
 EOS = "<|endoftext|>"
 

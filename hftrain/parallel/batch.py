@@ -5,13 +5,47 @@ depend on the device count only while the global batch stays the same."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hftrain.errors import HftrainError
-from hftrain.recipe.parts import BatchPart
 
 if TYPE_CHECKING:
     from hftrain.parallel.dims import LaunchEnv
+    from hftrain.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class BatchPart:
+    """The batch keys, from which parallel/dims.py alone derives the global batch: parallelism.global_batch_size and
+    the training section's micro-batch, evaluation batch, accumulation and gradient checkpointing. The memory fit
+    (planning/fit.py) answers with another BatchPart, never a new recipe (training/resolve.py's
+    with_batch gives the recipe as the run runs it)."""
+
+    global_batch_size: int | None
+    micro_batch: int
+    eval_batch: int
+    accumulation: int | None  # training.gradient_accumulation_steps as the recipe gives it (None: unset)
+    accumulation_given: bool  # written in the recipe (not only a default)
+    gradient_checkpointing: bool
+    fit_memory: bool  # parallelism.fit_memory: the fit may change the four above
+    memory_check: str = (
+        "refuse"  # parallelism.memory_check: a certain out-of-memory is refused, or warned (planning/fit.py)
+    )
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> BatchPart:
+        kwargs, t = recipe.training_kwargs(), recipe.training
+        return cls(
+            global_batch_size=recipe.parallelism.global_batch_size,
+            micro_batch=int(kwargs.get("per_device_train_batch_size", 8)),
+            eval_batch=int(t.per_device_eval_batch_size),
+            accumulation=kwargs.get("gradient_accumulation_steps"),
+            accumulation_given="gradient_accumulation_steps" in t.model_fields_set,
+            gradient_checkpointing=bool(t.gradient_checkpointing),
+            fit_memory=recipe.parallelism.fit_memory,
+            memory_check=recipe.parallelism.memory_check,
+        )
 
 
 def global_batch(

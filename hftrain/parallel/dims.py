@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,7 +25,9 @@ from hftrain.parallel.batch import derive_accumulation
 from hftrain.parallel.child_errors import ELASTIC_ENV, MEMORY_WARNED_ENV
 from hftrain.parallel.readers import ReaderLayout, decide_readers, decide_window
 from hftrain.recipe.data_section import DataSection
-from hftrain.recipe.parts import BatchPart
+
+if TYPE_CHECKING:
+    from hftrain.parallel.batch import BatchPart
 
 SHIPPED_CONFIGS = Path(__file__).parents[1] / "accelerate_configs"  # accelerate_configs/ in a checkout links here
 DEEPSPEED_FILE_ENV = (

@@ -16,6 +16,6 @@ def plan(recipe: Recipe, shape: ModelShape | None = None) -> dict[str, Any]:
     """`hftrain.plan(recipe)`: the recipe's model, FLOPs and memory on paper (planning/estimates.py), from its plan
     part; `shape`: the model measured already (else from its config)."""
     from hftrain.planning.estimates import plan as estimate
-    from hftrain.recipe.parts import PlanPart
+    from hftrain.planning.part import PlanPart
 
     return estimate(PlanPart.of(recipe), shape)

@@ -14,8 +14,8 @@ from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel.batch import global_batch
 from hftrain.planning.fit import MARGIN, Fit, Machine, step_time
 from hftrain.planning.memory import CUDA_CONTEXT_BYTES
+from hftrain.planning.part import PlanPart
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import PlanPart
 from hftrain.speed import fp8
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -62,10 +62,9 @@ def plan(part: PlanPart, shape: ModelShape | None = None) -> dict[str, Any]:
 def _planned_steps(part: PlanPart) -> int | None:
     """max_steps as `train` derives it on one process (run_length.py); None when it needs the data's size."""
     from hftrain.errors import HftrainError
-    from hftrain.planning.run_length import resolve
 
     try:
-        return resolve(part.run_length, 1, None).max_steps
+        return part.run_length.build(1, None).max_steps
     except HftrainError:
         return None
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hftrain.errors import HftrainError
-from hftrain.parallel.batch import global_batch
+from hftrain.parallel.batch import BatchPart, global_batch
 from hftrain.planning.memory import GB, PeakPrediction, RunShape, library_footprint, predict_peak, run_shape
-from hftrain.recipe.parts import BatchPart, PlanPart
+from hftrain.planning.part import PlanPart
 
 MARGIN = 0.10  # of each device's memory kept free: allocator fragmentation, and what the prediction leaves out
 # The prediction's error bound, (predicted - measured) / measured: at worst 11.6% over the CPU calibration grid's 14

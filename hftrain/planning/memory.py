@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hftrain.planning.part import PlanPart
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import PlanPart
 
 GB = 1e9
 LIBRARIES_FALLBACK_BYTES = (

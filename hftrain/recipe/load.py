@@ -55,6 +55,13 @@ def read_part(part: Callable[[Recipe], P], path: str | Path | None = None, **sec
     return part(load_recipe(path, None, **sections))
 
 
+def read_sections(path: str | Path, *names: str) -> tuple[Any, ...]:
+    """Sections of a saved recipe (a checkpoint's hftrain_recipe.yaml), validated with the whole: for a component
+    that reads a section or two back, e.g. how the checkpoint's run fine-tuned (checkpoint/adapter.py)."""
+    saved = load_recipe(path, None)
+    return tuple(getattr(saved, name) for name in names)
+
+
 def apply_overrides(tree: dict[str, Any], items: list[str]) -> dict[str, Any]:
     """Apply ``dotted.key=value`` overrides to `tree`, left to right: the value (typed as YAML) replaces what
     stands at that key, whole (``data.train={path: x}`` replaces the recipe's data.train, it is not merged into

@@ -34,13 +34,13 @@ it the measurements of any machine):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hftrain.model.shape import ModelShape
 from hftrain.parallel.rehearsal import ZERO3_ON_CPU
-from hftrain.recipe.parts import SpeedPart
+from hftrain.recipe.sections import SpeedSection
 from hftrain.speed.probe import (
     PROBE_BUDGET_S,
     Measurement,
@@ -51,6 +51,24 @@ from hftrain.speed.probe import (
     mark_compiled,
     measure,
 )
+
+if TYPE_CHECKING:
+    from hftrain.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class SpeedPart:
+    """What the speed defaults read (speed/defaults.py): finetune.method (quantized and adapter runs keep fp32 and
+    eager), data.seq_len (the speed probe's shape) and the recipe's speed section (the loss, FP8)."""
+
+    method: str
+    seq_len: int
+    section: SpeedSection = field(default_factory=SpeedSection)
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> SpeedPart:
+        return cls(method=recipe.finetune.method, seq_len=recipe.data.seq_len, section=recipe.speed)
+
 
 DTYPE_MIN_SPEEDUP = 1.1  # estimated step speedup a dtype needs over fp32 (the estimate leaves out data and logging)
 # share of the eager step time torch.compile saves, by (device type, dtype); see the module docstring. CUDA bf16:

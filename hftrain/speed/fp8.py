@@ -5,9 +5,10 @@ cast their inputs, weights and gradients to FP8 with dynamic scales (tensorwise:
 fastest; rowwise: one per row, closer to bf16). The high-precision weight stays an ordinary parameter under the
 same name, so the state dict, checkpoints and the final model are transformers' own bf16/fp32 safetensors.
 
-Which layers convert (``layer_choice``, pure: it reads module names and shapes, so it runs on the meta device and
-needs no torchao): every Linear of the transformer blocks but those of the first and last block, which stay in high
-precision with the output head, and any whose in/out features are not multiples of 16 (an FP8 GEMM needs them).
+Which layers convert (model/float8.py's ``layer_choice``, pure: it reads module names and shapes, so it runs on the
+meta device and needs no torchao): every Linear of the transformer blocks but those of the first and last block,
+which stay in high precision with the output head, and any whose in/out features are not multiples of 16 (an FP8
+GEMM needs them).
 torchao's example and torchtitan leave out the head only; accelerate's torchao path also keeps the first Linear
 ("for stability": FP8 ends can stop a model converging) and Megatron-LM's ``first_last_layers_bf16`` one block at
 each end. A 12-block pythia-160m keeps 10 of its 12 blocks in FP8, so the ends cost a sixth of the gain.
@@ -26,40 +27,16 @@ from typing import Any
 
 import torch
 
-from hftrain import _compat
 from hftrain.errors import HftrainError
-from hftrain.model.shape import ModelShape, of_module
+from hftrain.model.float8 import ALIGN, converted, layer_choice
+from hftrain.model.shape import ModelShape
 from hftrain.speed.defaults import DeviceFacts
 
 KEY = "speed.fp8"
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x)
-ALIGN = 16  # FP8 GEMMs (torch._scaled_mm) need both matrix dimensions divisible by 16
 PAYS_FROM_HIDDEN = 4096  # Llama-3-8B's width, where torchao measured +25% (tensorwise)
 MAY_LOSE_BELOW_HIDDEN = 2048  # GPT-1.5B gained 3.6%; torchao's (1024, 2048, 1024) GEMM ran at 0.80x
 PUBLISHED = "Llama-3-8B +25% tensorwise (torchao, 8 H100s), GPT-1.5B +3.6%"
-
-
-def layer_choice(shape: ModelShape) -> dict[str, str | None]:
-    """Every nn.Linear of the model by name: why it stays in high precision, or None where it converts to FP8."""
-    prefix, count = shape.blocks, len(shape.block_params)
-    ends = {f"{prefix}.0.", f"{prefix}.{count - 1}."} if count else set()
-    choice: dict[str, str | None] = {}
-    for linear in shape.linears:
-        name = linear.name
-        if linear.head:
-            choice[name] = "the output head"
-        elif not count or not name.startswith(f"{prefix}.") or any(name.startswith(end) for end in ends):
-            choice[name] = "outside the blocks, or in the first or last block"
-        elif linear.in_features % ALIGN or linear.out_features % ALIGN:
-            choice[name] = f"in or out features not a multiple of {ALIGN}"
-        else:
-            choice[name] = None
-    return choice
-
-
-def converted(shape: ModelShape) -> list[str]:
-    """The names of the nn.Linear modules FP8 converts (`layer_choice`)."""
-    return [name for name, why in layer_choice(shape).items() if why is None]
 
 
 def summary(shape: ModelShape) -> dict[str, int]:
@@ -174,14 +151,3 @@ def check_here(
     if fp8:
         card = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
         check(fp8, DeviceFacts.of(device), card, recipe_kwargs, method, strategy, shape)
-
-
-def apply(model: Any, fp8: str) -> Any:
-    """Swap the chosen linear layers (`converted`) for torchao's Float8Linear, in place, with the recipe's scaling."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    chosen = set(converted(of_module(model, seq_len=0)))  # the module's own names
-    if fp8 == "rowwise":
-        _compat.exact_compiled_casts()  # torchtitan's workaround for NaNs with compiled rowwise casts (_compat.py)
-    config = Float8LinearConfig.from_recipe_name(fp8)
-    return convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name in chosen)

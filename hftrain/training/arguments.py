@@ -25,16 +25,16 @@ from hftrain import _compat
 from hftrain.checkpoint import node_disks
 from hftrain.errors import HftrainError
 from hftrain.model import fused_loss
+from hftrain.model.part import ModelPart
 from hftrain.model.shape import ModelShape
 from hftrain.parallel import launcher_store, rehearsal
 from hftrain.parallel.dims import ParallelDims
 from hftrain.planning.run_length import RunLength
 from hftrain.recipe.finetune_section import FinetuneSection
 from hftrain.recipe.objectives import OBJECTIVES
-from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
 from hftrain.speed import fp8
-from hftrain.speed.defaults import SpeedPlan
+from hftrain.speed.defaults import SpeedPart, SpeedPlan
 from hftrain.training import objectives
 
 

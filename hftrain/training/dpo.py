@@ -14,7 +14,7 @@ the way the policy was (planning/memory.py counts it).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain import _compat
 from hftrain.data.loader import first_pairs
@@ -24,8 +24,10 @@ from hftrain.errors import HftrainError
 from hftrain.eval.preference_accuracy import PreferenceEvaluation
 from hftrain.model.build import build_model
 from hftrain.model.finetune import prepare_adapter
-from hftrain.recipe.parts import ModelPart
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
+
+if TYPE_CHECKING:
+    from hftrain.model.part import ModelPart
 
 TRAINING_DEFAULTS = ("learning_rate", "bf16", "gradient_checkpointing", "logging_steps")
 """TrainingArguments keys whose default DPOConfig changes: a recipe keeps TrainingArguments' meaning (and the

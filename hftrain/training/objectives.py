@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hftrain.data.validation_set import validation_blocks
 from hftrain.eval.during_training import TrainingEvaluation
 from hftrain.progress import phase
 from hftrain.recipe.finetune_section import FinetuneSection
-from hftrain.recipe.parts import TrainerPart
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
+
+if TYPE_CHECKING:
+    from hftrain.training.trainer_build import TrainerPart
 
 
 def training_arguments(finetune: FinetuneSection, kwargs: dict[str, Any], seq_len: int) -> Any:

@@ -1,6 +1,7 @@
 """The recipe resolved once: a pure function from (the recipe, the launch read once, what a continuing run
-recorded at its start) to a frozen `RunSpec`: each component's part (recipe/parts.py) with what the resolver
-derived for it, and what the run became for the caller (`AsRun`).
+recorded at its start) to a frozen `RunSpec`: each component's part (`XPart.of(recipe)`, defined beside the
+component it builds: model/part.py, checkpoint/part.py, training/trainer_build.py, integrations/publish.py, ...) with
+what the resolver derived for it, and what the run became for the caller (`AsRun`).
 
 Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
 (dims.global_batch), the memory fit (planning/fit.py: a batch, never a new recipe), the run length
@@ -19,34 +20,27 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hftrain.checkpoint.layout import RunLayout
-from hftrain.checkpoint.manager import CheckpointManager, ResumeSetting
+from hftrain.checkpoint.part import CheckpointPart
 from hftrain.data.loader import DataPlan, plan_data
+from hftrain.integrations.publish import PublishPart
 from hftrain.model import attention
 from hftrain.model.finetune import check_starting_weights
+from hftrain.model.part import ModelPart
 from hftrain.model.shape import ModelShape, measure_model
 from hftrain.parallel import dims as parallel
-from hftrain.parallel.batch import global_batch
+from hftrain.parallel.batch import BatchPart, global_batch
 from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
 from hftrain.parallel.readers import default_readers, default_workers
-from hftrain.planning import run_length
-from hftrain.planning.run_length import RunLength
+from hftrain.planning.part import PlanPart
+from hftrain.planning.run_length import RunLength, RunLengthPart
 from hftrain.recipe.data_section import DataSection
-from hftrain.recipe.parts import (
-    BatchPart,
-    CheckpointPart,
-    ModelPart,
-    PlanPart,
-    PublishPart,
-    RunLengthPart,
-    SpeedPart,
-    TrainerPart,
-)
 from hftrain.recipe.report_to import check_installed
 from hftrain.recipe.schema import Recipe
+from hftrain.speed.defaults import SpeedPart
 from hftrain.training import resumed_settings
 from hftrain.training.arguments import argument_values
 from hftrain.training.run_record import AsRun
+from hftrain.training.trainer_build import TrainerPart
 
 
 @dataclass(frozen=True)
@@ -64,7 +58,6 @@ class RunSpec:
     length: RunLength
     output_dir: Path
     network_timeout_s: float  # faults.network_timeout_s: every network client's bound
-    resume: ResumeSetting
     speed: SpeedPart
     model: ModelPart
     checkpoints: CheckpointPart
@@ -78,10 +71,7 @@ class RunSpec:
 
 def recorded_start(recipe: Recipe) -> dict[str, Any]:
     """What a continuing run in the recipe's output_dir recorded at its start (empty for a new run)."""
-    resume = ResumeSetting.of(recipe.training_kwargs().get("resume_from_checkpoint"))
-    return CheckpointManager(
-        RunLayout(Path(recipe.training.output_dir)), CheckpointPart.of(recipe), resume, None
-    ).recorded_start()
+    return CheckpointPart.of(recipe).build(None).recorded_start()
 
 
 def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunSpec:
@@ -95,17 +85,16 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
     # the memory fit on paper, before the data's shards are listed: a certain out-of-memory is refused first (fit.py)
     batch, fit_note = fit_batch(recipe, launch, strategy, shape, recorded.get("global_batch"))
     data = plan_data(recipe.data, recipe.training.seed)
-    recipe = batch.applied_to(recipe)  # from here on, the recipe as this run runs it
+    recipe = with_batch(recipe, batch)  # from here on, the recipe as this run runs it
     kwargs = recipe.training_kwargs()
     workers = loader_workers(kwargs, launch, recipe.data, recorded, data.reader_limit)
     if "dataloader_num_workers" not in kwargs and workers:
         kwargs["dataloader_num_workers"] = workers  # the arguments say what the dims and the loader use
     dims = parallel.resolve(launch, strategy, batch, recipe.data, recorded, data.reader_limit, workers)
-    length = run_length.resolve(RunLengthPart.of(recipe), dims.global_batch, data.folder_tokens)
+    length = RunLengthPart.of(recipe).build(dims.global_batch, data.folder_tokens)
     data = data.starting_at(dims.global_batch)  # a stored-order run begins at data.start_step's items
     data.check_reach(length.max_steps, dims.global_batch)
-    checkpoints, output_dir = CheckpointPart.of(recipe), Path(recipe.training.output_dir)
-    resume = ResumeSetting.of(kwargs.get("resume_from_checkpoint"))
+    checkpoints = CheckpointPart.of(recipe)
     spec = RunSpec(
         launch=launch,
         fit_note=fit_note,
@@ -115,21 +104,36 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         dims=dims,
         shape=shape,
         length=length,
-        output_dir=output_dir,
+        output_dir=checkpoints.output_dir,
         network_timeout_s=recipe.faults.network_timeout_s,
-        resume=resume,
         speed=SpeedPart.of(recipe),
         model=ModelPart.of(recipe),
         checkpoints=checkpoints,
         trainer=TrainerPart.of(recipe, data, shape.flops_per_token),
         publish=PublishPart.of(recipe),
     )
-    CheckpointManager(
-        RunLayout(output_dir), checkpoints, resume, None
-    ).check_same_run()  # before the probe and the model
-    resumed_settings.check_unchanged(kwargs, resume.checkpoint_in(output_dir))  # a refused change, before it too
+    checkpoints.build(None).check_same_run()  # before the probe and the model
+    resumed = checkpoints.resume.checkpoint_in(checkpoints.output_dir)
+    resumed_settings.check_unchanged(kwargs, resumed)  # a refused change, before it too
     parallel.check_deepspeed_schedule(spec.arguments.get("deepspeed"), recipe.lr_schedule.type)
     return spec
+
+
+def with_batch(recipe: Recipe, batch: BatchPart) -> Recipe:
+    """The recipe as a run with this batch runs it (what its checkpoints record): unchanged when it is the recipe's
+    own (the memory fit may choose another micro-batch, accumulation or checkpointing: planning/fit.py)."""
+    if batch == BatchPart.of(recipe):
+        return recipe
+    training = recipe.training.model_copy(
+        update={
+            "per_device_train_batch_size": batch.micro_batch,
+            "per_device_eval_batch_size": batch.eval_batch,
+            "gradient_accumulation_steps": batch.accumulation,
+            "gradient_checkpointing": batch.gradient_checkpointing,
+        }
+    )
+    parallelism = recipe.parallelism.model_copy(update={"global_batch_size": batch.global_batch_size})
+    return recipe.model_copy(update={"training": training, "parallelism": parallelism})
 
 
 def became(dims: ParallelDims, batch: BatchPart, length: RunLength, recipe_yaml: str) -> AsRun:

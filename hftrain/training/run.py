@@ -2,12 +2,13 @@
 
     resolve (training/resolve.py: reads, changes nothing) -> set up (every side effect: network bound, process
     set-up, the TrainingArguments made once with the speed probe's levers) -> prepare the output directory ->
-    build (the model, then the Trainer with its callbacks: training/trainer_build.py) -> fit (train, resuming where
-    a checkpoint is) -> finish (final model, results, summary) -> share
+    build (the model: model/part.py, then the Trainer with its callbacks: training/trainer_build.py) -> fit
+    (train, resuming where a checkpoint is) -> finish (final model, results, summary) -> share
 
 `train()` is the single code path behind `hftrain train`, `accelerate launch -m hftrain train` and the Python
 API. It resumes an interrupted run in the same output_dir on its own. `run` hands each component its part of the
-resolved RunSpec (recipe/parts.py) and the runtime objects the builds before it made; no step sees the recipe.
+resolved RunSpec and the runtime objects the builds before it made, and each part builds its component
+(`spec.model.build(...)`, `spec.trainer.build(...)`: the part is defined beside it); no step sees the recipe.
 """
 
 from __future__ import annotations
@@ -30,21 +31,16 @@ from hftrain.data.megatron import MegatronCorpus
 from hftrain.data.preference_pairs import SAME_ANSWERS_SAMPLE, same_answers
 from hftrain.data.token_folder import check_tokenizer
 from hftrain.errors import Preempted
-from hftrain.integrations import revisions
 from hftrain.integrations.hub import CheckpointPusher
 from hftrain.integrations.outbox import Failure, Outbox
-from hftrain.model import attention, fused_loss
-from hftrain.model.build import build_model
-from hftrain.model.finetune import apply_method
 from hftrain.model.generation import end_of_run_sample
+from hftrain.model.part import ModelPart
 from hftrain.model.tokenizer import load_tokenizer
 from hftrain.parallel import dims as parallel
 from hftrain.parallel import liveness
-from hftrain.parallel.dims import LaunchEnv, ParallelDims, Strategy
+from hftrain.parallel.dims import LaunchEnv, ParallelDims
 from hftrain.planning.run_length import RunLength
-from hftrain.recipe.parts import ModelPart, PublishPart
 from hftrain.recipe.sections import MonitorSection
-from hftrain.speed import fp8
 from hftrain.speed.defaults import SpeedPlan
 from hftrain.training.arguments import set_up, start_record
 from hftrain.training.plot import plot_curves
@@ -52,7 +48,6 @@ from hftrain.training.resolve import RunSpec, recorded_start, resolve
 from hftrain.training.results import build_results, summary
 from hftrain.training.run_record import AsRun, Run
 from hftrain.training.trainer import HftrainTrainer
-from hftrain.training.trainer_build import build_trainer
 
 if TYPE_CHECKING:
     from hftrain.recipe.schema import Recipe
@@ -82,16 +77,23 @@ def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
     parallel.prepare_process(spec.dims)  # a CPU rehearsal's backend, DeepSpeed's config path
     dims = spec.dims
     args, speed = set_up(spec.arguments, dims, spec.shape, spec.speed, spec.model, spec.recorded, spec.output_dir)
-    checkpoints = CheckpointManager(RunLayout(spec.output_dir), spec.checkpoints, spec.resume, dims)
+    checkpoints = spec.checkpoints.build(dims)
     tokenizer, tokenizer_is_new, resume = prepare_output(checkpoints, spec.model, spec.data, args, dims)
     if args.process_index == 0:
         announce(spec.length, speed, resume)
-    model = build_model_for(spec.model, spec.data, speed, args, dims, tokenizer, tokenizer_is_new)
-    outbox = Outbox(Path(args.output_dir), owner=args.should_save)  # the outside services' journal
-    trainer, reporters = build_trainer(
-        spec.trainer, args, dims, model, tokenizer, tokenizer_is_new, checkpoints, resume, outbox, callbacks
+    model = spec.model.build(
+        tokenizer,
+        tokenizer_is_new,
+        dims,
+        fp8=speed.fp8,
+        chunked_loss=speed.chunked_loss,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
-    pusher = checkpoint_pusher(spec.publish, args, outbox)
+    outbox = Outbox(Path(args.output_dir), owner=args.should_save)  # the outside services' journal
+    trainer, reporters = spec.trainer.build(
+        args, dims, model, tokenizer, tokenizer_is_new, checkpoints, resume, outbox, callbacks
+    )
+    pusher = spec.publish.build(args, outbox)
     pusher.recover()  # what a killed launch of this run queued and did not send
     checkpoints.on_publish.append(pusher.on_checkpoint)
     if resume is None and spec.trainer.kept.keeps(0):  # Pythia's step0: the weights before the first step
@@ -141,34 +143,6 @@ def prepare_output(
     return tokenizer, is_new, resume
 
 
-def build_model_for(
-    part: ModelPart,
-    data: DataPlan,
-    speed: SpeedPlan,
-    args: Any,
-    dims: ParallelDims,
-    tokenizer: Any,
-    tokenizer_is_new: bool,
-) -> Any:
-    """The model as this run trains it: its kernel, its loss, its FP8 layers, its fine-tuning method, its placement."""
-    model = build_model(part, tokenizer, tokenizer_is_new, dims)
-    if speed.fp8:
-        fp8.apply(model, speed.fp8)  # torchao's Float8Linear in the chosen layers (speed/fp8.py)
-    kernel, section = model.config._attn_implementation, data.section
-    if kernel == "flex_attention":
-        _compat.flex_uncompiled_on_cpu()  # CPU: torch's exact unfused flex (_compat.py)
-    plain_blocks = not (section.masks_documents or section.preference_data)  # no position ids, no padding
-    if attention.applies(kernel, model.config.model_type, not plain_blocks):
-        attention.use(model)  # SDPA with is_causal and no mask (model/attention.py)
-    if speed.chunked_loss:
-        fused_loss.use(model)  # fewer passes over the logits (fused_loss.py)
-    if not part.objective.wraps_adapter:  # DPO: TRL wraps the adapter itself (training/dpo.py)
-        model = apply_method(model, part, args.gradient_checkpointing)
-    if dims.strategy is Strategy.DEVICE_MAP:
-        model = parallel.spread_over_devices(model, part.max_memory)
-    return model
-
-
 def announce(length: RunLength, speed: SpeedPlan, resume: Path | None) -> None:
     """What the run decided before building anything: its length, its speed levers and where it resumes."""
     print(f"hftrain: {length.note}", flush=True)
@@ -176,14 +150,6 @@ def announce(length: RunLength, speed: SpeedPlan, resume: Path | None) -> None:
         print(f"hftrain: speed defaults: {'; '.join(speed.reasons)}", flush=True)
     if resume is not None:
         print(f"hftrain: resuming from {resume}")
-
-
-def checkpoint_pusher(part: PublishPart, args: Any, outbox: Outbox) -> CheckpointPusher:
-    """What shares the run's checkpoints (Hub, S3, revisions), through the run's outbox: a service that is down
-    never stops or slows training (outbox.py)."""
-    return CheckpointPusher(
-        part, args, part.push_to_hub, outbox, revisions.publisher(part, args, part.push_to_hub, outbox)
-    )
 
 
 def fit(trainer: HftrainTrainer, resume: Path | None) -> None:

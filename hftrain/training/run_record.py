@@ -88,7 +88,7 @@ class Run:
         revision: str | None = None,
     ) -> str:
         """Share the final model: to the hub (repo_id) or to an s3:// / fsspec URL (to)."""
-        from hftrain.integrations.hub import push_run
+        from hftrain.integrations.publish import push_run
 
         return push_run(self.output_dir, repo_id=repo_id, to=to, private=private, revision=revision)
 

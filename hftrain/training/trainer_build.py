@@ -1,4 +1,5 @@
-"""The Trainer, its callbacks and their order, made in one function (`build_trainer`), read top to bottom.
+"""The Trainer's part of the recipe (`TrainerPart.of`) and the Trainer it builds, with its callbacks and their order,
+in one method (`TrainerPart.build`), read top to bottom.
 
 Everything hftrain adds to the Trainer is given at construction: its options (TrainerOptions: the dims, the data
 plan, the checkpoints, the step metrics, the non-finite guard, the preemption handler, the evaluation, where it
@@ -21,9 +22,9 @@ Trainer.__init__, so they are put behind their queues right after it (integratio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,8 +34,10 @@ from hftrain.data.loader import collator_for
 from hftrain.data.packed_batch import mask_note
 from hftrain.integrations import trackers
 from hftrain.integrations.outbox import Outbox
+from hftrain.model.part import ModelPart
 from hftrain.parallel.dims import ParallelDims
-from hftrain.recipe.parts import TrainerPart
+from hftrain.recipe.objectives import Objective
+from hftrain.recipe.sections import LrScheduleSection
 from hftrain.speed.hardware import measure_peak_flops
 from hftrain.speed.profiling import ProfilerCallback
 from hftrain.training import objectives
@@ -44,67 +47,142 @@ from hftrain.training.step_faults import NonFiniteGuard, PreemptionCallback, Ste
 from hftrain.training.step_metrics import MetricsFileCallback, MetricsOptions, StepMetrics, ThroughputClockCallback
 from hftrain.training.trainer import HftrainTrainer, TrainerOptions
 
+if TYPE_CHECKING:
+    from hftrain.data.loader import DataPlan
+    from hftrain.recipe.schema import Recipe
+    from hftrain.recipe.sections import CheckpointsSection, FaultsSection, MonitorSection, ProfileSection
 
-def build_trainer(
-    part: TrainerPart,
-    args: Any,
-    dims: ParallelDims,
-    model: Any,
-    tokenizer: Any,
-    tokenizer_is_new: bool,
-    checkpoints: CheckpointManager,
-    resume: Path | None,
-    outbox: Outbox,
-    callbacks: Sequence[Any] = (),
-) -> tuple[HftrainTrainer, trackers.Trackers]:
-    """The objective's Trainer (training/objectives.py: TRL's DPOTrainer behind it for finetune.objective dpo) with
-    hftrain's data, checkpoints, metrics, guard and callbacks (the module docstring gives their order), and the
-    trackers' queues."""
-    is_main, section = args.process_index == 0, part.data.section
-    collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
-    if is_main and section.packs_documents:
-        print(
-            f"hftrain: documents kept apart by {mask_note(collate.kernel, dims.micro_batch, section.seq_len)}",
-            flush=True,
+
+@dataclass(frozen=True)
+class TrainerPart:
+    """What the Trainer and its callbacks read (here, objectives.py, dpo.py): the run's data plan (the resolver's,
+    data/loader.py), the validation set's size for its progress line (data.eval_blocks,
+    data.seq_len), training.logging_nan_inf_filter, the monitor section (metrics, evaluation tasks, sample, plot), the
+    faults section (the non-finite guard), which checkpoints are kept (the checkpoints section), the profile section,
+    the model's part (DPO builds its adapter, or its reference copy, from it), the model's FLOPs per token (the
+    MFU), and the lr_schedule section with the step it starts at (data.start_step, where the data section has it:
+    a run that continues another at its step N)."""
+
+    data: DataPlan
+    monitor: MonitorSection
+    faults: FaultsSection
+    kept: CheckpointsSection
+    profile: ProfileSection
+    model: ModelPart
+    flops_per_token: float
+    nan_filter: bool = True  # training.logging_nan_inf_filter, done on the device (training/arguments.py)
+    lr_schedule: LrScheduleSection = field(default_factory=LrScheduleSection)
+    schedule_first_step: int = 0
+
+    @classmethod
+    def of(cls, recipe: Recipe, data: DataPlan, flops_per_token: float) -> TrainerPart:
+        nan_filter = recipe.training.logging_nan_inf_filter is not False
+        model = ModelPart.of(recipe)
+        return cls(
+            data,
+            recipe.monitor,
+            recipe.faults,
+            recipe.checkpoints,
+            recipe.profile,
+            model,
+            flops_per_token,
+            nan_filter,
+            lr_schedule=recipe.lr_schedule,
+            schedule_first_step=recipe.data.start_step or 0,
         )
-    metrics_options = metrics_options_for(part, args, dims)
-    metrics = StepMetrics(metrics_options, args.device, is_main, counts_tokens=section.preference_data)
-    flags = StepFlags(args.device, args.world_size)
-    guard = NonFiniteGuard(part.faults, checkpoints.latest, flags)
-    preemption = PreemptionCallback(flags)  # its agreement rides on the guard's one per step
-    fixes = elastic.universal_load_fixes(resume, dims.strategy, args.world_size) if resume is not None else None
-    resumed = ResumedSettings() if resume is not None else None
-    ours = [
-        *[fix for fix in (fixes, resumed) if fix is not None],  # each sees the optimizer as loaded, in this order
-        MetricsFileCallback(),
-        *callbacks,
-        InputCheckCallback(metrics_options),
-        ThroughputClockCallback(metrics),
-        *([KeptCheckpointsCallback(part.kept)] if part.kept.keeps_any else []),
-        guard,
-        *(
-            [ProfilerCallback(part.profile, checkpoints.layout.root, args.process_index)]
-            if part.profile.start_step is not None
-            else []
-        ),
-        preemption,
-    ]
-    options = TrainerOptions(
-        dims, part.data, checkpoints, metrics, guard, preemption, part.nan_filter, resume_from=resume, resumed=resumed
-    )
-    options = replace(options, lr_schedule=part.lr_schedule, schedule_first_step=part.schedule_first_step)
-    trainer = objectives.build_trainer(
-        part,
-        options,
-        tokenizer_is_new,
-        model=model,
-        args=args,
-        processing_class=tokenizer,
-        data_collator=collate,
-        callbacks=ours,
-    )
-    reporters = trackers.Trackers(trainer, outbox, part.faults.network_timeout_s)
-    return trainer, reporters
+
+    @property
+    def objective(self) -> Objective:
+        return self.model.objective
+
+    @property
+    def seq_len(self) -> int:
+        return self.data.section.seq_len
+
+    def collator(self, model: Any, tokenizer: Any, micro_batch: int, is_main: bool) -> Any:
+        """The batches' collator for the model's attention kernel; packed documents say how they are kept apart."""
+        section = self.data.section
+        collate = collator_for(section, model.config._attn_implementation, tokenizer.eos_token_id)
+        if is_main and section.packs_documents:
+            note = mask_note(collate.kernel, micro_batch, section.seq_len)
+            print(f"hftrain: documents kept apart by {note}", flush=True)
+        return collate
+
+    def step_watch(
+        self, args: Any, dims: ParallelDims, checkpoints: CheckpointManager, is_main: bool
+    ) -> tuple[MetricsOptions, StepMetrics, NonFiniteGuard, PreemptionCallback]:
+        """What watches each step: its metrics, the non-finite guard and the preemption handler, whose agreement
+        across processes rides on the guard's one per step (StepFlags)."""
+        metrics_options = metrics_options_for(self, args, dims)
+        counts_tokens = self.data.section.preference_data
+        metrics = StepMetrics(metrics_options, args.device, is_main, counts_tokens=counts_tokens)
+        flags = StepFlags(args.device, args.world_size)
+        return (
+            metrics_options,
+            metrics,
+            NonFiniteGuard(self.faults, checkpoints.latest, flags),
+            PreemptionCallback(flags),
+        )
+
+    def build(
+        self,
+        args: Any,
+        dims: ParallelDims,
+        model: Any,
+        tokenizer: Any,
+        tokenizer_is_new: bool,
+        checkpoints: CheckpointManager,
+        resume: Path | None,
+        outbox: Outbox,
+        callbacks: Sequence[Any] = (),
+    ) -> tuple[HftrainTrainer, trackers.Trackers]:
+        """The objective's Trainer (objectives.py: TRL's DPOTrainer behind it for finetune.objective dpo) with hftrain's
+        data, checkpoints, metrics, guard and callbacks (in the module docstring's order), and the trackers' queues."""
+        is_main = args.process_index == 0
+        collate = self.collator(model, tokenizer, dims.micro_batch, is_main)
+        metrics_options, metrics, guard, preemption = self.step_watch(args, dims, checkpoints, is_main)
+        fixes = elastic.universal_load_fixes(resume, dims.strategy, args.world_size) if resume is not None else None
+        resumed = ResumedSettings() if resume is not None else None
+        ours = [
+            *[fix for fix in (fixes, resumed) if fix is not None],  # each sees the optimizer as loaded, in this order
+            MetricsFileCallback(),
+            *callbacks,
+            InputCheckCallback(metrics_options),
+            ThroughputClockCallback(metrics),
+            *([KeptCheckpointsCallback(self.kept)] if self.kept.keeps_any else []),
+            guard,
+            *(
+                [ProfilerCallback(self.profile, checkpoints.layout.root, args.process_index)]
+                if self.profile.start_step is not None
+                else []
+            ),
+            preemption,
+        ]
+        options = TrainerOptions(
+            dims,
+            self.data,
+            checkpoints,
+            metrics,
+            guard,
+            preemption,
+            self.nan_filter,
+            resume_from=resume,
+            resumed=resumed,
+            lr_schedule=self.lr_schedule,
+            schedule_first_step=self.schedule_first_step,
+        )
+        trainer = objectives.build_trainer(
+            self,
+            options,
+            tokenizer_is_new,
+            model=model,
+            args=args,
+            processing_class=tokenizer,
+            data_collator=collate,
+            callbacks=ours,
+        )
+        reporters = trackers.Trackers(trainer, outbox, self.faults.network_timeout_s)
+        return trainer, reporters
 
 
 def metrics_options_for(part: TrainerPart, args: Any, dims: ParallelDims) -> MetricsOptions:

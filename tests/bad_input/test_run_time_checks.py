@@ -122,7 +122,7 @@ def _prepare(work, what: str, monkeypatch) -> None:
     ):  # what a run of r.yaml leaves: its start record (global batch 8), one complete checkpoint
         import hftrain
         from hftrain.checkpoint.layout import COMPLETE_MARKER
-        from hftrain.recipe.parts import CheckpointPart
+        from hftrain.checkpoint.part import CheckpointPart
 
         identity = CheckpointPart.of(hftrain.load_recipe(work / "r.yaml")).identity
         (work / "run" / "checkpoint-2").mkdir(parents=True)

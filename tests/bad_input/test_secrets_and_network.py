@@ -87,9 +87,10 @@ PLANTED = {
 
 @pytest.mark.parametrize("kind", PLANTED)
 def test_a_planted_secret_of_any_kind_is_never_saved_or_printed(capsys, work, kind):
+    from hftrain.checkpoint.part import CheckpointPart
     from hftrain.integrations.hub import model_card
+    from hftrain.integrations.publish import PublishPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import CheckpointPart, PublishPart
 
     where, value = PLANTED[kind]
     secret = next(

@@ -21,10 +21,10 @@ import yaml
 
 from hftrain.checkpoint import integrity, manager
 from hftrain.checkpoint.layout import COMPLETE_MARKER, TRAINER_STATE_FILE, RunLayout
+from hftrain.checkpoint.part import CheckpointPart
 from hftrain.cli import main
 from hftrain.errors import HftrainError
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import CheckpointPart
 
 from ..support.checks import assert_export_refused, cut_short
 from ..support.data import finetune_recipe

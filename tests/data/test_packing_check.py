@@ -11,8 +11,8 @@ from transformers import AttentionInterface
 
 from hftrain.data.packed_batch import FLATTENED, ROWS, PackedCollator
 from hftrain.data.packing_check import check_packing, first_micro_batch, random_model
+from hftrain.data.part import DataPart
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPart
 from tests.support.data import instructions, make_documents, write_examples, write_jsonl
 
 

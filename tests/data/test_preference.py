@@ -36,8 +36,8 @@ CHATS = [
 
 
 def gpt2():
+    from hftrain.model.part import ModelPart
     from hftrain.model.tokenizer import load_tokenizer
-    from hftrain.recipe.parts import ModelPart
 
     recipe = load_recipe(None, {"data": {"train": {"builtin": "python-docs"}}})
     tokenizer, _ = load_tokenizer(ModelPart.of(recipe), Path("/nonexistent"), lambda n: iter(()))
@@ -302,7 +302,7 @@ def test_pairs_whose_answers_are_one_are_counted_and_refused_when_most_are(same,
 def test_a_dpo_run_on_pairs_with_one_answer_is_refused_before_its_model_loads(tmp_path, capsys, monkeypatch):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from hftrain.training import run
+    from hftrain.model import build
     from tests.support.cli import in_process
 
     base = tmp_path / "base"  # DPO starts from pretrained weights: a tiny model with the GPT-2 vocabulary
@@ -332,7 +332,7 @@ def test_a_dpo_run_on_pairs_with_one_answer_is_refused_before_its_model_loads(tm
             }
         )
     )
-    monkeypatch.setattr(run, "build_model", lambda *a, **k: pytest.fail("the model was built before the refusal"))
+    monkeypatch.setattr(build, "build_model", lambda *a, **k: pytest.fail("the model was built before the refusal"))
     code, printed = in_process(capsys, "train", str(recipe))
     assert code == 2 and "Traceback" not in printed, printed[-2000:]
     assert (

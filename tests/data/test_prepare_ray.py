@@ -59,9 +59,9 @@ def _ray_env() -> tuple[dict[str, str], str]:
 
 def test_a_ray_prepare_gives_the_folder_one_machine_gives(tmp_path):
     """The tasks on a Ray cluster the command starts (one per file here), the folder byte for byte the local one's."""
+    from hftrain.data.part import DataPart
     from hftrain.data.prepare import PrepareHow, prepare
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import DataPart
 
     raw = gpt2_recipe(corpus(tmp_path, files=3, docs=600), tmp_path / "unused")
     recipe = tmp_path / "r.yaml"

@@ -13,6 +13,7 @@ import pytest
 
 from hftrain.data.folder_stream import FolderStream
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data
+from hftrain.data.part import DataPart
 from hftrain.data.shares import BALANCE, ShardSlice, Share, deal, share_of
 from hftrain.data.sources import BadRecords
 from hftrain.data.stream import DocumentStream, SourcePlan, Worker
@@ -22,7 +23,6 @@ from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import ReaderLayout, default_readers
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPart
 
 from ..support.data import make_documents, write_jsonl
 

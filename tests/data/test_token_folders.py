@@ -19,13 +19,13 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer, TokenizedFile
 import hftrain
 from hftrain.data.folder_stream import FolderMixture
 from hftrain.data.loader import PackedDataset, ResumableLoader, plan_data, train_blocks, train_documents
+from hftrain.data.part import DataPart
 from hftrain.data.prepare import PrepareHow, prepare
 from hftrain.data.stream import BlockStream, Worker
 from hftrain.errors import HftrainError
 from hftrain.model.tokenizer import gpt2_tokenizer
 from hftrain.parallel.readers import ReaderLayout, merge_positions
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPart
 
 from ..support.checks import losses, tree_digest
 from ..support.data import make_documents, tiny_recipe, write_jsonl
@@ -160,8 +160,8 @@ def made_by_datatrove(tmp_path_factory):
     root = tmp_path_factory.mktemp("datatrove")
     raw = tiny_recipe(corpus(root), root / "unused")
     from hftrain.data.loader import first_documents
+    from hftrain.model.part import ModelPart
     from hftrain.model.tokenizer import load_tokenizer
-    from hftrain.recipe.parts import ModelPart
 
     recipe = load_recipe(None, raw)
     plan = plan_data(recipe.data, 0)

@@ -87,8 +87,8 @@ def test_qlora_weights_as_loaded_on_cuda(base, tmp_path):
 
     from benchmarks.finetune_memory import weight_bytes
     from hftrain.model.build import load_pretrained
+    from hftrain.model.part import ModelPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import ModelPart
 
     torch.cuda.reset_peak_memory_stats()
     model = load_pretrained(ModelPart.of(load_recipe(None, recipe(base, "qlora", tmp_path / "unused"))))

@@ -14,8 +14,8 @@ NO_FLASH = "needs flash_attention_2 or flash_attention_3 (pip install flash-attn
 
 
 def _recipes(tmp_path):
+    from hftrain.data.part import DataPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import DataPart
 
     data = support.ROOT / "recipes" / "finetune" / "data" / "train.jsonl"
     base = {

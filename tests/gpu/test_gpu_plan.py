@@ -26,8 +26,8 @@ def test_predicted_peak_matches_max_memory_allocated(tmp_path, method, checkpoin
     import hftrain
     from hftrain.planning.estimates import plan
     from hftrain.planning.memory import predict_peak, run_shape
+    from hftrain.planning.part import PlanPart
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import PlanPart
 
     raw = {
         "model": {"preset": "pythia-160m"},

@@ -69,11 +69,13 @@ def test_push_during_training_then_load_from_the_hub(local_hub, monkeypatch, tmp
 
 @pytest.mark.slow
 def test_push_command_to_a_branch(local_hub, pretrained_run, tmp_path, monkeypatch):
-    from hftrain.integrations import hub
+    from hftrain.integrations import publish
 
-    staged, real_push = [], hub.push_folder
+    staged, real_push = [], publish.push_folder
     monkeypatch.setattr(
-        hub, "push_folder", lambda folder, *args, **kwargs: staged.append(folder) or real_push(folder, *args, **kwargs)
+        publish,
+        "push_folder",
+        lambda folder, *args, **kwargs: staged.append(folder) or real_push(folder, *args, **kwargs),
     )
     env = local_hub.subprocess_env(token=TOKEN, cache_dir=tmp_path / "cache")
     result = run_in_process(

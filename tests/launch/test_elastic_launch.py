@@ -126,9 +126,8 @@ def exit_code(argv: list[str]) -> int:
 def test_the_global_batch_of_an_elastic_run_is_max_nodes_and_must_split_over_min_to_max(monkeypatch):
     """A run whose first start had fewer nodes than MAX (they join within the rendezvous' last call, or not) would
     fix its global batch to that start's; then MAX nodes could not split it (seen: node 1 joined, both refused)."""
-    from hftrain.parallel.batch import check_elastic_batch, derive_accumulation
+    from hftrain.parallel.batch import BatchPart, check_elastic_batch, derive_accumulation
     from hftrain.parallel.dims import LaunchEnv
-    from hftrain.recipe.parts import BatchPart
 
     recipe = load_recipe(None, {"model": {"preset": "cpu-tiny"}, "training": {"per_device_train_batch_size": 8}})
     batch = BatchPart.of(recipe)

@@ -135,10 +135,10 @@ def test_prepare_on_slurm_gives_the_folder_one_machine_gives(tmp_path):
 
     import yaml
 
+    from hftrain.data.part import DataPart
     from hftrain.data.prepare import PrepareHow, prepare
     from hftrain.data.prepare_slurm import jobs_name
     from hftrain.recipe.load import load_recipe
-    from hftrain.recipe.parts import DataPart
 
     from ..data.test_token_folders import corpus, folder_digest, gpt2_recipe
 

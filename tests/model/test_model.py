@@ -6,10 +6,11 @@ import pytest
 
 from hftrain.errors import HftrainError
 from hftrain.model.config import build_config, padded_vocab_size
+from hftrain.model.part import ModelPart
 from hftrain.model.shape import parameter_counts
 from hftrain.planning.estimates import plan
+from hftrain.planning.part import PlanPart
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import ModelPart, PlanPart
 
 # (total, non-embedding) parameters from the Pythia model cards / paper (Biderman et al. 2023) and NeoX-20B.
 PUBLISHED = {

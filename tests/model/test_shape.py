@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, GPTNeoXConfig
 import hftrain
 from hftrain.model import shape as model_shape
 from hftrain.model.config import GPT_NEOX_DEFAULTS
+from hftrain.model.part import ModelPart
 from hftrain.model.shape import measure_model, of_gpt_neox, of_module
-from hftrain.recipe.parts import ModelPart
 from hftrain.recipe.presets import PRESETS
 
 VARIANTS = {

@@ -20,9 +20,8 @@ import yaml
 import hftrain
 from hftrain.errors import HftrainError
 from hftrain.parallel import dims as parallel
-from hftrain.parallel.batch import derive_accumulation
+from hftrain.parallel.batch import BatchPart, derive_accumulation
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import BatchPart
 
 from ..support.checks import assert_same_steps, steps, train_log
 from ..support.cli import EXPECTED_TYPE, ROOT, launch, run_in_process
@@ -272,7 +271,7 @@ def test_device_map_refuses_trainable_layers_on_the_cpu_beside_a_gpu():
         },
     )
     from hftrain.model.config import build_config
-    from hftrain.recipe.parts import ModelPart
+    from hftrain.model.part import ModelPart
 
     config = build_config(ModelPart.of(recipe), 320, True, eos_token_id=0)
     with pytest.raises(

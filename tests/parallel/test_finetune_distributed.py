@@ -14,10 +14,11 @@ import torch
 from hftrain.checkpoint.layout import RunLayout
 from hftrain.errors import HftrainError
 from hftrain.model import finetune
+from hftrain.model.part import ModelPart
+from hftrain.parallel.batch import BatchPart
 from hftrain.parallel.dims import LaunchEnv, resolve_strategy
 from hftrain.parallel.dims import resolve as resolve_dims
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import BatchPart, ModelPart
 
 from ..support.checks import loss_records, read_metrics
 from ..support.cli import EXPECTED_TYPE, in_process, launch, run_in_process, selected_params

@@ -15,8 +15,8 @@ from hftrain.errors import HftrainError
 from hftrain.planning import fit as fitting
 from hftrain.planning.estimates import plan
 from hftrain.planning.memory import GB
+from hftrain.planning.part import PlanPart
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import PlanPart
 
 from ..support.cli import in_process
 from ..support.data import make_documents, tiny_recipe, write_jsonl
@@ -126,6 +126,7 @@ class Loaded(HftrainError):
 def test_a_certain_out_of_memory_is_refused_before_anything_loads(
     capsys, monkeypatch, tmp_path: Path, name, keys, launcher, memory, outcome, expected
 ):
+    from hftrain.model import build as model_build
     from hftrain.parallel import rehearsal
     from hftrain.training import resolve as resolving
     from hftrain.training import run as training_run
@@ -172,7 +173,7 @@ def test_a_certain_out_of_memory_is_refused_before_anything_loads(
 
     monkeypatch.setattr(resolving, "plan_data", record("data", resolving.plan_data))
     monkeypatch.setattr(training_run, "load_tokenizer", record("tokenizer"))
-    monkeypatch.setattr(training_run, "build_model", record("model"))
+    monkeypatch.setattr(model_build, "build_model", record("model"))
     started: list[dict] = []
     monkeypatch.setattr(rehearsal, "launch_processes", lambda *args, env=None: started.append(env or {}) or 0)
 

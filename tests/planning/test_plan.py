@@ -16,8 +16,8 @@ from hftrain.cli import main
 from hftrain.planning import fit as fitting
 from hftrain.planning.estimates import plan
 from hftrain.planning.memory import GB, predict_peak, run_shape
+from hftrain.planning.part import PlanPart
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import PlanPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 

@@ -9,11 +9,11 @@ import pytest
 
 import hftrain
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.data.part import DataPart
 from hftrain.data.prepare import PrepareHow, prepare
 from hftrain.errors import HftrainError
-from hftrain.planning.run_length import resolve
+from hftrain.planning.run_length import RunLengthPart
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import DataPart, RunLengthPart
 
 from ..support.data import make_documents, tiny_recipe, write_jsonl
 
@@ -29,7 +29,7 @@ def recipe(**changes):
 @pytest.mark.parametrize("processes, accumulation, expected", [(1, 1, 782), (2, 1, 391), (2, 3, 131)])
 def test_a_token_budget_becomes_steps_of_the_global_batch(processes, accumulation, expected):
     r = recipe(data={"train_tokens": 100_000})
-    length = resolve(RunLengthPart.of(r), 4 * accumulation * processes, None)  # the global batch
+    length = RunLengthPart.of(r).build(4 * accumulation * processes, None)  # the global batch
     assert length.max_steps == expected  # ceil(100,000 / (4 x accumulation x processes x 32))
     assert length.max_steps * length.tokens_per_step >= 100_000 > (length.max_steps - 1) * length.tokens_per_step
     assert length.note.startswith("run length: data.train_tokens=100,000 / ")
@@ -37,27 +37,27 @@ def test_a_token_budget_becomes_steps_of_the_global_batch(processes, accumulatio
 
 def test_epochs_need_prepared_data_and_use_its_token_count():
     r = recipe(num_train_epochs=2)
-    assert resolve(RunLengthPart.of(r), 4, 64_000).max_steps == 1000  # 2 x 64,000 / 128
+    assert RunLengthPart.of(r).build(4, 64_000).max_steps == 1000  # 2 x 64,000 / 128
     with pytest.raises(HftrainError, match="training.num_train_epochs: epochs need the data's token count"):
-        resolve(RunLengthPart.of(r), 4, None)
+        RunLengthPart.of(r).build(4, None)
 
 
 def test_max_steps_wins_and_says_what_it_overrode():
     r = recipe(max_steps=7, num_train_epochs=2, data={"train_tokens": 10**6})
-    length = resolve(RunLengthPart.of(r), 4, 64_000)
+    length = RunLengthPart.of(r).build(4, 64_000)
     assert length.max_steps == 7 and length.source == "training.max_steps"
     assert length.note == (
         "run length: training.max_steps=7 (data.train_tokens and training.num_train_epochs not used: "
         "training.max_steps wins)"
     )
     r = recipe(num_train_epochs=2, data={"train_tokens": 1280})
-    assert resolve(RunLengthPart.of(r), 4, 64_000).max_steps == 10  # tokens before epochs
+    assert RunLengthPart.of(r).build(4, 64_000).max_steps == 10  # tokens before epochs
 
 
 def test_nothing_given_is_the_max_steps_message():
     r = recipe()
     with pytest.raises(HftrainError, match=r"^training.max_steps: required\..*data.train_tokens"):
-        resolve(dataclasses.replace(RunLengthPart.of(r), max_steps=-1), 4, None)
+        dataclasses.replace(RunLengthPart.of(r), max_steps=-1).build(4, None)
 
 
 @pytest.mark.slow

@@ -148,7 +148,7 @@ def test_fingerprint_ignores_training_settings():
 @pytest.mark.parametrize("path", RECIPES, ids=[str(p.relative_to(ROOT)) for p in RECIPES])
 def test_every_shipped_recipe_validates_and_plans(path, request):
     from hftrain.planning.estimates import plan
-    from hftrain.recipe.parts import PlanPart
+    from hftrain.planning.part import PlanPart
 
     recipe = load_recipe(path)
     if recipe.model.from_pretrained and not (ROOT / recipe.model.from_pretrained).exists():

@@ -12,12 +12,13 @@ import yaml
 
 import hftrain
 from hftrain.errors import HftrainError
+from hftrain.model import float8
+from hftrain.model.part import ModelPart
 from hftrain.model.shape import measure_model, of_module
 from hftrain.planning.estimates import format_fp8
-from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
 from hftrain.speed import fp8
-from hftrain.speed.defaults import DeviceFacts
+from hftrain.speed.defaults import DeviceFacts, SpeedPart
 from hftrain.training import arguments
 
 from ..support.cli import in_process
@@ -114,8 +115,8 @@ def test_the_run_checks_the_device_it_trains_on(tmp_path, capsys):
 def test_the_filter_keeps_the_head_and_the_end_blocks_of_pythia(preset, blocks):
     model = shape_of(preset)
     expected = {f"gpt_neox.layers.{i}.{linear}" for i in range(1, blocks - 1) for linear in LINEARS}
-    assert set(fp8.converted(model)) == expected and len(expected) == 4 * (blocks - 2)
-    choice = fp8.layer_choice(model)
+    assert set(float8.converted(model)) == expected and len(expected) == 4 * (blocks - 2)
+    choice = float8.layer_choice(model)
     assert choice["lm_head"] == "the output head"
     assert all(choice[f"gpt_neox.layers.{i}.{linear}"] for i in (0, blocks - 1) for linear in LINEARS)
     assert len(choice) == 4 * blocks + 1  # every Linear is named, converted or not
@@ -124,10 +125,12 @@ def test_the_filter_keeps_the_head_and_the_end_blocks_of_pythia(preset, blocks):
 def test_the_filter_leaves_dims_not_multiples_of_16():
     """An MLP 200 wide: its two linears stay in high precision, the attention's convert."""
     model = shape_of("cpu-small", intermediate_size=200)
-    assert set(fp8.converted(model)) == {
+    assert set(float8.converted(model)) == {
         f"gpt_neox.layers.{i}.attention.{n}" for i in (1, 2) for n in ("query_key_value", "dense")
     }
-    assert fp8.layer_choice(model)["gpt_neox.layers.1.mlp.dense_h_to_4h"] == "in or out features not a multiple of 16"
+    assert (
+        float8.layer_choice(model)["gpt_neox.layers.1.mlp.dense_h_to_4h"] == "in or out features not a multiple of 16"
+    )
 
 
 def test_the_recipe_key_takes_the_two_recipes_only(tmp_path, capsys):
@@ -195,10 +198,10 @@ def test_a_converted_model_trains_and_saves_weights_plain_transformers_loads(tmp
     model = AutoModelForCausalLM.from_config(config)
     names = list(model.state_dict())
     with inductor.patch(emulate_precision_casts=False):  # rowwise turns it on for the process (torchtitan's workaround)
-        fp8.apply(model, scaling)
+        float8.apply(model, scaling)
         assert inductor.emulate_precision_casts is (scaling == "rowwise")
     swapped = {name: module for name, module in model.named_modules() if isinstance(module, Float8Linear)}
-    assert set(swapped) == set(fp8.converted(of_module(model, seq_len=16))) and len(swapped) == 8
+    assert set(swapped) == set(float8.converted(of_module(model, seq_len=16))) and len(swapped) == 8
     assert all(module.config == Float8LinearConfig.from_recipe_name(scaling) for module in swapped.values())
     assert list(model.state_dict()) == names and all(type(p) is torch.nn.Parameter for p in model.parameters())
     tokens = torch.randint(0, 96, (2, 16))

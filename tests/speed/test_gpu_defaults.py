@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import hftrain
-from hftrain.recipe.parts import SpeedPart
 from hftrain.speed import defaults as speed
-from hftrain.speed.defaults import DeviceFacts
+from hftrain.speed.defaults import DeviceFacts, SpeedPart
 from hftrain.speed.probe import Measurement
 from hftrain.training import arguments
 

@@ -12,10 +12,11 @@ import torch
 
 import hftrain
 from hftrain.checkpoint.layout import RunLayout
+from hftrain.model.part import ModelPart
 from hftrain.model.shape import measure_model
-from hftrain.recipe.parts import ModelPart, SpeedPart
 from hftrain.speed import defaults as speed
 from hftrain.speed import probe as speed_probe
+from hftrain.speed.defaults import SpeedPart
 from hftrain.speed.probe import Measurement, ProbeShape
 
 from ..support.checks import loss_records

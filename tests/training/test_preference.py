@@ -14,8 +14,8 @@ import pytest
 
 import hftrain
 from hftrain.eval.preference_accuracy import preference_accuracy
+from hftrain.integrations.publish import PublishPart
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import PublishPart
 
 from ..support.cli import in_process
 

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from hftrain.checkpoint.part import CheckpointPart
 from hftrain.parallel.dims import LaunchEnv, Strategy
 from hftrain.recipe.load import load_recipe
-from hftrain.recipe.parts import CheckpointPart
 from hftrain.training.resolve import resolve
 
 
@@ -43,7 +43,7 @@ def test_resolving_reads_and_changes_nothing_and_the_arguments_follow_the_dims(t
     arguments = spec.arguments
     assert arguments["gradient_accumulation_steps"] == 3 and arguments["max_steps"] == spec.length.max_steps == 5
     assert not {"resume_from_checkpoint", "push_to_hub", "save_total_limit"} & set(arguments)  # hftrain's own keys
-    assert spec.resume.mode == "never" and spec.checkpoints.save_total_limit == 2
+    assert spec.checkpoints.resume.mode == "never" and spec.checkpoints.save_total_limit == 2
     assert spec.length.tokens_per_step == 24 * recipe.data.seq_len
     with pytest.raises(TypeError):  # made once, read-only: the set-up completes a copy into the TrainingArguments
         arguments["max_steps"] = 6  # type: ignore[index]
@@ -73,7 +73,7 @@ def test_a_cuda_launch_reads_with_loader_workers_that_the_dims_and_arguments_agr
     carry it (the loader is built from them), and a recipe's own value or a CPU launch keep theirs."""
     from dataclasses import replace
 
-    from hftrain.recipe.parts import BatchPart
+    from hftrain.parallel.batch import BatchPart
     from hftrain.training import resolve as resolving
 
     # the fit reads the GPU's memory
