@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPTNeoXForCausalLM, PreTrainedModel
 
 from hftrain.errors import HftrainError
+from hftrain.model import init_methods
 from hftrain.model.config import build_config, cannot_load, check_context, local_weights
 from hftrain.model.remote_code import allow
 from hftrain.parallel.dims import ParallelDims, Strategy
@@ -38,6 +39,7 @@ def build_model(
         config = build_config(part, len(tokenizer), tokenizer_is_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
         torch.manual_seed(part.seed)
         model = GPTNeoXForCausalLM(config)
+        init_methods.apply(model, m.init_method, m.output_layer_init_method, part.seed)  # gpt-neox's, if asked
     check_context(part, model.config)
     return model
 

@@ -32,6 +32,7 @@ from hftrain.recipe.training_section import TRAINING_DEFAULTS, TrainingSection
 
 # ----------------------------------------------------------------------------------------------- model
 DROPOUT_FIELDS = ("hidden_dropout", "attention_dropout")
+INIT_FIELDS = ("init_method", "output_layer_init_method")  # how new weights are drawn (model/init_methods.py)
 
 
 class ModelSection(Section):
@@ -81,7 +82,15 @@ class ModelSection(Section):
     layer_norm_eps: float | None = Field(default=None, gt=0)
     """LayerNorm epsilon (Pythia: 1e-5)."""
     initializer_range: float | None = Field(default=None, gt=0)
-    """Std of the normal initialisation of new weights (Pythia: 0.02)."""
+    """Std of the normal initialisation of new weights (init_method normal)."""
+    init_method: Literal["normal", "small_init"] = "normal"
+    """How a model built from scratch draws the embedding, attention's query/key/value, the MLP's first layer and
+    the output head: normal, N(0, initializer_range), transformers' own; small_init, N(0, sqrt(2 / (5 x
+    hidden_size))), as gpt-neox trained Pythia (model/init_methods.py)."""
+    output_layer_init_method: Literal["normal", "wang_init"] = "normal"
+    """How a model built from scratch draws the layers that write into the residual stream (attention's output,
+    the MLP's second layer): normal, N(0, initializer_range); wang_init, N(0, 2 / (num_hidden_layers x
+    sqrt(hidden_size))), as gpt-neox trained Pythia."""
 
     @field_validator("preset")
     @classmethod
@@ -102,6 +111,18 @@ class ModelSection(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _drawn_only_when_built(self) -> ModelSection:
+        if self.from_pretrained is not None:
+            drawn = [key for key in INIT_FIELDS if getattr(self, key) != "normal"]
+            if drawn:
+                verb = "draws" if len(drawn) == 1 else "draw"
+                raise ValueError(
+                    f"{' and '.join(drawn)} {verb} the weights of a model built from scratch, but from_pretrained "
+                    "loads its weights; remove them, or build from model.preset"
+                )
+        return self
+
     def architecture_overrides(self) -> dict[str, Any]:
         """The GPTNeoXConfig shape fields this recipe sets explicitly (dropout is training behaviour, not shape)."""
         skip = {
@@ -112,6 +133,7 @@ class ModelSection(Section):
             "attn_implementation",
             "pad_vocab_multiple",
             *DROPOUT_FIELDS,
+            *INIT_FIELDS,
         }
         return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 

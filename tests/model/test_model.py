@@ -141,3 +141,63 @@ def test_the_end_of_run_sample_takes_its_temperature_from_the_monitor_section(pr
     sampled = {sample(model, tokenizer, "The ", 12, seed) for seed in (0, 1, 2)}
     assert len(greedy) == 1 and len(sampled) == 3, (greedy, sampled)
     assert end_of_run_sample(model, tokenizer, monitor) in greedy  # what the run shows, from its section
+
+
+class _Tokenizer:
+    """What building a model reads of its tokenizer."""
+
+    eos_token_id, pad_token_id = 0, 0
+
+    def __len__(self) -> int:
+        return 300
+
+
+def _built(seed: int = 0, **model):
+    from hftrain.model.build import build_model
+
+    recipe = load_recipe(None, {"model": {"preset": "cpu-tiny", **model}, "training": {"seed": seed}})
+    return build_model(ModelPart.of(recipe), _Tokenizer(), True)
+
+
+def test_gpt_neox_init_draws_each_layer_as_pythia_was_drawn():
+    """model.init_method small_init and output_layer_init_method wang_init (Pythia's configs; issue 61's worked
+    example of a new key: its section and its component, model/build.py with model/init_methods.py): each layer
+    role's spread is gpt-neox's formula, biases zero, LayerNorms one and zero; the same weights whatever the global
+    RNG drew before; the default stays transformers' N(0, 0.02), so the check fails against a silent fallback."""
+    import math
+
+    import torch
+
+    pythia = {"init_method": "small_init", "output_layer_init_method": "wang_init", "tie_word_embeddings": False}
+    model = _built(**pythia)
+    hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
+    small, wang = math.sqrt(2 / (5 * hidden)), 2 / layers / math.sqrt(hidden)
+    expected = {"query_key_value": small, "dense_h_to_4h": small, "attention.dense": wang, "dense_4h_to_h": wang}
+    weights = dict(model.named_parameters())
+    drawn = {name: [p for n, p in weights.items() if name in n and n.endswith("weight")] for name in expected}
+    drawn |= {"embedding": [model.get_input_embeddings().weight], "head": [model.get_output_embeddings().weight]}
+    for name, std in {**expected, "embedding": small, "head": small}.items():
+        assert drawn[name], name
+        spread = [p.std().item() for p in drawn[name]]
+        assert all(abs(s / std - 1) < 0.05 for s in spread), (name, spread, std)
+    assert all(p.abs().max() == 0 for n, p in weights.items() if n.endswith("bias") and "layernorm" not in n)
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in weights.items() if "layernorm.weight" in n)
+    torch.manual_seed(1234)
+    torch.rand(7)  # the global RNG in another state: the same weights
+    again = dict(_built(**pythia).named_parameters())
+    assert all(torch.equal(weights[n], again[n]) for n in weights)
+    assert not torch.equal(
+        weights["gpt_neox.embed_in.weight"], dict(_built(1, **pythia).named_parameters())["gpt_neox.embed_in.weight"]
+    )  # another training.seed, other weights
+    plain = dict(_built().named_parameters())
+    dense = [p for n, p in plain.items() if "attention.dense.weight" in n]
+    assert all(abs(p.std().item() / 0.02 - 1) < 0.05 for p in dense) and abs(wang / 0.02 - 1) > 0.5
+
+
+def test_gpt_neox_init_is_refused_for_pretrained_weights():
+    with pytest.raises(HftrainError) as info:
+        load_recipe(None, {"model": {"from_pretrained": "some/model", "output_layer_init_method": "wang_init"}})
+    assert (
+        "model: output_layer_init_method draws the weights of a model built from scratch, but from_pretrained loads "
+        "its weights; remove them, or build from model.preset"
+    ) in str(info.value)
