@@ -43,6 +43,13 @@ class Preempted(Stopped):
     exit_code = 75  # EX_TEMPFAIL, what the SLURM template requeues on
 
 
+class Terminated(Stopped):
+    """A command stopped by SIGTERM (a scheduler's cancel, `kill`) after ending what it started; it exits as a
+    process killed by the signal does (128 + 15), so the scheduler sees the reason."""
+
+    exit_code = 143
+
+
 class PeerLost(Stopped):
     """Another process of the run (another node) stopped answering during training (parallel/liveness.py)."""
 

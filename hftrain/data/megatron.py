@@ -41,7 +41,7 @@ SHARD = re.compile(r"-(?P<index>\d+)-of-(?P<of>\d+)\.bin$")
 
 
 @dataclass(frozen=True)
-class BinPart:
+class BinFile:
     """One file of the .bin: the whole .bin, or one shard of it starting at byte `start` of the whole."""
 
     path: str
@@ -51,12 +51,12 @@ class BinPart:
 
 @dataclass(frozen=True)
 class MegatronCorpus(TokenFolder):
-    """A checked Megatron corpus: its index's counts, its .bin parts, and (as a TokenFolder with one file) its tokens
-    for reading as blocks."""
+    """A checked Megatron corpus: its index's counts, the files of its .bin, and (as a TokenFolder with one file) its
+    tokens for reading as blocks."""
 
     prefix: str = ""
     index_path: str = ""
-    parts: tuple[BinPart, ...] = ()
+    bin_files: tuple[BinFile, ...] = ()
     items: int = 0
     documents: int = 0
     dtype_code: int = 8
@@ -69,7 +69,7 @@ class MegatronCorpus(TokenFolder):
 
     @property
     def bin_bytes(self) -> int:
-        return sum(p.size for p in self.parts)
+        return sum(p.size for p in self.bin_files)
 
     def fs(self) -> Any:
         return self._fs if self._fs is not None else fsspec.core.url_to_fs(self.prefix, **self.options)[0]
@@ -77,7 +77,7 @@ class MegatronCorpus(TokenFolder):
     def read_bytes(self, name: str, start: int, length: int) -> bytes:
         """Bytes [start, start + length) of the whole .bin, from the shards that hold them."""
         fs, chunks, end = self.fs(), [], start + length
-        for part in self.parts:
+        for part in self.bin_files:
             lo, hi = max(start, part.start), min(end, part.start + part.size)
             if lo < hi:
                 chunks.append(_cat(fs, part.path, lo - part.start, hi - part.start, self.where))
@@ -94,7 +94,7 @@ class MegatronCorpus(TokenFolder):
         return np.frombuffer(_cat(self.fs(), self.index_path, at, at + 8 * count, self.where), "<i8")
 
     def describe(self) -> str:
-        files = f"{len(self.parts)} shards" if len(self.parts) > 1 else "one .bin"
+        files = f"{len(self.bin_files)} shards" if len(self.bin_files) > 1 else "one .bin"
         return (
             f"{self.where}: {self.prefix}: Megatron indexed corpus, {self.items:,} items in {self.documents:,} "
             f"document entries, {self.bin_bytes // self.dtype.itemsize:,} {self.dtype.name} tokens in {files}"
@@ -156,7 +156,7 @@ def open_megatron(given: str, options: dict[str, Any], where: str) -> MegatronCo
     last_at = pointers_at + 8 * (items - 1)
     last_ptr = int(np.frombuffer(fs.cat_file(index_path, start=last_at, end=last_at + 8), "<i8")[0])
     expected = last_ptr + last_size * itemsize
-    parts = _bin_parts(fs, prefix, where)
+    parts = _bin_files(fs, prefix, where)
     total = sum(p.size for p in parts)
     if total != expected:
         files = parts[0].path if len(parts) == 1 else f"its {len(parts)} shards ({parts[0].path} ...)"
@@ -175,7 +175,7 @@ def open_megatron(given: str, options: dict[str, Any], where: str) -> MegatronCo
         tokenizer_name="",
         prefix=prefix,
         index_path=index_path,
-        parts=tuple(parts),
+        bin_files=tuple(parts),
         items=items,
         documents=documents,
         dtype_code=code,
@@ -206,10 +206,10 @@ def _header(head: bytes, index_path: str, where: str) -> tuple[int, int, int]:
     return code, items, documents
 
 
-def _bin_parts(fs: Any, prefix: str, where: str) -> list[BinPart]:
+def _bin_files(fs: Any, prefix: str, where: str) -> list[BinFile]:
     """PREFIX.bin whole, else its shards PREFIX-NNNNN-of-MMMMM.bin in order (all of them, numbered from 0)."""
     if fs.exists(prefix + ".bin"):
-        return [BinPart(prefix + ".bin", 0, int(fs.info(prefix + ".bin")["size"]))]
+        return [BinFile(prefix + ".bin", 0, int(fs.info(prefix + ".bin")["size"]))]
     protocol = prefix.split("://", 1)[0] + "://" if "://" in prefix else ""
     found = {}
     for path, info in fs.glob(prefix + "-*-of-*.bin", detail=True).items():
@@ -238,6 +238,6 @@ def _bin_parts(fs: Any, prefix: str, where: str) -> list[BinPart]:
     parts, start = [], 0
     for i in sorted(found):
         name, size, _ = found[i]
-        parts.append(BinPart(name, start, size))
+        parts.append(BinFile(name, start, size))
         start += size
     return parts

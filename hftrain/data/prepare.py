@@ -28,7 +28,7 @@ from hftrain.data.loader import DataPlan, first_documents, plan_data
 from hftrain.data.part import DataPart
 from hftrain.data.prepare_progress import Progress, completed_tasks, tasks_console
 from hftrain.data.token_folder import LOGS, OLD_MANIFEST, PREPARED, token_size_for
-from hftrain.errors import HftrainError
+from hftrain.errors import HftrainError, Terminated
 from hftrain.model.tokenizer import load_tokenizer
 
 EXECUTORS = ("local", "slurm", "ray")
@@ -290,8 +290,9 @@ def _run_here(
 def _run_on_ray(executor: Any) -> None:
     """datatrove's Ray run in a thread, so that Ctrl-C and SIGTERM reach this one at once: either ends the job with
     ray.shutdown() (its tasks and actors; a cluster ray.init() started here, all of it), and the command stops with
-    its one line. Before: Ctrl-C waited for ever in datatrove's thread pool, whose tasks wait on CPUs the running ones
-    hold, holding the folder's lock; SIGTERM met Ray's own handler, which aborts the process (exit 134) unsaid."""
+    its one line (SIGTERM: exit 143, as a process the signal ended). Before: Ctrl-C waited for ever in datatrove's
+    thread pool, whose tasks wait on CPUs the running ones hold, holding the folder's lock; SIGTERM met Ray's own
+    handler, which aborts the process (exit 134) unsaid."""
     import threading
 
     import ray
@@ -306,7 +307,10 @@ def _run_on_ray(executor: Any) -> None:
         except BaseException as err:  # noqa: BLE001 - raised again in the calling thread
             failed.append(err)
 
+    received: list[int] = []
+
     def interrupt(signum: int, frame: Any) -> None:
+        received.append(signum)
         raise KeyboardInterrupt
 
     runner = threading.Thread(target=work, name="hftrain-ray-prepare", daemon=True)
@@ -322,6 +326,10 @@ def _run_on_ray(executor: Any) -> None:
         logging.getLogger("ray").setLevel(logging.CRITICAL)
         ray.shutdown()
         runner.join(5)
+        if received:  # SIGTERM: said and exited as a process that signal ended (Ctrl-C: "interrupted", 130)
+            raise Terminated(
+                "stopped by SIGTERM; the Ray job is ended. Run the same command again: the finished tasks are kept."
+            ) from None
         raise
     finally:
         if before is not None:  # None: a handler Python did not install, which it cannot put back
