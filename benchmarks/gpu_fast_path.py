@@ -47,6 +47,11 @@ def recipe(model: str, a: argparse.Namespace, out: Path, side: str) -> dict[str,
         else {"model": {"preset": model}, "data": {}, "training": {}}
     )
     raw.pop("checkpoints", None)
+    # every side on transformers' schedule and transformers' initial weights (the plain Trainer's and litgpt's sides
+    # know neither gpt-neox's AnnealingLR nor its init), so the loss columns compare like with like
+    raw.pop("lr_schedule", None)
+    for key in ("init_method", "output_layer_init_method"):
+        raw["model"].pop(key, None)
     raw["tokenizer"] = {"builtin": "gpt2"}
     raw["data"] = {"train": [{"builtin": "python-docs"}], "seq_len": a.seq, "eval_blocks": 2}
     raw["training"] = {
@@ -59,6 +64,8 @@ def recipe(model: str, a: argparse.Namespace, out: Path, side: str) -> dict[str,
         "max_steps": a.steps,
         "per_device_train_batch_size": a.batch,
         "gradient_accumulation_steps": 1,
+        "lr_scheduler_type": "cosine_with_min_lr",
+        "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
         "warmup_steps": 2,
         "save_steps": 10**6,
         "eval_strategy": "no",

@@ -1,8 +1,8 @@
 """The layers between a recipe and the components it builds (issue 61), measured rather than claimed:
 
 1. configuration records: the dataclasses that carry recipe values (or other records' fields) towards a component,
-   i.e. every dataclass in training/run_parts.py and training/resolve.py, and every dataclass
-   named *Part, *Parts, *Options, *Inputs, *Settings, *Spec or Finishing anywhere in hftrain/;
+   i.e. every dataclass in training/resolve.py (and training/run_parts.py, at the commits that had it), and every
+   dataclass named *Part, *Parts, *Options, *Inputs, *Settings, *Spec or Finishing anywhere in hftrain/;
 2. the places that wire the Trainer: functions that make its callback list, construct a Trainer with callbacks they
    did not receive, add or insert a callback into a built Trainer (add_callback, callback_handler) or set its
    options after construction;

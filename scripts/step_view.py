@@ -71,25 +71,46 @@ def _names_recipe(node: ast.AST) -> bool:
     )
 
 
-def _parts_of(tree: ast.AST) -> set[int]:
+def _parts_of(tree: ast.AST) -> tuple[set[int], bool]:
     """ids of the nodes of each part's `of` (a classmethod `of` of a class named *Part): the one place that says
-    what its component reads of a recipe."""
-    inside = set()
+    what its component reads of a recipe; and whether an `of` keeps the recipe whole (hands it to the part itself,
+    `cls(recipe)`, instead of reading its sections or passing it to another part's `of`)."""
+    inside, keeps = set(), False
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name.endswith("Part"):
             for method in node.body:
-                if isinstance(method, ast.FunctionDef) and method.name == "of":
+                if isinstance(method, ast.FunctionDef) and method.name == "of" and len(method.args.args) > 1:
                     inside |= {id(n) for n in ast.walk(method)}
-    return inside
+                    keeps |= _keeps_whole(method, method.args.args[1].arg)
+    return inside, keeps
+
+
+def _keeps_whole(method: ast.FunctionDef, recipe: str) -> bool:
+    """The recipe parameter used otherwise than as `recipe.attr` or as an argument of a call that is not `cls(...)`."""
+    parents = {id(child): parent for parent in ast.walk(method) for child in ast.iter_child_nodes(parent)}
+    for node in ast.walk(method):
+        if isinstance(node, ast.Name) and node.id == recipe and isinstance(node.ctx, ast.Load):
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.keyword):
+                parent = parents.get(id(parent))
+            if isinstance(parent, ast.Attribute):
+                continue
+            if isinstance(parent, ast.Call) and node is not parent.func and ast.unparse(parent.func) != "cls":
+                continue
+            return True
+    return False
 
 
 def receives_the_recipe(source: str) -> bool:
     """Whether the whole recipe reaches a module's code: it names the Recipe type (an annotation, quoted or not,
     under TYPE_CHECKING too, an attribute such as schema.Recipe) outside its parts' `of`, or makes one (imports or
     calls a loader: load_recipe, validate_recipe, hftrain.load_recipe). A part's `of` (`XPart.of(recipe)`, beside
-    the component it builds) is where the recipe is cut: an import of Recipe that only `of` uses is allowed."""
+    the component it builds) is where the recipe is cut: an import of Recipe that only `of` uses is allowed, unless an
+    `of` keeps the recipe whole in its part."""
     tree = ast.parse(source)
-    cut, imported, used_in_of = _parts_of(tree), False, False
+    (cut, keeps), imported, used_in_of = _parts_of(tree), False, False
+    if keeps:
+        return True
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             names = {alias.name for alias in node.names}

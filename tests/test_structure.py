@@ -614,6 +614,8 @@ def test_the_recipe_check_can_fail(tmp_path):
     for source in (
         PART_OF + "def build(recipe: Recipe): ...\n",  # the component itself takes the Recipe
         PART_OF.replace("class ModelPart", "class ModelSettings"),  # an `of` of a class that is not a part
+        PART_OF.replace("cls(recipe.model)", "cls(recipe)"),  # a part that keeps the whole recipe
+        PART_OF.replace("cls(recipe.model)", "cls(whole=recipe)"),
         "from hftrain.recipe.schema import Recipe\n",
         "def f(r: 'Recipe'): ...\n",
         "x = schema.Recipe\n",

@@ -32,7 +32,7 @@ from typing import Any
 from hftrain import _compat
 from hftrain.checkpoint.integrity import loadable
 from hftrain.checkpoint.layout import COMPLETE_MARKER
-from hftrain.checkpoint.manager import ResumeSetting
+from hftrain.checkpoint.resume import ResumeSetting
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import Strategy
 

@@ -39,7 +39,7 @@ from hftrain.checkpoint.layout import (
 )
 from hftrain.checkpoint.node_disks import checkpoint_listing
 from hftrain.checkpoint.output_lock import writable_directory
-from hftrain.checkpoint.resume import ResumeSetting, complete_checkpoints, latest_checkpoint
+from hftrain.checkpoint.resume import complete_checkpoints, latest_checkpoint
 from hftrain.checkpoint.weights import load_checkpoint_weights, save_full_model
 from hftrain.errors import HftrainError
 from hftrain.parallel.dims import ParallelDims
@@ -92,9 +92,9 @@ def write_failure(err: BaseException) -> str | None:
 class CheckpointManager:
     """Staging, publishing, rotation, resume and the final model of one run directory."""
 
-    def __init__(self, layout: RunLayout, part: CheckpointPart, resume: ResumeSetting, dims: ParallelDims | None):
-        # resume: training.resume_from_checkpoint, parsed once
-        self.layout, self.part, self.resume = (layout, part, resume)
+    def __init__(self, part: CheckpointPart, dims: ParallelDims | None):
+        # the run directory and training.resume_from_checkpoint (parsed once) are the part's
+        self.layout, self.part, self.resume = RunLayout(part.output_dir), part, part.resume
         # the run's parallel dims: its strategy and nodes, for what a save writes; None for a manager that only reads
         # the directory (the resolver's: what the run recorded, whether it is the same run), which cannot save
         self.dims = dims

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hftrain.checkpoint.layout import RunLayout
 from hftrain.checkpoint.manager import CheckpointManager
 from hftrain.checkpoint.resume import ResumeSetting
 
@@ -51,4 +50,4 @@ class CheckpointPart:
     def build(self, dims: ParallelDims | None) -> CheckpointManager:
         """The run directory's manager; `dims` None: one that only reads it (the resolver's: what a continuing
         run recorded, whether it is the same run), which cannot save."""
-        return CheckpointManager(RunLayout(self.output_dir), self, self.resume, dims)
+        return CheckpointManager(self, dims)

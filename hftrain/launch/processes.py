@@ -91,7 +91,7 @@ def relaunch(
         if cpu or rehearsal.on_cpu():
             rehearsal.check_precision(checks.training_kwargs, backend.value)
         from hftrain.checkpoint.elastic import check_before_launch
-        from hftrain.checkpoint.manager import ResumeSetting
+        from hftrain.checkpoint.resume import ResumeSetting
 
         resume = ResumeSetting.of(checks.training_kwargs.get("resume_from_checkpoint"))
         check_before_launch(

@@ -85,7 +85,7 @@ class ModelSection(Section):
     """Std of the normal initialisation of new weights (init_method normal)."""
     init_method: Literal["normal", "small_init"] = "normal"
     """How a model built from scratch draws the embedding, attention's query/key/value, the MLP's first layer and
-    the output head: normal, N(0, initializer_range), transformers' own; small_init, N(0, sqrt(2 / (5 x
+    the output head: normal, N(0, initializer_range), as transformers draws them; small_init, N(0, sqrt(2 / (5 x
     hidden_size))), as gpt-neox trained Pythia (model/init_methods.py)."""
     output_layer_init_method: Literal["normal", "wang_init"] = "normal"
     """How a model built from scratch draws the layers that write into the residual stream (attention's output,

@@ -5,18 +5,17 @@ what the resolver derived for it, and what the run became for the caller (`AsRun
 
 Everything a run derives is derived here, each in one place: the strategy (parallel/dims.py), the global batch
 (dims.global_batch), the memory fit (planning/fit.py: a batch, never a new recipe), the run length
-(planning/run_length.py), the resume setting (training.resume_from_checkpoint, parsed by ResumeSetting.of) and the
-TrainingArguments values. Resolving reads (the recipe, the environment, the model's config, the token folders,
-the machine's memory) but changes nothing: what a run then sets up, process groups, patches, the speed probe, is
-`training/run.py`'s set-up. Each component gets its part, never the recipe; `hftrain plan` shares the same
-strategy, global batch and fit functions.
+(planning/run_length.py: RunLengthPart.build), where the run resumes and its directory (CheckpointPart.of: the
+resume setting parsed once by ResumeSetting.of) and the TrainingArguments values. Resolving reads (the recipe, the
+environment, the model's config, the token folders, the machine's memory) but changes nothing: what a run then sets
+up, process groups, patches, the speed probe, is `training/run.py`'s set-up. Each component gets its part, never
+the recipe; `hftrain plan` shares the same strategy, global batch and fit functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -56,7 +55,6 @@ class RunSpec:
     dims: ParallelDims
     shape: ModelShape
     length: RunLength
-    output_dir: Path
     network_timeout_s: float  # faults.network_timeout_s: every network client's bound
     speed: SpeedPart
     model: ModelPart
@@ -104,7 +102,6 @@ def resolve(recipe: Recipe, launch: LaunchEnv, recorded: dict[str, Any]) -> RunS
         dims=dims,
         shape=shape,
         length=length,
-        output_dir=checkpoints.output_dir,
         network_timeout_s=recipe.faults.network_timeout_s,
         speed=SpeedPart.of(recipe),
         model=ModelPart.of(recipe),

@@ -62,7 +62,7 @@ def train(recipe: Recipe, callbacks: Sequence[Any] = ()) -> Run:
         _compat.skip_unneeded_imports()
         # reads only; refuses before output_dir is touched
         spec = resolve(recipe, LaunchEnv.read(), recorded_start(recipe))
-        with owning(str(spec.output_dir), "training.output_dir"):
+        with owning(str(spec.checkpoints.output_dir), "training.output_dir"):
             return run(spec, callbacks)
     finally:
         progress.stop()
@@ -76,7 +76,8 @@ def run(spec: RunSpec, callbacks: Sequence[Any]) -> Run:
     network.configure(spec.network_timeout_s)  # every network client from here on answers within this bound
     parallel.prepare_process(spec.dims)  # a CPU rehearsal's backend, DeepSpeed's config path
     dims = spec.dims
-    args, speed = set_up(spec.arguments, dims, spec.shape, spec.speed, spec.model, spec.recorded, spec.output_dir)
+    output_dir = spec.checkpoints.output_dir
+    args, speed = set_up(spec.arguments, dims, spec.shape, spec.speed, spec.model, spec.recorded, output_dir)
     checkpoints = spec.checkpoints.build(dims)
     tokenizer, tokenizer_is_new, resume = prepare_output(checkpoints, spec.model, spec.data, args, dims)
     if args.process_index == 0:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from hftrain.checkpoint import integrity, manager
-from hftrain.checkpoint.layout import COMPLETE_MARKER, TRAINER_STATE_FILE, RunLayout
+from hftrain.checkpoint.layout import COMPLETE_MARKER, TRAINER_STATE_FILE
 from hftrain.checkpoint.part import CheckpointPart
 from hftrain.cli import main
 from hftrain.errors import HftrainError
@@ -99,12 +99,8 @@ def test_each_damage_is_named_and_an_explicit_resume_of_it_refused(tmp_path, dam
     harm(checkpoint / name)
     assert integrity.unreadable(checkpoint) == expected
     with pytest.raises(HftrainError) as info:
-        manager.CheckpointManager(
-            RunLayout(tmp_path),
-            CheckpointPart.of(load_recipe(None, {})),
-            manager.ResumeSetting.of(str(checkpoint)),
-            None,
-        ).resume_point()
+        training = {"output_dir": str(tmp_path), "resume_from_checkpoint": str(checkpoint)}
+        CheckpointPart.of(load_recipe(None, {"training": training})).build(None).resume_point()
     assert str(info.value) == f"training.resume_from_checkpoint: {checkpoint} cannot be loaded ({expected})."
 
 

@@ -72,11 +72,11 @@ def pythia_recipe(out) -> dict:
         max_steps=PYTHIA_STEPS,
         per_device_train_batch_size=8,
         gradient_accumulation_steps=1,
-        warmup_steps=3,
         save_steps=10_000,
         eval_strategy="no",
         logging_steps=5,
     )
+    raw["lr_schedule"].update(decay_steps=PYTHIA_STEPS, warmup_fraction=0.1)  # Pythia's schedule, over 30 steps
     raw["data"].update(train=[{"builtin": "python-docs"}], eval_blocks=8)
     return raw
 
