@@ -250,9 +250,9 @@ def as_sample(block: Any) -> dict[str, Any]:
     if isinstance(block, dict):
         return block
     if isinstance(block, StoredRow):  # seq_len + 1 tokens: seq_len inputs, each predicting the next token
-        row = torch.from_numpy(block.tokens.astype("int64"))
+        row = torch.from_numpy(block.tokens.astype("int64", copy=False))  # the readers' rows are int64 already
         return {"input_ids": row[:-1], "labels": row[:-1].clone(), "shift_labels": row[1:].clone()}
-    block = torch.from_numpy(block.astype("int64"))
+    block = torch.from_numpy(block.astype("int64", copy=False))
     if block.dim() == 2:
         return {"input_ids": block[0], "labels": block[1], "position_ids": block[2]}
     return {"input_ids": block, "labels": block.clone()}

@@ -9,8 +9,10 @@ sampler), dealt round-robin to the processes where gpt-neox gives each a contigu
 B·data.start_step: a run begins at any step without reading what lies before it.
 
 A row trains seq_len predictions: inputs row[:-1], targets row[1:] (transformers' ``shift_labels``), as gpt-neox
-trains its 2,049-token rows. A reader reads its rows in chunks of consecutive rows (it takes every L-th), each chunk's
-sizes and pointers checked against the index, so memory is a chunk whatever the corpus's size.
+trains its 2,049-token rows. A reader takes every L-th row, a chunk of them at a time: each chunk's sizes and
+pointers are checked against the index, and of the .bin only its own rows' bytes are read (one concurrent request
+for all of them on an object store), so memory is a chunk whatever the corpus's size and the bytes read are the
+bytes trained on.
 """
 
 from __future__ import annotations
@@ -76,18 +78,19 @@ class StoredRows:
         per_read = max(1, CHUNK_ROWS // count)
         while True:
             base = self.first + count * emitted  # the chunk's first row; this reader's row is base + index
-            end = min(base + count * per_read, self.stop)
-            if base + index >= end:
+            mine = range(base + index, min(base + count * per_read, self.stop), count)
+            if not mine:
                 return
-            rows = self.read(base, end - base)
-            for i in range(index, end - base, count):
+            for item, tokens in zip(mine, self.read(mine)):
                 emitted += 1
-                yield StoredRow(rows[i], base + i), {"emitted": emitted}
+                yield StoredRow(tokens, item), {"emitted": emitted}
 
-    def read(self, first: int, count: int) -> np.ndarray:
-        """Rows [first, first + count) as a (count, seq_len + 1) int64 array, checked against the index."""
+    def read(self, rows: range) -> np.ndarray:
+        """The rows (items first, first + step, ...) as a (len(rows), seq_len + 1) int64 array. The index entries of
+        the whole span are checked; of the .bin only these rows' bytes are read."""
         corpus, width = self.corpus, self.seq_len + 1
-        sizes = corpus.sizes(first, count)
+        first, span = rows[0], rows[-1] + 1 - rows[0]
+        sizes = corpus.sizes(first, span)
         wrong = np.nonzero(sizes != width)[0]
         if wrong.size:
             at = first + int(wrong[0])
@@ -96,15 +99,22 @@ class StoredRows:
                 f"data.seq_len + 1 = {width:,}: in data.order: stored every item is one training sequence; read the "
                 "corpus as documents (data.order: shuffled), or give the rows' own data.seq_len."
             )
-        pointers = corpus.pointers(first, count)
+        pointers = corpus.pointers(first, span)
         row_bytes = width * corpus.dtype.itemsize
-        if not np.array_equal(pointers, pointers[0] + row_bytes * np.arange(count)):
+        if not np.array_equal(pointers, pointers[0] + row_bytes * np.arange(span)):
             raise HftrainError(
-                f"{corpus.where}: the items {first:,}-{first + count - 1:,} of {corpus.index_path} do not lie one "
+                f"{corpus.where}: the items {first:,}-{first + span - 1:,} of {corpus.index_path} do not lie one "
                 "after another in the .bin; the index does not describe this .bin. Copy both again."
             )
-        data = corpus.read_bytes(corpus.files[0].name, int(pointers[0]), count * row_bytes)
-        rows = np.frombuffer(data, corpus.dtype).reshape(count, width).astype(np.int64)
+        if rows.step == 1:
+            spans = [(int(pointers[0]), len(rows) * row_bytes)]
+        else:
+            spans = [(int(pointers[0]) + (row - first) * row_bytes, row_bytes) for row in rows]
+        data = b"".join(corpus.read_spans(spans))
+        tokens = np.frombuffer(data, corpus.dtype).reshape(len(rows), width).astype(np.int64)
         if self.vocab is not None:
-            check_ids(rows, self.vocab, f"{corpus.where}: items {first:,}-{first + count - 1:,} of {corpus.prefix}")
-        return rows
+            outside = np.nonzero((tokens >= self.vocab).any(axis=1) | (tokens < 0).any(axis=1))[0]
+            if outside.size:  # the first row that holds one, named by its item
+                at = int(outside[0])
+                check_ids(tokens[at], self.vocab, f"{corpus.where}: item {rows[at]:,} of {corpus.prefix}")
+        return tokens

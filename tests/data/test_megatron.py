@@ -157,7 +157,8 @@ def test_a_damaged_corpus_is_refused_in_one_line_naming_the_file(tmp_path, word_
 
 def test_rows_of_another_length_and_ids_outside_the_vocabulary_are_refused(tmp_path, word_tokenizer, capsys):
     """Rows of 40 tokens for seq_len 32 (said at once, with the length to set); one row of 34 beside one of 32 (the
-    total adds up: said when it is read); an id past the tokenizer's 300."""
+    total adds up: said when it is read); an id past the tokenizer's 300 (said naming its
+    item)."""
     cases = [
         ([np.ones(40, int)] * 8, r"holds 8 items of 40.0 tokens on average \(the first: 40\), not data.seq_len \+ 1"),
         (
@@ -166,7 +167,7 @@ def test_rows_of_another_length_and_ids_outside_the_vocabulary_are_refused(tmp_p
         ),
         (
             [np.full(WIDTH, 7)] * 5 + [np.full(WIDTH, 4000)] + [np.full(WIDTH, 7)] * 10,
-            r"items 0-\d+ of .*: token id 4,000 is not in the recipe's tokenizer \(300 ids\)",
+            r"item 5 of .*: token id 4,000 is not in the recipe's tokenizer \(300 ids\)",
         ),
     ]
     for i, (items, message) in enumerate(cases):
@@ -333,6 +334,46 @@ def test_a_sharded_corpus_on_s3_is_read_in_place_by_range(s3, tmp_path, word_tok
     recipe = stored_recipe(tmp_path, f"s3://{bucket}/pile/document", word_tokenizer)
     got = batch_of(capsys, recipe, 5)
     assert np.array_equal(np.array([r["input_ids"] for r in got]), pythia_rows(prefix, 5, 8, WIDTH))
+    _four_readers_read_each_row_once(f"s3://{bucket}/pile/document", prefix)
     client.delete_object(Bucket=bucket, Key="pile/document-00003-of-00005.bin")
     code, out = in_process(capsys, "data", "batch", str(recipe), "--step", "0")
     assert code == 2 and "the shards of s3://" in out and "are incomplete (missing 00003)" in out, out
+
+
+class _CountingFS:
+    """The corpus's filesystem, counting the bytes it serves from the .bin."""
+
+    def __init__(self, fs):
+        self.fs, self.bin_bytes = fs, 0
+
+    def _count(self, paths, found):
+        self.bin_bytes += sum(len(d) for p, d in zip(paths, found) if p.endswith(".bin"))
+        return found
+
+    def cat_file(self, path, start=None, end=None):
+        return self._count([path], [self.fs.cat_file(path, start=start, end=end)])[0]
+
+    def cat_ranges(self, paths, starts, ends, **kw):
+        return self._count(paths, self.fs.cat_ranges(paths, starts, ends, **kw))
+
+
+def _four_readers_read_each_row_once(url: str, local: Path) -> None:
+    """Four logical readers (two processes of two loader workers) each take every 4th row, and together read each
+    row's bytes once from S3: the .bin bytes fetched equal the corpus's (a reader that fetched its whole chunk and
+    kept a quarter fetched 4x), and their rows dealt round-robin are the corpus in its stored order."""
+    from dataclasses import replace
+
+    from hftrain.data.megatron import open_megatron
+    from hftrain.data.stored_rows import StoredRows
+    from hftrain.data.stream import Worker
+
+    corpus = open_megatron(url, {}, "data.train")
+    fs = _CountingFS(corpus.fs())
+    corpus = replace(corpus, _fs=fs)
+    readers = [
+        list(StoredRows(corpus, WIDTH - 1, Worker(i, 4), 0, corpus.items).blocks({"emitted": 0})) for i in range(4)
+    ]
+    dealt = [readers[g % 4][g // 4][0] for g in range(corpus.items)]
+    assert [row.item for row in dealt] == list(range(corpus.items))
+    assert np.array_equal(np.stack([row.tokens for row in dealt]), pythia_rows(local, 0, corpus.items, WIDTH))
+    assert fs.bin_bytes == corpus.bin_bytes, (fs.bin_bytes, corpus.bin_bytes)
