@@ -198,6 +198,8 @@ def launch(start: Callable[[], Any], env: Mapping[str, str], launcher_args: Any 
                 stopped_by = int(err.sigval)
             except CalledProcessError as err:  # accelerate's launcher of one process
                 failed = [(0, err.returncode or 1, 0.0)]
+            except SystemExit as err:  # accelerate 1.16+ turns torch elastic's SignalException into an exit
+                failed, stopped_by = _launcher_exit(err)
             except Exception as err:  # several nodes: the others never joined (a bounded wait, multinode.py)
                 if type(err).__name__ not in _RENDEZVOUS_FAILURES:
                     raise
@@ -210,6 +212,16 @@ def launch(start: Callable[[], Any], env: Mapping[str, str], launcher_args: Any 
         if live is not None:
             live.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _launcher_exit(err: SystemExit) -> tuple[list[tuple[int, int, float]], int | None]:
+    """(failed, stopped_by) of a launcher that exited instead of raising: accelerate 1.16's `_run_torchrun` exits
+    128 + N for torch elastic's SignalException (its processes already stopped) and 130 for KeyboardInterrupt,
+    where earlier releases raised them. Read as the exceptions were, the launch says the same on every release."""
+    code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
+    if code > 128 and code - 128 in signal.valid_signals():
+        return [], code - 128
+    return ([(0, code, 0.0)] if code else []), None
 
 
 class LiveErrors:
