@@ -149,7 +149,7 @@ def test_a_killed_2_process_run_continues_on_1(sharded_yaml, tmp_path):
 @pytest.mark.slow(seconds=80)  # the suite's order: the longest files start first (tests/conftest.py)
 def test_parity_elastic_prints_its_summary(sharded_yaml, tmp_path):
     result = run_in_process(
-        "parity", str(sharded_yaml), "--elastic", "--backends", "DDP", "--steps", "2", f"training.output_dir={tmp_path}"
+        "parity", str(sharded_yaml), "--elastic", "--backends", "DDP", "--steps", "4", f"training.output_dir={tmp_path}"
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
