@@ -146,7 +146,7 @@ def test_a_killed_2_process_lora_dpo_run_continues_on_1_reports_and_pushes(dpo_y
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {survivor}\n" in again.stdout
-    done = run_cli("train", str(dpo_yaml), f"training.output_dir={straight}", *common)
+    done = run_in_process("train", str(dpo_yaml), f"training.output_dir={straight}", *common)  # the reference
     assert done.returncode == 0, done.stderr[-3000:]
     expected = {e["step"]: e["loss"] for e in train_log(straight)}
     resumed = {e["step"]: e["loss"] for e in train_log(run_dir) if e["step"] > at}
